@@ -1,0 +1,1 @@
+"""Punctual: a multi-tenant job scheduler. Domain package shared by every Lambda."""

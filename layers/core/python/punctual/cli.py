@@ -1,0 +1,134 @@
+"""The ``punctual`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import NoReturn
+
+from pydantic import ValidationError
+
+from punctual.models import AtSpec, CronSpec, RateSpec, field_errors
+from punctual.timing import (
+    Rule,
+    ZoneError,
+    from_epoch,
+    get_zone,
+    preview,
+    resolve_at,
+    tzdata_version,
+)
+from punctual.timing.preview import MAX_PREVIEW
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="punctual", description="Punctual scheduler tools.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    show = commands.add_parser(
+        "preview",
+        help="show the next fires of a schedule in UTC and local time, with DST notes",
+    )
+    kind = show.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--cron", metavar="EXPR", help="5-field cron expression or @macro")
+    kind.add_argument("--rate", metavar="EXPR", help="e.g. 'rate(15 minutes)'")
+    kind.add_argument("--at", metavar="ISO", help="one instant, with offset or local in --tz")
+    show.add_argument("--tz", metavar="ZONE", help="IANA zone (required with --cron)")
+    show.add_argument("--after", metavar="ISO", help="show fires strictly after this (now)")
+    show.add_argument("--count", type=int, default=10, help=f"how many, 1..{MAX_PREVIEW}")
+    show.add_argument("--start", metavar="ISO", help="start_at bound (inclusive)")
+    show.add_argument("--end", metavar="ISO", help="end_at bound (inclusive)")
+    show.add_argument("--anchor", metavar="ISO", help="rate anchor (default: --start or --after)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _instant(text: str | None, zone: str | None, flag: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        return resolve_at(text, zone).instant
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _rule(args: argparse.Namespace, after: int) -> tuple[Rule, list[str]]:
+    start = _instant(args.start, args.tz, "--start")
+    end = _instant(args.end, args.tz, "--end")
+    bounds = {
+        "start_at": from_epoch(start) if start is not None else None,
+        "end_at": from_epoch(end) if end is not None else None,
+    }
+    try:
+        if args.cron is not None:
+            if args.tz is None:
+                raise UsageError("--tz is required with --cron (an IANA zone, e.g. Europe/Berlin)")
+            return CronSpec(expression=args.cron, timezone=args.tz, **bounds).rule(), []
+        if args.rate is not None:
+            anchor = _instant(args.anchor, args.tz, "--anchor")
+            spec = RateSpec(
+                expression=args.rate,
+                anchor=from_epoch(anchor if anchor is not None else start or after),
+                timezone=args.tz or "UTC",
+                **bounds,
+            )
+            return spec.rule(), []
+        at_spec = AtSpec(at=args.at, timezone=args.tz, **bounds)
+        note = at_spec.resolved().note
+        return at_spec.rule(), [note] if note else []
+    except ValidationError as exc:
+        first = field_errors(exc)[0]
+        raise UsageError(f"{first['field']}: {first['reason']}") from None
+
+
+def _preview(args: argparse.Namespace, now: Callable[[], float]) -> int:
+    if not 1 <= args.count <= MAX_PREVIEW:
+        raise UsageError(f"--count must be between 1 and {MAX_PREVIEW}, got {args.count}")
+    try:
+        zone = get_zone(args.tz or "UTC")
+    except ZoneError as exc:
+        raise UsageError(f"--tz: {exc}") from None
+    after = _instant(args.after, args.tz, "--after")
+    if after is None:
+        after = int(now())
+    rule, notes = _rule(args, after)
+    result = preview(rule, after, args.count, zone)
+    result.notes[:0] = notes
+    if args.json:
+        body = result.as_json() | {"timezone": str(zone.key), "tzdata": tzdata_version()}
+        print(json.dumps(body, indent=2))
+        return 0
+    for fire in result.fires:
+        print(f"{fire.utc}  {fire.local}")
+    if not result.fires:
+        print("no fires after " + datetime.fromtimestamp(after, zone).isoformat())
+    for note in result.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, now: Callable[[], float] = time.time) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        return _preview(args, now)
+    except UsageError as exc:
+        print(f"punctual: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def entry_point() -> None:
+    sys.exit(main())

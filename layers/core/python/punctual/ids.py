@@ -1,0 +1,41 @@
+"""Deterministic identifiers and jitter.
+
+Built on BLAKE2b, never on ``hash()``: the same inputs give the same id and the
+same jitter in every process, on every host and Python version, so a retry, a
+second materializer and the reconciler all agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+MAX_WINDOW_SECONDS = 900
+
+
+def _digest(text: str, size: int, person: bytes) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=size, person=person).digest()
+
+
+def occurrence_id(schedule_id: str, version: int, scheduled_for: int) -> str:
+    """The id of the occurrence of ``schedule_id`` at ``version`` due at ``scheduled_for``."""
+    # \x1f (unit separator) cannot occur in the parts, so distinct tuples never collide
+    # by concatenation ('a1', 2) vs ('a', 12).
+    key = f"{schedule_id}\x1f{version}\x1f{scheduled_for}"
+    raw = _digest(key, 16, b"punctual-occ")
+    return "occ_" + base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+
+
+def jitter_seconds(occurrence_id: str, window_seconds: int) -> int:
+    """A deterministic offset in [0, window) spreading flexible occurrences."""
+    if not 0 <= window_seconds <= MAX_WINDOW_SECONDS:
+        raise ValueError(f"window must be 0..{MAX_WINDOW_SECONDS} seconds")
+    if window_seconds == 0:
+        return 0
+    value = int.from_bytes(_digest(occurrence_id, 8, b"punctual-jit"), "big")
+    return value % window_seconds
+
+
+def available_at(occurrence_id: str, scheduled_for: int, window_seconds: int) -> int:
+    """When the occurrence becomes receivable: strict = scheduled_for, flexible = + jitter."""
+    return scheduled_for + jitter_seconds(occurrence_id, window_seconds)

@@ -1,0 +1,346 @@
+"""Domain records: Schedule, its timing spec and policies, Occurrence, Attempt.
+
+Three records, never one: a Schedule says when things should happen (versioned),
+an Occurrence is one definite instant of one schedule version, an Attempt is one
+delivery/processing try of an occurrence.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from punctual.ids import MAX_WINDOW_SECONDS
+from punctual.timing import (
+    Bounds,
+    CronRule,
+    OneShotRule,
+    RateRule,
+    ResolvedAt,
+    Rule,
+    get_zone,
+    parse_cron,
+    parse_rate,
+    resolve_at,
+    to_epoch,
+)
+
+MAX_PAYLOAD_BYTES = 32 * 1024
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- timing specs -------------------------------------------------------------------
+
+
+class _SpecBase(_Record):
+    start_at: AwareDatetime | None = Field(
+        default=None, description="No fire before this instant (inclusive)."
+    )
+    end_at: AwareDatetime | None = Field(
+        default=None, description="No fire after this instant (inclusive)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> Self:
+        if self.start_at and self.end_at and self.end_at <= self.start_at:
+            raise ValueError("end_at must be later than start_at")
+        return self
+
+    def bounds(self) -> Bounds:
+        return Bounds(
+            start=to_epoch(self.start_at) if self.start_at else None,
+            end=to_epoch(self.end_at) if self.end_at else None,
+        )
+
+
+def _check_zone(name: str) -> str:
+    get_zone(name)  # ZoneError is a ValueError: pydantic reports it on the field
+    return name
+
+
+class CronSpec(_SpecBase):
+    """Five-field cron (or a macro) evaluated on local wall time in an IANA zone."""
+
+    kind: Literal["cron"] = "cron"
+    expression: str = Field(examples=["30 9 * * mon-fri"], max_length=256)
+    timezone: str = Field(examples=["Europe/Berlin"], max_length=64)
+
+    @field_validator("expression")
+    @classmethod
+    def _valid_expression(cls, value: str) -> str:
+        parse_cron(value)
+        return value
+
+    _valid_zone = field_validator("timezone")(_check_zone)
+
+    def rule(self) -> CronRule:
+        return CronRule(parse_cron(self.expression), get_zone(self.timezone), self.bounds())
+
+
+class RateSpec(_SpecBase):
+    """A fixed elapsed interval from an anchor instant, unaffected by DST."""
+
+    kind: Literal["rate"] = "rate"
+    expression: str = Field(examples=["rate(15 minutes)"], max_length=64)
+    anchor: AwareDatetime | None = Field(
+        default=None,
+        description="Fires are anchor + k * interval; defaults to start_at, else creation time.",
+    )
+    timezone: str = Field(default="UTC", description="Only for showing local times.")
+
+    @field_validator("expression")
+    @classmethod
+    def _valid_expression(cls, value: str) -> str:
+        parse_rate(value)
+        return value
+
+    _valid_zone = field_validator("timezone")(_check_zone)
+
+    def rule(self, created_at: datetime | None = None) -> RateRule:
+        anchor = self.anchor or self.start_at or created_at
+        if anchor is None:
+            raise ValueError("a rate schedule needs an anchor, a start_at or a creation time")
+        return RateRule(parse_rate(self.expression), to_epoch(anchor), self.bounds())
+
+
+class AtSpec(_SpecBase):
+    """One instant: ISO-8601 with an offset, or a local date-time read in ``timezone``."""
+
+    kind: Literal["at"] = "at"
+    # Declared before ``at`` so that the ``at`` validator can read it.
+    timezone: str | None = Field(default=None, max_length=64)
+    at: str = Field(examples=["2026-12-24T18:00:00", "2026-12-24T17:00:00Z"], max_length=64)
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_zone(cls, value: str | None) -> str | None:
+        return None if value is None else _check_zone(value)
+
+    @field_validator("at")
+    @classmethod
+    def _resolvable(cls, value: str, info: ValidationInfo) -> str:
+        if "timezone" in info.data:  # else the zone already failed and is reported
+            resolve_at(value, info.data["timezone"])
+        return value
+
+    def resolved(self) -> ResolvedAt:
+        return resolve_at(self.at, self.timezone)
+
+    def rule(self) -> OneShotRule:
+        return OneShotRule(self.resolved().instant, self.bounds())
+
+
+ScheduleSpec = Annotated[CronSpec | RateSpec | AtSpec, Field(discriminator="kind")]
+
+
+# --- policies -----------------------------------------------------------------------
+
+
+class MisfireAction(StrEnum):
+    SKIP = "SKIP"  # record MISSED, fire nothing
+    FIRE_ONCE = "FIRE_ONCE"  # fire only the latest missed instant
+    CATCHUP = "CATCHUP"  # fire at most catchup_limit latest instants, paced
+
+
+class MisfirePolicy(_Record):
+    action: MisfireAction = MisfireAction.FIRE_ONCE
+    max_lateness_seconds: int = Field(
+        default=300, ge=0, le=7 * 86400, description="Later than this counts as a misfire."
+    )
+    catchup_limit: int = Field(default=10, ge=1, le=1000, description="Only for CATCHUP.")
+
+    @model_validator(mode="after")
+    def _limit_only_for_catchup(self) -> Self:
+        if "catchup_limit" in self.model_fields_set and self.action is not MisfireAction.CATCHUP:
+            raise ValueError("catchup_limit applies only when action is CATCHUP")
+        return self
+
+
+class OverlapPolicy(StrEnum):
+    ALLOW = "ALLOW"
+    SKIP_IF_RUNNING = "SKIP_IF_RUNNING"
+
+
+class RetryPolicy(_Record):
+    """Transient failures back off exponentially with full jitter within these bounds."""
+
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    backoff_base_seconds: int = Field(default=10, ge=1, le=3600)
+    backoff_max_seconds: int = Field(default=900, ge=1, le=43200)
+    deadline_seconds: int = Field(
+        default=86400,
+        ge=60,
+        le=14 * 86400,
+        description="No attempt starts later than scheduled_for + deadline.",
+    )
+
+    @model_validator(mode="after")
+    def _base_below_max(self) -> Self:
+        if self.backoff_base_seconds > self.backoff_max_seconds:
+            raise ValueError("backoff_base_seconds must not exceed backoff_max_seconds")
+        return self
+
+
+# --- schedule -----------------------------------------------------------------------
+
+
+class ScheduleState(StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    CANCELED = "CANCELED"
+    COMPLETED = "COMPLETED"  # no fire left (one-shot done, end_at passed)
+
+
+class ScheduleDefinition(_Record):
+    """What a tenant writes: when, where to, what, and how to behave when things go wrong."""
+
+    name: str | None = Field(default=None, max_length=128)
+    spec: ScheduleSpec
+    target: str = Field(pattern=_NAME_PATTERN, description="Name of one of the tenant's targets.")
+    payload: dict[str, JsonValue] = Field(default_factory=dict)
+    flexible_window_seconds: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_WINDOW_SECONDS,
+        description="0 = strict; otherwise fires spread deterministically over this window.",
+    )
+    misfire: MisfirePolicy = MisfirePolicy()
+    overlap: OverlapPolicy = OverlapPolicy.ALLOW
+    retry: RetryPolicy = RetryPolicy()
+
+    @field_validator("payload")
+    @classmethod
+    def _payload_size(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        size = len(json.dumps(value, separators=(",", ":")).encode("utf-8"))
+        if size > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"payload is {size} bytes; at most {MAX_PAYLOAD_BYTES} allowed")
+        return value
+
+    @property
+    def strict(self) -> bool:
+        return self.flexible_window_seconds == 0
+
+
+class Schedule(ScheduleDefinition):
+    tenant_id: str
+    schedule_id: str
+    version: int = Field(ge=1)
+    state: ScheduleState = ScheduleState.ACTIVE
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+    def rule(self) -> Rule:
+        if isinstance(self.spec, RateSpec):
+            return self.spec.rule(self.created_at)
+        return self.spec.rule()
+
+
+# --- occurrence and attempt ---------------------------------------------------------
+
+
+class OccurrenceState(StrEnum):
+    SCHEDULED = "SCHEDULED"
+    ENQUEUED = "ENQUEUED"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    SUCCEEDED = "SUCCEEDED"
+    DEAD = "DEAD"
+    MISSED = "MISSED"
+    CANCELED = "CANCELED"
+    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
+
+
+_S = OccurrenceState
+# Every allowed move. Each is carried out as a conditional write from the expected state.
+TRANSITIONS: dict[OccurrenceState, frozenset[OccurrenceState]] = {
+    _S.SCHEDULED: frozenset({_S.ENQUEUED, _S.CANCELED, _S.MISSED, _S.DEAD}),
+    _S.ENQUEUED: frozenset({_S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
+    # RUNNING -> RUNNING: another worker takes over an expired lease (new token).
+    _S.RUNNING: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.RETRY_WAIT, _S.DEAD, _S.CANCELED}),
+    _S.RETRY_WAIT: frozenset({_S.ENQUEUED, _S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
+    _S.SUCCEEDED: frozenset(),
+    _S.DEAD: frozenset(),
+    _S.MISSED: frozenset(),
+    _S.CANCELED: frozenset(),
+    _S.SKIPPED_OVERLAP: frozenset(),
+}
+TERMINAL = frozenset(state for state, moves in TRANSITIONS.items() if not moves)
+
+
+def can_transition(current: OccurrenceState, target: OccurrenceState) -> bool:
+    return target in TRANSITIONS[current]
+
+
+class Occurrence(_Record):
+    occurrence_id: str
+    tenant_id: str
+    schedule_id: str
+    schedule_version: int = Field(ge=1)
+    scheduled_for: int = Field(description="Epoch seconds, UTC.")
+    available_at: int = Field(description="scheduled_for plus the deterministic jitter.")
+    target: str
+    state: OccurrenceState = OccurrenceState.SCHEDULED
+    attempt_count: int = Field(default=0, ge=0)
+    lease_token: str | None = None
+    lease_expires_at: int | None = None
+    enqueued_at: int | None = None
+    reason: str | None = Field(default=None, description="Why it is DEAD, MISSED or CANCELED.")
+    expires_at: int | None = Field(default=None, description="TTL: when retention ends.")
+
+
+class AttemptOutcome(StrEnum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    RETRY = "RETRY"  # transient failure, another attempt follows
+    DEAD = "DEAD"  # permanent failure or retries exhausted
+    LOST = "LOST"  # the lease expired and another worker took over
+
+
+class Attempt(_Record):
+    occurrence_id: str
+    attempt_no: int = Field(ge=1)
+    lease_token: str
+    started_at: int
+    lease_expires_at: int
+    finished_at: int | None = None
+    outcome: AttemptOutcome = AttemptOutcome.RUNNING
+    error: str | None = None
+
+
+# --- validation errors --------------------------------------------------------------
+
+_UNION_TAGS = frozenset({"cron", "rate", "at"})
+
+
+def field_errors(error: ValidationError) -> list[dict[str, str]]:
+    """Pydantic errors as [{'field': 'spec.expression', 'reason': '...'}], one per problem."""
+    result = []
+    for item in error.errors(include_url=False):
+        loc = item["loc"]
+        # A discriminated union puts its tag after the field ('spec', 'cron', ...): drop it.
+        parts = [
+            str(part)
+            for i, part in enumerate(loc)
+            if not (i > 0 and loc[i - 1] == "spec" and part in _UNION_TAGS)
+        ]
+        reason = str(item["msg"]).removeprefix("Value error, ")
+        result.append({"field": ".".join(parts) or "(body)", "reason": reason})
+    return result

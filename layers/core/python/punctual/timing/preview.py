@@ -1,0 +1,106 @@
+"""Preview: the next N fires of a rule in UTC and local time, with DST notes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from zoneinfo import ZoneInfo
+
+from punctual.timing.rules import CronRule, Rule, cron_steps
+from punctual.timing.zones import Resolution, local_text, utc_text
+
+MAX_PREVIEW = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    instant: int
+    utc: str
+    local: str
+
+
+@dataclass(slots=True)
+class Preview:
+    fires: list[Fire] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "fires": [{"utc": f.utc, "local": f.local} for f in self.fires],
+            "notes": list(self.notes),
+        }
+
+
+def preview(rule: Rule, after: int, count: int, zone: ZoneInfo) -> Preview:
+    """The first ``count`` fires strictly after ``after``; ``zone`` is for local display."""
+    if not 1 <= count <= MAX_PREVIEW:
+        raise ValueError(f"count must be between 1 and {MAX_PREVIEW}")
+    if isinstance(rule, CronRule):
+        return _preview_cron(rule, after, count)
+    result = Preview()
+    cursor = after
+    while len(result.fires) < count:
+        instant = rule.next_after(cursor)
+        if instant is None:
+            break
+        result.fires.append(Fire(instant, utc_text(instant), local_text(instant, zone)))
+        cursor = instant
+    result.notes.extend(_offset_change_notes(result.fires, zone))
+    return result
+
+
+def _preview_cron(rule: CronRule, after: int, count: int) -> Preview:
+    result = Preview()
+    skipped: dict[date, list[datetime]] = defaultdict(list)
+    repeated: dict[date, list[datetime]] = defaultdict(list)
+    lo, hi = rule.bounds.clip(after, None)
+    for step in cron_steps(rule.expr, rule.zone, lo):
+        if step.instant is None:
+            skipped[step.wall.date()].append(step.wall)
+            continue
+        if hi is not None and step.instant > hi:
+            break
+        if step.resolution is Resolution.REPEATED:
+            repeated[step.wall.date()].append(step.wall)
+        result.fires.append(
+            Fire(step.instant, utc_text(step.instant), local_text(step.instant, rule.zone))
+        )
+        if len(result.fires) == count:
+            break
+    zone_name = rule.zone_name
+    notes = [
+        (day, f"{day}: {_times(walls)} {_do(walls)} not exist in {zone_name} "
+         "(the clocks skip ahead); skipped")
+        for day, walls in skipped.items()
+    ] + [
+        (day, f"{day}: {_times(walls)} {_do(walls, 'occur', 'occurs')} twice in {zone_name} "
+         "(the clocks fall back); fired once, at the earlier instant")
+        for day, walls in repeated.items()
+    ]
+    result.notes.extend(text for _, text in sorted(notes))
+    return result
+
+
+def _do(walls: list[datetime], plural: str = "do", singular: str = "does") -> str:
+    return singular if len(walls) == 1 else plural
+
+
+def _times(walls: list[datetime]) -> str:
+    if len(walls) <= 4:
+        return ", ".join(w.strftime("%H:%M") for w in walls)
+    return f"{len(walls)} wall times from {walls[0]:%H:%M} to {walls[-1]:%H:%M}"
+
+
+def _offset_change_notes(fires: list[Fire], zone: ZoneInfo) -> list[str]:
+    notes = []
+    for previous, current in zip(fires, fires[1:], strict=False):
+        before = datetime.fromtimestamp(previous.instant, zone).utcoffset()
+        now = datetime.fromtimestamp(current.instant, zone).utcoffset()
+        if before != now:
+            day = datetime.fromtimestamp(current.instant, zone).date()
+            notes.append(
+                f"{day}: the UTC offset of {zone.key} changes before this fire; "
+                "elapsed-time rules keep their interval, so the local time shifts"
+            )
+    return notes

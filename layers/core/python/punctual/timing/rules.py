@@ -1,0 +1,274 @@
+"""Fire rules: which instants a cron, rate or one-shot schedule fires at.
+
+All instants are whole epoch seconds. Windows are half-open ``(after, until]``:
+a fire at exactly ``after`` has already happened; "the next fire after t" is
+always strictly later than t.
+
+Cron walks *local wall-clock* minutes in calendar order and maps each to the
+earliest instant that shows it. That mapping is strictly increasing over the
+wall times that exist, which is what makes the rules of the contract hold:
+a nonexistent wall time is skipped, a repeated one fires once (at the earlier
+instant), and walking from ``wall(after)`` never yields an instant <= after.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from functools import lru_cache
+from typing import Protocol
+from zoneinfo import ZoneInfo
+
+from punctual.timing.cron import CronExpr, days_in_month, parse_cron
+from punctual.timing.zones import (
+    Resolution,
+    get_zone,
+    instants_of,
+    local_wall,
+    resolve_wall,
+    to_epoch,
+    utc_text,
+    wall_seconds,
+)
+
+# A cron walk gives up after this many years without a fire (the parser already
+# rejects expressions that can never fire; this only bounds pathological bounds).
+_MAX_WALK_YEARS = 400
+# A zone transition moves wall time by at most a day (Pacific/Apia, 2011).
+_WALL_SLACK = timedelta(days=2)
+
+
+class Rule(Protocol):
+    """What the planner needs from any schedule kind."""
+
+    def fires(self, after: int, until: int) -> tuple[int, ...]:
+        """Every fire in (after, until], in order."""
+        ...
+
+    def next_after(self, after: int) -> int | None:
+        """The first fire strictly after ``after``, or None when there is none."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Optional start_at / end_at, both inclusive, as epoch seconds."""
+
+    start: int | None = None
+    end: int | None = None
+
+    def clip(self, after: int, until: int | None) -> tuple[int, int | None]:
+        if self.start is not None:
+            after = max(after, self.start - 1)
+        if self.end is not None:
+            until = self.end if until is None else min(until, self.end)
+        return after, until
+
+
+@dataclass(frozen=True, slots=True)
+class WallStep:
+    """One matching wall minute of a cron walk and what became of it."""
+
+    wall: datetime
+    instant: int | None
+    resolution: Resolution
+
+
+def _matching_walls(expr: CronExpr, start_day: date) -> Iterator[datetime]:
+    """Matching naive wall minutes in calendar order, from the start of ``start_day``."""
+    year, month = start_day.year, start_day.month
+    first_day = start_day.day
+    times = [time(h, m) for h in expr.hours for m in expr.minutes]
+    for _ in range(_MAX_WALK_YEARS * 12):
+        if month in expr.months:
+            for day_number in range(first_day, days_in_month(year, month) + 1):
+                day = date(year, month, day_number)
+                if expr.matches_date(day):
+                    for at in times:
+                        yield datetime.combine(day, at)
+        first_day = 1
+        month += 1
+        if month == 13:
+            year, month = year + 1, 1
+            if year > 9998:
+                return
+
+
+def cron_steps(expr: CronExpr, zone: ZoneInfo, after: int) -> Iterator[WallStep]:
+    """Matching wall minutes whose instant is > after (or that do not exist), in order."""
+    start_wall = local_wall(after, zone).replace(second=0, microsecond=0)
+    start_seconds = wall_seconds(start_wall)
+    for wall in _matching_walls(expr, start_wall.date()):
+        if wall_seconds(wall) < start_seconds:
+            continue
+        instant, resolution = resolve_wall(wall, zone)
+        if instant is not None and instant <= after:
+            continue
+        yield WallStep(wall, instant, resolution)
+
+
+@lru_cache(maxsize=65536)
+def _cron_window(source: str, zone_name: str, after: int, until: int) -> tuple[int, ...]:
+    """Fires of one (expression, zone) in (after, until]; shared by every schedule using it."""
+    zone = get_zone(zone_name)
+    stop_wall = local_wall(until, zone) + _WALL_SLACK
+    fires: list[int] = []
+    for step in cron_steps(parse_cron_cached(source), zone, after):
+        if step.wall > stop_wall:
+            break
+        if step.instant is None:
+            continue
+        if step.instant > until:
+            break
+        fires.append(step.instant)
+    return tuple(fires)
+
+
+@lru_cache(maxsize=16384)
+def parse_cron_cached(source: str) -> CronExpr:
+    return parse_cron(source)
+
+
+def _clip_sorted(fires: tuple[int, ...], after: int, until: int) -> tuple[int, ...]:
+    lo = bisect_right(fires, after)
+    hi = bisect_right(fires, until)
+    if lo == 0 and hi == len(fires):
+        return fires
+    return fires[lo:hi]
+
+
+@dataclass(frozen=True, slots=True)
+class CronRule:
+    expr: CronExpr
+    zone: ZoneInfo
+    bounds: Bounds = Bounds()
+
+    @property
+    def zone_name(self) -> str:
+        return str(self.zone.key)
+
+    def fires(self, after: int, until: int) -> tuple[int, ...]:
+        window = _cron_window(self.expr.source, self.zone_name, after, until)
+        if self.bounds.start is None and self.bounds.end is None:
+            return window
+        lo, hi = self.bounds.clip(after, until)
+        assert hi is not None
+        return _clip_sorted(window, lo, hi) if lo < hi else ()
+
+    def next_after(self, after: int) -> int | None:
+        lo, hi = self.bounds.clip(after, None)
+        for step in cron_steps(self.expr, self.zone, lo):
+            if step.instant is None:
+                continue
+            return step.instant if hi is None or step.instant <= hi else None
+        return None
+
+
+_RATE = re.compile(r"^rate\(\s*(\d+)\s+(minute|minutes|hour|hours|day|days)\s*\)$")
+_UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
+
+
+def parse_rate(expression: str) -> int:
+    """'rate(15 minutes)' -> 900; ValueError with the reason otherwise."""
+    match = _RATE.match(expression.strip().lower())
+    if match is None:
+        raise ValueError(
+            f"{expression!r} is not a rate; write rate(N minutes|hours|days), e.g. rate(15 minutes)"
+        )
+    count = int(match.group(1))
+    if count < 1:
+        raise ValueError(f"{expression!r}: the interval must be at least 1")
+    seconds = count * _UNIT_SECONDS[match.group(2).rstrip("s")]
+    if seconds > 366 * 86400:
+        raise ValueError(f"{expression!r}: the interval may be at most 366 days")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class RateRule:
+    """Fires at anchor + k * interval (k >= 0): elapsed time, blind to DST."""
+
+    interval: int
+    anchor: int
+    bounds: Bounds = Bounds()
+
+    def _first_index_after(self, after: int) -> int:
+        if after < self.anchor:
+            return 0
+        return (after - self.anchor) // self.interval + 1
+
+    def fires(self, after: int, until: int) -> tuple[int, ...]:
+        lo, hi = self.bounds.clip(after, until)
+        assert hi is not None
+        k = self._first_index_after(lo)
+        first = self.anchor + k * self.interval
+        if first > hi:
+            return ()
+        return tuple(range(first, hi + 1, self.interval))
+
+    def next_after(self, after: int) -> int | None:
+        lo, hi = self.bounds.clip(after, None)
+        instant = self.anchor + self._first_index_after(lo) * self.interval
+        return instant if hi is None or instant <= hi else None
+
+
+@dataclass(frozen=True, slots=True)
+class OneShotRule:
+    instant: int
+    bounds: Bounds = Bounds()
+
+    def fires(self, after: int, until: int) -> tuple[int, ...]:
+        lo, hi = self.bounds.clip(after, until)
+        assert hi is not None
+        return (self.instant,) if lo < self.instant <= hi else ()
+
+    def next_after(self, after: int) -> int | None:
+        lo, hi = self.bounds.clip(after, None)
+        if self.instant > lo and (hi is None or self.instant <= hi):
+            return self.instant
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedAt:
+    instant: int
+    note: str | None  # set when the local time was ambiguous
+
+
+def resolve_at(text: str, zone_name: str | None) -> ResolvedAt:
+    """An ISO-8601 instant with offset, or a local date-time read in ``zone_name``.
+
+    A local time that does not exist is rejected with the reason; one that occurs
+    twice resolves to the earlier instant, and the note says so.
+    """
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an ISO-8601 date-time (e.g. 2026-03-08T09:00:00-05:00)"
+        ) from None
+    if moment.tzinfo is not None:
+        if zone_name is not None:
+            get_zone(zone_name)  # still reject a bad zone name
+        return ResolvedAt(to_epoch(moment), None)
+    if zone_name is None:
+        raise ValueError(f"{text!r} has no UTC offset; give one or a time zone")
+    zone = get_zone(zone_name)
+    wall = moment.replace(microsecond=0)
+    instant, resolution = resolve_wall(wall, zone)
+    if instant is None:
+        raise ValueError(
+            f"{wall.isoformat()} does not exist in {zone_name} "
+            "(the clocks skip it at a daylight-saving or zone change); pick another time"
+        )
+    note = None
+    if resolution is Resolution.REPEATED:
+        later = instants_of(wall, zone)[-1]
+        note = (
+            f"{wall.isoformat()} occurs twice in {zone_name}; using the earlier instant "
+            f"{utc_text(instant)} (the later one is {utc_text(later)})"
+        )
+    return ResolvedAt(instant, note)

@@ -1,0 +1,117 @@
+"""IANA zones from the pinned ``tzdata`` package, and wall time <-> instant mapping.
+
+Zones are loaded from the ``tzdata`` wheel, never from the host's
+``/usr/share/zoneinfo``: every process (Lambda, laptop, CI) then applies the same
+rules, and the version the API reports is the one actually used.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from zoneinfo import ZoneInfo
+
+import tzdata
+
+_UNIX_EPOCH_ORDINAL = datetime(1970, 1, 1).toordinal()
+
+
+class ZoneError(ValueError):
+    """An unknown or unusable time zone name."""
+
+
+class Resolution(enum.Enum):
+    """How a local wall time maps to instants in its zone."""
+
+    EXACT = "exact"  # exists once
+    REPEATED = "repeated"  # exists twice (fall-back); the earlier instant is used
+    SKIPPED = "skipped"  # does not exist (spring-forward gap or a skipped day)
+
+
+def tzdata_version() -> str:
+    """The IANA release of the pinned rules, e.g. '2026f'."""
+    return str(tzdata.IANA_VERSION)
+
+
+@cache
+def zone_names() -> frozenset[str]:
+    text = resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())
+
+
+@cache
+def get_zone(name: str) -> ZoneInfo:
+    """The zone for an IANA name such as 'Europe/Berlin'; ZoneError if it is not one."""
+    if name not in zone_names():
+        raise ZoneError(f"{name!r} is not an IANA time zone name (tzdata {tzdata_version()})")
+    parts = name.split("/")
+    source = resources.files("tzdata.zoneinfo").joinpath(*parts)
+    with source.open("rb") as handle:
+        return ZoneInfo.from_file(handle, key=name)
+
+
+def wall_seconds(wall: datetime) -> int:
+    """Seconds since the epoch of a naive wall time read as if it were UTC."""
+    return (
+        (wall.toordinal() - _UNIX_EPOCH_ORDINAL) * 86400
+        + wall.hour * 3600
+        + wall.minute * 60
+        + wall.second
+    )
+
+
+def local_wall(instant: int, zone: ZoneInfo) -> datetime:
+    """The naive local wall time at an epoch instant."""
+    return datetime.fromtimestamp(instant, zone).replace(tzinfo=None)
+
+
+def _offset(wall: datetime, zone: ZoneInfo, fold: int) -> int:
+    offset = wall.replace(tzinfo=zone, fold=fold).utcoffset()
+    assert offset is not None  # a ZoneInfo always answers
+    return int(offset.total_seconds())
+
+
+def instants_of(wall: datetime, zone: ZoneInfo) -> list[int]:
+    """Every instant whose local wall time is ``wall``: none, one, or two, in order."""
+    base = wall_seconds(wall)
+    before = _offset(wall, zone, 0)
+    after = _offset(wall, zone, 1)
+    if before == after:
+        # PEP 495: both folds agree exactly when the wall time is not at a transition.
+        return [base - before]
+    # At a transition one candidate, both, or neither really shows this wall time.
+    return sorted(
+        instant for instant in {base - before, base - after} if local_wall(instant, zone) == wall
+    )
+
+
+def resolve_wall(wall: datetime, zone: ZoneInfo) -> tuple[int | None, Resolution]:
+    """Map a naive local wall time to the earliest instant showing it, and how it exists."""
+    real = instants_of(wall, zone)
+    if not real:
+        return None, Resolution.SKIPPED
+    return real[0], Resolution.REPEATED if len(real) == 2 else Resolution.EXACT
+
+
+def to_epoch(moment: datetime) -> int:
+    """Whole seconds since the epoch of an aware datetime (sub-second part dropped)."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError("a naive datetime has no instant; give an offset or a zone")
+    return int(moment.timestamp() // 1)
+
+
+def from_epoch(instant: int) -> datetime:
+    return datetime.fromtimestamp(instant, UTC)
+
+
+def utc_text(instant: int) -> str:
+    """'2026-03-09T06:30:00Z'"""
+    return from_epoch(instant).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def local_text(instant: int, zone: ZoneInfo) -> str:
+    """'2026-03-09T02:30:00-04:00'"""
+    return datetime.fromtimestamp(instant, zone).isoformat()
+
