@@ -66,6 +66,10 @@ def _instant(text: str | None, zone: str | None, flag: str) -> int | None:
         raise UsageError(f"{flag}: {exc}") from None
 
 
+def _first_set(*instants: int | None) -> int:
+    return next(i for i in instants if i is not None)
+
+
 def _rule(args: argparse.Namespace, after: int) -> tuple[Rule, list[str]]:
     start = _instant(args.start, args.tz, "--start")
     end = _instant(args.end, args.tz, "--end")
@@ -82,7 +86,7 @@ def _rule(args: argparse.Namespace, after: int) -> tuple[Rule, list[str]]:
             anchor = _instant(args.anchor, args.tz, "--anchor")
             spec = RateSpec(
                 expression=args.rate,
-                anchor=from_epoch(anchor if anchor is not None else start or after),
+                anchor=from_epoch(_first_set(anchor, start, after)),
                 timezone=args.tz or "UTC",
                 **bounds,
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import secrets
 
 MAX_WINDOW_SECONDS = 900
 
@@ -39,3 +40,13 @@ def jitter_seconds(occurrence_id: str, window_seconds: int) -> int:
 def available_at(occurrence_id: str, scheduled_for: int, window_seconds: int) -> int:
     """When the occurrence becomes receivable: strict = scheduled_for, flexible = + jitter."""
     return scheduled_for + jitter_seconds(occurrence_id, window_seconds)
+
+
+def shard_of(schedule_id: str, shard_count: int) -> int:
+    """The schedule's shard: a stable hash, so every process puts it in the same bucket."""
+    return int.from_bytes(_digest(schedule_id, 8, b"punctual-shard"), "big") % shard_count
+
+
+def new_schedule_id() -> str:
+    """A random, URL-safe schedule id."""
+    return "sch_" + base64.b32encode(secrets.token_bytes(15)).decode("ascii").lower()

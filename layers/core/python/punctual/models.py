@@ -229,7 +229,7 @@ class ScheduleDefinition(_Record):
     @field_validator("payload")
     @classmethod
     def _payload_size(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
-        size = len(json.dumps(value, separators=(",", ":")).encode("utf-8"))
+        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
         if size > MAX_PAYLOAD_BYTES:
             raise ValueError(f"payload is {size} bytes; at most {MAX_PAYLOAD_BYTES} allowed")
         return value
@@ -246,6 +246,9 @@ class Schedule(ScheduleDefinition):
     state: ScheduleState = ScheduleState.ACTIVE
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    # The cursor: the next fire not yet materialized, and when it becomes receivable.
+    next_run_at: int | None = None
+    next_available_at: int | None = None
 
     def rule(self) -> Rule:
         if isinstance(self.spec, RateSpec):

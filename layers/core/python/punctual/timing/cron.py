@@ -120,7 +120,7 @@ def _parse_item(item: str, name: str, low: int, high: int, names: dict[str, int]
     base, slash, step_text = item.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit():
+        if not _is_number(step_text):
             raise CronError(f"{name} field: step in {item!r} must be a positive number")
         step = int(step_text)
         if step == 0:
@@ -143,12 +143,17 @@ def _value(text: str, item: str, name: str, low: int, high: int, names: dict[str
     lowered = text.lower()
     if lowered in names:
         return names[lowered]
-    if not text.isdigit():
+    if not _is_number(text):
         raise CronError(f"{name} field: {text!r} in {item!r} is not a number or a known name")
     value = int(text)
     if not low <= value <= high:
         raise CronError(f"{name} field: {value} in {item!r} is outside {low}-{high}")
     return value
+
+
+def _is_number(text: str) -> bool:
+    # ASCII only: str.isdigit() also accepts '²' and other digits int() cannot read.
+    return text.isascii() and text.isdigit()
 
 
 def _reject_never_firing(expr: CronExpr) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 from punctual.timing.rules import CronRule, Rule, cron_steps
@@ -54,13 +55,18 @@ def _preview_cron(rule: CronRule, after: int, count: int) -> Preview:
     result = Preview()
     skipped: dict[date, list[datetime]] = defaultdict(list)
     repeated: dict[date, list[datetime]] = defaultdict(list)
+    # Skipped wall times are noted only once a later fire is shown: none past the last one.
+    pending: list[datetime] = []
     lo, hi = rule.bounds.clip(after, None)
     for step in cron_steps(rule.expr, rule.zone, lo):
         if step.instant is None:
-            skipped[step.wall.date()].append(step.wall)
+            pending.append(step.wall)
             continue
         if hi is not None and step.instant > hi:
             break
+        for wall in pending:
+            skipped[wall.date()].append(wall)
+        pending.clear()
         if step.resolution is Resolution.REPEATED:
             repeated[step.wall.date()].append(step.wall)
         result.fires.append(
@@ -70,12 +76,18 @@ def _preview_cron(rule: CronRule, after: int, count: int) -> Preview:
             break
     zone_name = rule.zone_name
     notes = [
-        (day, f"{day}: {_times(walls)} {_do(walls)} not exist in {zone_name} "
-         "(the clocks skip ahead); skipped")
+        (
+            day,
+            f"{day}: {_times(walls)} {_do(walls)} not exist in {zone_name} "
+            "(the clocks skip ahead); skipped",
+        )
         for day, walls in skipped.items()
     ] + [
-        (day, f"{day}: {_times(walls)} {_do(walls, 'occur', 'occurs')} twice in {zone_name} "
-         "(the clocks fall back); fired once, at the earlier instant")
+        (
+            day,
+            f"{day}: {_times(walls)} {_do(walls, 'occur', 'occurs')} twice in {zone_name} "
+            "(the clocks fall back); fired once, at the earlier instant",
+        )
         for day, walls in repeated.items()
     ]
     result.notes.extend(text for _, text in sorted(notes))
@@ -94,7 +106,7 @@ def _times(walls: list[datetime]) -> str:
 
 def _offset_change_notes(fires: list[Fire], zone: ZoneInfo) -> list[str]:
     notes = []
-    for previous, current in zip(fires, fires[1:], strict=False):
+    for previous, current in pairwise(fires):
         before = datetime.fromtimestamp(previous.instant, zone).utcoffset()
         now = datetime.fromtimestamp(current.instant, zone).utcoffset()
         if before != now:

@@ -132,6 +132,12 @@ def parse_cron_cached(source: str) -> CronExpr:
     return parse_cron(source)
 
 
+def clear_plan_caches() -> None:
+    """Forget cached parses and windows (benchmarks start cold; tests isolate)."""
+    _cron_window.cache_clear()
+    parse_cron_cached.cache_clear()
+
+
 def _clip_sorted(fires: tuple[int, ...], after: int, until: int) -> tuple[int, ...]:
     lo = bisect_right(fires, after)
     hi = bisect_right(fires, until)
@@ -167,7 +173,7 @@ class CronRule:
         return None
 
 
-_RATE = re.compile(r"^rate\(\s*(\d+)\s+(minute|minutes|hour|hours|day|days)\s*\)$")
+_RATE = re.compile(r"^rate\(\s*([0-9]+)\s+(minute|minutes|hour|hours|day|days)\s*\)$")
 _UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
 
 

@@ -114,4 +114,3 @@ def utc_text(instant: int) -> str:
 def local_text(instant: int, zone: ZoneInfo) -> str:
     """'2026-03-09T02:30:00-04:00'"""
     return datetime.fromtimestamp(instant, zone).isoformat()
-

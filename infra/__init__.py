@@ -1,0 +1,1 @@
+"""CDK constructs of Punctual: one construct per capability, composed by the stack."""
