@@ -8,9 +8,10 @@ delivery/processing try of an occurrence.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AwareDatetime,
@@ -40,7 +41,9 @@ from punctual.timing import (
 )
 
 MAX_PAYLOAD_BYTES = 32 * 1024
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DEFAULT_CATCHUP_LIMIT = 10
+# Target names become part of SQS queue names (80 characters, no dots): keep them short.
+TARGET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
 
 class _Record(BaseModel):
@@ -165,13 +168,22 @@ class MisfirePolicy(_Record):
     max_lateness_seconds: int = Field(
         default=300, ge=0, le=7 * 86400, description="Later than this counts as a misfire."
     )
-    catchup_limit: int = Field(default=10, ge=1, le=1000, description="Only for CATCHUP.")
+    catchup_limit: int | None = Field(
+        default=None, ge=1, le=1000, description="Only for CATCHUP; default 10."
+    )
 
     @model_validator(mode="after")
     def _limit_only_for_catchup(self) -> Self:
-        if "catchup_limit" in self.model_fields_set and self.action is not MisfireAction.CATCHUP:
+        if self.catchup_limit is not None and self.action is not MisfireAction.CATCHUP:
             raise ValueError("catchup_limit applies only when action is CATCHUP")
         return self
+
+    @property
+    def effective_catchup_limit(self) -> int:
+        """How many of the latest missed fires CATCHUP fires (1 for FIRE_ONCE, 0 for SKIP)."""
+        if self.action is MisfireAction.CATCHUP:
+            return self.catchup_limit or DEFAULT_CATCHUP_LIMIT
+        return 1 if self.action is MisfireAction.FIRE_ONCE else 0
 
 
 class OverlapPolicy(StrEnum):
@@ -182,7 +194,8 @@ class OverlapPolicy(StrEnum):
 class RetryPolicy(_Record):
     """Transient failures back off exponentially with full jitter within these bounds."""
 
-    max_attempts: int = Field(default=3, ge=1, le=100)
+    # At most 20, below the target queue's redrive count (25): see integrations/queues.py.
+    max_attempts: int = Field(default=3, ge=1, le=20)
     backoff_base_seconds: int = Field(default=10, ge=1, le=3600)
     backoff_max_seconds: int = Field(default=900, ge=1, le=43200)
     deadline_seconds: int = Field(
@@ -214,7 +227,9 @@ class ScheduleDefinition(_Record):
 
     name: str | None = Field(default=None, max_length=128)
     spec: ScheduleSpec
-    target: str = Field(pattern=_NAME_PATTERN, description="Name of one of the tenant's targets.")
+    target: str = Field(
+        pattern=TARGET_NAME_PATTERN, description="Name of one of the tenant's targets."
+    )
     payload: dict[str, JsonValue] = Field(default_factory=dict)
     flexible_window_seconds: int = Field(
         default=0,
@@ -331,13 +346,18 @@ class Attempt(_Record):
 # --- validation errors --------------------------------------------------------------
 
 _UNION_TAGS = frozenset({"cron", "rate", "at"})
+# Where API Gateway request errors come from; the field path starts after it.
+_REQUEST_PARTS = frozenset({"body", "query", "path", "header"})
 
 
-def field_errors(error: ValidationError) -> list[dict[str, str]]:
+def field_errors(errors: ValidationError | Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Pydantic errors as [{'field': 'spec.expression', 'reason': '...'}], one per problem."""
+    items = errors.errors(include_url=False) if isinstance(errors, ValidationError) else errors
     result = []
-    for item in error.errors(include_url=False):
-        loc = item["loc"]
+    for item in items:
+        loc = list(item["loc"])
+        if loc and loc[0] in _REQUEST_PARTS:
+            loc = loc[1:]
         # A discriminated union puts its tag after the field ('spec', 'cron', ...): drop it.
         parts = [
             str(part)

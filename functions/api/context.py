@@ -1,0 +1,94 @@
+"""Per-process wiring of the API: the control plane, the caller, idempotent create."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import Any, cast
+
+import boto3
+from aws_lambda_powertools.event_handler.api_gateway import BaseRouter
+from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+
+from api.views import saved_out
+from punctual.errors import Forbidden
+from punctual.models import ScheduleDefinition
+from punctual.scheduling import ControlPlane, Services
+from punctual.settings import get_settings
+
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+
+_services: Services | None = None
+
+
+def configure(services: Services | None) -> None:
+    """Use these services (tests, the local stack); None: build from the environment."""
+    global _services
+    _services = services
+    plane.cache_clear()
+    idempotent_create.cache_clear()
+
+
+def services() -> Services:
+    global _services
+    if _services is None:
+        settings = get_settings()
+        _services = Services(
+            dynamodb=boto3.client("dynamodb"),
+            sqs=boto3.client("sqs"),
+            settings=settings,
+            now=time.time,
+        )
+    return _services
+
+
+@cache
+def plane() -> ControlPlane:
+    return ControlPlane(services())
+
+
+def caller_arn(app: BaseRouter) -> str:
+    event = app.current_event
+    assert isinstance(event, APIGatewayProxyEvent)  # REST API events only
+    arn = event.request_context.identity.user_arn
+    if not arn:
+        raise Forbidden("the request is not signed with IAM credentials")
+    return str(arn)
+
+
+def caller_tenant(app: BaseRouter) -> str:
+    """The tenant comes from the signed principal only, never from the request body."""
+    return plane().tenant_of(caller_arn(app))
+
+
+def require_operator(app: BaseRouter) -> None:
+    if not plane().is_operator(caller_arn(app)):
+        raise Forbidden("operator only")
+
+
+@cache
+def idempotent_create() -> Callable[..., dict[str, Any]]:
+    """Create, remembered per (tenant, Idempotency-Key) for a day with a body fingerprint."""
+    persistence = DynamoDBPersistenceLayer(
+        table_name=services().settings.idempotency_table, boto3_client=services().dynamodb
+    )
+    config = IdempotencyConfig(
+        event_key_jmespath="key",
+        payload_validation_jmespath="body",
+        expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,
+    )
+
+    @idempotent_function(
+        data_keyword_argument="request", persistence_store=persistence, config=config
+    )
+    def create(request: dict[str, Any]) -> dict[str, Any]:
+        definition = ScheduleDefinition.model_validate(request["body"])
+        return saved_out(plane().create(request["tenant"], definition)).model_dump(mode="json")
+
+    return cast(Callable[..., dict[str, Any]], create)

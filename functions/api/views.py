@@ -1,0 +1,243 @@
+"""The API's response shapes (they become the OpenAPI schemas) and their builders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from punctual.models import (
+    TARGET_NAME_PATTERN,
+    Attempt,
+    MisfirePolicy,
+    Occurrence,
+    OverlapPolicy,
+    RetryPolicy,
+    Schedule,
+    ScheduleSpec,
+)
+from punctual.scheduling import Affected, Saved
+from punctual.tenancy import Quotas, Target, Tenant
+from punctual.timing import Preview, utc_text
+
+
+def _iso(instant: int | None) -> str | None:
+    return utc_text(instant) if instant is not None else None
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(examples=["invalid_input"])
+    message: str
+    fields: list[dict[str, str]] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+class FireOut(BaseModel):
+    utc: str
+    local: str
+
+
+class ScheduleOut(BaseModel):
+    schedule_id: str
+    version: int
+    state: str
+    name: str | None
+    spec: ScheduleSpec
+    target: str
+    payload: dict[str, Any]
+    flexible_window_seconds: int
+    misfire: MisfirePolicy
+    overlap: OverlapPolicy
+    retry: RetryPolicy
+    created_at: str
+    updated_at: str
+    next_run_at: str | None = Field(description="The next fire not yet materialized (UTC).")
+
+
+class OccurrenceOut(BaseModel):
+    occurrence_id: str
+    schedule_id: str
+    schedule_version: int
+    scheduled_for: str
+    available_at: str
+    state: str
+    target: str
+    attempt_count: int
+    enqueued_at: str | None
+    reason: str | None
+
+
+class AffectedOut(OccurrenceOut):
+    note: str
+
+
+class SavedOut(BaseModel):
+    schedule: ScheduleOut
+    next_fires: list[FireOut]
+    notes: list[str]
+    materialized: list[OccurrenceOut] = Field(
+        description="Occurrences due so soon that they were created with this change."
+    )
+    affected: list[AffectedOut] = Field(
+        description="Occurrences of older versions and what became of them."
+    )
+
+
+class ScheduleDetailOut(BaseModel):
+    schedule: ScheduleOut
+    next_fires: list[FireOut]
+    notes: list[str]
+
+
+class ScheduleListOut(BaseModel):
+    schedules: list[ScheduleOut]
+    next_token: str | None
+
+
+class AttemptOut(BaseModel):
+    attempt_no: int
+    started_at: str
+    finished_at: str | None
+    outcome: str
+    error: str | None
+
+
+class OccurrenceDetailOut(OccurrenceOut):
+    attempts: list[AttemptOut]
+
+
+class OccurrenceListOut(BaseModel):
+    occurrences: list[OccurrenceOut]
+    next_token: str | None
+
+
+class TargetIn(BaseModel):
+    name: str = Field(pattern=TARGET_NAME_PATTERN)
+
+
+class TargetOut(BaseModel):
+    name: str
+    queue_url: str
+    queue_arn: str
+    dlq_url: str
+    dlq_arn: str
+    created_at: str
+
+
+class TargetListOut(BaseModel):
+    targets: list[TargetOut]
+
+
+class TenantOut(BaseModel):
+    tenant_id: str
+    quotas: Quotas
+    schedule_count: int
+    strict_fires_per_minute_peak: int = Field(
+        description="The busiest minute of the hour under admission control."
+    )
+
+
+class MetaOut(BaseModel):
+    version: str
+    tzdata: str
+
+
+class PreviewOut(BaseModel):
+    fires: list[FireOut]
+    notes: list[str]
+
+
+def schedule_out(schedule: Schedule) -> ScheduleOut:
+    return ScheduleOut(
+        **schedule.model_dump(
+            include={
+                "schedule_id",
+                "version",
+                "state",
+                "name",
+                "spec",
+                "target",
+                "payload",
+                "flexible_window_seconds",
+                "misfire",
+                "overlap",
+                "retry",
+            }
+        ),
+        created_at=schedule.created_at.isoformat(),
+        updated_at=schedule.updated_at.isoformat(),
+        next_run_at=_iso(schedule.next_run_at),
+    )
+
+
+def occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
+    return OccurrenceOut(
+        **occurrence.model_dump(
+            include={
+                "occurrence_id",
+                "schedule_id",
+                "schedule_version",
+                "state",
+                "target",
+                "attempt_count",
+                "reason",
+            }
+        ),
+        scheduled_for=utc_text(occurrence.scheduled_for),
+        available_at=utc_text(occurrence.available_at),
+        enqueued_at=_iso(occurrence.enqueued_at),
+    ).model_dump(mode="json")
+
+
+def affected_out(affected: Affected) -> AffectedOut:
+    return AffectedOut(**occurrence_out(affected.occurrence), note=affected.note)
+
+
+def fires_out(fires: Preview) -> list[FireOut]:
+    return [FireOut(utc=f.utc, local=f.local) for f in fires.fires]
+
+
+def saved_out(saved: Saved) -> SavedOut:
+    return SavedOut(
+        schedule=schedule_out(saved.schedule),
+        next_fires=fires_out(saved.next_fires),
+        notes=saved.next_fires.notes,
+        materialized=[OccurrenceOut(**occurrence_out(o)) for o in saved.materialized],
+        affected=[affected_out(a) for a in saved.affected],
+    )
+
+
+def occurrence_detail_out(occurrence: Occurrence, attempts: list[Attempt]) -> OccurrenceDetailOut:
+    return OccurrenceDetailOut(
+        **occurrence_out(occurrence),
+        attempts=[
+            AttemptOut(
+                attempt_no=a.attempt_no,
+                started_at=utc_text(a.started_at),
+                finished_at=_iso(a.finished_at),
+                outcome=a.outcome.value,
+                error=a.error,
+            )
+            for a in attempts
+        ],
+    )
+
+
+def target_out(target: Target) -> TargetOut:
+    return TargetOut(
+        **target.model_dump(include={"name", "queue_url", "queue_arn", "dlq_url", "dlq_arn"}),
+        created_at=target.created_at.isoformat(),
+    )
+
+
+def tenant_out(tenant: Tenant) -> TenantOut:
+    return TenantOut(
+        tenant_id=tenant.tenant_id,
+        quotas=tenant.quotas,
+        schedule_count=tenant.schedule_count,
+        strict_fires_per_minute_peak=max(tenant.minute_load),
+    )

@@ -1,0 +1,1 @@
+"""DynamoDB access: one module per table or concern. Item shapes live here only."""

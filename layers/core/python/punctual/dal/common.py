@@ -1,0 +1,137 @@
+"""Item (de)serialization and the one place where ClientError codes become domain errors."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from punctual.errors import Conflict, InvalidInput, NotFound, Retryable
+
+_SERIALIZER = TypeSerializer()
+_DESERIALIZER = TypeDeserializer()
+
+_RETRYABLE = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "TransactionConflictException",
+    }
+)
+
+Item = dict[str, Any]
+
+
+def to_dynamo(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _SERIALIZER.serialize(_plain(v)) for k, v in item.items() if v is not None}
+
+
+def from_dynamo(item: Mapping[str, Any]) -> Item:
+    return {k: _native(_DESERIALIZER.deserialize(v)) for k, v in item.items()}
+
+
+def values(**named: Any) -> dict[str, Any]:
+    """ExpressionAttributeValues from keyword arguments: values(v=3) -> {':v': {'N': '3'}}."""
+    return {f":{k}": _SERIALIZER.serialize(_plain(v)) for k, v in named.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float):
+        return Decimal(str(value))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _native(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _native(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_native(v) for v in value]
+    return value
+
+
+@contextmanager
+def translated(conflict: str = "the record changed meanwhile; read it again") -> Iterator[None]:
+    """Turn DynamoDB's error codes into domain errors, here and nowhere else."""
+    try:
+        yield
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        if code == "ConditionalCheckFailedException":
+            raise Conflict(conflict) from error
+        if code in _RETRYABLE:
+            raise Retryable(f"DynamoDB is busy ({code}); retry") from error
+        if code == "ResourceNotFoundException":
+            raise NotFound("table not found") from error
+        raise
+
+
+def encode_token(key: Mapping[str, Any] | None) -> str | None:
+    """An opaque pagination token for a DynamoDB LastEvaluatedKey."""
+    if not key:
+        return None
+    raw = json.dumps(from_dynamo(key), separators=(",", ":"), sort_keys=True)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_token(token: str | None, *, expect: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Back to ExclusiveStartKey. A mangled token, or one minted for another tenant or
+    schedule (``expect`` names the key values it must carry), is a 400."""
+    if not token:
+        return None
+    problem = InvalidInput(
+        "next_token is not valid", [{"field": "next_token", "reason": "not a token we issued"}]
+    )
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        key = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (ValueError, binascii.Error):
+        raise problem from None
+    if not isinstance(key, dict) or any(key.get(k) != v for k, v in expect.items()):
+        raise problem
+    return to_dynamo(key)
+
+
+class ConditionFailed(Exception):
+    """A transaction was refused because the condition of the action ``label`` failed."""
+
+    def __init__(self, label: str, old_item: Item | None) -> None:
+        super().__init__(label)
+        self.label = label
+        self.old_item = old_item
+
+
+def run_transaction(client: Any, actions: list[tuple[str, dict[str, Any]]]) -> None:
+    """TransactWriteItems over labelled actions; a failed condition names its action."""
+    try:
+        with translated():
+            client.transact_write_items(TransactItems=[action for _, action in actions])
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+            raise
+        reasons = error.response.get("CancellationReasons", [])
+        for (label, _), reason in zip(actions, reasons, strict=False):
+            if reason.get("Code") == "ConditionalCheckFailed":
+                old = reason.get("Item")
+                raise ConditionFailed(label, from_dynamo(old) if old else None) from error
+        codes = {r.get("Code") for r in reasons}
+        if codes & {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}:
+            raise Retryable(
+                "a concurrent change or throttling cancelled the write; retry"
+            ) from error
+        raise

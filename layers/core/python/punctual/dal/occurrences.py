@@ -1,0 +1,128 @@
+"""The occurrences table: occurrence items and their attempts, listable per schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from punctual.dal.common import (
+    Item,
+    decode_token,
+    encode_token,
+    from_dynamo,
+    to_dynamo,
+    translated,
+    values,
+)
+from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_OCCURRENCES_INDEX
+from punctual.errors import Conflict
+from punctual.models import Attempt, Occurrence, OccurrenceState
+
+_OPEN = (
+    OccurrenceState.SCHEDULED,
+    OccurrenceState.ENQUEUED,
+    OccurrenceState.RUNNING,
+    OccurrenceState.RETRY_WAIT,
+)
+
+
+def occurrence_to_item(occurrence: Occurrence, payload: dict[str, Any]) -> Item:
+    """The payload is copied in: the relay then sends without reading the schedule."""
+    return {"sk": OCCURRENCE_SK, **occurrence.model_dump(), "payload": payload}
+
+
+def occurrence_from_item(item: Item) -> Occurrence:
+    return Occurrence(**{k: v for k, v in item.items() if k in Occurrence.model_fields})
+
+
+def attempt_from_item(item: Item) -> Attempt:
+    return Attempt(**{k: v for k, v in item.items() if k in Attempt.model_fields})
+
+
+class OccurrenceStore:
+    def __init__(self, client: Any, table: str) -> None:
+        self._client = client
+        self.table = table
+
+    def put_new(self, occurrence: Occurrence, payload: dict[str, Any]) -> dict[str, Any]:
+        """Transaction action; fails if the occurrence exists (then someone made it already)."""
+        return {
+            "Put": {
+                "TableName": self.table,
+                "Item": to_dynamo(occurrence_to_item(occurrence, payload)),
+                # Race: the API and a materializer (or two materializers) planning the same
+                # (schedule, version, instant); the deterministic id makes the second a no-op.
+                "ConditionExpression": "attribute_not_exists(occurrence_id)",
+            }
+        }
+
+    def get_with_attempts(self, occurrence_id: str) -> tuple[Occurrence, list[Attempt]] | None:
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            KeyConditionExpression="occurrence_id = :o",
+            ExpressionAttributeValues=values(o=occurrence_id),
+            ConsistentRead=True,
+        )
+        items = [from_dynamo(i) for page in pages for i in page["Items"]]
+        head = [i for i in items if i["sk"] == OCCURRENCE_SK]
+        if not head:
+            return None
+        attempts = sorted(
+            (attempt_from_item(i) for i in items if i["sk"] != OCCURRENCE_SK),
+            key=lambda a: a.attempt_no,
+        )
+        return occurrence_from_item(head[0]), attempts
+
+    def list_for_schedule(
+        self, schedule_id: str, *, since: int, until: int, limit: int, token: str | None
+    ) -> tuple[list[Occurrence], str | None]:
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": SCHEDULE_OCCURRENCES_INDEX,
+            "KeyConditionExpression": "schedule_id = :s AND scheduled_for BETWEEN :a AND :b",
+            "ExpressionAttributeValues": values(s=schedule_id, a=since, b=until),
+            "Limit": limit,
+        }
+        start = decode_token(token, expect={"schedule_id": schedule_id})
+        if start:
+            request["ExclusiveStartKey"] = start
+        page = self._client.query(**request)
+        found = [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
+        return found, encode_token(page.get("LastEvaluatedKey"))
+
+    def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
+        """Occurrences not yet finished, scheduled at or after ``since``."""
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            IndexName=SCHEDULE_OCCURRENCES_INDEX,
+            KeyConditionExpression="schedule_id = :s AND scheduled_for >= :a",
+            FilterExpression="#state IN (:o0, :o1, :o2, :o3)",
+            ExpressionAttributeNames={"#state": "state"},
+            ExpressionAttributeValues=values(
+                s=schedule_id, a=since, **{f"o{i}": s.value for i, s in enumerate(_OPEN)}
+            ),
+        )
+        return [occurrence_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
+
+    def cancel_if_scheduled(self, occurrence_id: str, reason: str) -> OccurrenceState:
+        """SCHEDULED -> CANCELED; answers the state the occurrence really ends up in."""
+        try:
+            with translated():
+                self._client.update_item(
+                    TableName=self.table,
+                    Key=to_dynamo({"occurrence_id": occurrence_id, "sk": OCCURRENCE_SK}),
+                    UpdateExpression="SET #state = :canceled, reason = :why",
+                    # Race: the relay enqueued it (or a worker finished it) meanwhile; then it
+                    # cannot be recalled and the answer must say its real state.
+                    ConditionExpression="#state = :scheduled",
+                    ExpressionAttributeNames={"#state": "state"},
+                    ExpressionAttributeValues=values(
+                        canceled=OccurrenceState.CANCELED.value,
+                        scheduled=OccurrenceState.SCHEDULED.value,
+                        why=reason,
+                    ),
+                )
+        except Conflict:
+            found = self.get_with_attempts(occurrence_id)
+            assert found is not None  # occurrences are never deleted while open
+            return found[0].state
+        return OccurrenceState.CANCELED

@@ -1,0 +1,184 @@
+"""The schedules table: the current version of each schedule, its history, the due index."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from punctual.dal.common import (
+    Item,
+    decode_token,
+    encode_token,
+    from_dynamo,
+    to_dynamo,
+    values,
+)
+from punctual.dal.tables import SCHEDULE_CURRENT, TENANT_INDEX
+from punctual.models import Schedule, ScheduleState
+
+_DEFINITION_FIELDS = (
+    "name",
+    "spec",
+    "target",
+    "payload",
+    "flexible_window_seconds",
+    "misfire",
+    "overlap",
+    "retry",
+)
+
+
+def version_sk(version: int) -> str:
+    return f"V#{version:010d}"
+
+
+def due_bucket(due_at: int, shard: int) -> str:
+    """The due index partition: the minute of ``due_at`` and the shard, '202611300915#0007'."""
+    minute = datetime.fromtimestamp(due_at, UTC).strftime("%Y%m%d%H%M")
+    return f"{minute}#{shard:04d}"
+
+
+# --- item <-> model -------------------------------------------------------------------
+
+
+def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, int]) -> Item:
+    """The CURRENT item. Only an ACTIVE schedule with a next fire carries the due index keys."""
+    dumped = schedule.model_dump(mode="json", include=set(_DEFINITION_FIELDS))
+    item: Item = {
+        "schedule_id": schedule.schedule_id,
+        "sk": SCHEDULE_CURRENT,
+        "tenant_id": schedule.tenant_id,
+        "created_key": f"{schedule.created_at.isoformat()}#{schedule.schedule_id}",
+        "version": schedule.version,
+        "state": schedule.state.value,
+        "definition": dumped,
+        "created_at": schedule.created_at.isoformat(),
+        "updated_at": schedule.updated_at.isoformat(),
+        "shard": shard,
+        "minute_load": {str(m): n for m, n in minute_load.items()},
+        "next_run_at": schedule.next_run_at,
+        "next_available_at": schedule.next_available_at,
+    }
+    if schedule.state is ScheduleState.ACTIVE and schedule.next_available_at is not None:
+        item["due_at"] = schedule.next_available_at
+        item["due_bucket"] = due_bucket(schedule.next_available_at, shard)
+    return item
+
+
+def version_to_item(schedule: Schedule, effective_from: int) -> Item:
+    """An immutable history item: what version N said and from when it applied."""
+    return {
+        "schedule_id": schedule.schedule_id,
+        "sk": version_sk(schedule.version),
+        "tenant_id": schedule.tenant_id,
+        "version": schedule.version,
+        "state": schedule.state.value,
+        "definition": schedule.model_dump(mode="json", include=set(_DEFINITION_FIELDS)),
+        "created_at": schedule.created_at.isoformat(),
+        "effective_from": effective_from,
+    }
+
+
+def schedule_from_item(item: Item) -> Schedule:
+    return Schedule(
+        **item["definition"],
+        tenant_id=item["tenant_id"],
+        schedule_id=item["schedule_id"],
+        version=item["version"],
+        state=item["state"],
+        created_at=item["created_at"],
+        updated_at=item["updated_at"],
+        next_run_at=item.get("next_run_at"),
+        next_available_at=item.get("next_available_at"),
+    )
+
+
+def minute_load_of(item: Item) -> dict[int, int]:
+    return {int(m): int(n) for m, n in item.get("minute_load", {}).items()}
+
+
+# --- reads ----------------------------------------------------------------------------
+
+
+class ScheduleStore:
+    def __init__(self, client: Any, table: str) -> None:
+        self._client = client
+        self.table = table
+
+    def key(self, schedule_id: str, sk: str = SCHEDULE_CURRENT) -> dict[str, Any]:
+        return to_dynamo({"schedule_id": schedule_id, "sk": sk})
+
+    def get_item(self, schedule_id: str) -> Item | None:
+        found = self._client.get_item(
+            TableName=self.table, Key=self.key(schedule_id), ConsistentRead=True
+        ).get("Item")
+        return from_dynamo(found) if found else None
+
+    def list_for_tenant(
+        self, tenant_id: str, *, state: ScheduleState | None, limit: int, token: str | None
+    ) -> tuple[list[Schedule], str | None]:
+        """One page, newest last. A state filter reads on until the page is full."""
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": TENANT_INDEX,
+            "KeyConditionExpression": "tenant_id = :t",
+            "ExpressionAttributeValues": values(t=tenant_id),
+        }
+        if state is not None:
+            request["FilterExpression"] = "#state = :s"
+            request["ExpressionAttributeNames"] = {"#state": "state"}
+            request["ExpressionAttributeValues"] |= values(s=state.value)
+        start = decode_token(token, expect={"tenant_id": tenant_id})
+        found: list[Schedule] = []
+        while True:
+            page_request = dict(request, Limit=limit - len(found))
+            if start:
+                page_request["ExclusiveStartKey"] = start
+            page = self._client.query(**page_request)
+            found += [schedule_from_item(from_dynamo(i)) for i in page["Items"]]
+            start = page.get("LastEvaluatedKey")
+            if not start or len(found) >= limit:
+                return found, encode_token(start)
+
+    def versions(self, schedule_id: str) -> list[Item]:
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            KeyConditionExpression="schedule_id = :s AND begins_with(sk, :v)",
+            ExpressionAttributeValues=values(s=schedule_id, v="V#"),
+        )
+        return [from_dynamo(i) for page in pages for i in page["Items"]]
+
+    # --- transaction actions ----------------------------------------------------------
+
+    def put_new(self, item: Item) -> dict[str, Any]:
+        return {
+            "Put": {
+                "TableName": self.table,
+                "Item": to_dynamo(item),
+                # Race: a retried create reusing the id must not overwrite the first one.
+                "ConditionExpression": "attribute_not_exists(schedule_id)",
+            }
+        }
+
+    def put_version(self, item: Item) -> dict[str, Any]:
+        return {
+            "Put": {
+                "TableName": self.table,
+                "Item": to_dynamo(item),
+                # Race: two writers producing the same version number; history is immutable.
+                "ConditionExpression": "attribute_not_exists(schedule_id)",
+            }
+        }
+
+    def replace_current(self, item: Item, *, expected_version: int) -> dict[str, Any]:
+        return {
+            "Put": {
+                "TableName": self.table,
+                "Item": to_dynamo(item),
+                # Race: a concurrent update, pause, cancel or materializer step moved the
+                # version first; the loser must re-read instead of overwriting it.
+                "ConditionExpression": "version = :v",
+                "ExpressionAttributeValues": values(v=expected_version),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }

@@ -1,0 +1,108 @@
+"""Table and index definitions: one source for the CDK stack, the local stack and tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from punctual.settings import Settings
+
+SCHEDULE_CURRENT = "CURRENT"
+OCCURRENCE_SK = "OCC"
+
+DUE_INDEX = "due"  # due_bucket ("YYYYMMDDHHMM#SSSS") -> due_at: only ACTIVE schedules
+TENANT_INDEX = "by_tenant"  # tenant_id -> created_key: current schedule items only
+SCHEDULE_OCCURRENCES_INDEX = "by_schedule"  # schedule_id -> scheduled_for: occurrence items
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str
+    pk: tuple[str, str]  # (attribute, type S|N)
+    sk: tuple[str, str]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    setting: str  # the Settings attribute holding the table name
+    pk: tuple[str, str]
+    sk: tuple[str, str] | None = None
+    indexes: tuple[Index, ...] = ()
+    stream: bool = False
+    ttl_attribute: str | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    def name(self, settings: Settings) -> str:
+        return str(getattr(settings, self.setting))
+
+    def create_request(self, settings: Settings) -> dict[str, Any]:
+        """Arguments for DynamoDB CreateTable (on-demand)."""
+        keys = [self.pk] + ([self.sk] if self.sk else [])
+        for index in self.indexes:
+            keys += [index.pk, index.sk]
+        request: dict[str, Any] = {
+            "TableName": self.name(settings),
+            "BillingMode": "PAY_PER_REQUEST",
+            "AttributeDefinitions": [
+                {"AttributeName": name, "AttributeType": kind} for name, kind in dict(keys).items()
+            ],
+            "KeySchema": _key_schema(self.pk, self.sk),
+        }
+        if self.indexes:
+            request["GlobalSecondaryIndexes"] = [
+                {
+                    "IndexName": index.name,
+                    "KeySchema": _key_schema(index.pk, index.sk),
+                    "Projection": {"ProjectionType": "ALL"},
+                }
+                for index in self.indexes
+            ]
+        if self.stream:
+            request["StreamSpecification"] = {
+                "StreamEnabled": True,
+                "StreamViewType": "NEW_IMAGE",
+            }
+        return request
+
+
+def _key_schema(pk: tuple[str, str], sk: tuple[str, str] | None) -> list[dict[str, str]]:
+    schema = [{"AttributeName": pk[0], "KeyType": "HASH"}]
+    if sk:
+        schema.append({"AttributeName": sk[0], "KeyType": "RANGE"})
+    return schema
+
+
+SCHEDULES = TableSpec(
+    setting="schedules_table",
+    pk=("schedule_id", "S"),
+    sk=("sk", "S"),  # "CURRENT" or "V#0000000007" (version history)
+    indexes=(
+        Index(DUE_INDEX, ("due_bucket", "S"), ("due_at", "N")),
+        Index(TENANT_INDEX, ("tenant_id", "S"), ("created_key", "S")),
+    ),
+)
+OCCURRENCES = TableSpec(
+    setting="occurrences_table",
+    pk=("occurrence_id", "S"),
+    sk=("sk", "S"),  # "OCC" or "ATT#000001"
+    indexes=(Index(SCHEDULE_OCCURRENCES_INDEX, ("schedule_id", "S"), ("scheduled_for", "N")),),
+    # The occurrence INSERT is the outbox event the relay reads (docs/data-model.md).
+    stream=True,
+    ttl_attribute="expires_at",
+)
+TENANTS = TableSpec(setting="tenants_table", pk=("pk", "S"), sk=("sk", "S"))
+LEASES = TableSpec(setting="leases_table", pk=("pk", "S"))
+IDEMPOTENCY = TableSpec(setting="idempotency_table", pk=("id", "S"), ttl_attribute="expiration")
+
+ALL_TABLES = (SCHEDULES, OCCURRENCES, TENANTS, LEASES, IDEMPOTENCY)
+
+
+def create_tables(client: Any, settings: Settings) -> None:
+    """Create every table (tests and the local stack; AWS gets them from CDK)."""
+    for spec in ALL_TABLES:
+        client.create_table(**spec.create_request(settings))
+        if spec.ttl_attribute:
+            client.update_time_to_live(
+                TableName=spec.name(settings),
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": spec.ttl_attribute},
+            )

@@ -1,0 +1,191 @@
+"""The tenants table: tenant records (quotas, usage), principal bindings, targets."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from punctual.dal.common import Item, from_dynamo, to_dynamo, translated, values
+from punctual.errors import Conflict, NotFound
+from punctual.tenancy import Quotas, Target, Tenant
+
+TENANT_SK = "TENANT"
+PRINCIPAL_SK = "PRINCIPAL"
+MINUTES = range(60)
+
+
+def tenant_key(tenant_id: str) -> dict[str, Any]:
+    return to_dynamo({"pk": f"T#{tenant_id}", "sk": TENANT_SK})
+
+
+def _minute_attr(minute: int) -> str:
+    return f"f{minute:02d}"
+
+
+# --- item <-> model -------------------------------------------------------------------
+
+
+def tenant_to_item(tenant: Tenant) -> Item:
+    item: Item = {
+        "pk": f"T#{tenant.tenant_id}",
+        "sk": TENANT_SK,
+        "tenant_id": tenant.tenant_id,
+        "quotas": tenant.quotas.model_dump(),
+        "schedule_count": tenant.schedule_count,
+        "created_at": tenant.created_at.isoformat(),
+    }
+    item.update({_minute_attr(m): tenant.minute_load[m] for m in MINUTES})
+    return item
+
+
+def tenant_from_item(item: Item) -> Tenant:
+    return Tenant(
+        tenant_id=item["tenant_id"],
+        quotas=Quotas(**item["quotas"]),
+        schedule_count=item.get("schedule_count", 0),
+        minute_load=[item.get(_minute_attr(m), 0) for m in MINUTES],
+        created_at=datetime.fromisoformat(item["created_at"]),
+    )
+
+
+def target_to_item(target: Target) -> Item:
+    return {
+        "pk": f"T#{target.tenant_id}",
+        "sk": f"TARGET#{target.name}",
+        **target.model_dump(mode="json"),
+    }
+
+
+def target_from_item(item: Item) -> Target:
+    return Target(**{k: v for k, v in item.items() if k not in ("pk", "sk")})
+
+
+# --- reads and writes -----------------------------------------------------------------
+
+
+class TenantStore:
+    def __init__(self, client: Any, table: str) -> None:
+        self._client = client
+        self.table = table
+
+    def create(self, tenant: Tenant) -> None:
+        with translated(f"tenant {tenant.tenant_id} already exists"):
+            self._client.put_item(
+                TableName=self.table,
+                Item=to_dynamo(tenant_to_item(tenant)),
+                # Race: two operators creating the same tenant; the second must not reset usage.
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+
+    def get(self, tenant_id: str) -> Tenant:
+        found = self._client.get_item(
+            TableName=self.table, Key=tenant_key(tenant_id), ConsistentRead=True
+        ).get("Item")
+        if not found:
+            raise NotFound(f"tenant {tenant_id} not found")
+        return tenant_from_item(from_dynamo(found))
+
+    def set_quotas(self, tenant_id: str, quotas: Quotas) -> None:
+        with translated(f"tenant {tenant_id} not found"):
+            self._client.update_item(
+                TableName=self.table,
+                Key=tenant_key(tenant_id),
+                UpdateExpression="SET quotas = :q",
+                # Race: quotas set on a tenant being created must not create a partial item.
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues=values(q=quotas.model_dump()),
+            )
+
+    def bind_principal(self, principal_arn: str, tenant_id: str) -> None:
+        self.get(tenant_id)
+        try:
+            with translated():
+                self._client.put_item(
+                    TableName=self.table,
+                    Item=to_dynamo(
+                        {
+                            "pk": f"P#{principal_arn}",
+                            "sk": PRINCIPAL_SK,
+                            "principal_arn": principal_arn,
+                            "tenant_id": tenant_id,
+                        }
+                    ),
+                    # Race: one principal bound to two tenants would see both; first bind wins,
+                    # re-binding to the same tenant is a no-op.
+                    ConditionExpression="attribute_not_exists(pk) OR tenant_id = :t",
+                    ExpressionAttributeValues=values(t=tenant_id),
+                )
+        except Conflict:
+            raise Conflict(f"{principal_arn} is bound to another tenant") from None
+
+    def tenant_of(self, principal_arn: str) -> str | None:
+        found = self._client.get_item(
+            TableName=self.table,
+            Key=to_dynamo({"pk": f"P#{principal_arn}", "sk": PRINCIPAL_SK}),
+        ).get("Item")
+        return str(from_dynamo(found)["tenant_id"]) if found else None
+
+    def put_target(self, target: Target) -> None:
+        with translated(f"target {target.name} already exists"):
+            self._client.put_item(
+                TableName=self.table,
+                Item=to_dynamo(target_to_item(target)),
+                # Race: two creates of one target name; the first one's queues are the target.
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+
+    def get_target(self, tenant_id: str, name: str) -> Target | None:
+        found = self._client.get_item(
+            TableName=self.table,
+            Key=to_dynamo({"pk": f"T#{tenant_id}", "sk": f"TARGET#{name}"}),
+        ).get("Item")
+        return target_from_item(from_dynamo(found)) if found else None
+
+    def list_targets(self, tenant_id: str) -> list[Target]:
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues=values(pk=f"T#{tenant_id}", prefix="TARGET#"),
+        )
+        return [target_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
+
+
+def usage_update(
+    tenant_id: str,
+    table: str,
+    quotas: Quotas,
+    *,
+    schedules_delta: int,
+    load_delta: dict[int, int],
+) -> dict[str, Any] | None:
+    """A transaction action moving the tenant's usage, guarded by its quotas.
+
+    Growth is conditional: the schedule count and every minute whose load grows must
+    stay within the quota after the change. Shrinking is never refused.
+    """
+    adds = {"schedule_count": schedules_delta} if schedules_delta else {}
+    adds.update({_minute_attr(m): d for m, d in sorted(load_delta.items()) if d})
+    conditions = ["attribute_exists(pk)"]
+    bound: dict[str, int] = {}
+    if schedules_delta > 0:
+        # Race: concurrent creates racing past max_schedules; the count is checked in the
+        # same transaction that writes the schedule, so no interleaving can exceed it.
+        conditions.append("schedule_count <= :max_schedules")
+        bound["max_schedules"] = quotas.max_schedules - schedules_delta
+    for minute, delta in sorted(load_delta.items()):
+        if delta > 0:
+            # Race: concurrent creates/updates filling one minute past the strict-fire quota.
+            attr = _minute_attr(minute)
+            conditions.append(f"{attr} <= :c{attr}")
+            bound[f"c{attr}"] = quotas.max_strict_fires_per_minute - delta
+    if not adds:
+        return None
+    update: dict[str, Any] = {
+        "TableName": table,
+        "Key": tenant_key(tenant_id),
+        "ConditionExpression": " AND ".join(conditions),
+    }
+    update["UpdateExpression"] = "ADD " + ", ".join(f"{k} :d{k}" for k in adds)
+    update["ExpressionAttributeValues"] = values(**{f"d{k}": v for k, v in adds.items()}, **bound)
+    update["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+    return {"Update": update}

@@ -1,0 +1,1 @@
+"""Small interfaces to AWS services other than DynamoDB."""

@@ -1,0 +1,415 @@
+"""The control plane: what the API does with schedules, targets and tenants.
+
+Every change of a schedule writes, in one transaction, the new CURRENT item
+(conditional on the version the caller saw), an immutable history item for the
+new version, the tenant's usage (conditional on its quotas) and any occurrence
+due so soon that the materializer may already have planned past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from punctual.dal.common import ConditionFailed, Item, run_transaction
+from punctual.dal.occurrences import OccurrenceStore
+from punctual.dal.schedules import (
+    ScheduleStore,
+    minute_load_of,
+    schedule_from_item,
+    schedule_to_item,
+    version_to_item,
+)
+from punctual.dal.tenants import TenantStore, usage_update
+from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
+from punctual.ids import new_schedule_id, shard_of
+from punctual.integrations.queues import QueueAdmin
+from punctual.materialize import plan
+from punctual.models import (
+    Attempt,
+    Occurrence,
+    OccurrenceState,
+    Schedule,
+    ScheduleDefinition,
+    ScheduleState,
+    field_errors,
+)
+from punctual.settings import Settings
+from punctual.tenancy import Quotas, Target, Tenant, normalize_principal, strict_minute_load
+from punctual.timing import Preview, get_zone, preview
+
+Clock = Callable[[], float]
+
+PREVIEW_COUNT = 5
+_LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
+
+_AFFECTED_NOTES = {
+    OccurrenceState.CANCELED: "canceled before it was sent",
+    OccurrenceState.SCHEDULED: "not sent yet; it will be refused as stale",
+    OccurrenceState.ENQUEUED: "already in the queue: cannot be recalled, the worker will refuse it",
+    OccurrenceState.RETRY_WAIT: "in the queue for a retry: the worker will refuse it",
+    OccurrenceState.RUNNING: "running: it can only stop cooperatively",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Affected:
+    """An occurrence of an older version and what became of it."""
+
+    occurrence: Occurrence
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    schedule: Schedule
+    next_fires: Preview
+    materialized: list[Occurrence] = field(default_factory=list)
+    affected: list[Affected] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the control plane talks to, built once per process by the handler."""
+
+    dynamodb: Any
+    sqs: Any
+    settings: Settings
+    now: Clock
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        return ScheduleStore(self.dynamodb, self.settings.schedules_table)
+
+    @property
+    def occurrences(self) -> OccurrenceStore:
+        return OccurrenceStore(self.dynamodb, self.settings.occurrences_table)
+
+    @property
+    def tenants(self) -> TenantStore:
+        return TenantStore(self.dynamodb, self.settings.tenants_table)
+
+
+class ControlPlane:
+    def __init__(self, services: Services) -> None:
+        self._s = services
+        self.settings = services.settings
+        self.schedules = services.schedules
+        self.occurrences = services.occurrences
+        self.tenants = services.tenants
+        self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix)
+
+    def _now(self) -> int:
+        return int(self._s.now())
+
+    # --- callers ----------------------------------------------------------------------
+
+    def is_operator(self, principal_arn: str) -> bool:
+        return normalize_principal(principal_arn) in self.settings.operator_principals
+
+    def tenant_of(self, principal_arn: str) -> str:
+        tenant_id = self.tenants.tenant_of(normalize_principal(principal_arn))
+        if tenant_id is None:
+            raise Forbidden("this principal is not bound to a tenant")
+        return tenant_id
+
+    # --- schedules --------------------------------------------------------------------
+
+    def create(self, tenant_id: str, definition: ScheduleDefinition) -> Saved:
+        now = self._now()
+        self._require_target(tenant_id, definition.target)
+        moment = datetime.fromtimestamp(now, UTC)
+        schedule = Schedule.model_validate(
+            {
+                **definition.model_dump(),
+                "tenant_id": tenant_id,
+                "schedule_id": new_schedule_id(),
+                "version": 1,
+                "created_at": moment,
+                "updated_at": moment,
+            }
+        )
+        # A fire exactly at the creation instant still fires (a rate anchored at creation).
+        return self._save(None, schedule, after=now - 1, now=now)
+
+    def get(self, tenant_id: str, schedule_id: str) -> Schedule:
+        return schedule_from_item(self._owned(tenant_id, schedule_id))
+
+    def list_schedules(
+        self, tenant_id: str, *, state: ScheduleState | None, limit: int, token: str | None
+    ) -> tuple[list[Schedule], str | None]:
+        return self.schedules.list_for_tenant(tenant_id, state=state, limit=limit, token=token)
+
+    def next_fires(self, schedule: Schedule, count: int = PREVIEW_COUNT) -> Preview:
+        if schedule.state is not ScheduleState.ACTIVE or schedule.next_run_at is None:
+            return Preview()
+        zone = get_zone(getattr(schedule.spec, "timezone", None) or "UTC")
+        return preview(schedule.rule(), schedule.next_run_at - 1, count, zone)
+
+    def update(
+        self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]
+    ) -> Saved:
+        item = self._owned(tenant_id, schedule_id)
+        current = schedule_from_item(item)
+        if current.version != if_match:
+            raise Conflict(
+                f"If-Match names version {if_match} but the schedule is at version "
+                f"{current.version}; read it again",
+                current_version=current.version,
+            )
+        if current.state is ScheduleState.CANCELED:
+            raise Conflict("a canceled schedule cannot be updated")
+        merged = {**current.model_dump(include=set(ScheduleDefinition.model_fields)), **changes}
+        try:
+            definition = ScheduleDefinition.model_validate(merged)
+        except ValidationError as error:
+            raise InvalidInput("the update is not valid", field_errors(error)) from None
+        if "target" in changes:
+            self._require_target(tenant_id, definition.target)
+        now = self._now()
+        state = (
+            ScheduleState.PAUSED if current.state is ScheduleState.PAUSED else ScheduleState.ACTIVE
+        )
+        updated = self._next_version(current, now, state, definition)
+        return self._save(item, updated, after=now, now=now)
+
+    def pause(self, tenant_id: str, schedule_id: str) -> Saved:
+        return self._transition(
+            tenant_id, schedule_id, ScheduleState.PAUSED, {ScheduleState.ACTIVE}
+        )
+
+    def resume(self, tenant_id: str, schedule_id: str) -> Saved:
+        # The next fire is strictly after the resume instant: the paused period is not caught up.
+        return self._transition(
+            tenant_id, schedule_id, ScheduleState.ACTIVE, {ScheduleState.PAUSED}
+        )
+
+    def cancel(self, tenant_id: str, schedule_id: str) -> Saved:
+        return self._transition(
+            tenant_id,
+            schedule_id,
+            ScheduleState.CANCELED,
+            {ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.COMPLETED},
+        )
+
+    def _transition(
+        self,
+        tenant_id: str,
+        schedule_id: str,
+        state: ScheduleState,
+        allowed_from: set[ScheduleState],
+    ) -> Saved:
+        item = self._owned(tenant_id, schedule_id)
+        current = schedule_from_item(item)
+        if current.state not in allowed_from:
+            raise Conflict(
+                f"the schedule is {current.state.value}; cannot make it {state.value}",
+                state=current.state.value,
+            )
+        now = self._now()
+        return self._save(item, self._next_version(current, now, state), after=now, now=now)
+
+    @staticmethod
+    def _next_version(
+        current: Schedule,
+        now: int,
+        state: ScheduleState,
+        definition: ScheduleDefinition | None = None,
+    ) -> Schedule:
+        changes = definition.model_dump() if definition else {}
+        return Schedule.model_validate(
+            {
+                **current.model_dump(),
+                **changes,
+                "version": current.version + 1,
+                "state": state,
+                "updated_at": datetime.fromtimestamp(now, UTC),
+                "next_run_at": None,
+                "next_available_at": None,
+            }
+        )
+
+    # --- the one write path for every schedule change ----------------------------------
+
+    def _save(self, old_item: Item | None, schedule: Schedule, *, after: int, now: int) -> Saved:
+        materialized: list[Occurrence] = []
+        if schedule.state is ScheduleState.ACTIVE:
+            planned = plan(
+                schedule,
+                after=after,
+                materialize_until=now + self.settings.planned_horizon_seconds,
+                retention_seconds=self.settings.retention_days * 86400,
+            )
+            materialized = planned.occurrences
+            if planned.next_run_at is None and not materialized and old_item is None:
+                raise InvalidInput(
+                    "the schedule would never fire",
+                    [{"field": "spec", "reason": "no fire after now within start_at/end_at"}],
+                )
+            schedule = schedule.model_copy(
+                update={
+                    "next_run_at": planned.next_run_at,
+                    "next_available_at": planned.next_available_at,
+                    "state": ScheduleState.ACTIVE
+                    if planned.next_run_at is not None
+                    else ScheduleState.COMPLETED,
+                }
+            )
+        load = strict_minute_load(schedule, schedule.created_at) if schedule.state in _LIVE else {}
+        shard = shard_of(schedule.schedule_id, self.settings.shard_count)
+        current_item = schedule_to_item(schedule, shard=shard, minute_load=load)
+
+        actions: list[tuple[str, dict[str, Any]]] = [
+            (
+                "schedule",
+                self.schedules.put_new(current_item)
+                if old_item is None
+                else self.schedules.replace_current(
+                    current_item, expected_version=old_item["version"]
+                ),
+            ),
+            ("version", self.schedules.put_version(version_to_item(schedule, effective_from=now))),
+        ]
+        tenant = self.tenants.get(schedule.tenant_id)
+        usage = self._usage_action(tenant, old_item, schedule, load)
+        if usage:
+            actions.append(("tenant", usage))
+        actions += [
+            ("occurrence", self.occurrences.put_new(o, schedule.payload)) for o in materialized
+        ]
+        try:
+            run_transaction(self._s.dynamodb, actions)
+        except ConditionFailed as refused:
+            raise self._refusal(refused, tenant, load) from None
+        affected = self._invalidate(old_item, schedule, now) if old_item else []
+        return Saved(schedule, self.next_fires(schedule), materialized, affected)
+
+    def _usage_action(
+        self, tenant: Tenant, old_item: Item | None, schedule: Schedule, load: dict[int, int]
+    ) -> dict[str, Any] | None:
+        old_live = old_item is not None and old_item["state"] in _LIVE
+        old_load = minute_load_of(old_item) if old_item and old_live else {}
+        delta = {m: load.get(m, 0) - old_load.get(m, 0) for m in set(load) | set(old_load)}
+        return usage_update(
+            tenant.tenant_id,
+            self.tenants.table,
+            tenant.quotas,
+            schedules_delta=int(schedule.state in _LIVE) - int(old_live),
+            load_delta=delta,
+        )
+
+    def _refusal(self, refused: ConditionFailed, tenant: Tenant, load: dict[int, int]) -> Exception:
+        if refused.label == "tenant":
+            return self._quota_error(tenant.quotas, refused.old_item or {}, load)
+        if refused.label == "schedule" and refused.old_item:
+            return Conflict(
+                "the schedule changed meanwhile (now version "
+                f"{refused.old_item['version']}); read it again",
+                current_version=refused.old_item["version"],
+            )
+        return Conflict("a concurrent change won; read the schedule again")
+
+    @staticmethod
+    def _quota_error(quotas: Quotas, tenant_item: Item, load: dict[int, int]) -> QuotaExceeded:
+        count = int(tenant_item.get("schedule_count", 0))
+        if count >= quotas.max_schedules:
+            return QuotaExceeded(
+                f"the tenant has {count} schedules, the limit is {quotas.max_schedules}",
+                quota="max_schedules",
+                limit=quotas.max_schedules,
+                usage=count,
+            )
+        busiest = max(load, key=lambda m: int(tenant_item.get(f"f{m:02d}", 0)), default=0)
+        usage = int(tenant_item.get(f"f{busiest:02d}", 0))
+        return QuotaExceeded(
+            f"minute :{busiest:02d} of every hour already has {usage} strict fires; "
+            f"the limit is {quotas.max_strict_fires_per_minute}",
+            quota="max_strict_fires_per_minute",
+            limit=quotas.max_strict_fires_per_minute,
+            usage=usage,
+        )
+
+    def _invalidate(self, old_item: Item, schedule: Schedule, now: int) -> list[Affected]:
+        """Older versions' open occurrences: cancel what was not sent, report the rest."""
+        old = schedule_from_item(old_item)
+        since = now - old.retry.deadline_seconds
+        affected = []
+        for occurrence in self.occurrences.open_for_schedule(schedule.schedule_id, since=since):
+            if occurrence.schedule_version >= schedule.version:
+                continue
+            state = occurrence.state
+            if state is OccurrenceState.SCHEDULED:
+                reason = f"superseded by version {schedule.version} ({schedule.state.value})"
+                state = self.occurrences.cancel_if_scheduled(occurrence.occurrence_id, reason)
+            note = _AFFECTED_NOTES.get(state, "already done")
+            affected.append(Affected(occurrence.model_copy(update={"state": state}), note))
+        return affected
+
+    # --- occurrences ------------------------------------------------------------------
+
+    def list_occurrences(
+        self,
+        tenant_id: str,
+        schedule_id: str,
+        *,
+        since: int,
+        until: int,
+        limit: int,
+        token: str | None,
+    ) -> tuple[list[Occurrence], str | None]:
+        self._owned(tenant_id, schedule_id)
+        return self.occurrences.list_for_schedule(
+            schedule_id, since=since, until=until, limit=limit, token=token
+        )
+
+    def occurrence(self, tenant_id: str, occurrence_id: str) -> tuple[Occurrence, list[Attempt]]:
+        found = self.occurrences.get_with_attempts(occurrence_id)
+        if found is None or found[0].tenant_id != tenant_id:
+            # Another tenant's occurrence answers exactly like a missing one.
+            raise NotFound(f"occurrence {occurrence_id} not found")
+        return found
+
+    # --- targets and tenants ----------------------------------------------------------
+
+    def create_target(self, tenant_id: str, name: str) -> Target:
+        if self.tenants.get_target(tenant_id, name):
+            raise Conflict(f"target {name} already exists")
+        queues = self.queues.create(tenant_id, name)
+        target = Target(
+            tenant_id=tenant_id,
+            name=name,
+            queue_url=queues.queue_url,
+            queue_arn=queues.queue_arn,
+            dlq_url=queues.dlq_url,
+            dlq_arn=queues.dlq_arn,
+            created_at=datetime.fromtimestamp(self._now(), UTC),
+        )
+        self.tenants.put_target(target)
+        return target
+
+    def create_tenant(self, tenant_id: str, quotas: Quotas) -> Tenant:
+        tenant = Tenant(
+            tenant_id=tenant_id, quotas=quotas, created_at=datetime.fromtimestamp(self._now(), UTC)
+        )
+        self.tenants.create(tenant)
+        return tenant
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _owned(self, tenant_id: str, schedule_id: str) -> Item:
+        item = self.schedules.get_item(schedule_id)
+        if item is None or item["tenant_id"] != tenant_id:
+            # Another tenant's schedule answers exactly like a missing one: no existence leak.
+            raise NotFound(f"schedule {schedule_id} not found")
+        return item
+
+    def _require_target(self, tenant_id: str, name: str) -> None:
+        if self.tenants.get_target(tenant_id, name) is None:
+            raise InvalidInput(
+                f"unknown target {name}",
+                [{"field": "target", "reason": f"no target named {name!r}; create it first"}],
+            )

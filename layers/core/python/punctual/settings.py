@@ -1,0 +1,45 @@
+"""Deployment settings, read once from the environment (prefix ``PUNCTUAL_``) and passed down."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PUNCTUAL_", frozen=True)
+
+    schedules_table: str = "punctual-schedules"
+    occurrences_table: str = "punctual-occurrences"
+    tenants_table: str = "punctual-tenants"
+    leases_table: str = "punctual-leases"
+    idempotency_table: str = "punctual-idempotency"
+    shard_count: int = Field(default=64, ge=1, le=4096)
+    lookahead_seconds: int = Field(
+        default=180, ge=0, le=600, description="How far ahead of due the materializer plans."
+    )
+    tick_seconds: int = Field(default=60, ge=1, le=300)
+    retention_days: int = Field(default=30, ge=1, le=3650)
+    queue_prefix: str = "punctual"
+    operator_principals: Annotated[frozenset[str], NoDecode] = frozenset()
+    version: str = "0.1.0"
+
+    @field_validator("operator_principals", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def planned_horizon_seconds(self) -> int:
+        """Fires due within this much of now may already be past the materializer's watermark."""
+        return self.lookahead_seconds + self.tick_seconds
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,90 @@
+"""Tenants, their quotas, targets, and the strict-fire load a schedule puts on each minute."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from math import gcd
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from punctual.models import AtSpec, CronSpec, RateSpec, ScheduleDefinition
+from punctual.timing import get_zone, parse_cron, parse_rate
+
+TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{1,31}$"
+_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/.+$")
+
+
+class Quotas(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_schedules: int = Field(default=10_000, ge=0, le=50_000_000)
+    max_strict_fires_per_minute: int = Field(default=10_000, ge=0, le=1_000_000)
+    max_concurrency: int = Field(default=1_000, ge=1, le=100_000)
+    catchup_per_minute: int = Field(default=600, ge=1, le=1_000_000)
+
+
+class Tenant(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant_id: str = Field(pattern=TENANT_ID_PATTERN)
+    quotas: Quotas = Quotas()
+    schedule_count: int = 0
+    minute_load: list[int] = Field(default_factory=lambda: [0] * 60)
+    created_at: datetime
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant_id: str
+    name: str
+    queue_url: str
+    queue_arn: str
+    dlq_url: str
+    dlq_arn: str
+    created_at: datetime
+
+
+def normalize_principal(arn: str) -> str:
+    """An assumed-role session ARN stands for its role: sessions come and go, roles are bound."""
+    match = _ASSUMED_ROLE.match(arn)
+    if match:
+        partition, account, role = match.groups()
+        return f"arn:{partition}:iam::{account}:role/{role}"
+    return arn
+
+
+def strict_minute_load(definition: ScheduleDefinition, created_at: datetime) -> dict[int, int]:
+    """Fires per UTC minute-of-hour this schedule can add at most (conservative).
+
+    Admission control sums these per tenant, so that no minute of any hour can
+    get more strict fires than the tenant's quota. Flexible schedules spread over
+    their window and add nothing.
+    """
+    if not definition.strict:
+        return {}
+    spec = definition.spec
+    if isinstance(spec, CronSpec):
+        minutes = parse_cron(spec.expression).minutes
+        shifts = _minute_shifts(spec.timezone, created_at)
+        return {(m + s) % 60: 1 for m in minutes for s in shifts}
+    if isinstance(spec, RateSpec):
+        interval = parse_rate(spec.expression)
+        anchor = int((spec.anchor or spec.start_at or created_at).timestamp())
+        period = 3600 // gcd(interval, 3600)
+        return {((anchor + k * interval) % 3600) // 60: 1 for k in range(period)}
+    assert isinstance(spec, AtSpec)
+    return {(spec.resolved().instant % 3600) // 60: 1}
+
+
+def _minute_shifts(zone_name: str, around: datetime) -> set[int]:
+    """Minute-of-hour shifts between local and UTC time the zone uses in the coming year."""
+    zone = get_zone(zone_name)
+    start = int(around.timestamp())
+    shifts = set()
+    for day in range(0, 400, 7):
+        offset = datetime.fromtimestamp(start + day * 86400, UTC).astimezone(zone).utcoffset()
+        assert offset is not None
+        shifts.add((-int(offset.total_seconds()) // 60) % 60)
+    return shifts

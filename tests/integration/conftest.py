@@ -1,0 +1,163 @@
+"""The API Lambda driven with API Gateway REST proxy events, on moto's DynamoDB and SQS."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import boto3
+import pytest
+from api import context, handler
+from moto import mock_aws
+
+from punctual.dal.tables import create_tables
+from punctual.scheduling import Services
+from punctual.settings import Settings
+
+OPERATOR = "arn:aws:iam::111122223333:user/operator"
+ALICE = "arn:aws:iam::111122223333:user/alice"
+BOB = "arn:aws:iam::111122223333:user/bob"
+START = 1_795_000_000  # 2026-11-18T11:06:40Z
+
+
+@dataclass
+class Clock:
+    now: float = START
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Answer:
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class LambdaContextStub:
+    function_name = "api"
+    memory_limit_in_mb = 512
+    invoked_function_arn = "arn:aws:lambda:us-east-1:111122223333:function:api"
+    aws_request_id = "req-1"
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 30_000
+
+
+def rest_event(
+    method: str,
+    path: str,
+    principal: str | None,
+    body: Any = None,
+    query: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    query = {k: str(v) for k, v in (query or {}).items() if v is not None}
+    return {
+        "resource": path,
+        "path": path,
+        "httpMethod": method,
+        "headers": {"Content-Type": "application/json", **(headers or {})},
+        "multiValueHeaders": {},
+        "queryStringParameters": query or None,
+        "multiValueQueryStringParameters": {k: [v] for k, v in query.items()} or None,
+        "pathParameters": None,
+        "stageVariables": None,
+        "body": None if body is None else json.dumps(body),
+        "isBase64Encoded": False,
+        "requestContext": {
+            "httpMethod": method,
+            "path": f"/prod{path}",
+            "resourcePath": path,
+            "stage": "prod",
+            "requestId": "req-1",
+            "identity": {"userArn": principal, "sourceIp": "127.0.0.1"},
+        },
+    }
+
+
+class Api:
+    """Calls the real Lambda handler as API Gateway would."""
+
+    def __init__(self, principal: str | None) -> None:
+        self.principal = principal
+
+    def call(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Answer:
+        event = rest_event(method, path, self.principal, body, **kwargs)
+        result = handler.lambda_handler(event, LambdaContextStub())
+        raw = result.get("body")
+        headers = result.get("headers") or {
+            k: v[-1] for k, v in result.get("multiValueHeaders", {}).items()
+        }
+        return Answer(result["statusCode"], json.loads(raw) if raw else None, headers)
+
+    def get(self, path: str, **query: Any) -> Answer:
+        return self.call("GET", path, query=query)
+
+    def post(self, path: str, body: Any = None, **kwargs: Any) -> Answer:
+        return self.call("POST", path, body if body is not None else {}, **kwargs)
+
+    def as_query(self, **query: Any) -> str:
+        return urlencode(query)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(operator_principals=frozenset({OPERATOR}), shard_count=8)
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch, clock: Clock, settings: Settings) -> Iterator[Services]:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    with mock_aws():
+        dynamodb = boto3.client("dynamodb", region_name="us-east-1")
+        create_tables(dynamodb, settings)
+        services = Services(
+            dynamodb=dynamodb,
+            sqs=boto3.client("sqs", region_name="us-east-1"),
+            settings=settings,
+            now=clock,
+        )
+        context.configure(services)
+        yield services
+        context.configure(None)
+
+
+def bootstrap(tenant_id: str, principal: str, **quotas: int) -> Api:
+    """An operator creates the tenant, binds its principal, and the tenant makes a target."""
+    operator = Api(OPERATOR)
+    body: dict[str, Any] = {"tenant_id": tenant_id}
+    if quotas:
+        body["quotas"] = quotas
+    assert operator.post("/v1/admin/tenants", body).status == 201
+    bound = operator.post(f"/v1/admin/tenants/{tenant_id}/principals", {"principal_arn": principal})
+    assert bound.status == 200, bound.body
+    api = Api(principal)
+    assert api.post("/v1/targets", {"name": "default"}).status == 201
+    return api
+
+
+@pytest.fixture
+def alice(aws: Services) -> Api:
+    return bootstrap("alice", ALICE)
+
+
+@pytest.fixture
+def bob(aws: Services) -> Api:
+    return bootstrap("bob", BOB)
