@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help install lint format typecheck unit test bench-time clean
+.PHONY: help install lint format typecheck unit test bench-time openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ test: lint typecheck ## lint, type checks and every test
 
 bench-time: install ## fires planned per second: cached planner vs naive croniter
 	$(BIN)/python scripts/bench_time.py
+
+openapi: install ## regenerate docs/openapi.json from the API routes
+	cd functions && ../$(BIN)/python -m api.openapi
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import cache
 from typing import Any, cast
 
-import boto3
 from aws_lambda_powertools.event_handler.api_gateway import BaseRouter
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 from aws_lambda_powertools.utilities.idempotency import (
@@ -20,7 +18,6 @@ from api.views import saved_out
 from punctual.errors import Forbidden
 from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane, Services
-from punctual.settings import get_settings
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 
@@ -38,13 +35,7 @@ def configure(services: Services | None) -> None:
 def services() -> Services:
     global _services
     if _services is None:
-        settings = get_settings()
-        _services = Services(
-            dynamodb=boto3.client("dynamodb"),
-            sqs=boto3.client("sqs"),
-            settings=settings,
-            now=time.time,
-        )
+        _services = Services.from_environment()
     return _services
 
 

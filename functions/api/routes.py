@@ -1,16 +1,16 @@
 """Routes under /v1: parse, call the control plane once, shape the answer."""
 
-from __future__ import annotations
-
 from datetime import datetime
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from api import context
 from api.views import (
+    ErrorOut,
     MetaOut,
     OccurrenceDetailOut,
     OccurrenceListOut,
@@ -21,6 +21,7 @@ from api.views import (
     ScheduleListOut,
     TargetIn,
     TargetListOut,
+    TargetOut,
     TenantOut,
     fires_out,
     occurrence_detail_out,
@@ -41,10 +42,33 @@ from punctual.models import (
     ScheduleSpec,
     ScheduleState,
 )
+from punctual.observability import logger
 from punctual.tenancy import TENANT_ID_PATTERN, Quotas
 from punctual.timing import get_zone, preview, to_epoch, tzdata_version
 
 router = Router()
+
+
+def answers(success: int = 200) -> dict[int, OpenAPIResponse]:
+    """The success answer (schema from the return type) and every error answer."""
+    return {success: {"description": "Created" if success == 201 else "OK"}, **_ERRORS}
+
+
+_ERROR_CONTENT: OpenAPIResponse = {
+    "description": "The one error shape: code, message, fields (field and reason), details",
+    "content": {"application/json": {"model": ErrorOut}},
+}
+_ERRORS: dict[int, OpenAPIResponse] = {
+    status: {**_ERROR_CONTENT, "description": f"{meaning}. {_ERROR_CONTENT['description']}"}
+    for status, meaning in [
+        (400, "Invalid input"),
+        (403, "Not signed, unknown principal, or not an operator"),
+        (404, "No such record for this tenant"),
+        (409, "Conflict: stale version, duplicate, or wrong state"),
+        (428, "If-Match missing"),
+        (429, "Over quota"),
+    ]
+}
 
 Limit = Annotated[int, Query(ge=1, le=100)]
 Token = Annotated[str | None, Query(max_length=2048)]
@@ -52,33 +76,31 @@ ScheduleId = Annotated[str, Path(max_length=64)]
 
 
 def _tenant() -> str:
-    return context.caller_tenant(router)
-
-
-def _json(model: BaseModel) -> dict[str, Any]:
-    return model.model_dump(mode="json")
+    tenant = context.caller_tenant(router)
+    logger.append_keys(tenant_id=tenant)
+    return tenant
 
 
 # --- schedules ------------------------------------------------------------------------
 
 
-@router.post("/v1/schedules", summary="Create a schedule")
+@router.post("/v1/schedules", summary="Create a schedule", responses=answers(201), status_code=201)
 def create_schedule(
     definition: ScheduleDefinition,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=128)] = None,
-) -> tuple[dict[str, Any], int]:
+) -> SavedOut:
     tenant = _tenant()
     if idempotency_key is None:
-        return _json(saved_out(context.plane().create(tenant, definition))), 201
+        return saved_out(context.plane().create(tenant, definition))
     request = {
         "key": f"{tenant}#{idempotency_key}",
         "tenant": tenant,
         "body": definition.model_dump(mode="json", exclude_unset=True),
     }
-    return context.idempotent_create()(request=request), 201
+    return SavedOut.model_validate(context.idempotent_create()(request=request))
 
 
-@router.get("/v1/schedules", summary="List the tenant's schedules")
+@router.get("/v1/schedules", summary="List the tenant's schedules", responses=answers())
 def list_schedules(
     state: Annotated[ScheduleState | None, Query()] = None,
     limit: Limit = 50,
@@ -89,7 +111,9 @@ def list_schedules(
     return ScheduleListOut(schedules=[schedule_out(s) for s in found], next_token=token)
 
 
-@router.get("/v1/schedules/<schedule_id>", summary="Get a schedule and its next fires")
+@router.get(
+    "/v1/schedules/<schedule_id>", summary="Get a schedule and its next fires", responses=answers()
+)
 def get_schedule(schedule_id: ScheduleId) -> ScheduleDetailOut:
     plane = context.plane()
     schedule = plane.get(_tenant(), schedule_id)
@@ -126,7 +150,9 @@ def _version(if_match: str | None) -> int:
     return int(text)
 
 
-@router.patch("/v1/schedules/<schedule_id>", summary="Update a schedule (a new version)")
+@router.patch(
+    "/v1/schedules/<schedule_id>", summary="Update a schedule (a new version)", responses=answers()
+)
 def update_schedule(
     schedule_id: ScheduleId,
     patch: SchedulePatch,
@@ -138,17 +164,27 @@ def update_schedule(
     return saved_out(saved)
 
 
-@router.post("/v1/schedules/<schedule_id>/pause", summary="Pause: no fires until resumed")
+@router.post(
+    "/v1/schedules/<schedule_id>/pause",
+    summary="Pause: no fires until resumed",
+    responses=answers(),
+)
 def pause_schedule(schedule_id: ScheduleId) -> SavedOut:
     return saved_out(context.plane().pause(_tenant(), schedule_id))
 
 
-@router.post("/v1/schedules/<schedule_id>/resume", summary="Resume: next fire after now")
+@router.post(
+    "/v1/schedules/<schedule_id>/resume", summary="Resume: next fire after now", responses=answers()
+)
 def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
     return saved_out(context.plane().resume(_tenant(), schedule_id))
 
 
-@router.delete("/v1/schedules/<schedule_id>", summary="Cancel (stays readable as CANCELED)")
+@router.delete(
+    "/v1/schedules/<schedule_id>",
+    summary="Cancel (stays readable as CANCELED)",
+    responses=answers(),
+)
 def cancel_schedule(schedule_id: ScheduleId) -> SavedOut:
     return saved_out(context.plane().cancel(_tenant(), schedule_id))
 
@@ -160,7 +196,11 @@ def _instant(value: datetime | None, default: int) -> int:
     return default if value is None else to_epoch(value)
 
 
-@router.get("/v1/schedules/<schedule_id>/occurrences", summary="A schedule's occurrences")
+@router.get(
+    "/v1/schedules/<schedule_id>/occurrences",
+    summary="A schedule's occurrences",
+    responses=answers(),
+)
 def list_occurrences(
     schedule_id: ScheduleId,
     since: Annotated[AwareDatetime | None, Query(alias="from")] = None,
@@ -180,7 +220,11 @@ def list_occurrences(
     )
 
 
-@router.get("/v1/occurrences/<occurrence_id>", summary="One occurrence with its attempts")
+@router.get(
+    "/v1/occurrences/<occurrence_id>",
+    summary="One occurrence with its attempts",
+    responses=answers(),
+)
 def get_occurrence(occurrence_id: Annotated[str, Path(max_length=64)]) -> OccurrenceDetailOut:
     occurrence, attempts = context.plane().occurrence(_tenant(), occurrence_id)
     return occurrence_detail_out(occurrence, attempts)
@@ -197,7 +241,7 @@ class PreviewIn(BaseModel):
     after: AwareDatetime | None = Field(default=None, description="Default: now.")
 
 
-@router.post("/v1/preview", summary="Next fires of a spec, nothing saved")
+@router.post("/v1/preview", summary="Next fires of a spec, nothing saved", responses=answers())
 def preview_spec(body: PreviewIn) -> PreviewOut:
     _tenant()
     after = _instant(body.after, int(context.services().now()))
@@ -213,23 +257,30 @@ def preview_spec(body: PreviewIn) -> PreviewOut:
     return PreviewOut(fires=fires_out(result), notes=notes + result.notes)
 
 
-@router.post("/v1/targets", summary="Create a target: an SQS queue with its DLQ")
-def create_target(body: TargetIn) -> tuple[dict[str, Any], int]:
-    return _json(target_out(context.plane().create_target(_tenant(), body.name))), 201
+@router.post(
+    "/v1/targets",
+    summary="Create a target: an SQS queue with its DLQ",
+    responses=answers(201),
+    status_code=201,
+)
+def create_target(body: TargetIn) -> TargetOut:
+    return target_out(context.plane().create_target(_tenant(), body.name))
 
 
-@router.get("/v1/targets", summary="The tenant's targets")
+@router.get("/v1/targets", summary="The tenant's targets", responses=answers())
 def list_targets() -> TargetListOut:
     targets = context.plane().tenants.list_targets(_tenant())
     return TargetListOut(targets=[target_out(t) for t in targets])
 
 
-@router.get("/v1/tenant", summary="The caller's tenant: quotas and usage")
+@router.get("/v1/tenant", summary="The caller's tenant: quotas and usage", responses=answers())
 def get_tenant() -> TenantOut:
     return tenant_out(context.plane().tenants.get(_tenant()))
 
 
-@router.get("/v1/meta", summary="Service version and the time zone rules in use")
+@router.get(
+    "/v1/meta", summary="Service version and the time zone rules in use", responses=answers()
+)
 def meta() -> MetaOut:
     return MetaOut(version=context.services().settings.version, tzdata=tzdata_version())
 
@@ -253,19 +304,32 @@ class PrincipalIn(BaseModel):
 TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN)]
 
 
-@router.post("/v1/admin/tenants", summary="Operator: create a tenant")
-def create_tenant(body: TenantIn) -> tuple[dict[str, Any], int]:
+@router.post(
+    "/v1/admin/tenants",
+    summary="Operator: create a tenant",
+    responses=answers(201),
+    status_code=201,
+)
+def create_tenant(body: TenantIn) -> TenantOut:
     context.require_operator(router)
-    return _json(tenant_out(context.plane().create_tenant(body.tenant_id, body.quotas))), 201
+    return tenant_out(context.plane().create_tenant(body.tenant_id, body.quotas))
 
 
-@router.get("/v1/admin/tenants/<tenant_id>", summary="Operator: a tenant's quotas and usage")
+@router.get(
+    "/v1/admin/tenants/<tenant_id>",
+    summary="Operator: a tenant's quotas and usage",
+    responses=answers(),
+)
 def admin_get_tenant(tenant_id: TenantId) -> TenantOut:
     context.require_operator(router)
     return tenant_out(context.plane().tenants.get(tenant_id))
 
 
-@router.put("/v1/admin/tenants/<tenant_id>/quotas", summary="Operator: set a tenant's quotas")
+@router.put(
+    "/v1/admin/tenants/<tenant_id>/quotas",
+    summary="Operator: set a tenant's quotas",
+    responses=answers(),
+)
 def set_quotas(tenant_id: TenantId, quotas: Quotas) -> TenantOut:
     context.require_operator(router)
     tenants = context.plane().tenants
@@ -274,7 +338,9 @@ def set_quotas(tenant_id: TenantId, quotas: Quotas) -> TenantOut:
 
 
 @router.post(
-    "/v1/admin/tenants/<tenant_id>/principals", summary="Operator: bind a principal to a tenant"
+    "/v1/admin/tenants/<tenant_id>/principals",
+    summary="Operator: bind a principal to a tenant",
+    responses=answers(),
 )
 def bind_principal(tenant_id: TenantId, body: PrincipalIn) -> TenantOut:
     context.require_operator(router)

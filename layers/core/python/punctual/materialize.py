@@ -37,16 +37,21 @@ def new_occurrence(schedule: Schedule, scheduled_for: int, retention_seconds: in
 
 
 def plan(
-    schedule: Schedule, *, after: int, materialize_until: int, retention_seconds: int
+    schedule: Schedule,
+    *,
+    after: int,
+    materialize_until: int,
+    retention_seconds: int,
+    limit: int = MAX_DIRECT,
 ) -> Planned:
     """Fires strictly after ``after``: those receivable by ``materialize_until`` become
-    occurrences now (at most MAX_DIRECT), the next one becomes the cursor."""
+    occurrences now (at most ``limit``), the next one becomes the cursor."""
     rule = schedule.rule()
     occurrences: list[Occurrence] = []
     fire = rule.next_after(after)
     while fire is not None:
         occurrence = new_occurrence(schedule, fire, retention_seconds)
-        if occurrence.available_at > materialize_until or len(occurrences) == MAX_DIRECT:
+        if occurrence.available_at > materialize_until or len(occurrences) == limit:
             return Planned(occurrences, fire, occurrence.available_at)
         occurrences.append(occurrence)
         fire = rule.next_after(fire)

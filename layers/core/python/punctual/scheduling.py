@@ -8,6 +8,7 @@ due so soon that the materializer may already have planned past it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,7 +39,7 @@ from punctual.models import (
     ScheduleState,
     field_errors,
 )
-from punctual.settings import Settings
+from punctual.settings import Settings, get_settings
 from punctual.tenancy import Quotas, Target, Tenant, normalize_principal, strict_minute_load
 from punctual.timing import Preview, get_zone, preview
 
@@ -80,6 +81,18 @@ class Services:
     sqs: Any
     settings: Settings
     now: Clock
+
+    @classmethod
+    def from_environment(cls) -> Services:
+        """The Lambda wiring: clients from the standard AWS chain, settings from env."""
+        import boto3  # only here: the domain never builds clients at import time
+
+        return cls(
+            dynamodb=boto3.client("dynamodb"),
+            sqs=boto3.client("sqs"),
+            settings=get_settings(),
+            now=time.time,
+        )
 
     @property
     def schedules(self) -> ScheduleStore:

@@ -135,3 +135,16 @@ def run_transaction(client: Any, actions: list[tuple[str, dict[str, Any]]]) -> N
                 "a concurrent change or throttling cancelled the write; retry"
             ) from error
         raise
+
+
+def run_batch(client: Any, actions: list[dict[str, Any]]) -> list[str]:
+    """TransactWriteItems; [] when it committed, else the per-action cancellation codes."""
+    try:
+        with translated():
+            client.transact_write_items(TransactItems=actions)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+            raise
+        reasons = error.response.get("CancellationReasons", [])
+        return [str(r.get("Code", "None")) for r in reasons] or ["Unknown"] * len(actions)
+    return []

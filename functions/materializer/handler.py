@@ -1,0 +1,46 @@
+"""Materializer Lambda: one Step Functions Map iteration, {"tick": ISO, "shards": [ints]}."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from punctual.materializer import Materializer
+from punctual.observability import logger, metrics
+from punctual.scheduling import Services
+from punctual.timing import to_epoch
+
+# Stop walking buckets with this much time left, so the watermark is saved.
+SAFETY_MILLIS = 10_000
+
+
+class TickRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tick: AwareDatetime
+    shards: list[int] = Field(min_length=1, max_length=4096)
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    request = TickRequest.model_validate(event)
+    materializer = Materializer(
+        Services.from_environment(),
+        holder=context.aws_request_id,
+        out_of_time=lambda: context.get_remaining_time_in_millis() < SAFETY_MILLIS,
+    )
+    reports = materializer.run(to_epoch(request.tick), request.shards)
+    for name, value in (
+        ("Occurrences", sum(r.occurrences for r in reports)),
+        ("Missed", sum(r.missed for r in reports)),
+        ("CursorConflicts", sum(r.conflicts for r in reports)),
+        ("ShardsBusy", sum(not r.claimed for r in reports)),
+        ("LeasesLost", sum(r.lease_lost for r in reports)),
+    ):
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    return {"shards": [asdict(r) for r in reports]}

@@ -1,0 +1,337 @@
+"""The materializer on moto: exactly once per (schedule, version, instant), crash points,
+racing holders, misfire policies, DST days, flexible windows, completion."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from punctual.dal.leases import LeaseStore
+from punctual.dal.tables import DUE_INDEX
+from punctual.ids import available_at, occurrence_id, shard_of
+from punctual.materializer import LEASE_SECONDS, Materializer
+from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
+from punctual.scheduling import ControlPlane, Services
+from tests.integration.conftest import Api, Clock
+
+
+class Crash(Exception):
+    pass
+
+
+def epoch(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def create(aws: Services, tenant: str = "alice", **fields: Any) -> str:
+    definition = ScheduleDefinition.model_validate({"target": "default", **fields})
+    return ControlPlane(aws).create(tenant, definition).schedule.schedule_id
+
+
+def cron(expression: str, zone: str = "UTC") -> dict[str, Any]:
+    return {"kind": "cron", "expression": expression, "timezone": zone}
+
+
+def current(aws: Services, schedule_id: str) -> dict[str, Any]:
+    item = aws.schedules.get_item(schedule_id)
+    assert item is not None
+    return item
+
+
+def occurrences(aws: Services, schedule_id: str) -> list[dict[str, Any]]:
+    found, _ = aws.occurrences.list_for_schedule(
+        schedule_id, since=0, until=2**40, limit=1000, token=None
+    )
+    return [o.model_dump() for o in found]
+
+
+def instants(aws: Services, schedule_id: str) -> list[int]:
+    return sorted(o["scheduled_for"] for o in occurrences(aws, schedule_id))
+
+
+def shard(aws: Services, schedule_id: str) -> int:
+    return shard_of(schedule_id, aws.settings.shard_count)
+
+
+def tick(aws: Services, clock: Clock, schedule_id: str, holder: str = "m1", **kw: Any) -> Any:
+    return Materializer(aws, holder, **kw).run_shard(int(clock.now), shard(aws, schedule_id))
+
+
+def crash_at(point: str, times: int = 1) -> Callable[[str], None]:
+    left = [times]
+
+    def hook(where: str) -> None:
+        if where == point and left[0] > 0:
+            left[0] -= 1
+            raise Crash(point)
+
+    return hook
+
+
+def test_materializer_creates_each_due_fire_once_and_moves_the_cursor(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an hourly schedule whose next fire is beyond what the API materializes itself
+    sid = create(aws, spec=cron("0 * * * *"))
+    first = current(aws, sid)["next_run_at"]
+    assert instants(aws, sid) == []
+    # WHEN the tick comes within the lookahead, twice (an idempotent re-run)
+    clock.now = first - 120
+    tick(aws, clock, sid)
+    tick(aws, clock, sid)
+    # THEN exactly one occurrence exists, SCHEDULED, and the cursor moved to the next hour
+    found = occurrences(aws, sid)
+    assert [o["scheduled_for"] for o in found] == [first]
+    assert found[0]["state"] == OccurrenceState.SCHEDULED
+    assert found[0]["occurrence_id"] == occurrence_id(sid, 1, first)
+    assert current(aws, sid)["next_run_at"] == first + 3600
+
+
+def test_materializer_second_holder_cannot_claim_a_live_lease(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN one materializer holding a shard's lease
+    sid = create(aws, spec=cron("0 * * * *"))
+    leases = LeaseStore(aws.dynamodb, aws.settings.leases_table)
+    held = leases.claim(shard(aws, sid), "m1", now=int(clock.now), ttl=60, start_at=0)
+    assert held is not None
+    # WHEN another one ticks the same shard
+    report = tick(aws, clock, sid, holder="m2")
+    # THEN it does nothing; once the lease expires it takes over with a larger fence
+    assert not report.claimed
+    taken = leases.claim(shard(aws, sid), "m2", now=int(clock.now) + 61, ttl=60, start_at=0)
+    assert taken is not None
+    assert taken.fence > held.fence
+
+
+def test_materializer_stale_holder_is_fenced_after_takeover(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two materializers racing on one shard: m1 stalls just before committing,
+    # its lease expires, and m2 takes the shard over and does the work
+    sid = create(aws, spec=cron("*/5 * * * *"))
+    clock.now = current(aws, sid)["next_run_at"] - 120
+
+    def stall_then_lose(point: str) -> None:
+        if point == "before_commit" and not stall_then_lose.done:  # type: ignore[attr-defined]
+            stall_then_lose.done = True  # type: ignore[attr-defined]
+            clock.advance(LEASE_SECONDS + 1)
+            tick(aws, clock, sid, holder="m2")
+
+    stall_then_lose.done = False  # type: ignore[attr-defined]
+    # WHEN the stale m1 resumes and tries to commit
+    report = tick(aws, clock, sid, holder="m1", crash=stall_then_lose)
+    # THEN it is fenced (commits nothing) and each instant has exactly one occurrence
+    assert report.lease_lost
+    found = instants(aws, sid)
+    assert found
+    assert len(found) == len(set(found))
+    assert all(b - a == 300 for a, b in itertools.pairwise(found))
+
+
+@pytest.mark.parametrize("point", ["before_commit", "after_commit", "before_watermark"])
+def test_materializer_crash_point_rerun_yields_every_occurrence_once(
+    alice: Api, aws: Services, clock: Clock, point: str
+):
+    # GIVEN three schedules in different shards' buckets, due in the same minute
+    ids = [create(aws, spec=cron("*/10 * * * *"), name=f"s{i}") for i in range(3)]
+    due = current(aws, ids[0])["next_run_at"]
+    direct = {sid: instants(aws, sid) for sid in ids}  # what the API materialized itself
+    clock.now = due - 120
+    for number in sorted({shard(aws, sid) for sid in ids}):
+        # WHEN the first attempt crashes at the named point and a fresh process re-runs
+        with pytest.raises(Crash):
+            Materializer(aws, "m1", crash=crash_at(point)).run_shard(int(clock.now), number)
+        clock.advance(LEASE_SECONDS + 1)  # the crashed holder's lease expires
+        Materializer(aws, "m2").run_shard(int(clock.now), number)
+        clock.advance(-(LEASE_SECONDS + 1))
+    # THEN every schedule has its occurrence exactly once, and nothing was skipped
+    for sid in ids:
+        assert instants(aws, sid) == [*direct[sid], due]
+
+
+def test_materializer_crash_between_two_schedules_of_one_bucket(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN many schedules in one (minute, shard) bucket, one transaction each
+    ids = [create(aws, spec=cron("*/10 * * * *"), name=f"s{i}") for i in range(12)]
+    target = shard(aws, ids[0])
+    same = [sid for sid in ids if shard(aws, sid) == target]
+    due = current(aws, same[0])["next_run_at"]
+    direct = {sid: instants(aws, sid) for sid in same}
+    clock.now = due - 120
+    # WHEN the materializer crashes after committing the first schedule only
+    with pytest.raises(Crash):
+        tick(aws, clock, same[0], max_actions=3, crash=crash_at("after_commit"))
+    done = [sid for sid in same if due in instants(aws, sid)]
+    assert len(done) == 1
+    tick(aws, clock, same[0], max_actions=3)
+    # THEN the re-run finishes the others, and none is doubled
+    for sid in same:
+        assert instants(aws, sid) == [*direct[sid], due]
+
+
+def _outage(aws: Services, clock: Clock, misfire: dict[str, Any]) -> tuple[str, int, Any]:
+    sid = create(aws, spec=cron("* * * * *"), misfire=misfire)
+    cursor = current(aws, sid)["next_run_at"]
+    before = len(instants(aws, sid))
+    clock.now = cursor + 600  # ten minutes with no tick at all
+    report = tick(aws, clock, sid)
+    return sid, before, report
+
+
+@pytest.mark.parametrize(
+    ("misfire", "late_fired", "missed"),
+    [
+        ({"action": "SKIP", "max_lateness_seconds": 60}, 0, 9),
+        ({"action": "FIRE_ONCE", "max_lateness_seconds": 60}, 1, 8),
+        ({"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 3}, 3, 6),
+    ],
+)
+def test_materializer_ten_minute_outage_applies_the_misfire_policy(
+    alice: Api, aws: Services, clock: Clock, misfire: dict[str, Any], late_fired: int, missed: int
+):
+    # GIVEN a minutely schedule and ten minutes without any tick: its cursor is 600 s old,
+    # so the 9 fires before now - max_lateness are misfires
+    sid, before, report = _outage(aws, clock, misfire)
+    now = int(clock.now)
+    fired = instants(aws, sid)[before:]
+    # THEN fires older than max_lateness (60 s) are handled by the policy: exactly
+    # `late_fired` of the latest ones fire, the rest are counted MISSED on the schedule
+    late = [f for f in fired if f < now - 60]
+    assert len(late) == late_fired
+    assert report.missed == missed
+    assert current(aws, sid)["missed_total"] == missed
+    # AND everything from now - max_lateness to the lookahead fires as usual, without a gap
+    recent = [f for f in fired if f >= now - 60]
+    assert recent == list(range(recent[0], recent[-1] + 1, 60))
+    assert recent[0] == now - 60
+
+
+def test_materializer_catchup_is_paced_by_the_tenant_rate(aws: Services, clock: Clock):
+    # GIVEN a tenant allowed 2 catch-up fires a minute, and an outage
+    from tests.integration.conftest import ALICE, bootstrap
+
+    bootstrap("alice", ALICE, catchup_per_minute=2)
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 3}
+    sid, before, _ = _outage(aws, clock, misfire)
+    # THEN the three catch-up occurrences become receivable 30 s apart from now
+    now = int(clock.now)
+    late = [o for o in occurrences(aws, sid)[before:] if o["scheduled_for"] < now - 60]
+    assert sorted(o["available_at"] for o in late) == [now, now + 30, now + 60]
+
+
+def test_materializer_daily_0230_new_york_skips_spring_forward_day(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a daily 02:30 America/New_York schedule created after the 2026-03-07 fire
+    clock.now = epoch("2026-03-07T08:00:00Z")
+    sid = create(aws, spec=cron("30 2 * * *", "America/New_York"))
+    # WHEN the materializer ticks through the night of 2026-03-08 and the next morning
+    for at in ("2026-03-08T06:58:00Z", "2026-03-08T07:28:00Z", "2026-03-09T06:28:00Z"):
+        clock.now = epoch(at)
+        tick(aws, clock, sid, holder=at)
+    # THEN there is no occurrence on 2026-03-08 (02:30 does not exist that day)
+    assert instants(aws, sid) == [epoch("2026-03-09T06:30:00Z")]
+
+
+def test_materializer_every_15_minutes_fires_once_per_wall_time_across_fall_back(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */15 America/New_York schedule before the 2026-11-01 fall-back
+    clock.now = epoch("2026-11-01T04:50:00Z")
+    sid = create(aws, spec=cron("*/15 * * * *", "America/New_York"))
+    # WHEN the materializer ticks every minute until 02:20 EST
+    while clock.now < epoch("2026-11-01T07:20:00Z"):
+        tick(aws, clock, sid)
+        clock.advance(60)
+    # THEN 01:00-01:45 fire once (EDT) and the repeated hour adds nothing
+    fired = [f for f in instants(aws, sid) if f <= epoch("2026-11-01T07:15:00Z")]
+    expected = ["05:00", "05:15", "05:30", "05:45", "07:00", "07:15"]
+    assert fired == [epoch(f"2026-11-01T{t}:00Z") for t in expected]
+
+
+def test_materializer_cancel_racing_a_step_leaves_no_stale_scheduled_occurrence(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule about to be materialized
+    sid = create(aws, spec=cron("*/5 * * * *"))
+    clock.now = current(aws, sid)["next_run_at"] - 120
+
+    def cancel_first(point: str) -> None:
+        if point == "before_commit" and not cancel_first.done:  # type: ignore[attr-defined]
+            cancel_first.done = True  # type: ignore[attr-defined]
+            ControlPlane(aws).cancel("alice", sid)
+
+    cancel_first.done = False  # type: ignore[attr-defined]
+    # WHEN a cancel lands between the materializer's read and its commit
+    report = tick(aws, clock, sid, crash=cancel_first)
+    # THEN the stale step is refused, and no occurrence of the old version is SCHEDULED
+    assert report.conflicts == 1
+    assert all(o["state"] != OccurrenceState.SCHEDULED for o in occurrences(aws, sid))
+    assert current(aws, sid)["state"] == ScheduleState.CANCELED
+
+
+def test_materializer_update_after_step_cancels_the_old_versions_occurrence(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a materialized occurrence of version 1
+    sid = create(aws, spec=cron("*/5 * * * *"))
+    clock.now = current(aws, sid)["next_run_at"] - 120
+    tick(aws, clock, sid)
+    # WHEN the schedule is updated before it fires
+    saved = ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    # THEN the version-1 occurrence is CANCELED and version 2 has its own occurrences
+    old = [o for o in occurrences(aws, sid) if o["schedule_version"] == 1]
+    assert old
+    assert all(o["state"] == OccurrenceState.CANCELED for o in old)
+    assert {a.occurrence.state for a in saved.affected} == {OccurrenceState.CANCELED}
+
+
+def test_materializer_flexible_available_at_is_deterministic_within_window(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN flexible schedules with a 300 s window
+    ids = [
+        create(aws, spec=cron("*/10 * * * *"), flexible_window_seconds=300, name=f"f{i}")
+        for i in range(5)
+    ]
+    clock.now = min(current(aws, sid)["next_available_at"] for sid in ids) - 60
+    # WHEN the materializer runs (after a crash, so the work is redone)
+    for number in sorted({shard(aws, sid) for sid in ids}):
+        with pytest.raises(Crash):
+            Materializer(aws, "m1", crash=crash_at("before_watermark")).run_shard(
+                int(clock.now), number
+            )
+        Materializer(aws, "m1").run_shard(int(clock.now), number)
+    # THEN each available_at is scheduled_for + the id's jitter, inside the window
+    for sid in ids:
+        for o in occurrences(aws, sid):
+            assert o["scheduled_for"] <= o["available_at"] < o["scheduled_for"] + 300
+            assert o["available_at"] == available_at(o["occurrence_id"], o["scheduled_for"], 300)
+
+
+def test_materializer_completes_a_one_shot_and_releases_its_quota(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot an hour ahead (beyond the API's horizon)
+    at = int(clock.now) + 3600
+    sid = create(
+        aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()}
+    )
+    assert alice.get("/v1/tenant").body["schedule_count"] == 1
+    # WHEN it is materialized
+    clock.now = at - 60
+    tick(aws, clock, sid)
+    # THEN it has its occurrence, is COMPLETED, left the due index and gave its slot back
+    assert instants(aws, sid) == [at]
+    item = current(aws, sid)
+    assert item["state"] == ScheduleState.COMPLETED
+    assert "due_bucket" not in item
+    due = aws.dynamodb.scan(TableName=aws.settings.schedules_table, IndexName=DUE_INDEX)
+    assert due["Count"] == 0
+    assert alice.get("/v1/tenant").body["schedule_count"] == 0
