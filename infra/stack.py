@@ -7,10 +7,26 @@ from typing import Any
 from aws_cdk import Stack
 from constructs import Construct
 
+from infra.config import DeployConfig
+from infra.data import Data
 from infra.layer import CoreLayer
+from infra.materializer import Materialization
 
 
 class PunctualStack(Stack):
-    def __init__(self, scope: Construct, construct_id: str, **kwargs: Any) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: DeployConfig, **kwargs: Any
+    ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.core = CoreLayer(self, "Core")
+        core = CoreLayer(self, "Core")
+        self.data = Data(self, "Data", settings=config.settings(), retain=config.retain_data)
+        environment = {**self.data.environment(), **config.environment()}
+        self.materialization = Materialization(
+            self,
+            "Materialization",
+            data=self.data,
+            layer=core.layer,
+            environment=environment,
+            group_size=config.shard_group_size,
+            max_concurrency=config.map_concurrency,
+        )

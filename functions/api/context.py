@@ -20,6 +20,13 @@ from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane, Services
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+# Registered with each invocation's Lambda context (handler.py), so that a create cut off
+# by the Lambda timeout frees its key when the invocation would have ended.
+IDEMPOTENCY = IdempotencyConfig(
+    event_key_jmespath="key",
+    payload_validation_jmespath="body",
+    expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,
+)
 
 _services: Services | None = None
 
@@ -69,14 +76,9 @@ def idempotent_create() -> Callable[..., dict[str, Any]]:
     persistence = DynamoDBPersistenceLayer(
         table_name=services().settings.idempotency_table, boto3_client=services().dynamodb
     )
-    config = IdempotencyConfig(
-        event_key_jmespath="key",
-        payload_validation_jmespath="body",
-        expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,
-    )
 
     @idempotent_function(
-        data_keyword_argument="request", persistence_store=persistence, config=config
+        data_keyword_argument="request", persistence_store=persistence, config=IDEMPOTENCY
     )
     def create(request: dict[str, Any]) -> dict[str, Any]:
         definition = ScheduleDefinition.model_validate(request["body"])

@@ -13,6 +13,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from api.context import IDEMPOTENCY
 from api.routes import router
 from api.views import ErrorBody, ErrorOut
 from punctual.errors import Conflict, InvalidInput, PunctualError
@@ -69,4 +70,5 @@ def _key_in_progress(_: IdempotencyAlreadyInProgressError) -> Response[Any]:
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    IDEMPOTENCY.register_lambda_context(context)
     return app.resolve(event, context)

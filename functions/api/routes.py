@@ -344,6 +344,4 @@ def set_quotas(tenant_id: TenantId, quotas: Quotas) -> TenantOut:
 )
 def bind_principal(tenant_id: TenantId, body: PrincipalIn) -> TenantOut:
     context.require_operator(router)
-    tenants = context.plane().tenants
-    tenants.bind_principal(body.principal_arn, tenant_id)
-    return tenant_out(tenants.get(tenant_id))
+    return tenant_out(context.plane().bind_principal(body.principal_arn, tenant_id))

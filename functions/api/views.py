@@ -205,7 +205,7 @@ def saved_out(saved: Saved) -> SavedOut:
     return SavedOut(
         schedule=schedule_out(saved.schedule),
         next_fires=fires_out(saved.next_fires),
-        notes=saved.next_fires.notes,
+        notes=saved.notes,
         materialized=[OccurrenceOut(**occurrence_out(o)) for o in saved.materialized],
         affected=[affected_out(a) for a in saved.affected],
     )

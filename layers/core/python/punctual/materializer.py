@@ -150,10 +150,15 @@ class Materializer:
         schedule = schedule_from_item(item)
         cursor = schedule.next_run_at
         due = schedule.next_available_at
-        if schedule.state is not ScheduleState.ACTIVE or cursor is None or due is None:
+        if schedule.state is not ScheduleState.ACTIVE or due is None:
             return None
         if due > until:
             return None  # the index copy was stale: the schedule has moved on
+        if cursor is None:
+            # The API materialized every fire itself; only the completion is left.
+            step = _Step(item, schedule, [], [], None, None)
+            step.actions = [self._cursor_update(step)]
+            return step
         retention = self.settings.retention_days * 86400
         rule = schedule.rule()
         # Fires later than max_lateness are misfires; recovery starts at the durable cursor.
@@ -201,11 +206,12 @@ class Materializer:
     def _cursor_update(self, step: _Step) -> dict[str, Any]:
         schedule = step.schedule
         names = {"#state": "state"}
-        named: dict[str, Any] = {
-            "v": schedule.version,
-            "old": schedule.next_run_at,
-            "active": ScheduleState.ACTIVE.value,
-        }
+        named: dict[str, Any] = {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
+        if schedule.next_run_at is None:
+            cursor_unchanged = "attribute_not_exists(next_run_at)"
+        else:
+            cursor_unchanged = "next_run_at = :old"
+            named["old"] = schedule.next_run_at
         if step.next_run_at is None or step.next_available_at is None:
             expression = (
                 "SET #state = :completed REMOVE due_at, due_bucket, next_run_at, next_available_at"
@@ -247,7 +253,7 @@ class Materializer:
                 "UpdateExpression": expression,
                 # Race: an update, pause or cancel bumped the version (the old version must not
                 # fire), or another materializer already moved this cursor (no double step).
-                "ConditionExpression": "version = :v AND next_run_at = :old AND #state = :active",
+                "ConditionExpression": f"version = :v AND {cursor_unchanged} AND #state = :active",
                 "ExpressionAttributeNames": names,
                 "ExpressionAttributeValues": values(**named),
             }

@@ -31,6 +31,7 @@ from punctual.ids import new_schedule_id, shard_of
 from punctual.integrations.queues import QueueAdmin
 from punctual.materialize import plan
 from punctual.models import (
+    AtSpec,
     Attempt,
     Occurrence,
     OccurrenceState,
@@ -71,6 +72,13 @@ class Saved:
     next_fires: Preview
     materialized: list[Occurrence] = field(default_factory=list)
     affected: list[Affected] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        """What the caller should know: an ambiguous one-shot's resolution, DST dates."""
+        spec = self.schedule.spec
+        resolution = spec.resolved().note if isinstance(spec, AtSpec) else None
+        return ([resolution] if resolution else []) + self.next_fires.notes
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +155,7 @@ class ControlPlane:
             }
         )
         # A fire exactly at the creation instant still fires (a rate anchored at creation).
-        return self._save(None, schedule, after=now - 1, now=now)
+        return self._save(None, schedule, after=now - 1, now=now, require_fire=True)
 
     def get(self, tenant_id: str, schedule_id: str) -> Schedule:
         return schedule_from_item(self._owned(tenant_id, schedule_id))
@@ -188,7 +196,7 @@ class ControlPlane:
             ScheduleState.PAUSED if current.state is ScheduleState.PAUSED else ScheduleState.ACTIVE
         )
         updated = self._next_version(current, now, state, definition)
-        return self._save(item, updated, after=now, now=now)
+        return self._save(item, updated, after=now, now=now, require_fire=True)
 
     def pause(self, tenant_id: str, schedule_id: str) -> Saved:
         return self._transition(
@@ -248,7 +256,15 @@ class ControlPlane:
 
     # --- the one write path for every schedule change ----------------------------------
 
-    def _save(self, old_item: Item | None, schedule: Schedule, *, after: int, now: int) -> Saved:
+    def _save(
+        self,
+        old_item: Item | None,
+        schedule: Schedule,
+        *,
+        after: int,
+        now: int,
+        require_fire: bool = False,
+    ) -> Saved:
         materialized: list[Occurrence] = []
         if schedule.state is ScheduleState.ACTIVE:
             planned = plan(
@@ -258,20 +274,24 @@ class ControlPlane:
                 retention_seconds=self.settings.retention_days * 86400,
             )
             materialized = planned.occurrences
-            if planned.next_run_at is None and not materialized and old_item is None:
-                raise InvalidInput(
-                    "the schedule would never fire",
-                    [{"field": "spec", "reason": "no fire after now within start_at/end_at"}],
+            if planned.next_run_at is None and not materialized:
+                if require_fire:
+                    raise InvalidInput(
+                        "the schedule would never fire",
+                        [{"field": "spec", "reason": "no fire after now within start_at/end_at"}],
+                    )
+                schedule = schedule.model_copy(update={"state": ScheduleState.COMPLETED})
+            else:
+                # With every fire already materialized, the schedule still waits in the due
+                # index at its last occurrence: the materializer completes it there and gives
+                # its quota back, so even a one-shot due in seconds is admission-controlled.
+                last = materialized[-1].available_at if materialized else None
+                schedule = schedule.model_copy(
+                    update={
+                        "next_run_at": planned.next_run_at,
+                        "next_available_at": planned.next_available_at or last,
+                    }
                 )
-            schedule = schedule.model_copy(
-                update={
-                    "next_run_at": planned.next_run_at,
-                    "next_available_at": planned.next_available_at,
-                    "state": ScheduleState.ACTIVE
-                    if planned.next_run_at is not None
-                    else ScheduleState.COMPLETED,
-                }
-            )
         load = strict_minute_load(schedule, schedule.created_at) if schedule.state in _LIVE else {}
         shard = shard_of(schedule.schedule_id, self.settings.shard_count)
         current_item = schedule_to_item(schedule, shard=shard, minute_load=load)
@@ -354,12 +374,15 @@ class ControlPlane:
         for occurrence in self.occurrences.open_for_schedule(schedule.schedule_id, since=since):
             if occurrence.schedule_version >= schedule.version:
                 continue
-            state = occurrence.state
-            if state is OccurrenceState.SCHEDULED:
+            if occurrence.state is OccurrenceState.SCHEDULED:
                 reason = f"superseded by version {schedule.version} ({schedule.state.value})"
                 state = self.occurrences.cancel_if_scheduled(occurrence.occurrence_id, reason)
-            note = _AFFECTED_NOTES.get(state, "already done")
-            affected.append(Affected(occurrence.model_copy(update={"state": state}), note))
+                if state is OccurrenceState.CANCELED:
+                    occurrence = occurrence.model_copy(update={"state": state, "reason": reason})
+                else:  # it moved on meanwhile: answer what is stored now
+                    occurrence = self.occurrence(schedule.tenant_id, occurrence.occurrence_id)[0]
+            note = _AFFECTED_NOTES.get(occurrence.state, "already done")
+            affected.append(Affected(occurrence, note))
         return affected
 
     # --- occurrences ------------------------------------------------------------------
@@ -403,6 +426,11 @@ class ControlPlane:
         )
         self.tenants.put_target(target)
         return target
+
+    def bind_principal(self, principal_arn: str, tenant_id: str) -> Tenant:
+        """Bind what callers will present: a session ARN stands for its role."""
+        self.tenants.bind_principal(normalize_principal(principal_arn), tenant_id)
+        return self.tenants.get(tenant_id)
 
     def create_tenant(self, tenant_id: str, quotas: Quotas) -> Tenant:
         tenant = Tenant(

@@ -89,9 +89,11 @@ def encode_token(key: Mapping[str, Any] | None) -> str | None:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_token(token: str | None, *, expect: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Back to ExclusiveStartKey. A mangled token, or one minted for another tenant or
-    schedule (``expect`` names the key values it must carry), is a 400."""
+def decode_token(
+    token: str | None, *, expect: Mapping[str, Any], keys: frozenset[str]
+) -> dict[str, Any] | None:
+    """Back to ExclusiveStartKey. A mangled token, one missing or adding key attributes
+    (``keys``), or one minted for another tenant or schedule (``expect``) is a 400."""
     if not token:
         return None
     problem = InvalidInput(
@@ -102,7 +104,12 @@ def decode_token(token: str | None, *, expect: Mapping[str, Any]) -> dict[str, A
         key = json.loads(base64.urlsafe_b64decode(padded.encode()))
     except (ValueError, binascii.Error):
         raise problem from None
-    if not isinstance(key, dict) or any(key.get(k) != v for k, v in expect.items()):
+    if (
+        not isinstance(key, dict)
+        or set(key) != keys
+        or not all(isinstance(v, str | int) and not isinstance(v, bool) for v in key.values())
+        or any(key.get(k) != v for k, v in expect.items())
+    ):
         raise problem
     return to_dynamo(key)
 

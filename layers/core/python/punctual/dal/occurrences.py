@@ -13,7 +13,7 @@ from punctual.dal.common import (
     translated,
     values,
 )
-from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_OCCURRENCES_INDEX
+from punctual.dal.tables import OCCURRENCE_SK, OCCURRENCES, SCHEDULE_OCCURRENCES_INDEX
 from punctual.errors import Conflict
 from punctual.models import Attempt, Occurrence, OccurrenceState
 
@@ -82,7 +82,11 @@ class OccurrenceStore:
             "ExpressionAttributeValues": values(s=schedule_id, a=since, b=until),
             "Limit": limit,
         }
-        start = decode_token(token, expect={"schedule_id": schedule_id})
+        start = decode_token(
+            token,
+            expect={"schedule_id": schedule_id},
+            keys=OCCURRENCES.page_key(SCHEDULE_OCCURRENCES_INDEX),
+        )
         if start:
             request["ExclusiveStartKey"] = start
         page = self._client.query(**request)

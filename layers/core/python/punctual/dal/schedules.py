@@ -13,7 +13,7 @@ from punctual.dal.common import (
     to_dynamo,
     values,
 )
-from punctual.dal.tables import SCHEDULE_CURRENT, TENANT_INDEX
+from punctual.dal.tables import SCHEDULE_CURRENT, SCHEDULES, TENANT_INDEX
 from punctual.models import Schedule, ScheduleState
 
 _DEFINITION_FIELDS = (
@@ -128,7 +128,9 @@ class ScheduleStore:
             request["FilterExpression"] = "#state = :s"
             request["ExpressionAttributeNames"] = {"#state": "state"}
             request["ExpressionAttributeValues"] |= values(s=state.value)
-        start = decode_token(token, expect={"tenant_id": tenant_id})
+        start = decode_token(
+            token, expect={"tenant_id": tenant_id}, keys=SCHEDULES.page_key(TENANT_INDEX)
+        )
         found: list[Schedule] = []
         while True:
             page_request = dict(request, Limit=limit - len(found))

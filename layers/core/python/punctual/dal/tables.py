@@ -35,6 +35,12 @@ class TableSpec:
     def name(self, settings: Settings) -> str:
         return str(getattr(settings, self.setting))
 
+    def page_key(self, index_name: str) -> frozenset[str]:
+        """The attributes of a LastEvaluatedKey from a query on this index."""
+        index = next(i for i in self.indexes if i.name == index_name)
+        keys = [self.pk, index.pk, index.sk] + ([self.sk] if self.sk else [])
+        return frozenset(name for name, _ in keys)
+
     def create_request(self, settings: Settings) -> dict[str, Any]:
         """Arguments for DynamoDB CreateTable (on-demand)."""
         keys = [self.pk] + ([self.sk] if self.sk else [])

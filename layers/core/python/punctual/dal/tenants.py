@@ -86,7 +86,13 @@ class TenantStore:
         return tenant_from_item(from_dynamo(found))
 
     def set_quotas(self, tenant_id: str, quotas: Quotas) -> None:
-        with translated(f"tenant {tenant_id} not found"):
+        try:
+            self._set_quotas(tenant_id, quotas)
+        except Conflict:
+            raise NotFound(f"tenant {tenant_id} not found") from None
+
+    def _set_quotas(self, tenant_id: str, quotas: Quotas) -> None:
+        with translated():
             self._client.update_item(
                 TableName=self.table,
                 Key=tenant_key(tenant_id),

@@ -1,0 +1,1 @@
+"""Local (embedded) mode: AWS's own engines on loopback, for development and benchmarks."""

@@ -1,0 +1,100 @@
+"""Request bodies, the error-shape check and direct table access shared by the API tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from punctual.scheduling import Services
+from tests.integration.conftest import Answer, Api
+
+ERROR_KEYS = {"code", "message", "fields", "details"}
+
+
+def iso(instant: float) -> str:
+    """An epoch instant as the API writes it: '2026-11-18T11:10:00Z'."""
+    return datetime.fromtimestamp(int(instant), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def epoch(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def cron(expression: str = "*/5 * * * *", timezone: str = "UTC", **extra: Any) -> dict[str, Any]:
+    return {
+        "spec": {"kind": "cron", "expression": expression, "timezone": timezone},
+        "target": "default",
+        **extra,
+    }
+
+
+def rate(expression: str = "rate(2 minutes)", **extra: Any) -> dict[str, Any]:
+    return {"spec": {"kind": "rate", "expression": expression}, "target": "default", **extra}
+
+
+def one_shot(at: str, timezone: str | None = None, **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"kind": "at", "at": at}
+    if timezone is not None:
+        spec["timezone"] = timezone
+    return {"spec": spec, "target": "default", **extra}
+
+
+def assert_error(answer: Answer, status: int, code: str) -> dict[str, Any]:
+    """The one error shape of every 4xx: {'error': {code, message, fields, details}}."""
+    assert answer.status == status, answer.body
+    assert set(answer.body) == {"error"}, answer.body
+    error: dict[str, Any] = answer.body["error"]
+    assert set(error) == ERROR_KEYS, error
+    assert error["code"] == code, error
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    assert isinstance(error["fields"], list)
+    assert isinstance(error["details"], dict)
+    return error
+
+
+def create(api: Api, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Create a schedule that must be accepted; the SavedOut body."""
+    answer = api.post("/v1/schedules", body, **kwargs)
+    assert answer.status == 201, answer.body
+    saved: dict[str, Any] = answer.body
+    return saved
+
+
+def patch(api: Api, schedule_id: str, body: dict[str, Any], version: int | str | None) -> Answer:
+    headers = {} if version is None else {"If-Match": str(version)}
+    return api.call("PATCH", f"/v1/schedules/{schedule_id}", body, headers=headers)
+
+
+def delete(api: Api, schedule_id: str) -> Answer:
+    return api.call("DELETE", f"/v1/schedules/{schedule_id}")
+
+
+def all_pages(api: Api, path: str, key: str, **query: Any) -> list[list[dict[str, Any]]]:
+    """Every page of a listing, following next_token until it runs out."""
+    pages: list[list[dict[str, Any]]] = []
+    token = None
+    while True:
+        answer = api.get(path, **query, next_token=token)
+        assert answer.status == 200, answer.body
+        pages.append(answer.body[key])
+        token = answer.body["next_token"]
+        if token is None:
+            return pages
+        assert len(pages) < 50, "pagination does not end"
+
+
+def set_occurrence_state(aws: Services, occurrence_id: str, state: str) -> None:
+    """What the relay or a worker would do: move an occurrence to ``state`` in the table."""
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key={"occurrence_id": {"S": occurrence_id}, "sk": {"S": "OCC"}},
+        UpdateExpression="SET #state = :state",
+        ExpressionAttributeNames={"#state": "state"},
+        ExpressionAttributeValues={":state": {"S": state}},
+    )
+
+
+def table_items(aws: Services, table: str) -> list[dict[str, Any]]:
+    pages = aws.dynamodb.get_paginator("scan").paginate(TableName=table)
+    return [item for page in pages for item in page["Items"]]

@@ -1,0 +1,337 @@
+"""Who the caller is: principal -> tenant, isolation between tenants, operator endpoints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from punctual.scheduling import Services
+from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, bootstrap
+from tests.integration.helpers import assert_error, create, cron, delete, patch
+
+ACCOUNT = "111122223333"
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/Role"
+SESSION = f"arn:aws:sts::{ACCOUNT}:assumed-role/Role/session-x"
+MISSING_SCHEDULE = "sch_aaaaaaaaaaaaaaaaaaaaaaaa"
+MISSING_OCCURRENCE = "occ_aaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+
+def _redacted(body: Any, *ids: str) -> str:
+    """The body with the ids it names blanked, to compare 'not found' answers."""
+    text = json.dumps(body, sort_keys=True)
+    for value in ids:
+        text = text.replace(value, "<id>")
+    return text
+
+
+# --- who is calling -------------------------------------------------------------------
+
+
+def test_caller_unknown_principal_is_403(alice: Api, subtests: pytest.Subtests) -> None:
+    # GIVEN signed principals bound to no tenant: a stranger, and the operator itself
+    for caller in (f"arn:aws:iam::{ACCOUNT}:user/mallory", OPERATOR):
+        stranger = Api(caller)
+
+        # WHEN it uses tenant endpoints
+        answers = {
+            "list": stranger.get("/v1/schedules"),
+            "create": stranger.post("/v1/schedules", cron()),
+            "tenant": stranger.get("/v1/tenant"),
+            "target": stranger.post("/v1/targets", {"name": "default"}),
+        }
+
+        # THEN each is a 403
+        for name, answer in answers.items():
+            with subtests.test(caller=caller, endpoint=name):
+                assert_error(answer, 403, "forbidden")
+    # AND nothing was written for anyone
+    assert alice.get("/v1/tenant").body["schedule_count"] == 0
+
+
+def test_caller_without_user_arn_is_403(alice: Api) -> None:
+    # GIVEN a request that API Gateway did not attribute to an IAM principal
+    anonymous = Api(None)
+
+    # WHEN it lists, creates, previews or reads the tenant
+    answers = [
+        anonymous.get("/v1/schedules"),
+        anonymous.post("/v1/schedules", cron()),
+        anonymous.post("/v1/preview", {"spec": cron()["spec"]}),
+        anonymous.get("/v1/tenant"),
+    ]
+
+    # THEN each is a 403 and nothing was written for anyone
+    for answer in answers:
+        assert_error(answer, 403, "forbidden")
+    assert alice.get("/v1/tenant").body["schedule_count"] == 0
+
+
+def test_caller_assumed_role_session_maps_to_its_bound_role(aws: Services) -> None:
+    # GIVEN a tenant bound to the IAM role (not to any one session of it)
+    bootstrap("carol", ROLE)
+
+    # WHEN two different sessions of that role call the API
+    first = Api(SESSION)
+    second = Api(f"arn:aws:sts::{ACCOUNT}:assumed-role/Role/session-y")
+    created = first.post("/v1/schedules", cron())
+
+    # THEN both act as the role's tenant and see the same schedules
+    assert created.status == 201, created.body
+    assert first.get("/v1/tenant").body["tenant_id"] == "carol"
+    assert second.get("/v1/tenant").body["tenant_id"] == "carol"
+    listed = second.get("/v1/schedules").body["schedules"]
+    assert [s["schedule_id"] for s in listed] == [created.body["schedule"]["schedule_id"]]
+    # AND a session of another role with the same prefix, or in another account, is not
+    for other in (
+        f"arn:aws:sts::{ACCOUNT}:assumed-role/RoleTwo/session-x",
+        "arn:aws:sts::444455556666:assumed-role/Role/session-x",
+    ):
+        assert_error(Api(other).get("/v1/tenant"), 403, "forbidden")
+
+
+def test_bind_principal_with_a_session_arn_binds_its_role(aws: Services) -> None:
+    # GIVEN a tenant whose operator binds a session ARN
+    operator = Api(OPERATOR)
+    assert operator.post("/v1/admin/tenants", {"tenant_id": "carol"}).status == 201
+    bound = operator.post("/v1/admin/tenants/carol/principals", {"principal_arn": SESSION})
+    assert bound.status == 200, bound.body
+
+    # WHEN that same session calls
+    answer = Api(SESSION).get("/v1/tenant")
+
+    # THEN it is the tenant it was bound to
+    assert answer.status == 200, answer.body
+    assert answer.body["tenant_id"] == "carol"
+
+
+# --- one tenant cannot see another's --------------------------------------------------
+
+
+@pytest.fixture
+def alices_schedule(alice: Api) -> dict[str, Any]:
+    saved = create(alice, cron("* * * * *", name="alice-only"))
+    assert saved["materialized"], "a near fire is needed to have an occurrence"
+    return saved
+
+
+def _actions(api: Api, schedule_id: str) -> dict[str, Any]:
+    return {
+        "get": api.get(f"/v1/schedules/{schedule_id}"),
+        "patch": patch(api, schedule_id, {"name": "taken"}, 1),
+        "pause": api.post(f"/v1/schedules/{schedule_id}/pause"),
+        "resume": api.post(f"/v1/schedules/{schedule_id}/resume"),
+        "delete": delete(api, schedule_id),
+        "occurrences": api.get(f"/v1/schedules/{schedule_id}/occurrences"),
+    }
+
+
+def test_isolation_other_tenants_schedule_answers_like_a_missing_one(
+    alice: Api, bob: Api, alices_schedule: dict[str, Any]
+) -> None:
+    # GIVEN alice's schedule
+    schedule_id = alices_schedule["schedule"]["schedule_id"]
+
+    # WHEN bob reads, patches, pauses, resumes, deletes it or lists its occurrences,
+    # and does the same with an id that exists nowhere
+    on_alices = _actions(bob, schedule_id)
+    on_missing = _actions(bob, MISSING_SCHEDULE)
+
+    # THEN every answer is a 404 identical to the missing id's (no existence leak)
+    for action, answer in on_alices.items():
+        assert_error(answer, 404, "not_found")
+        assert _redacted(answer.body, schedule_id) == _redacted(
+            on_missing[action].body, MISSING_SCHEDULE
+        ), action
+        assert answer.headers == on_missing[action].headers, action
+    # AND alice's schedule is untouched
+    current = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
+    assert (current["version"], current["state"], current["name"]) == (1, "ACTIVE", "alice-only")
+
+
+def test_isolation_other_tenants_occurrence_answers_like_a_missing_one(
+    alice: Api, bob: Api, alices_schedule: dict[str, Any]
+) -> None:
+    # GIVEN an occurrence of alice's schedule
+    occurrence_id = alices_schedule["materialized"][0]["occurrence_id"]
+    assert alice.get(f"/v1/occurrences/{occurrence_id}").status == 200
+
+    # WHEN bob reads it, and an id that exists nowhere
+    answer = bob.get(f"/v1/occurrences/{occurrence_id}")
+    missing = bob.get(f"/v1/occurrences/{MISSING_OCCURRENCE}")
+
+    # THEN both are the same 404
+    assert_error(answer, 404, "not_found")
+    assert _redacted(answer.body, occurrence_id) == _redacted(missing.body, MISSING_OCCURRENCE)
+
+
+def test_isolation_list_shows_only_own_schedules(
+    alice: Api, bob: Api, alices_schedule: dict[str, Any]
+) -> None:
+    # GIVEN alice's schedule and one of bob's
+    bobs = create(bob, cron())["schedule"]["schedule_id"]
+
+    # WHEN each lists schedules (also filtered by state)
+    alice_ids = [s["schedule_id"] for s in alice.get("/v1/schedules").body["schedules"]]
+    bob_ids = [s["schedule_id"] for s in bob.get("/v1/schedules").body["schedules"]]
+    bob_active = bob.get("/v1/schedules", state="ACTIVE").body["schedules"]
+
+    # THEN each sees only its own
+    assert alice_ids == [alices_schedule["schedule"]["schedule_id"]]
+    assert bob_ids == [bobs]
+    assert [s["schedule_id"] for s in bob_active] == [bobs]
+    assert bob.get("/v1/tenant").body["schedule_count"] == 1
+
+
+def test_isolation_other_tenants_next_token_is_400(alice: Api, bob: Api) -> None:
+    # GIVEN a next_token issued to alice
+    for i in range(3):
+        create(alice, cron(name=f"a{i}"))
+    create(bob, cron(name="b0"))
+    token = alice.get("/v1/schedules", limit=1).body["next_token"]
+    assert token is not None
+
+    # WHEN bob presents it
+    answer = bob.get("/v1/schedules", limit=1, next_token=token)
+
+    # THEN 400, and none of alice's schedules leak
+    error = assert_error(answer, 400, "invalid_input")
+    assert error["fields"][0]["field"] == "next_token"
+    assert "a0" not in json.dumps(answer.body)
+
+
+def test_isolation_targets_are_per_tenant(alice: Api, bob: Api) -> None:
+    # GIVEN alice creates a target bob does not have
+    assert alice.post("/v1/targets", {"name": "alice-jobs"}).status == 201
+
+    # WHEN bob lists targets and tries to schedule onto alice's
+    bob_targets = [t["name"] for t in bob.get("/v1/targets").body["targets"]]
+    answer = bob.post("/v1/schedules", cron(target="alice-jobs"))
+
+    # THEN he sees only his own, and the name is unknown to him
+    assert bob_targets == ["default"]
+    assert assert_error(answer, 400, "invalid_input")["fields"][0]["field"] == "target"
+    bob_queue = bob.get("/v1/targets").body["targets"][0]["queue_url"]
+    alice_queue = alice.get("/v1/targets").body["targets"][0]["queue_url"]
+    assert bob_queue != alice_queue
+
+
+# --- operator endpoints ---------------------------------------------------------------
+
+
+def _operator_calls(api: Api) -> dict[str, Any]:
+    return {
+        "create-tenant": api.post("/v1/admin/tenants", {"tenant_id": "eve"}),
+        "set-quotas": api.call(
+            "PUT", "/v1/admin/tenants/alice/quotas", {"max_schedules": 50_000_000}
+        ),
+        "bind": api.post(
+            "/v1/admin/tenants/alice/principals",
+            {"principal_arn": f"arn:aws:iam::{ACCOUNT}:user/eve"},
+        ),
+        "get-tenant": api.get("/v1/admin/tenants/alice"),
+    }
+
+
+def test_operator_endpoints_reject_non_operators(
+    alice: Api, bob: Api, subtests: pytest.Subtests
+) -> None:
+    # GIVEN tenants, and callers that are not operators
+    for caller in (ALICE, BOB, f"arn:aws:iam::{ACCOUNT}:user/mallory", None):
+        # WHEN each calls every operator endpoint
+        answers = _operator_calls(Api(caller))
+
+        # THEN each call is a 403
+        for name, answer in answers.items():
+            with subtests.test(caller=caller, endpoint=name):
+                assert_error(answer, 403, "forbidden")
+    # AND nothing changed
+    operator = Api(OPERATOR)
+    assert operator.get("/v1/admin/tenants/eve").status == 404
+    assert alice.get("/v1/tenant").body["quotas"]["max_schedules"] == 10_000
+    assert_error(Api(f"arn:aws:iam::{ACCOUNT}:user/eve").get("/v1/tenant"), 403, "forbidden")
+
+
+def test_operator_endpoints_work_for_the_operator(alice: Api) -> None:
+    # GIVEN the operator
+    operator = Api(OPERATOR)
+
+    # WHEN it creates a tenant, sets alice's quotas, binds a principal and reads a tenant
+    answers = _operator_calls(operator)
+
+    # THEN each succeeds and the tenants see the effect
+    assert answers["create-tenant"].status == 201
+    assert answers["create-tenant"].body["tenant_id"] == "eve"
+    assert answers["set-quotas"].status == 200
+    assert answers["set-quotas"].body["quotas"]["max_schedules"] == 50_000_000
+    assert answers["bind"].status == 200
+    assert answers["get-tenant"].status == 200
+    assert answers["get-tenant"].body["tenant_id"] == "alice"
+    assert alice.get("/v1/tenant").body["quotas"]["max_schedules"] == 50_000_000
+    # eve's principal was bound to alice by the 'bind' call
+    assert Api(f"arn:aws:iam::{ACCOUNT}:user/eve").get("/v1/tenant").body["tenant_id"] == "alice"
+
+
+def test_operator_binding_one_principal_to_two_tenants_is_409(alice: Api, bob: Api) -> None:
+    # GIVEN alice's principal, bound to tenant alice
+    operator = Api(OPERATOR)
+
+    # WHEN the operator binds it to bob as well, and again to alice
+    twice = operator.post("/v1/admin/tenants/bob/principals", {"principal_arn": ALICE})
+    again = operator.post("/v1/admin/tenants/alice/principals", {"principal_arn": ALICE})
+
+    # THEN the second tenant is refused, re-binding the same one is a no-op
+    assert_error(twice, 409, "conflict")
+    assert again.status == 200
+    assert alice.get("/v1/tenant").body["tenant_id"] == "alice"
+
+
+def test_operator_creating_an_existing_tenant_is_409(alice: Api) -> None:
+    # GIVEN tenant alice with a schedule counted
+    create(alice, cron())
+
+    # WHEN the operator creates 'alice' again
+    answer = Api(OPERATOR).post("/v1/admin/tenants", {"tenant_id": "alice"})
+
+    # THEN 409, and alice's usage is not reset
+    assert_error(answer, 409, "conflict")
+    assert alice.get("/v1/tenant").body["schedule_count"] == 1
+
+
+def test_operator_create_tenant_rejects_bad_input(aws: Services, subtests: pytest.Subtests) -> None:
+    # GIVEN the operator
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tenant_id": "A"}, "tenant_id"),
+        ({"tenant_id": "-lead"}, "tenant_id"),
+        ({"tenant_id": "ok-id", "x": 1}, "x"),
+        ({"tenant_id": "ok-id", "quotas": {"max_schedules": -1}}, "quotas.max_schedules"),
+    ]
+    for body, field in cases:
+        with subtests.test(field=field, body=body):
+            # WHEN it creates a tenant with a bad id, quota or an unknown field
+            answer = Api(OPERATOR).post("/v1/admin/tenants", body)
+
+            # THEN 400 naming the field, and no tenant was made
+            assert assert_error(answer, 400, "invalid_input")["fields"][0]["field"] == field
+    assert Api(OPERATOR).get("/v1/admin/tenants/ok-id").status == 404
+
+
+def test_operator_bind_principal_to_unknown_tenant_is_404(aws: Services) -> None:
+    # GIVEN no tenant 'ghost'
+    # WHEN the operator binds a principal to it
+    answer = Api(OPERATOR).post("/v1/admin/tenants/ghost/principals", {"principal_arn": ALICE})
+
+    # THEN 404, and the principal stays unbound
+    assert_error(answer, 404, "not_found")
+    assert_error(Api(ALICE).get("/v1/tenant"), 403, "forbidden")
+
+
+def test_operator_set_quotas_of_unknown_tenant_is_404(aws: Services) -> None:
+    # GIVEN no tenant 'ghost'
+    # WHEN the operator sets its quotas
+    answer = Api(OPERATOR).call("PUT", "/v1/admin/tenants/ghost/quotas", {"max_schedules": 5})
+
+    # THEN 404 like reading it, and no tenant record appears
+    assert_error(answer, 404, "not_found")
+    assert Api(OPERATOR).get("/v1/admin/tenants/ghost").status == 404

@@ -1,0 +1,316 @@
+"""Versions and their occurrences: near-horizon materialization, what a change does to the
+occurrences of older versions (answered with their real states), and the version history."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from punctual.ids import shard_of
+from punctual.materializer import Materializer
+from punctual.scheduling import Services
+from tests.integration.conftest import START, Answer, Api, Clock
+from tests.integration.helpers import (
+    create,
+    cron,
+    delete,
+    iso,
+    one_shot,
+    patch,
+    set_occurrence_state,
+)
+
+
+def _occurrence(api: Api, occurrence_id: str) -> dict[str, Any]:
+    answer = api.get(f"/v1/occurrences/{occurrence_id}")
+    assert answer.status == 200, answer.body
+    found: dict[str, Any] = answer.body
+    return found
+
+
+def _stored_item(aws: Services, occurrence_id: str) -> dict[str, Any]:
+    item: dict[str, Any] = aws.dynamodb.get_item(
+        TableName=aws.settings.occurrences_table,
+        Key={"occurrence_id": {"S": occurrence_id}, "sk": {"S": "OCC"}},
+    )["Item"]
+    return item
+
+
+# --- near-horizon materialization -----------------------------------------------------
+
+
+def test_materialize_one_shot_inside_the_horizon_is_created_by_the_api(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a one-shot 5 s after the clock (the materializer may already be past it)
+    when = iso(START + 5)
+
+    # WHEN it is created
+    saved = create(alice, one_shot(when, payload={"job": "now", "n": 3}))
+
+    # THEN the API itself created its occurrence, and no fire is left to plan
+    [occurrence] = saved["materialized"]
+    assert occurrence["scheduled_for"] == when
+    assert occurrence["available_at"] == when
+    assert occurrence["state"] == "SCHEDULED"
+    assert occurrence["schedule_version"] == 1
+    schedule = saved["schedule"]
+    assert schedule["next_run_at"] is None
+    assert saved["next_fires"] == []
+    assert _occurrence(alice, occurrence["occurrence_id"]) == {**occurrence, "attempts": []}
+    # AND the payload was copied into the occurrence, so the relay needs no schedule read
+    item = _stored_item(aws, occurrence["occurrence_id"])
+    assert item["payload"] == {"M": {"job": {"S": "now"}, "n": {"N": "3"}}}
+    assert item["tenant_id"] == {"S": "alice"}
+    # AND it holds its quota until the materializer's pass over its fire completes it
+    assert schedule["state"] == "ACTIVE"
+    assert alice.get("/v1/tenant").body["schedule_count"] == 1
+    clock.advance(5)
+    shard = shard_of(schedule["schedule_id"], aws.settings.shard_count)
+    Materializer(aws, "m1").run_shard(int(clock.now), shard)
+    got = alice.get(f"/v1/schedules/{schedule['schedule_id']}").body
+    assert (got["schedule"]["state"], got["schedule"]["version"]) == ("COMPLETED", 1)
+    assert got["next_fires"] == []
+    assert alice.get("/v1/tenant").body["schedule_count"] == 0
+    listed = alice.get(f"/v1/schedules/{schedule['schedule_id']}/occurrences").body
+    assert [o["occurrence_id"] for o in listed["occurrences"]] == [occurrence["occurrence_id"]]
+
+
+def test_materialize_cron_far_ahead_is_left_to_the_materializer(alice: Api) -> None:
+    # GIVEN a yearly cron whose next fire is at New Year
+    # WHEN it is created
+    saved = create(alice, cron("0 0 1 1 *"))
+
+    # THEN nothing is materialized and the cursor points at the fire
+    assert saved["materialized"] == []
+    assert saved["schedule"]["state"] == "ACTIVE"
+    assert saved["schedule"]["next_run_at"] == "2027-01-01T00:00:00Z"
+    schedule_id = saved["schedule"]["schedule_id"]
+    listed = alice.get(f"/v1/schedules/{schedule_id}/occurrences").body
+    assert listed == {"occurrences": [], "next_token": None}
+
+
+def test_materialize_just_past_the_horizon_is_not_created(alice: Api) -> None:
+    # GIVEN a one-shot 241 s ahead (the horizon is lookahead 180 s + tick 60 s = 240 s)
+    # WHEN it is created
+    saved = create(alice, one_shot(iso(START + 241)))
+
+    # THEN it waits for the materializer; at 240 s it would have been created
+    assert saved["materialized"] == []
+    assert saved["schedule"]["next_run_at"] == iso(START + 241)
+    edge = create(alice, one_shot(iso(START + 240)))
+    assert [o["scheduled_for"] for o in edge["materialized"]] == [iso(START + 240)]
+
+
+# --- what a change does to older versions' occurrences --------------------------------
+
+
+@pytest.fixture
+def in_flight(alice: Api, aws: Services) -> dict[str, Any]:
+    """A '* * * * *' cron with occurrences 11:07..11:10 (SCHEDULED as materialized), of
+    which 11:08 was enqueued by the relay, 11:09 is running and 11:10 already succeeded."""
+    saved = create(alice, cron("* * * * *", payload={"v": 1}))
+    occurrences = saved["materialized"]
+    assert [o["scheduled_for"][11:16] for o in occurrences] == ["11:07", "11:08", "11:09", "11:10"]
+    assert {o["state"] for o in occurrences} == {"SCHEDULED"}
+    scheduled, enqueued, running, succeeded = (o["occurrence_id"] for o in occurrences)
+    set_occurrence_state(aws, enqueued, "ENQUEUED")
+    set_occurrence_state(aws, running, "RUNNING")
+    set_occurrence_state(aws, succeeded, "SUCCEEDED")
+    return {
+        "schedule_id": saved["schedule"]["schedule_id"],
+        "scheduled": scheduled,
+        "enqueued": enqueued,
+        "running": running,
+        "succeeded": succeeded,
+    }
+
+
+def _pause(api: Api, schedule_id: str) -> Answer:
+    return api.post(f"/v1/schedules/{schedule_id}/pause")
+
+
+def _update_payload(api: Api, schedule_id: str) -> Answer:
+    return patch(api, schedule_id, {"payload": {"v": 2}}, 1)
+
+
+CHANGES: dict[str, Callable[[Api, str], Answer]] = {
+    "cancel": delete,
+    "pause": _pause,
+    "update": _update_payload,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_invalidate_change_answers_the_real_state_of_each_open_occurrence(
+    alice: Api, in_flight: dict[str, Any], change: str
+) -> None:
+    # GIVEN open occurrences of version 1: SCHEDULED, ENQUEUED and RUNNING (and one done)
+    # WHEN the schedule is canceled, paused or updated
+    answer = CHANGES[change](alice, in_flight["schedule_id"])
+
+    # THEN version 2 is saved and 'affected' reports each open one with its real state
+    assert answer.status == 200, answer.body
+    assert answer.body["schedule"]["version"] == 2
+    affected = {a["occurrence_id"]: a for a in answer.body["affected"]}
+    assert set(affected) == {in_flight["scheduled"], in_flight["enqueued"], in_flight["running"]}
+    assert affected[in_flight["scheduled"]]["state"] == "CANCELED"
+    assert affected[in_flight["enqueued"]]["state"] == "ENQUEUED"
+    assert "cannot be recalled" in affected[in_flight["enqueued"]]["note"]
+    assert affected[in_flight["running"]]["state"] == "RUNNING"
+    assert "cooperatively" in affected[in_flight["running"]]["note"]
+    assert all(a["schedule_version"] == 1 for a in affected.values())
+    # AND the stored states agree: only the not-yet-sent one was canceled
+    stored = {
+        name: _occurrence(alice, in_flight[name])["state"]
+        for name in ("scheduled", "enqueued", "running", "succeeded")
+    }
+    assert stored == {
+        "scheduled": "CANCELED",
+        "enqueued": "ENQUEUED",
+        "running": "RUNNING",
+        "succeeded": "SUCCEEDED",
+    }
+    reason = _occurrence(alice, in_flight["scheduled"])["reason"]
+    assert reason is not None
+    assert "version 2" in reason
+
+
+def test_invalidate_affected_entry_matches_the_stored_occurrence(
+    alice: Api, in_flight: dict[str, Any]
+) -> None:
+    # GIVEN a SCHEDULED occurrence of version 1
+    # WHEN the schedule is canceled
+    answer = delete(alice, in_flight["schedule_id"])
+
+    # THEN the answer's entry for it is the occurrence as stored (plus the note)
+    [entry] = [a for a in answer.body["affected"] if a["occurrence_id"] == in_flight["scheduled"]]
+    stored = _occurrence(alice, in_flight["scheduled"])
+    del stored["attempts"]
+    assert {k: v for k, v in entry.items() if k != "note"} == stored
+
+
+def test_invalidate_update_replaces_scheduled_occurrences_with_new_version_ones(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a '* * * * *' cron with four SCHEDULED occurrences of version 1
+    saved = create(alice, cron("* * * * *", payload={"v": 1}))
+    schedule_id = saved["schedule"]["schedule_id"]
+    old = {o["occurrence_id"]: o for o in saved["materialized"]}
+
+    # WHEN its payload is updated half a minute later
+    clock.advance(30)
+    answer = patch(alice, schedule_id, {"payload": {"v": 2}}, 1)
+
+    # THEN the old ones are canceled and the same instants are planned again as version 2
+    assert answer.status == 200, answer.body
+    assert {a["occurrence_id"] for a in answer.body["affected"]} == set(old)
+    assert {a["state"] for a in answer.body["affected"]} == {"CANCELED"}
+    new = {o["occurrence_id"]: o for o in answer.body["materialized"]}
+    assert not set(new) & set(old)
+    assert [o["scheduled_for"] for o in new.values()] == [
+        f"2026-11-18T11:{minute:02d}:00Z" for minute in (8, 9, 10, 11)
+    ]
+    assert {o["schedule_version"] for o in new.values()} == {2}
+    assert {_occurrence(alice, i)["state"] for i in old} == {"CANCELED"}
+    assert {_occurrence(alice, i)["state"] for i in new} == {"SCHEDULED"}
+    # AND each new occurrence carries the new payload
+    for occurrence_id in new:
+        assert _stored_item(aws, occurrence_id)["payload"] == {"M": {"v": {"N": "2"}}}
+    # AND the listing shows both generations, old canceled and new scheduled
+    listed = alice.get(f"/v1/schedules/{schedule_id}/occurrences").body["occurrences"]
+    by_version = {(o["schedule_version"], o["state"]) for o in listed}
+    assert by_version == {(1, "CANCELED"), (2, "SCHEDULED")}
+    assert len(listed) == len(old) + len(new)
+
+
+def test_invalidate_update_of_a_paused_schedule_materializes_nothing(alice: Api) -> None:
+    # GIVEN a paused '* * * * *' cron (its occurrences already canceled by the pause)
+    saved = create(alice, cron("* * * * *"))
+    schedule_id = saved["schedule"]["schedule_id"]
+    assert alice.post(f"/v1/schedules/{schedule_id}/pause").status == 200
+
+    # WHEN it is updated
+    answer = patch(alice, schedule_id, {"name": "still paused"}, 2)
+
+    # THEN it stays paused at version 3, nothing is planned, and nothing is left open
+    assert answer.status == 200, answer.body
+    schedule = answer.body["schedule"]
+    assert (schedule["state"], schedule["version"], schedule["next_run_at"]) == (
+        "PAUSED",
+        3,
+        None,
+    )
+    assert answer.body["materialized"] == []
+    assert answer.body["affected"] == []
+
+
+# --- version history ------------------------------------------------------------------
+
+
+def test_version_history_keeps_one_immutable_item_per_version(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a schedule that is created, updated, paused, resumed and canceled, a minute apart
+    saved = create(alice, cron("*/5 * * * *", name="v1"))
+    schedule_id = saved["schedule"]["schedule_id"]
+    steps: list[Callable[[], Answer]] = [
+        lambda: patch(alice, schedule_id, {"name": "v2"}, 1),
+        lambda: alice.post(f"/v1/schedules/{schedule_id}/pause"),
+        lambda: alice.post(f"/v1/schedules/{schedule_id}/resume"),
+        lambda: delete(alice, schedule_id),
+    ]
+    for step in steps:
+        clock.advance(60)
+        assert step().status == 200
+
+    # WHEN the schedules table is queried for the schedule's items
+    items = aws.dynamodb.query(
+        TableName=aws.settings.schedules_table,
+        KeyConditionExpression="schedule_id = :s",
+        ExpressionAttributeValues={":s": {"S": schedule_id}},
+        ConsistentRead=True,
+    )["Items"]
+
+    # THEN there is CURRENT (at version 5) and one history item per version, in order
+    by_sk = {item["sk"]["S"]: item for item in items}
+    assert sorted(by_sk) == ["CURRENT"] + [f"V#{n:010d}" for n in range(1, 6)]
+    assert by_sk["CURRENT"]["version"] == {"N": "5"}
+    assert by_sk["CURRENT"]["state"] == {"S": "CANCELED"}
+    history = [by_sk[f"V#{n:010d}"] for n in range(1, 6)]
+    assert [int(h["version"]["N"]) for h in history] == [1, 2, 3, 4, 5]
+    assert [h["state"]["S"] for h in history] == [
+        "ACTIVE",
+        "ACTIVE",
+        "PAUSED",
+        "ACTIVE",
+        "CANCELED",
+    ]
+    assert [int(h["effective_from"]["N"]) for h in history] == [START + 60 * n for n in range(5)]
+    assert [h["definition"]["M"]["name"]["S"] for h in history] == ["v1"] + ["v2"] * 4
+
+
+def test_version_history_is_not_rewritten_by_a_refused_change(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a schedule at version 2
+    schedule_id = create(alice, cron(name="v1"))["schedule"]["schedule_id"]
+    assert patch(alice, schedule_id, {"name": "v2"}, 1).status == 200
+
+    # WHEN a stale update (If-Match 1) and an invalid one are refused
+    clock.advance(60)
+    assert patch(alice, schedule_id, {"name": "stale"}, 1).status == 409
+    assert patch(alice, schedule_id, {"target": "nowhere"}, 2).status == 400
+
+    # THEN the history still holds exactly versions 1 and 2, unchanged
+    items = aws.dynamodb.query(
+        TableName=aws.settings.schedules_table,
+        KeyConditionExpression="schedule_id = :s AND begins_with(sk, :v)",
+        ExpressionAttributeValues={":s": {"S": schedule_id}, ":v": {"S": "V#"}},
+    )["Items"]
+    assert [(i["sk"]["S"], i["definition"]["M"]["name"]["S"]) for i in items] == [
+        ("V#0000000001", "v1"),
+        ("V#0000000002", "v2"),
+    ]
