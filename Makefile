@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools lint format typecheck unit test bench-time bench-materializer openapi clean
+.PHONY: help install tools lint format typecheck unit test bench-time bench-materializer bench-relay openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ bench-time: install ## fires planned per second: cached planner vs naive cronite
 
 bench-materializer: install tools ## occurrences materialized per second per shard, on DynamoDB Local
 	$(BIN)/python scripts/bench_materializer.py
+
+bench-relay: install ## relay fairness: a small tenant's messages next to a big tenant's batch
+	$(BIN)/python scripts/bench_relay.py
 
 openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi

@@ -16,6 +16,7 @@ class DeployConfig(BaseModel):
     lookahead_seconds: int = Field(default=180, ge=0, le=600)
     shard_group_size: int = Field(default=8, ge=1, le=256)
     map_concurrency: int = Field(default=40, ge=1, le=40)
+    relay_parallelization_factor: int = Field(default=10, ge=1, le=10)
     operator_principals: list[str] = Field(default_factory=list)
     retention_days: int = Field(default=30, ge=1, le=3650)
     retain_data: bool = True

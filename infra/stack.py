@@ -11,6 +11,7 @@ from infra.config import DeployConfig
 from infra.data import Data
 from infra.layer import CoreLayer
 from infra.materializer import Materialization
+from infra.relay import Relaying
 
 
 class PunctualStack(Stack):
@@ -29,4 +30,12 @@ class PunctualStack(Stack):
             environment=environment,
             group_size=config.shard_group_size,
             max_concurrency=config.map_concurrency,
+        )
+        self.relaying = Relaying(
+            self,
+            "Relay",
+            data=self.data,
+            layer=core.layer,
+            environment=environment,
+            parallelization_factor=config.relay_parallelization_factor,
         )

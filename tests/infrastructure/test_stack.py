@@ -82,3 +82,30 @@ def test_shard_groups_cover_every_shard_once():
 def test_deploy_config_rejects_bad_context_with_the_field():
     with pytest.raises(ValueError, match=r"punctual\.shard_count"):
         DeployConfig.from_context({"shard_count": 0})
+
+
+def test_relay_reads_only_occurrence_inserts_and_reports_item_failures(template: Template):
+    # THEN the stream mapping filters to occurrence INSERTs, reports partial failures,
+    # bisects, bounds retries and keeps what it could not deliver
+    template.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {
+            "FunctionResponseTypes": ["ReportBatchItemFailures"],
+            "BisectBatchOnFunctionError": True,
+            "MaximumRetryAttempts": 10,
+            "ParallelizationFactor": 10,
+            "FilterCriteria": {
+                "Filters": [
+                    {
+                        "Pattern": Match.serialized_json(
+                            {
+                                "eventName": ["INSERT"],
+                                "dynamodb": {"NewImage": {"sk": {"S": ["OCC"]}}},
+                            }
+                        )
+                    }
+                ]
+            },
+            "DestinationConfig": {"OnFailure": Match.any_value()},
+        },
+    )

@@ -34,6 +34,7 @@ STEP_LIMIT = 20  # occurrences one schedule step may create
 LEASE_SECONDS = 120
 BOOTSTRAP_SECONDS = 3600  # a shard seen for the first time starts this far back
 MAX_RETRIES = 5
+MAX_CATCHUP_SPREAD = 840  # seconds: under SQS's 900 s delay, with a tick to spare
 
 CrashHook = Callable[[str], None]
 
@@ -167,6 +168,9 @@ class Materializer:
         keep = min(len(late), schedule.misfire.effective_catchup_limit)
         fired_late = late[len(late) - keep :]
         pace = self._catchup_pace(schedule)
+        if keep > 1:
+            # SQS delays at most 900 s: a slower pace is compressed to stay within it.
+            pace = min(pace, MAX_CATCHUP_SPREAD // (keep - 1))
         occurrences = [
             new_occurrence(schedule, fire, retention).model_copy(
                 update={"available_at": now + i * pace}

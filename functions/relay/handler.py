@@ -1,0 +1,58 @@
+"""Relay Lambda: the occurrences stream (INSERTs of occurrence items) -> tenant SQS queues."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from punctual.observability import logger, metrics
+from punctual.relay import Relay
+from punctual.scheduling import Services
+
+processor = BatchProcessor(event_type=EventType.DynamoDBStreams)
+
+
+@cache
+def relay() -> Relay:
+    return Relay(Services.from_environment())
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    # The relay sends the whole batch grouped by queue (SendMessageBatch, queues in
+    # parallel); Powertools then reports each record it could not deliver as a batch item
+    # failure, so the event source mapping retries from there and nothing is dropped.
+    report = relay().relay(event.get("Records", []))
+    for strict, lag in report.lags:
+        metrics.add_metric(
+            name="EnqueueLagStrict" if strict else "EnqueueLagFlexible",
+            unit=MetricUnit.Seconds,
+            value=lag,
+        )
+    metrics.add_metric(name="Relayed", unit=MetricUnit.Count, value=report.sent)
+    metrics.add_metric(name="RelaySendFailures", unit=MetricUnit.Count, value=len(report.failures))
+    metrics.add_metric(name="DeadUnknownTarget", unit=MetricUnit.Count, value=report.dead)
+
+    def record_handler(record: DynamoDBRecord) -> None:
+        failure = report.failures.get(
+            str(record.dynamodb.sequence_number if record.dynamodb else "")
+        )
+        if failure is not None:
+            logger.warning("not delivered; will be retried", extra={"error": str(failure)})
+            raise failure
+
+    return dict(
+        process_partial_response(
+            event=event, record_handler=record_handler, processor=processor, context=context
+        )
+    )

@@ -1,0 +1,300 @@
+"""The relay: occurrence INSERTs from the stream become messages in the tenant's queue.
+
+At least once: a record counts as done only after its message was accepted by
+SQS; anything else is reported as a batch item failure and comes back. After the
+send, the occurrence moves SCHEDULED -> ENQUEUED; a crash in between sends the
+same occurrence id again on the retry, which consumers dedupe.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from punctual.dal.common import from_dynamo, to_dynamo, translated, values
+from punctual.dal.tables import OCCURRENCE_SK
+from punctual.errors import Conflict
+from punctual.models import Occurrence, OccurrenceState
+from punctual.scheduling import Services
+from punctual.timing import utc_text
+
+MAX_DELAY = 900  # SQS holds a message back at most 15 minutes
+SEND_ATTEMPTS = 3
+MESSAGE_VERSION = 1
+QUEUE_CACHE_SIZE = 10_000
+QUEUE_CACHE_SECONDS = 300
+
+CrashHook = Callable[[str], None]
+
+
+class DelayTooLong(Exception):
+    """available_at is more than 900 s away: a planning bug; never sent early."""
+
+
+class SendFailed(Exception):
+    """SQS did not accept the message after retries."""
+
+
+def delay_seconds(available_at: int, now: float) -> int:
+    """Seconds SQS must hold the message so that it is receivable at ``available_at``."""
+    delay = max(0, int(available_at - now))
+    if delay > MAX_DELAY:
+        raise DelayTooLong(f"available_at is {delay} s away; SQS delays at most {MAX_DELAY} s")
+    return delay
+
+
+def message_body(occurrence: Occurrence, payload: dict[str, Any]) -> str:
+    """Version 1 of the message (docs/message.md)."""
+    return json.dumps(
+        {
+            "version": MESSAGE_VERSION,
+            "occurrence_id": occurrence.occurrence_id,
+            "schedule_id": occurrence.schedule_id,
+            "schedule_version": occurrence.schedule_version,
+            "tenant_id": occurrence.tenant_id,
+            "target": occurrence.target,
+            "scheduled_for": utc_text(occurrence.scheduled_for),
+            "available_at": utc_text(occurrence.available_at),
+            "attempt": occurrence.attempt_count + 1,
+            "payload": payload,
+        },
+        separators=(",", ":"),
+    )
+
+
+@dataclass
+class _Outbound:
+    record_id: str
+    occurrence: Occurrence
+    payload: dict[str, Any]
+    strict: bool
+    queue_url: str = ""
+    delay: int = 0
+
+
+@dataclass
+class RelayReport:
+    failures: dict[str, Exception] = field(default_factory=dict)  # record id -> why
+    sent: int = 0
+    skipped: int = 0  # no longer SCHEDULED (canceled, or already enqueued)
+    dead: int = 0  # unknown target
+    lags: list[tuple[bool, float]] = field(default_factory=list)  # (strict, seconds)
+
+
+class QueueDirectory:
+    """(tenant, target) -> queue URL, bounded in size and age; None for an unknown target."""
+
+    def __init__(self, services: Services, size: int = QUEUE_CACHE_SIZE) -> None:
+        self._s = services
+        self._size = size
+        self._entries: OrderedDict[tuple[str, str], tuple[float, str | None]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def url(self, tenant_id: str, target: str) -> str | None:
+        key = (tenant_id, target)
+        now = time.monotonic()
+        with self._lock:
+            found = self._entries.get(key)
+            if found and now - found[0] < QUEUE_CACHE_SECONDS:
+                self._entries.move_to_end(key)
+                return found[1]
+        resolved = self._s.tenants.get_target(tenant_id, target)
+        url = resolved.queue_url if resolved else None
+        with self._lock:
+            self._entries[key] = (now, url)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return url
+
+
+class Relay:
+    def __init__(
+        self,
+        services: Services,
+        queues: QueueDirectory | None = None,
+        *,
+        crash: CrashHook | None = None,
+        workers: int = 8,
+    ) -> None:
+        self._s = services
+        self.queues = queues or QueueDirectory(services)
+        self._crash = crash or (lambda point: None)
+        self.workers = workers
+
+    def relay(self, records: Iterable[dict[str, Any]]) -> RelayReport:
+        report = RelayReport()
+        outbound = [o for r in records if (o := self._parse(r)) is not None]
+        outbound = self._still_scheduled(outbound, report)
+        by_queue: dict[str, list[_Outbound]] = {}
+        now = self._s.now()
+        for item in outbound:
+            url = self.queues.url(item.occurrence.tenant_id, item.occurrence.target)
+            if url is None:
+                self._dead(item, "the target does not exist (deleted or never created)")
+                report.dead += 1
+                continue
+            try:
+                item.delay = delay_seconds(item.occurrence.available_at, now)
+            except DelayTooLong as error:
+                report.failures[item.record_id] = error
+                continue
+            item.queue_url = url
+            by_queue.setdefault(url, []).append(item)
+        # Fairness: every queue is sent concurrently, so one tenant's top-of-hour batch does
+        # not hold back another tenant's occurrences; within a queue strict goes first.
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(by_queue)))) as pool:
+            for outcome in pool.map(self._send_queue, by_queue.values()):
+                self._merge(outcome, report)
+        return report
+
+    # --- parsing and filtering ----------------------------------------------------------
+
+    @staticmethod
+    def _parse(record: dict[str, Any]) -> _Outbound | None:
+        if record.get("eventName") != "INSERT":
+            return None
+        image = from_dynamo(record["dynamodb"].get("NewImage", {}))
+        if image.get("sk") != OCCURRENCE_SK:
+            return None
+        occurrence = Occurrence(**{k: v for k, v in image.items() if k in Occurrence.model_fields})
+        return _Outbound(
+            record_id=str(record["dynamodb"]["SequenceNumber"]),
+            occurrence=occurrence,
+            payload=image.get("payload", {}),
+            # Receivable at its scheduled instant: strict (or a late one due now) goes first.
+            strict=occurrence.available_at == occurrence.scheduled_for,
+        )
+
+    def _still_scheduled(self, outbound: list[_Outbound], report: RelayReport) -> list[_Outbound]:
+        """Drop what was canceled (or already enqueued) since the insert: one read per 100."""
+        states: dict[str, str] = {}
+        table = self._s.settings.occurrences_table
+        for start in range(0, len(outbound), 100):
+            keys = [
+                to_dynamo({"occurrence_id": o.occurrence.occurrence_id, "sk": OCCURRENCE_SK})
+                for o in outbound[start : start + 100]
+            ]
+            request: dict[str, Any] = {
+                table: {
+                    "Keys": keys,
+                    "ProjectionExpression": "occurrence_id, #s",
+                    "ExpressionAttributeNames": {"#s": "state"},
+                }
+            }
+            while request:
+                answer = self._s.dynamodb.batch_get_item(RequestItems=request)
+                for raw in answer["Responses"].get(table, []):
+                    found = from_dynamo(raw)
+                    states[found["occurrence_id"]] = found["state"]
+                request = answer.get("UnprocessedKeys") or {}
+        keep = []
+        for item in outbound:
+            if states.get(item.occurrence.occurrence_id) == OccurrenceState.SCHEDULED.value:
+                keep.append(item)
+            else:
+                report.skipped += 1
+        return keep
+
+    # --- sending ------------------------------------------------------------------------
+
+    def _send_queue(self, items: list[_Outbound]) -> RelayReport:
+        report = RelayReport()
+        ordered = sorted(items, key=lambda o: (not o.strict, o.occurrence.available_at))
+        for start in range(0, len(ordered), 10):
+            chunk = ordered[start : start + 10]
+            sent, failed = self._send_batch(chunk)
+            for item, error in failed:
+                report.failures[item.record_id] = error
+            sent_at = self._s.now()
+            self._crash("after_send")
+            for item in sent:
+                self._mark_enqueued(item, int(sent_at))
+                report.sent += 1
+                lag = sent_at + item.delay - item.occurrence.scheduled_for
+                report.lags.append((item.strict, lag))
+        return report
+
+    def _send_batch(
+        self, chunk: list[_Outbound]
+    ) -> tuple[list[_Outbound], list[tuple[_Outbound, Exception]]]:
+        pending = {str(i): item for i, item in enumerate(chunk)}
+        sent: list[_Outbound] = []
+        last_error: dict[str, str] = {}
+        for attempt in range(SEND_ATTEMPTS):
+            if not pending:
+                break
+            if attempt:
+                time.sleep(0.05 * 2**attempt)
+            answer = self._s.sqs.send_message_batch(
+                QueueUrl=chunk[0].queue_url,
+                Entries=[self._entry(key, item) for key, item in pending.items()],
+            )
+            for ok in answer.get("Successful", []):
+                sent.append(pending.pop(ok["Id"]))
+            for bad in answer.get("Failed", []):
+                last_error[bad["Id"]] = f"{bad.get('Code')}: {bad.get('Message', '')}"
+                if bad.get("SenderFault"):
+                    break  # the same entry will fail again: report it now
+        failed: list[tuple[_Outbound, Exception]] = [
+            (item, SendFailed(last_error.get(key, "not accepted"))) for key, item in pending.items()
+        ]
+        return sent, failed
+
+    @staticmethod
+    def _entry(key: str, item: _Outbound) -> dict[str, Any]:
+        occurrence = item.occurrence
+        return {
+            "Id": key,
+            "MessageBody": message_body(occurrence, item.payload),
+            "DelaySeconds": item.delay,
+            "MessageAttributes": {
+                name: {"DataType": "String", "StringValue": value}
+                for name, value in (
+                    ("occurrence_id", occurrence.occurrence_id),
+                    ("schedule_id", occurrence.schedule_id),
+                    ("tenant_id", occurrence.tenant_id),
+                    ("message_version", str(MESSAGE_VERSION)),
+                )
+            },
+        }
+
+    def _mark_enqueued(self, item: _Outbound, sent_at: int) -> None:
+        self._move_from_scheduled(item, OccurrenceState.ENQUEUED, enqueued_at=sent_at)
+
+    def _dead(self, item: _Outbound, reason: str) -> None:
+        self._move_from_scheduled(item, OccurrenceState.DEAD, reason=reason)
+
+    def _move_from_scheduled(self, item: _Outbound, state: OccurrenceState, **sets: Any) -> None:
+        """SCHEDULED -> ``state``; a no-op if the occurrence has moved on meanwhile."""
+        assignments = ", ".join(f"{name} = :{name}" for name in sets)
+        try:
+            with translated():
+                self._s.dynamodb.update_item(
+                    TableName=self._s.settings.occurrences_table,
+                    Key=to_dynamo(
+                        {"occurrence_id": item.occurrence.occurrence_id, "sk": OCCURRENCE_SK}
+                    ),
+                    UpdateExpression=f"SET #state = :to, {assignments}",
+                    # Race: a cancel (or a re-run of this batch) got there first. CANCELED stays
+                    # CANCELED, and a message already sent is refused by the worker.
+                    ConditionExpression="#state = :scheduled",
+                    ExpressionAttributeNames={"#state": "state"},
+                    ExpressionAttributeValues=values(
+                        to=state.value, scheduled=OccurrenceState.SCHEDULED.value, **sets
+                    ),
+                )
+        except Conflict:
+            pass
+
+    @staticmethod
+    def _merge(part: RelayReport, into: RelayReport) -> None:
+        into.failures.update(part.failures)
+        into.sent += part.sent
+        into.lags += part.lags

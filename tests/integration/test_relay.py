@@ -1,0 +1,268 @@
+"""The relay on moto: delivery to the tenant's queue, crash after send, partial batch
+failures, canceled occurrences, delays, tenant isolation, unknown targets, the handler."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from punctual.dal.common import to_dynamo
+from punctual.models import OccurrenceState, ScheduleDefinition
+from punctual.relay import DelayTooLong, Relay, delay_seconds
+from punctual.scheduling import ControlPlane, Services
+from tests.integration.conftest import BOB, Api, Clock, LambdaContextStub, bootstrap
+
+
+class Crash(Exception):
+    pass
+
+
+class SpySQS:
+    """The real (moto) client, recording batches and failing chosen occurrence ids."""
+
+    def __init__(self, real: Any, fail: dict[str, int] | None = None) -> None:
+        self.real = real
+        self.fail = dict(fail or {})  # occurrence id -> how many times to fail (-1: always)
+        self.batches: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> Any:
+        self.batches.append({"QueueUrl": QueueUrl, "Entries": Entries})
+        failed, passed = [], []
+        for entry in Entries:
+            occ = entry["MessageAttributes"]["occurrence_id"]["StringValue"]
+            if self.fail.get(occ, 0) != 0:
+                self.fail[occ] -= 1
+                failed.append({"Id": entry["Id"], "SenderFault": False, "Code": "InternalError"})
+            else:
+                passed.append(entry)
+        answer = self.real.send_message_batch(QueueUrl=QueueUrl, Entries=passed) if passed else {}
+        return {"Successful": answer.get("Successful", []), "Failed": failed}
+
+
+def one_shot(aws: Services, clock: Clock, tenant: str = "alice", **fields: Any) -> str:
+    """A one-shot 30 s ahead (the API materializes it); the clock then moves to its time."""
+    at = datetime.fromtimestamp(clock.now + 30).astimezone().isoformat()
+    definition = ScheduleDefinition.model_validate(
+        {"target": "default", "spec": {"kind": "at", "at": at}, **fields}
+    )
+    saved = ControlPlane(aws).create(tenant, definition)
+    return saved.materialized[0].occurrence_id
+
+
+def record(aws: Services, occurrence_id: str, sequence: int) -> dict[str, Any]:
+    raw = aws.dynamodb.get_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo({"occurrence_id": occurrence_id, "sk": "OCC"}),
+    )["Item"]
+    return {
+        "eventID": str(sequence),
+        "eventName": "INSERT",
+        "eventSource": "aws:dynamodb",
+        "dynamodb": {"NewImage": raw, "SequenceNumber": str(sequence), "Keys": {}},
+    }
+
+
+def state(aws: Services, occurrence_id: str) -> str:
+    found = aws.occurrences.get_with_attempts(occurrence_id)
+    assert found is not None
+    return found[0].state.value
+
+
+def messages(aws: Services, tenant: str) -> list[dict[str, Any]]:
+    url = aws.sqs.get_queue_url(QueueName=f"punctual-{tenant}-default")["QueueUrl"]
+    got: list[dict[str, Any]] = []
+    while True:
+        batch = aws.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+        if not batch:
+            return got
+        got += [json.loads(m["Body"]) for m in batch]
+
+
+def test_relay_delivers_to_the_tenants_queue_and_marks_enqueued(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence inserted SCHEDULED, due now
+    occ = one_shot(aws, clock, payload={"job": "report"})
+    clock.advance(30)
+    # WHEN the relay handles its stream record
+    report = Relay(aws).relay([record(aws, occ, 1)])
+    # THEN the message is in alice's queue with the documented body, and the occurrence is
+    # ENQUEUED with enqueued_at
+    assert report.failures == {}
+    [body] = messages(aws, "alice")
+    assert body["occurrence_id"] == occ
+    assert body["version"] == 1
+    assert body["attempt"] == 1
+    assert body["payload"] == {"job": "report"}
+    assert state(aws, occ) == "ENQUEUED"
+    found = aws.occurrences.get_with_attempts(occ)
+    assert found is not None
+    assert found[0].enqueued_at == int(clock.now)
+
+
+def test_relay_crash_after_send_resends_the_same_occurrence_id(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a relay that crashes after SQS accepted the message, before marking ENQUEUED
+    occ = one_shot(aws, clock)
+    clock.advance(30)
+
+    def crash(point: str) -> None:
+        if point == "after_send":
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        Relay(aws, crash=crash).relay([record(aws, occ, 1)])
+    assert state(aws, occ) == "SCHEDULED"
+    # WHEN the stream redelivers the record
+    Relay(aws).relay([record(aws, occ, 1)])
+    # THEN the same occurrence id was sent again (consumers dedupe), and nothing is lost
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [occ, occ]
+    assert state(aws, occ) == "ENQUEUED"
+
+
+def test_relay_partial_batch_failure_is_retried_and_others_not_re_marked(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two occurrences in one batch; SQS fails the first one's entry once
+    first, second = one_shot(aws, clock), one_shot(aws, clock)
+    clock.advance(30)
+    spy = SpySQS(aws.sqs, fail={first: 1})
+    relay = Relay(Services(aws.dynamodb, spy, aws.settings, aws.now))
+    # WHEN the relay sends them
+    report = relay.relay([record(aws, first, 1), record(aws, second, 2)])
+    # THEN the failed entry was retried alone, both arrived once, both are ENQUEUED
+    assert report.failures == {}
+    assert [len(b["Entries"]) for b in spy.batches] == [2, 1]
+    assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted([first, second])
+    assert {state(aws, first), state(aws, second)} == {"ENQUEUED"}
+
+
+def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an entry SQS refuses every time, next to one it accepts
+    bad, good = one_shot(aws, clock), one_shot(aws, clock)
+    clock.advance(30)
+    spy = SpySQS(aws.sqs, fail={bad: -1})
+    relay = Relay(Services(aws.dynamodb, spy, aws.settings, aws.now))
+    # WHEN the batch is relayed
+    report = relay.relay([record(aws, bad, 7), record(aws, good, 8)])
+    # THEN the bad record is reported (the stream will bring it back), the good one is done
+    assert set(report.failures) == {"7"}
+    assert state(aws, bad) == "SCHEDULED"
+    assert state(aws, good) == "ENQUEUED"
+
+
+def test_relay_canceled_occurrence_stays_canceled_and_is_not_sent(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence whose schedule was canceled after the insert
+    occ = one_shot(aws, clock)
+    found = aws.occurrences.get_with_attempts(occ)
+    assert found is not None
+    event = record(aws, occ, 1)  # the stream image still says SCHEDULED
+    ControlPlane(aws).cancel("alice", found[0].schedule_id)
+    clock.advance(30)
+    # WHEN its outbox record arrives
+    report = Relay(aws).relay([event])
+    # THEN nothing is sent and it stays CANCELED
+    assert report.skipped == 1
+    assert messages(aws, "alice") == []
+    assert state(aws, occ) == "CANCELED"
+
+
+def test_relay_delay_is_clamped_between_0_and_900():
+    # GIVEN receivable times around now; THEN SQS holds each message exactly until then
+    assert delay_seconds(1000, now=1000) == 0
+    assert delay_seconds(990, now=1000) == 0  # already late: at once
+    assert delay_seconds(1250, now=1000) == 250
+    assert delay_seconds(1900, now=1000) == 900
+    with pytest.raises(DelayTooLong):
+        delay_seconds(1901, now=1000)  # a planning bug: never sent early
+
+
+def test_relay_delays_strict_and_flexible_until_available_at(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a strict and a flexible occurrence, relayed 100 s before their time
+    strict = one_shot(aws, clock)
+    flexible = one_shot(aws, clock, flexible_window_seconds=600)
+    occurrences = {o: aws.occurrences.get_with_attempts(o) for o in (strict, flexible)}
+    clock.advance(30 - 100)
+    spy = SpySQS(aws.sqs)
+    Relay(Services(aws.dynamodb, spy, aws.settings, aws.now)).relay(
+        [record(aws, strict, 1), record(aws, flexible, 2)]
+    )
+    # THEN each DelaySeconds is available_at - now: 100 for strict, 100 + jitter for flexible
+    delays = {
+        e["MessageAttributes"]["occurrence_id"]["StringValue"]: e["DelaySeconds"]
+        for b in spy.batches
+        for e in b["Entries"]
+    }
+    for occ, found in occurrences.items():
+        assert found is not None
+        assert delays[occ] == found[0].available_at - int(clock.now)
+    assert delays[strict] == 100
+
+
+def test_relay_two_tenants_each_message_in_its_own_queue(aws: Services, clock: Clock):
+    # GIVEN occurrences of two tenants in one stream batch
+    bootstrap("alice", "arn:aws:iam::111122223333:user/alice")
+    bootstrap("bob", BOB)
+    mine, theirs = one_shot(aws, clock, "alice"), one_shot(aws, clock, "bob")
+    clock.advance(30)
+    # WHEN relayed together
+    Relay(aws).relay([record(aws, mine, 1), record(aws, theirs, 2)])
+    # THEN each lands in its own tenant's queue, never the other's
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [mine]
+    assert [m["occurrence_id"] for m in messages(aws, "bob")] == [theirs]
+
+
+def test_relay_unknown_target_goes_dead_without_blocking_the_batch(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two occurrences whose target was deleted after they were planned
+    lost, also_lost = one_shot(aws, clock), one_shot(aws, clock)
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.tenants_table,
+        Key=to_dynamo({"pk": "T#alice", "sk": "TARGET#default"}),
+    )
+    clock.advance(30)
+    # WHEN relayed
+    report = Relay(aws).relay([record(aws, lost, 1), record(aws, also_lost, 2)])
+    # THEN both go DEAD with a reason, and the batch reports no failure to retry
+    assert report.failures == {}
+    assert report.dead == 2
+    found = aws.occurrences.get_with_attempts(lost)
+    assert found is not None
+    assert found[0].state is OccurrenceState.DEAD
+    assert "target" in (found[0].reason or "")
+
+
+def test_relay_handler_reports_undelivered_records_as_batch_item_failures(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN the Lambda handler and a record whose delay would exceed SQS's 900 s
+    from relay import handler
+
+    occ = one_shot(aws, clock)
+    good = one_shot(aws, clock)
+    clock.advance(30)
+    late_record = record(aws, occ, 11)
+    late_record["dynamodb"]["NewImage"]["available_at"] = {"N": str(int(clock.now) + 5000)}
+    monkeypatch.setattr(handler, "relay", lambda: Relay(aws))
+    # WHEN the handler runs on the batch
+    answer = handler.lambda_handler(
+        {"Records": [late_record, record(aws, good, 12)]}, LambdaContextStub()
+    )
+    # THEN only the undeliverable record is reported, by its sequence number
+    assert answer == {"batchItemFailures": [{"itemIdentifier": "11"}]}
+    assert state(aws, good) == "ENQUEUED"
+    assert state(aws, occ) == "SCHEDULED"
