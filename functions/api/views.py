@@ -14,6 +14,7 @@ from punctual.models import (
     OverlapPolicy,
     RetryPolicy,
     Schedule,
+    ScheduleDefinition,
     ScheduleSpec,
 )
 from punctual.scheduling import Affected, Saved
@@ -154,19 +155,7 @@ class PreviewOut(BaseModel):
 def schedule_out(schedule: Schedule) -> ScheduleOut:
     return ScheduleOut(
         **schedule.model_dump(
-            include={
-                "schedule_id",
-                "version",
-                "state",
-                "name",
-                "spec",
-                "target",
-                "payload",
-                "flexible_window_seconds",
-                "misfire",
-                "overlap",
-                "retry",
-            }
+            include=set(ScheduleDefinition.model_fields) | {"schedule_id", "version", "state"}
         ),
         created_at=schedule.created_at.isoformat(),
         updated_at=schedule.updated_at.isoformat(),

@@ -14,18 +14,9 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import SCHEDULE_CURRENT, SCHEDULES, TENANT_INDEX
-from punctual.models import Schedule, ScheduleState
+from punctual.models import Schedule, ScheduleDefinition, ScheduleState
 
-_DEFINITION_FIELDS = (
-    "name",
-    "spec",
-    "target",
-    "payload",
-    "flexible_window_seconds",
-    "misfire",
-    "overlap",
-    "retry",
-)
+_DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
 
 
 def version_sk(version: int) -> str:
@@ -43,7 +34,7 @@ def due_bucket(due_at: int, shard: int) -> str:
 
 def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, int]) -> Item:
     """The CURRENT item. Only an ACTIVE schedule with a next fire carries the due index keys."""
-    dumped = schedule.model_dump(mode="json", include=set(_DEFINITION_FIELDS))
+    dumped = schedule.model_dump(mode="json", include=_DEFINITION_FIELDS)
     item: Item = {
         "schedule_id": schedule.schedule_id,
         "sk": SCHEDULE_CURRENT,
@@ -73,7 +64,7 @@ def version_to_item(schedule: Schedule, effective_from: int) -> Item:
         "tenant_id": schedule.tenant_id,
         "version": schedule.version,
         "state": schedule.state.value,
-        "definition": schedule.model_dump(mode="json", include=set(_DEFINITION_FIELDS)),
+        "definition": schedule.model_dump(mode="json", include=_DEFINITION_FIELDS),
         "created_at": schedule.created_at.isoformat(),
         "effective_from": effective_from,
     }
