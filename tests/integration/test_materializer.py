@@ -133,6 +133,30 @@ def test_materializer_stale_holder_is_fenced_after_takeover(
     assert all(b - a == 300 for a, b in itertools.pairwise(found))
 
 
+def test_materializer_fence_blocks_a_commit_after_takeover_even_with_cursor_unchanged(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN m1 about to commit, when m2 takes the expired lease over but writes nothing:
+    # the schedule's cursor is unchanged, so only the fence can stop m1
+    sid = create(aws, spec=cron("*/5 * * * *"))
+    due = current(aws, sid)["next_run_at"]
+    clock.now = due - 120
+    leases = LeaseStore(aws.dynamodb, aws.settings.leases_table)
+
+    def taken_over(point: str) -> None:
+        if point == "before_commit":
+            clock.advance(LEASE_SECONDS + 1)
+            assert leases.claim(shard(aws, sid), "m2", now=int(clock.now), ttl=60, start_at=0)
+
+    # WHEN the stale m1 commits
+    report = tick(aws, clock, sid, holder="m1", crash=taken_over)
+    # THEN nothing of it is written: no occurrence, the cursor where it was
+    assert report.lease_lost
+    assert report.occurrences == 0
+    assert due not in instants(aws, sid)
+    assert current(aws, sid)["next_run_at"] == due
+
+
 @pytest.mark.parametrize("point", ["before_commit", "after_commit", "before_watermark"])
 def test_materializer_crash_point_rerun_yields_every_occurrence_once(
     alice: Api, aws: Services, clock: Clock, point: str

@@ -23,7 +23,6 @@ from punctual.dal.common import Item, from_dynamo, run_batch, to_dynamo, values
 from punctual.dal.leases import Lease, LeaseStore
 from punctual.dal.schedules import due_bucket, minute_load_of, schedule_from_item
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT
-from punctual.dal.tenants import usage_update
 from punctual.materialize import new_occurrence, plan
 from punctual.models import MisfireAction, Occurrence, Schedule, ScheduleState
 from punctual.scheduling import Services
@@ -297,6 +296,8 @@ class Materializer:
     def _done(
         self, batch: list[_Step], now: int, until: int, report: ShardReport, pending: list[_Step]
     ) -> None:
+        # Quota is given back after the commit, summed per tenant, outside the hot transaction:
+        # a crash in between over-counts (the safe side) until the reconciler recounts.
         released: dict[str, dict[int, int]] = defaultdict(dict)
         completed: dict[str, int] = defaultdict(int)
         for step in batch:
@@ -307,7 +308,7 @@ class Materializer:
                 tenant = step.schedule.tenant_id
                 completed[tenant] += 1
                 for minute, load in minute_load_of(step.item).items():
-                    released[tenant][minute] = released[tenant].get(minute, 0) - load
+                    released[tenant][minute] = released[tenant].get(minute, 0) + load
             elif step.next_available_at is not None and step.next_available_at <= until:
                 # The step hit STEP_LIMIT: continue from the committed cursor.
                 item = dict(
@@ -319,22 +320,7 @@ class Materializer:
                 if follow_up is not None:
                     pending.append(follow_up)
         for tenant, count in completed.items():
-            self._release(tenant, count, released[tenant])
-
-    def _release(self, tenant_id: str, count: int, load: dict[int, int]) -> None:
-        """Give a completed schedule's quota back (outside the hot transaction: a crash in
-        between over-counts, which errs on the safe side until the reconciler recounts)."""
-        action = usage_update(
-            tenant_id,
-            self.settings.tenants_table,
-            Quotas(),
-            schedules_delta=-count,
-            load_delta=load,
-        )
-        if action:
-            update = dict(action["Update"])
-            update.pop("ReturnValuesOnConditionCheckFailure", None)
-            self._s.dynamodb.update_item(**update)
+            self._s.tenants.release(tenant, schedules=count, load=released[tenant])
 
     def _sort_out(
         self, batch: list[_Step], codes: list[str], now: int, until: int, report: ShardReport

@@ -133,14 +133,6 @@ class ScheduleStore:
             if not start or len(found) >= limit:
                 return found, encode_token(start)
 
-    def versions(self, schedule_id: str) -> list[Item]:
-        pages = self._client.get_paginator("query").paginate(
-            TableName=self.table,
-            KeyConditionExpression="schedule_id = :s AND begins_with(sk, :v)",
-            ExpressionAttributeValues=values(s=schedule_id, v="V#"),
-        )
-        return [from_dynamo(i) for page in pages for i in page["Items"]]
-
     # --- transaction actions ----------------------------------------------------------
 
     def put_new(self, item: Item) -> dict[str, Any]:

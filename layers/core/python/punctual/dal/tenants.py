@@ -131,6 +131,17 @@ class TenantStore:
         ).get("Item")
         return str(from_dynamo(found)["tenant_id"]) if found else None
 
+    def release(self, tenant_id: str, *, schedules: int, load: dict[int, int]) -> None:
+        """Give usage back (completed schedules): never refused, so no quota condition."""
+        adds = _usage_adds(-schedules, {m: -n for m, n in load.items()})
+        if adds:
+            self._client.update_item(
+                TableName=self.table,
+                Key=tenant_key(tenant_id),
+                UpdateExpression="ADD " + ", ".join(f"{k} :d{k}" for k in adds),
+                ExpressionAttributeValues=values(**{f"d{k}": v for k, v in adds.items()}),
+            )
+
     def put_target(self, target: Target) -> None:
         with translated(f"target {target.name} already exists"):
             self._client.put_item(
@@ -156,6 +167,12 @@ class TenantStore:
         return [target_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
 
 
+def _usage_adds(schedules_delta: int, load_delta: dict[int, int]) -> dict[str, int]:
+    adds = {"schedule_count": schedules_delta} if schedules_delta else {}
+    adds.update({_minute_attr(m): d for m, d in sorted(load_delta.items()) if d})
+    return adds
+
+
 def usage_update(
     tenant_id: str,
     table: str,
@@ -169,8 +186,7 @@ def usage_update(
     Growth is conditional: the schedule count and every minute whose load grows must
     stay within the quota after the change. Shrinking is never refused.
     """
-    adds = {"schedule_count": schedules_delta} if schedules_delta else {}
-    adds.update({_minute_attr(m): d for m, d in sorted(load_delta.items()) if d})
+    adds = _usage_adds(schedules_delta, load_delta)
     conditions = ["attribute_exists(pk)"]
     bound: dict[str, int] = {}
     if schedules_delta > 0:
