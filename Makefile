@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# jsii (the CDK's bridge to Node) prints a banner on Node 20 otherwise.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools lint format typecheck unit test bench-time bench-materializer bench-relay openapi clean
+.PHONY: help install tools lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,8 +43,35 @@ typecheck: install ## mypy, strict
 unit: install ## only the unit tests
 	$(BIN)/pytest tests/unit -q
 
-test: lint typecheck ## lint, type checks and every test
+test: lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
 	$(BIN)/pytest -q
+
+# W3005 (a DependsOn that a GetAtt already implies) is how the CDK orders every Lambda
+# after its role's policy; options go after the file names (cfn-lint's argument parsing).
+cfn-lint: install ## synthesize both stacks offline (no bundling) and cfn-lint the templates
+	$(BIN)/python -m infra.offline cdk.out/offline > /dev/null
+	$(BIN)/cfn-lint cdk.out/offline/*.template.json --ignore-checks W3005
+
+CDK_STAMP := node_modules/.installed-stamp
+$(CDK_STAMP): package.json package-lock.json
+	npm ci --silent --no-audit --no-fund
+	touch $(CDK_STAMP)
+
+synth: install $(CDK_STAMP) ## cdk synth (the CLI pinned in package.json) into cdk.out, layer bundled
+	npx cdk synth --quiet
+
+deploy: install $(CDK_STAMP) ## cdk deploy both stacks (docs/deploy.md); extra flags: CDK_ARGS=...
+	npx cdk deploy --all $(CDK_ARGS)
+
+.PHONY: run e2e bench
+run: install tools ## the whole system on this machine with a demo (Ctrl-C stops; data in .data/)
+	$(BIN)/punctual local up --demo
+
+e2e: install tools ## only the end-to-end tests (the local stack in a subprocess)
+	$(BIN)/pytest tests/e2e -q
+
+bench: install tools ## N strict schedules due in one minute through the whole local pipeline
+	$(BIN)/python -m scripts.bench_pipeline $(BENCH_ARGS)
 
 bench-time: install ## fires planned per second: cached planner vs naive croniter
 	$(BIN)/python scripts/bench_time.py
@@ -57,4 +86,4 @@ openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out
+	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules

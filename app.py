@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
-"""CDK entry point: `cdk synth` / `cdk deploy` (knobs: the "punctual" context in cdk.json)."""
+"""CDK entry point: `cdk synth` / `cdk deploy --all` (knobs: the "punctual" context in
+cdk.json, or -c punctual='{...}'). Two stacks: PunctualData (tables) and Punctual."""
 
 import aws_cdk as cdk
 
-from infra.config import DeployConfig
-from infra.stack import PunctualStack
+from infra.stack import build
 
 app = cdk.App()
-config = DeployConfig.from_context(app.node.try_get_context("punctual") or {})
-PunctualStack(app, "Punctual", config=config)
+build(app)
 app.synth()

@@ -1,15 +1,31 @@
-"""The tables, built from the same definitions the code and the tests use."""
+"""The tables, built from the same definitions the code and the tests use.
+
+`Data` owns them (the stateful stack); `DataReferences` names them for the functions (the
+stateless stack). The stateless side finds each table by its fixed name and the outbox
+stream through an SSM parameter, so no CloudFormation export ties the two stacks together:
+either can be redeployed on its own, and removing a use of a table never blocks a deploy.
+"""
 
 from __future__ import annotations
 
+from enum import Enum
+
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from infra.checks import acknowledge
+from infra.functions import role_of
 from punctual.dal.tables import ALL_TABLES, TableSpec
 from punctual.settings import Settings
 
 _TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
+
+
+def stream_parameter_name(spec: TableSpec, settings: Settings) -> str:
+    return f"/{spec.name(settings)}/stream-arn"
 
 
 def _attribute(key: tuple[str, str]) -> dynamodb.Attribute:
@@ -20,15 +36,32 @@ class Data(Construct):
     """On-demand tables with point-in-time recovery; streams and TTL where the spec says."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, settings: Settings, retain: bool
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        retain: bool,
+        deletion_protection: bool,
     ) -> None:
         super().__init__(scope, construct_id)
         self.settings = settings
         self.tables: dict[str, dynamodb.Table] = {}
         for spec in ALL_TABLES:
-            self.tables[spec.setting] = self._table(spec, retain)
+            table = self._table(spec, retain, deletion_protection)
+            self.tables[spec.setting] = table
+            if spec.stream:
+                # A stream's ARN changes whenever the stream is re-enabled; the stateless
+                # stack reads it from here at each deploy.
+                ssm.StringParameter(
+                    self,
+                    f"{table.node.id}StreamArn",
+                    parameter_name=stream_parameter_name(spec, settings),
+                    string_value=str(table.table_stream_arn),
+                    description=f"Stream of {spec.name(settings)}: the outbox the relay reads",
+                )
 
-    def _table(self, spec: TableSpec, retain: bool) -> dynamodb.Table:
+    def _table(self, spec: TableSpec, retain: bool, deletion_protection: bool) -> dynamodb.Table:
         table = dynamodb.Table(
             self,
             spec.setting.removesuffix("_table").title(),
@@ -41,7 +74,7 @@ class Data(Construct):
             ),
             time_to_live_attribute=spec.ttl_attribute,
             stream=dynamodb.StreamViewType.NEW_IMAGE if spec.stream else None,
-            deletion_protection=retain,
+            deletion_protection=deletion_protection,
             removal_policy=RemovalPolicy.RETAIN if retain else RemovalPolicy.DESTROY,
         )
         for index in spec.indexes:
@@ -49,13 +82,61 @@ class Data(Construct):
                 index_name=index.name,
                 partition_key=_attribute(index.pk),
                 sort_key=_attribute(index.sk),
-                projection_type=dynamodb.ProjectionType.ALL,
+                projection_type=(
+                    dynamodb.ProjectionType.ALL
+                    if index.include is None
+                    else dynamodb.ProjectionType.INCLUDE
+                ),
+                non_key_attributes=list(index.include) if index.include is not None else None,
             )
         return table
 
+
+class Access(Enum):
+    """Which of a table's data grants (the value names the ITable method)."""
+
+    READ = "grant_read_data"
+    WRITE = "grant_write_data"
+    READ_WRITE = "grant_read_write_data"
+
+
+class DataReferences(Construct):
+    """The tables as the functions see them: by name, with their indexes and stream."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings) -> None:
+        super().__init__(scope, construct_id)
+        self.settings = settings
+        self.tables: dict[str, dynamodb.ITable] = {}
+        for spec in ALL_TABLES:
+            stream_arn = (
+                ssm.StringParameter.value_for_string_parameter(
+                    self, stream_parameter_name(spec, settings)
+                )
+                if spec.stream
+                else None
+            )
+            self.tables[spec.setting] = dynamodb.Table.from_table_attributes(
+                self,
+                spec.setting.removesuffix("_table").title(),
+                table_name=spec.name(settings),
+                table_stream_arn=stream_arn,
+                global_indexes=[index.name for index in spec.indexes] or None,
+            )
+
     def environment(self) -> dict[str, str]:
         """The PUNCTUAL_* variables every function reads its table names from."""
-        return {
-            f"PUNCTUAL_{spec.setting.upper()}": self.tables[spec.setting].table_name
-            for spec in ALL_TABLES
-        }
+        return {f"PUNCTUAL_{spec.setting.upper()}": spec.name(self.settings) for spec in ALL_TABLES}
+
+    def grant(self, function: lambda_.Function, access: Access, *tables: str) -> None:
+        """``tables`` by their settings name ('schedules_table', ...)."""
+        for setting in tables:
+            getattr(self.tables[setting], access.value)(function)
+            spec = next(spec for spec in ALL_TABLES if spec.setting == setting)
+            if spec.indexes:
+                acknowledge(
+                    role_of(function),
+                    "IAM5[Resource::arn:<AWS::Partition>:dynamodb:<AWS::Region>:"
+                    f"<AWS::AccountId>:table/{spec.name(self.settings)}/index/*]",
+                    f"Queries of the {spec.name(self.settings)} table's own global secondary "
+                    "indexes; 'index/*' under one table names nothing else.",
+                )

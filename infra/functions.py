@@ -1,15 +1,44 @@
-"""One factory for every Punctual Lambda: same runtime, layer, code root and settings."""
+"""One factory for every Punctual Lambda: same runtime, layer, code root, logs and settings."""
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from infra.checks import acknowledge
 from infra.layer import ARCHITECTURE, ROOT, RUNTIME
 
 FUNCTIONS_ROOT = ROOT / "functions"
+
+
+@dataclass(frozen=True)
+class FunctionDefaults:
+    """What every function shares: the layer, the PUNCTUAL_* settings and log retention."""
+
+    layer: lambda_.ILayerVersion
+    environment: Mapping[str, str]
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+
+
+def log_group(scope: Construct, construct_id: str, retention: logs.RetentionDays) -> logs.LogGroup:
+    # The stateless stack leaves nothing behind; retention bounds what it keeps meanwhile.
+    return logs.LogGroup(
+        scope, construct_id, retention=retention, removal_policy=RemovalPolicy.DESTROY
+    )
+
+
+def role_of(function: lambda_.Function) -> iam.IRole:
+    """Where findings about a function's permissions are acknowledged: its role's policy."""
+    role = function.role
+    if role is None:  # only imported functions lack one
+        raise ValueError(f"{function.node.path} has no role")
+    return role
 
 
 def python_function(
@@ -17,17 +46,32 @@ def python_function(
     construct_id: str,
     *,
     handler: str,
-    layer: lambda_.ILayerVersion,
-    environment: dict[str, str],
+    defaults: FunctionDefaults,
     timeout: Duration,
-    memory_mb: int = 512,
-    reserved_concurrency: int | None = None,
+    memory_mb: int,
+    description: str,
+    any_resource_reasons: tuple[str, ...] = (),
 ) -> lambda_.Function:
-    """``handler`` is relative to functions/, e.g. 'api.handler.lambda_handler'."""
+    """``handler`` is relative to functions/, e.g. 'api.handler.lambda_handler'.
+
+    ``any_resource_reasons``: why the function's other actions on '*' must be on '*' (one
+    acknowledgment covers every '*' statement of the role, so its reason names them all).
+    """
     package = handler.split(".")[0]
-    return lambda_.Function(
+    logs_ = log_group(scope, f"{construct_id}Logs", defaults.log_retention)
+    # Its own role instead of AWSLambdaBasicExecutionRole: it may write to its own log
+    # group only, not create log groups anywhere in the account.
+    role = iam.Role(
+        scope,
+        f"{construct_id}Role",
+        assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+        description=f"Punctual {package} function",
+    )
+    logs_.grant_write(role)
+    function = lambda_.Function(
         scope,
         construct_id,
+        description=description,
         runtime=RUNTIME,
         architecture=ARCHITECTURE,
         handler=handler,
@@ -35,15 +79,32 @@ def python_function(
             str(FUNCTIONS_ROOT),
             exclude=["*", f"!{package}", f"!{package}/**", "**/__pycache__"],
         ),
-        layers=[layer],
+        layers=[defaults.layer],
+        role=role,
         environment={
             "POWERTOOLS_SERVICE_NAME": "punctual",
             "POWERTOOLS_METRICS_NAMESPACE": "Punctual",
-            **environment,
+            # Responses carry tenants' payloads: they stay out of X-Ray.
+            "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+            **defaults.environment,
         },
         timeout=timeout,
         memory_size=memory_mb,
-        reserved_concurrent_executions=reserved_concurrency,
         tracing=lambda_.Tracing.ACTIVE,
-        log_retention=logs.RetentionDays.ONE_MONTH,
+        log_group=logs_,
+        logging_format=lambda_.LoggingFormat.JSON,
+        application_log_level_v2=lambda_.ApplicationLogLevel.INFO,
+        system_log_level_v2=lambda_.SystemLogLevel.WARN,
     )
+    acknowledge(
+        role,
+        "IAM5[Resource::*]",
+        " ".join(
+            (
+                "xray:PutTraceSegments and xray:PutTelemetryRecords (active tracing) have no "
+                "resource-level permissions.",
+                *any_resource_reasons,
+            )
+        ),
+    )
+    return function

@@ -16,7 +16,7 @@ from constructs import Construct
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYER_SOURCE = ROOT / "layers" / "core"
-RUNTIME = lambda_.Runtime.PYTHON_3_12
+RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
 PIP_PLATFORM = "manylinux2014_aarch64"
 

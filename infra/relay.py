@@ -4,14 +4,15 @@ Lambda -> tenant SQS queues; undeliverable batches end in an on-failure queue.""
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from infra.data import Data
-from infra.functions import python_function
+from infra.checks import acknowledge
+from infra.data import Access, DataReferences
+from infra.functions import FunctionDefaults, python_function
+from infra.queues import TargetQueueAccess
 
 
 class Relaying(Construct):
@@ -20,9 +21,9 @@ class Relaying(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        data: Data,
-        layer: lambda_.ILayerVersion,
-        environment: dict[str, str],
+        data: DataReferences,
+        queues: TargetQueueAccess,
+        defaults: FunctionDefaults,
         parallelization_factor: int,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -31,19 +32,21 @@ class Relaying(Construct):
             self,
             "Function",
             handler="relay.handler.lambda_handler",
-            layer=layer,
-            environment=environment,
+            defaults=defaults,
+            # A batch of 500 is one BatchGetItem per 100, SendMessageBatch per 10 with up
+            # to 3 tries, and a conditional update per record: seconds normally, a minute
+            # leaves room for throttled retries before the mapping retries the batch.
             timeout=Duration.seconds(60),
+            # Sends run on 8 threads; more memory is more CPU for the JSON and TLS work.
             memory_mb=1024,
+            description="Sends inserted occurrences to their tenant's SQS queue",
+            any_resource_reasons=(
+                "dynamodb:ListStreams (the event source mapping) has no resource-level permission.",
+            ),
         )
-        occurrences.grant_read_write_data(self.function)
-        data.tables["tenants_table"].grant_read_data(self.function)
-        self.function.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["sqs:SendMessage"],
-                resources=[f"arn:aws:sqs:*:*:{data.settings.queue_prefix}-*"],
-            )
-        )
+        data.grant(self.function, Access.READ_WRITE, "occurrences_table")
+        data.grant(self.function, Access.READ, "tenants_table")
+        queues.grant_send(self.function)
         self.failures = sqs.Queue(
             self,
             "UndeliveredBatches",
@@ -51,11 +54,19 @@ class Relaying(Construct):
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
         )
+        acknowledge(
+            self.failures,
+            "SQS3",
+            "This queue is itself the relay's on-failure destination: it holds the stream "
+            "positions of batches given up, for an operator to replay; nothing consumes it.",
+        )
         self.function.add_event_source(
             sources.DynamoEventSource(
                 occurrences,
                 starting_position=lambda_.StartingPosition.TRIM_HORIZON,
                 batch_size=500,
+                # Shards of the stream are read this many batches at a time; records of
+                # one occurrence stay in order because they share a partition key.
                 parallelization_factor=parallelization_factor,
                 bisect_batch_on_error=True,
                 retry_attempts=10,

@@ -53,7 +53,10 @@ def units(size: int) -> int:
     return max(1, math.ceil(size / 1024))
 
 
-def seed(services: Services, count: int, due: int, payload_bytes: int) -> list[str]:
+def seed(
+    services: Services, count: int, due: int, payload_bytes: int, expression: str = "0 * * * *"
+) -> list[str]:
+    """``count`` strict cron schedules whose next fire is ``due`` (a fire of ``expression``)."""
     client, settings = services.dynamodb, services.settings
     created = datetime.fromtimestamp(due - 86400, UTC)
     for tenant in TENANTS:
@@ -68,7 +71,7 @@ def seed(services: Services, count: int, due: int, payload_bytes: int) -> list[s
                 "tenant_id": TENANTS[n % len(TENANTS)],
                 "schedule_id": new_schedule_id(),
                 "version": 1,
-                "spec": {"kind": "cron", "expression": "0 * * * *", "timezone": "UTC"},
+                "spec": {"kind": "cron", "expression": expression, "timezone": "UTC"},
                 "target": "default",
                 "payload": {"job": "x" * payload_bytes},
                 "created_at": created,

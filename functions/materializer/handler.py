@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -9,7 +10,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from punctual.materializer import Materializer
+from punctual.materializer import Materializer, minute_of
 from punctual.observability import logger, metrics
 from punctual.scheduling import Services
 from punctual.timing import to_epoch
@@ -34,8 +35,22 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         holder=context.aws_request_id,
         out_of_time=lambda: context.get_remaining_time_in_millis() < SAFETY_MILLIS,
     )
-    reports = materializer.run(to_epoch(request.tick), request.shards)
+    tick = to_epoch(request.tick)
+    started = time.monotonic()
+    reports = materializer.run(tick, request.shards)
+    metrics.add_metric(
+        name="MaterializeDuration",
+        unit=MetricUnit.Milliseconds,
+        value=(time.monotonic() - started) * 1000,
+    )
+    # Buckets (minutes) up to the planning horizon that this run left for the next tick:
+    # 0 when the shards are caught up; growing means the materializer falls behind.
+    horizon = minute_of(tick + materializer.settings.lookahead_seconds)
+    backlog = sum(
+        max(0, (horizon - r.watermark) // 60 + 1) for r in reports if r.watermark is not None
+    )
     for name, value in (
+        ("DueBacklog", backlog),
         ("Occurrences", sum(r.occurrences for r in reports)),
         ("Missed", sum(r.missed for r in reports)),
         ("CursorConflicts", sum(r.conflicts for r in reports)),

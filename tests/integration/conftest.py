@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,9 @@ import pytest
 from api import context, handler
 from moto import mock_aws
 
-from punctual.dal.tables import create_tables
+from punctual.dal.tables import ALL_TABLES, create_tables
+from punctual.local.dynamodb import LocalDynamoDB
+from punctual.local.dynamodb import start as start_dynamodb_local
 from punctual.scheduling import Services
 from punctual.settings import Settings
 
@@ -161,3 +164,39 @@ def alice(aws: Services) -> Api:
 @pytest.fixture
 def bob(aws: Services) -> Api:
     return bootstrap("bob", BOB)
+
+
+@pytest.fixture(scope="session")
+def dynamodb_local() -> Iterator[LocalDynamoDB]:
+    """DynamoDB Local (make tools installs it; make test depends on it): AWS's own engine,
+    for races that need real transaction isolation, which moto does not promise."""
+    engine = start_dynamodb_local()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def local_aws(
+    dynamodb_local: LocalDynamoDB, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Services]:
+    """Services on DynamoDB Local (fresh tables per test) and moto's SQS."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    settings = Settings(operator_principals=frozenset({OPERATOR}), shard_count=8).model_copy(
+        update={spec.setting: f"{prefix}-{spec.setting}" for spec in ALL_TABLES}
+    )
+    dynamodb = dynamodb_local.client()
+    create_tables(dynamodb, settings)
+    with mock_aws():
+        services = Services(
+            dynamodb=dynamodb,
+            sqs=boto3.client("sqs", region_name="us-east-1"),
+            settings=settings,
+            now=clock,
+        )
+        context.configure(services)
+        yield services
+        context.configure(None)

@@ -449,7 +449,8 @@ DESIGN_MOVES = {
     (S.ENQUEUED, S.SKIPPED_OVERLAP),
 }
 # Further moves the model also allows (lease takeover, deadline expiry before running,
-# cancel during a run or a back-off, a retry delivered straight to a worker, overlap on retry).
+# cancel during a run or a back-off, a retry delivered straight to a worker, overlap on retry,
+# a worker faster than the relay's ENQUEUED mark).
 OPERATIONAL_MOVES = {
     (S.RUNNING, S.RUNNING),
     (S.SCHEDULED, S.DEAD),
@@ -458,6 +459,11 @@ OPERATIONAL_MOVES = {
     (S.RETRY_WAIT, S.RUNNING),
     (S.RETRY_WAIT, S.CANCELED),
     (S.RETRY_WAIT, S.SKIPPED_OVERLAP),
+    # The message reached a worker before the relay marked the occurrence ENQUEUED.
+    (S.SCHEDULED, S.RUNNING),
+    (S.SCHEDULED, S.SKIPPED_OVERLAP),
+    # An abandoned run whose schedule's run slot another occurrence took.
+    (S.RUNNING, S.SKIPPED_OVERLAP),
 }
 ALLOWED = DESIGN_MOVES | OPERATIONAL_MOVES
 EXPECTED_TERMINAL = {S.SUCCEEDED, S.DEAD, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP}

@@ -12,6 +12,8 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
+from punctual.client import ApiError, NoCredentials
+from punctual.commands import UsageError, add_client_commands, main_for
 from punctual.models import AtSpec, CronSpec, RateSpec, field_errors
 from punctual.timing import (
     Rule,
@@ -25,10 +27,7 @@ from punctual.timing import (
 from punctual.timing.preview import MAX_PREVIEW
 
 EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line on stderr with exit code 2."""
+EXIT_FAILURE = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--end", metavar="ISO", help="end_at bound (inclusive)")
     show.add_argument("--anchor", metavar="ISO", help="rate anchor (default: --start or --after)")
     show.add_argument("--json", action="store_true", help="print JSON")
+    endpoint = _Parser(add_help=False)
+    endpoint.add_argument(
+        "--endpoint", metavar="URL", help="the API (default: $PUNCTUAL_ENDPOINT, else local)"
+    )
+    endpoint.add_argument("--json", action="store_true", help="print the API's JSON")
+    add_client_commands(commands, endpoint)
     return parser
 
 
@@ -128,11 +133,20 @@ def _preview(args: argparse.Namespace, now: Callable[[], float]) -> int:
 def main(argv: Sequence[str] | None = None, now: Callable[[], float] = time.time) -> int:
     try:
         args = _parser().parse_args(argv)
-        return _preview(args, now)
+        if args.command == "preview":
+            return _preview(args, now)
+        return main_for(args)
     except UsageError as exc:
         print(f"punctual: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (ApiError, NoCredentials, OSError) as exc:
+        print(f"punctual: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def entry_point() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry_point()

@@ -36,6 +36,8 @@ MAX_RETRIES = 5
 MAX_CATCHUP_SPREAD = 840  # seconds: under SQS's 900 s delay, with a tick to spare
 
 CrashHook = Callable[[str], None]
+# Fault injection for the reconciler's tests: (schedule_id, scheduled_for) -> drop it silently.
+SkipHook = Callable[[str, int], bool]
 
 
 def minute_of(instant: int) -> int:
@@ -78,6 +80,7 @@ class Materializer:
         max_actions: int = MAX_ACTIONS,
         crash: CrashHook | None = None,
         out_of_time: Callable[[], bool] | None = None,
+        skip: SkipHook | None = None,
     ) -> None:
         self._s = services
         self.settings = services.settings
@@ -85,6 +88,7 @@ class Materializer:
         self.max_actions = max_actions
         self._crash = crash or (lambda point: None)
         self._out_of_time = out_of_time or (lambda: False)
+        self._skip = skip
         self.leases = LeaseStore(services.dynamodb, self.settings.leases_table)
         self._quotas: dict[str, Quotas] = {}
 
@@ -183,10 +187,17 @@ class Materializer:
             retention_seconds=retention,
             limit=STEP_LIMIT - len(occurrences),
         )
+        planned_occurrences = occurrences + planned.occurrences
+        if self._skip is not None:
+            # An injected fault: the cursor still moves past the dropped instants, exactly the
+            # silent loss the reconciler must find.
+            planned_occurrences = [
+                o for o in planned_occurrences if not self._skip(o.schedule_id, o.scheduled_for)
+            ]
         step = _Step(
             item=item,
             schedule=schedule,
-            occurrences=occurrences + planned.occurrences,
+            occurrences=planned_occurrences,
             missed=late[: len(late) - keep],
             next_run_at=planned.next_run_at,
             next_available_at=planned.next_available_at,

@@ -289,10 +289,18 @@ class OccurrenceState(StrEnum):
 _S = OccurrenceState
 # Every allowed move. Each is carried out as a conditional write from the expected state.
 TRANSITIONS: dict[OccurrenceState, frozenset[OccurrenceState]] = {
-    _S.SCHEDULED: frozenset({_S.ENQUEUED, _S.CANCELED, _S.MISSED, _S.DEAD}),
+    # SCHEDULED -> RUNNING / SKIPPED_OVERLAP: the message reached a worker before the relay
+    # marked it ENQUEUED (it sends first, then marks).
+    _S.SCHEDULED: frozenset(
+        {_S.ENQUEUED, _S.RUNNING, _S.SKIPPED_OVERLAP, _S.CANCELED, _S.MISSED, _S.DEAD}
+    ),
     _S.ENQUEUED: frozenset({_S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
     # RUNNING -> RUNNING: another worker takes over an expired lease (new token).
-    _S.RUNNING: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.RETRY_WAIT, _S.DEAD, _S.CANCELED}),
+    # RUNNING -> SKIPPED_OVERLAP: an abandoned run (lease expired) whose schedule's run slot
+    # another occurrence took meanwhile.
+    _S.RUNNING: frozenset(
+        {_S.RUNNING, _S.SUCCEEDED, _S.RETRY_WAIT, _S.DEAD, _S.CANCELED, _S.SKIPPED_OVERLAP}
+    ),
     _S.RETRY_WAIT: frozenset({_S.ENQUEUED, _S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
     _S.SUCCEEDED: frozenset(),
     _S.DEAD: frozenset(),

@@ -9,6 +9,7 @@ same occurrence id again on the retry, which consumers dedupe.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -43,7 +44,8 @@ class SendFailed(Exception):
 
 def delay_seconds(available_at: int, now: float) -> int:
     """Seconds SQS must hold the message so that it is receivable at ``available_at``."""
-    delay = max(0, int(available_at - now))
+    # Rounded up: a message may become receivable up to a second late, never early.
+    delay = max(0, math.ceil(available_at - now))
     if delay > MAX_DELAY:
         raise DelayTooLong(f"available_at is {delay} s away; SQS delays at most {MAX_DELAY} s")
     return delay

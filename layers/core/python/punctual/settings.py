@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     )
     tick_seconds: int = Field(default=60, ge=1, le=300)
     retention_days: int = Field(default=30, ge=1, le=3650)
+    reconcile_repair: bool = Field(
+        default=True,
+        description="The reconciler materializes what it finds MISSING (off: report only).",
+    )
     queue_prefix: str = "punctual"
     operator_principals: Annotated[frozenset[str], NoDecode] = frozenset()
     version: str = "0.1.0"

@@ -93,6 +93,37 @@ class OccurrenceStore:
         found = [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
         return found, encode_token(page.get("LastEvaluatedKey"))
 
+    def in_window(self, schedule_id: str, *, since: int, until: int) -> list[Occurrence]:
+        """Every occurrence of the schedule (any version, any state) with ``scheduled_for``
+        in [since, until], all pages."""
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            IndexName=SCHEDULE_OCCURRENCES_INDEX,
+            KeyConditionExpression="schedule_id = :s AND scheduled_for BETWEEN :a AND :b",
+            ExpressionAttributeValues=values(s=schedule_id, a=since, b=until),
+        )
+        return [occurrence_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
+
+    def first_after(self, schedule_id: str, *, after: int, limit: int) -> list[Occurrence]:
+        """Up to ``limit`` of the schedule's occurrences scheduled after ``after``, earliest
+        first (one page)."""
+        page = self._client.query(
+            TableName=self.table,
+            IndexName=SCHEDULE_OCCURRENCES_INDEX,
+            KeyConditionExpression="schedule_id = :s AND scheduled_for > :a",
+            ExpressionAttributeValues=values(s=schedule_id, a=after),
+            Limit=limit,
+        )
+        return [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
+
+    def get(self, occurrence_id: str) -> Occurrence | None:
+        found = self._client.get_item(
+            TableName=self.table,
+            Key=to_dynamo({"occurrence_id": occurrence_id, "sk": OCCURRENCE_SK}),
+            ConsistentRead=True,
+        ).get("Item")
+        return occurrence_from_item(from_dynamo(found)) if found else None
+
     def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
         """Occurrences not yet finished, scheduled at or after ``since``."""
         pages = self._client.get_paginator("query").paginate(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,8 +15,9 @@ from punctual.dal.common import (
     to_dynamo,
     values,
 )
-from punctual.dal.tables import SCHEDULE_CURRENT, SCHEDULES, TENANT_INDEX
+from punctual.dal.tables import SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
 from punctual.models import Schedule, ScheduleDefinition, ScheduleState
+from punctual.timing import to_epoch
 
 _DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
 
@@ -84,6 +87,53 @@ def schedule_from_item(item: Item) -> Schedule:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleVersion:
+    """What version N of a schedule said (its state included) and from when it applied."""
+
+    schedule: Schedule
+    effective_from: int  # epoch seconds; version N applies until version N+1's effective_from
+
+
+def version_from_item(item: Item) -> ScheduleVersion:
+    """A history item (``V#...``) back to the version it records."""
+    effective_from = int(item["effective_from"])
+    schedule = Schedule(
+        **item["definition"],
+        tenant_id=item["tenant_id"],
+        schedule_id=item["schedule_id"],
+        version=item["version"],
+        state=item["state"],
+        created_at=item["created_at"],
+        updated_at=datetime.fromtimestamp(effective_from, UTC),
+    )
+    return ScheduleVersion(schedule, effective_from)
+
+
+def current_version_of(item: Item) -> ScheduleVersion:
+    """The CURRENT item as its version's history record: every change writes both in one
+    transaction with ``updated_at`` = ``effective_from``; completion changes neither."""
+    schedule = schedule_from_item(item)
+    return ScheduleVersion(schedule, to_epoch(schedule.updated_at))
+
+
+@dataclass(frozen=True, slots=True)
+class MissedSummary:
+    """The materializer's bounded MISSED record on the CURRENT item (current version only)."""
+
+    total: int
+    first: int  # the earliest instant of the last range recorded MISSED
+    last: int
+
+
+def missed_summary_of(item: Item) -> MissedSummary | None:
+    if "last_missed_from" not in item or "last_missed_to" not in item:
+        return None
+    return MissedSummary(
+        int(item.get("missed_total", 0)), int(item["last_missed_from"]), int(item["last_missed_to"])
+    )
+
+
 def minute_load_of(item: Item) -> dict[int, int]:
     return {int(m): int(n) for m, n in item.get("minute_load", {}).items()}
 
@@ -132,6 +182,40 @@ class ScheduleStore:
             start = page.get("LastEvaluatedKey")
             if not start or len(found) >= limit:
                 return found, encode_token(start)
+
+    def list_for_shard(self, shard: int, *, created_before: str) -> Iterator[list[Item]]:
+        """Pages of the shard's CURRENT items (stable attributes only, see SHARD_INDEX) whose
+        ``created_key`` sorts before ``created_before`` (an ISO instant): one Query, no scan."""
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            IndexName=SHARD_INDEX,
+            KeyConditionExpression="#shard = :s AND created_key < :c",
+            ExpressionAttributeNames={"#shard": "shard"},
+            ExpressionAttributeValues=values(s=shard, c=created_before),
+        )
+        for page in pages:
+            yield [from_dynamo(i) for i in page["Items"]]
+
+    def versions_since(self, schedule_id: str, since: int) -> list[ScheduleVersion]:
+        """The history from the version in effect at ``since`` on, oldest first. Read newest
+        first, so a long history costs only the versions that matter."""
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            KeyConditionExpression="schedule_id = :s AND begins_with(sk, :v)",
+            ExpressionAttributeValues=values(s=schedule_id, v="V#"),
+            ScanIndexForward=False,
+            ConsistentRead=True,
+            # Small pages: a query is billed for what it reads, and most reads stop after
+            # the newest one or two versions.
+            PaginationConfig={"PageSize": 8},
+        )
+        found: list[ScheduleVersion] = []
+        for page in pages:
+            for raw in page["Items"]:
+                found.append(version_from_item(from_dynamo(raw)))
+                if found[-1].effective_from <= since:
+                    return found[::-1]
+        return found[::-1]
 
     # --- transaction actions ----------------------------------------------------------
 

@@ -13,6 +13,22 @@ OCCURRENCE_SK = "OCC"
 DUE_INDEX = "due"  # due_bucket ("YYYYMMDDHHMM#SSSS") -> due_at: only ACTIVE schedules
 TENANT_INDEX = "by_tenant"  # tenant_id -> created_key: current schedule items only
 SCHEDULE_OCCURRENCES_INDEX = "by_schedule"  # schedule_id -> scheduled_for: occurrence items
+SHARD_INDEX = "by_shard"  # shard -> created_key: current schedule items, stable attributes only
+
+# What the reconciler reads per shard. Only attributes that change with a new version (or at
+# completion, or on a misfire) are projected: the materializer's cursor writes on every step
+# (next_run_at, due_at, ...) then never touch this index (docs/decisions.md, 2026-11-30).
+SHARD_INDEX_ATTRIBUTES = (
+    "tenant_id",
+    "version",
+    "state",
+    "definition",
+    "created_at",
+    "updated_at",
+    "missed_total",
+    "last_missed_from",
+    "last_missed_to",
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +36,8 @@ class Index:
     name: str
     pk: tuple[str, str]  # (attribute, type S|N)
     sk: tuple[str, str]
+    # None: every attribute (ALL); otherwise the non-key attributes projected (INCLUDE).
+    include: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +77,7 @@ class TableSpec:
                 {
                     "IndexName": index.name,
                     "KeySchema": _key_schema(index.pk, index.sk),
-                    "Projection": {"ProjectionType": "ALL"},
+                    "Projection": _projection(index),
                 }
                 for index in self.indexes
             ]
@@ -69,6 +87,12 @@ class TableSpec:
                 "StreamViewType": "NEW_IMAGE",
             }
         return request
+
+
+def _projection(index: Index) -> dict[str, Any]:
+    if index.include is None:
+        return {"ProjectionType": "ALL"}
+    return {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(index.include)}
 
 
 def _key_schema(pk: tuple[str, str], sk: tuple[str, str] | None) -> list[dict[str, str]]:
@@ -85,6 +109,7 @@ SCHEDULES = TableSpec(
     indexes=(
         Index(DUE_INDEX, ("due_bucket", "S"), ("due_at", "N")),
         Index(TENANT_INDEX, ("tenant_id", "S"), ("created_key", "S")),
+        Index(SHARD_INDEX, ("shard", "N"), ("created_key", "S"), include=SHARD_INDEX_ATTRIBUTES),
     ),
 )
 OCCURRENCES = TableSpec(
@@ -97,7 +122,8 @@ OCCURRENCES = TableSpec(
     ttl_attribute="expires_at",
 )
 TENANTS = TableSpec(setting="tenants_table", pk=("pk", "S"), sk=("sk", "S"))
-LEASES = TableSpec(setting="leases_table", pk=("pk", "S"))
+# Shard leases and watermarks (never expire), and reconciler reports (expire at purge_at).
+LEASES = TableSpec(setting="leases_table", pk=("pk", "S"), ttl_attribute="purge_at")
 IDEMPOTENCY = TableSpec(setting="idempotency_table", pk=("id", "S"), ttl_attribute="expiration")
 
 ALL_TABLES = (SCHEDULES, OCCURRENCES, TENANTS, LEASES, IDEMPOTENCY)

@@ -64,11 +64,14 @@ class LocalDynamoDB:
             self.process.kill()
 
 
-def start(port: int | None = None, data_dir: Path | None = None) -> LocalDynamoDB:
+def launch_dynamodb(
+    port: int, data_dir: Path | None = None, *, detached: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start the Java process; ``detached`` keeps it out of the caller's process group, so
+    it outlives the caller (the local stack reattaches to it)."""
     jar = _jar()
-    port = port or free_port()
     storage = ["-dbPath", str(data_dir)] if data_dir else ["-inMemory"]
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [
             "java",
             f"-Djava.library.path={jar.parent / 'DynamoDBLocal_lib'}",
@@ -83,7 +86,13 @@ def start(port: int | None = None, data_dir: Path | None = None) -> LocalDynamoD
         stderr=subprocess.DEVNULL,
         # It writes a metadata file into its working directory: keep that out of the repo.
         cwd=data_dir or tempfile.mkdtemp(prefix="punctual-ddb-"),
+        start_new_session=detached,
     )
+
+
+def start(port: int | None = None, data_dir: Path | None = None) -> LocalDynamoDB:
+    port = port or free_port()
+    process = launch_dynamodb(port, data_dir)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with socket.socket() as probe:

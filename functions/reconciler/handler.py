@@ -1,0 +1,86 @@
+"""Reconciler Lambda: one Step Functions Map iteration of the hourly run,
+{"time": ISO, "shards": [ints]}, optionally {"window_start": ISO, "window_end": ISO}."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from punctual.errors import InvalidInput
+from punctual.models import field_errors
+from punctual.observability import logger, metrics
+from punctual.reconciler import Reconciler, default_window, metric_values
+from punctual.scheduling import Services
+from punctual.timing import to_epoch
+
+# Stop examining schedules with this much time left, so the shard's report is still saved.
+SAFETY_MILLIS = 60_000
+
+_services: Services | None = None
+
+
+def configure(services: Services | None) -> None:
+    """Use these services (tests, the local stack); None: build from the environment."""
+    global _services
+    _services = services
+
+
+class ReconcileRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    time: AwareDatetime = Field(description="When the run was scheduled (the EventBridge time).")
+    shards: list[int] = Field(min_length=1, max_length=4096)
+    window_start: AwareDatetime | None = None
+    window_end: AwareDatetime | None = None
+
+    @model_validator(mode="after")
+    def _whole_window(self) -> Self:
+        if (self.window_start is None) != (self.window_end is None):
+            raise ValueError("give both window_start and window_end, or neither")
+        return self
+
+    def window(self) -> tuple[int, int]:
+        if self.window_start is not None and self.window_end is not None:
+            return to_epoch(self.window_start), to_epoch(self.window_end)
+        return default_window(to_epoch(self.time))
+
+
+def parse(event: dict[str, Any]) -> ReconcileRequest:
+    try:
+        return ReconcileRequest.model_validate(event)
+    except ValidationError as error:
+        fields = field_errors(error)
+        reasons = "; ".join(f"{f['field']}: {f['reason']}" for f in fields)
+        raise InvalidInput(f"the reconciler event is not valid: {reasons}", fields) from None
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    request = parse(event)
+    start, end = request.window()
+    reconciler = Reconciler(
+        _services or Services.from_environment(),
+        out_of_time=lambda: context.get_remaining_time_in_millis() < SAFETY_MILLIS,
+    )
+    results = reconciler.run(request.shards, start, end)
+    for name, value in metric_values(results).items():
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    for result in results:
+        if result.report.missing or result.report.unexpected:
+            logger.warning(
+                "reconcile found gaps",
+                extra={
+                    "shard": result.report.shard,
+                    "missing": result.missing[:20],
+                    "unexpected": result.unexpected[:20],
+                },
+            )
+    return {
+        "window_start": start,
+        "window_end": end,
+        "shards": [r.report.model_dump(mode="json", exclude={"examples"}) for r in results],
+    }

@@ -1,0 +1,369 @@
+"""What an operator watches: one dashboard and the alarms, which notify an SNS topic.
+
+Punctual's own metrics are EMF metrics in namespace "Punctual" with the dimension
+service=punctual (Powertools adds it to every metric): the materializer's, the relay's,
+the worker SDK's (from workers that run in this account) and the reconciler's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.checks import acknowledge
+from infra.config import AlarmThresholds
+from punctual.dal.tables import ALL_TABLES, TableSpec
+from punctual.settings import Settings
+
+NAMESPACE = "Punctual"
+DIMENSIONS = {"service": "punctual"}
+MINUTE = Duration.minutes(1)
+FIVE_MINUTES = Duration.minutes(5)
+
+
+def punctual_metric(
+    name: str, statistic: str = "Sum", period: Duration = MINUTE, label: str | None = None
+) -> cw.Metric:
+    return cw.Metric(
+        namespace=NAMESPACE,
+        metric_name=name,
+        dimensions_map=DIMENSIONS,
+        statistic=statistic,
+        period=period,
+        # A label would make an alarm on the metric a metric-math alarm; graphs only.
+        label=label,
+    )
+
+
+def _table_throttles(spec: TableSpec, settings: Settings, period: Duration) -> cw.MathExpression:
+    """Read and write throttle events of a table and of each of its indexes."""
+    table = spec.name(settings)
+    indexes = [index.name for index in spec.indexes]
+    # Ids are unique per table: one widget graphs every table's expression.
+    key = spec.setting.removesuffix("_table")
+    metrics: dict[str, cw.IMetric] = {}
+    for n, index in enumerate([None, *indexes]):
+        dimensions = {"TableName": table}
+        if index:
+            dimensions["GlobalSecondaryIndexName"] = index
+        for kind in ("Read", "Write"):
+            metrics[f"{key}_{kind.lower()}{n}"] = cw.Metric(
+                namespace="AWS/DynamoDB",
+                metric_name=f"{kind}ThrottleEvents",
+                dimensions_map=dimensions,
+                statistic="Sum",
+                period=period,
+            )
+    return cw.MathExpression(
+        expression=f"SUM([{', '.join(metrics)}])",
+        using_metrics=metrics,
+        label=f"{table} throttles",
+        period=period,
+    )
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The resources whose metrics the dashboard and the alarms read."""
+
+    api: apigw.RestApi
+    api_function: lambda_.Function
+    materializer: lambda_.Function
+    ticker: sfn.StateMachine
+    relay: lambda_.Function
+    relay_failures: sqs.Queue
+    reconciler: lambda_.Function
+    reconciler_machine: sfn.StateMachine
+
+
+class Observability(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        watched: Watched,
+        settings: Settings,
+        thresholds: AlarmThresholds,
+        emails: Sequence[str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.topic = sns.Topic(self, "Alarms", display_name="Punctual alarms", enforce_ssl=True)
+        acknowledge(
+            self.topic,
+            "SNS2",
+            "CloudWatch alarms cannot publish to a topic encrypted with the AWS managed SNS "
+            "key, and the notifications carry only alarm names and states, no tenant data.",
+        )
+        for email in emails:
+            self.topic.add_subscription(subscriptions.EmailSubscription(email))
+        self.alarms: list[cw.Alarm] = []
+        self._alarms(watched, settings, thresholds)
+        self.dashboard = self._dashboard(watched, settings, thresholds)
+
+    # --- alarms ---------------------------------------------------------------------------
+
+    def _alarm(
+        self,
+        name: str,
+        metric: cw.IMetric,
+        threshold: float,
+        description: str,
+        *,
+        evaluation_periods: int = 1,
+        datapoints: int = 1,
+    ) -> None:
+        alarm = cw.Alarm(
+            self,
+            name,
+            metric=metric,
+            alarm_description=description,
+            threshold=threshold,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=evaluation_periods,
+            datapoints_to_alarm=datapoints,
+            # No data means nothing happened (no strict occurrence, no request): healthy.
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(actions.SnsAction(self.topic))
+        alarm.add_ok_action(actions.SnsAction(self.topic))
+        self.alarms.append(alarm)
+
+    def _alarms(self, w: Watched, settings: Settings, t: AlarmThresholds) -> None:
+        self._alarm(
+            "StrictLagP99",
+            punctual_metric("EnqueueLagStrict", "p99"),
+            t.strict_lag_p99_seconds,
+            "Strict schedule lag p99 (receivable in the queue minus scheduled_for) is over "
+            "the SLO in 2 of 3 minutes.",
+            evaluation_periods=3,
+            datapoints=2,
+        )
+        self._alarm(
+            "StreamIteratorAge",
+            w.relay.metric("IteratorAge", statistic="Maximum", period=MINUTE),
+            t.stream_iterator_age_seconds * 1000,
+            "The relay is behind the outbox stream: occurrences wait to be sent.",
+            evaluation_periods=3,
+            datapoints=3,
+        )
+        self._alarm(
+            "RelayUndelivered",
+            w.relay_failures.metric_approximate_number_of_messages_visible(
+                period=MINUTE, statistic="Maximum"
+            ),
+            0,
+            "The relay gave up on a stream batch (its position is in the on-failure queue): "
+            "replay it within the stream's 24 hours (docs/deploy.md).",
+        )
+        self._alarm(
+            "RelaySendFailures",
+            punctual_metric("RelaySendFailures", period=FIVE_MINUTES),
+            t.relay_send_failures,
+            "SQS refused relay sends; the stream retries them.",
+        )
+        self._alarm(
+            "MaterializerFailures",
+            cw.MathExpression(
+                expression="failed + timedOut + errors",
+                using_metrics={
+                    "failed": w.ticker.metric_failed(period=FIVE_MINUTES),
+                    "timedOut": w.ticker.metric_timed_out(period=FIVE_MINUTES),
+                    "errors": w.materializer.metric_errors(period=FIVE_MINUTES),
+                },
+                label="materializer failures",
+                period=FIVE_MINUTES,
+            ),
+            t.materializer_failures,
+            "Materializer ticks failed or timed out, or a group's invocation failed; its "
+            "watermark holds, the next tick retries.",
+        )
+        self._alarm(
+            "ReconcileMissing",
+            punctual_metric("ReconcileMissing", period=Duration.hours(1)),
+            t.reconcile_missing,
+            "The reconciler found expected occurrences that were never materialized.",
+        )
+        self._alarm(
+            "ReconcilerFailures",
+            cw.MathExpression(
+                expression="failed + timedOut",
+                using_metrics={
+                    "failed": w.reconciler_machine.metric_failed(period=Duration.hours(1)),
+                    "timedOut": w.reconciler_machine.metric_timed_out(period=Duration.hours(1)),
+                },
+                label="reconciler failures",
+                period=Duration.hours(1),
+            ),
+            0,
+            "An hourly reconciliation run failed or timed out (some shard groups unchecked).",
+        )
+        for spec in ALL_TABLES:
+            name = spec.name(settings)
+            self._alarm(
+                f"Throttles{spec.setting.removesuffix('_table').title()}",
+                _table_throttles(spec, settings, FIVE_MINUTES),
+                t.dynamodb_throttles,
+                f"DynamoDB throttled requests to {name} or its indexes (hot partition).",
+            )
+        self._alarm(
+            "Api5xx",
+            w.api.metric_server_error(period=FIVE_MINUTES, statistic="Sum"),
+            t.api_5xx,
+            "The API answered 5xx.",
+        )
+
+    # --- dashboard ------------------------------------------------------------------------
+
+    def _dashboard(self, w: Watched, settings: Settings, t: AlarmThresholds) -> cw.Dashboard:
+        functions = {
+            "api": w.api_function,
+            "materializer": w.materializer,
+            "relay": w.relay,
+            "reconciler": w.reconciler,
+        }
+
+        def graph(
+            title: str,
+            metrics: Sequence[cw.IMetric],
+            right: Sequence[cw.IMetric] = (),
+            annotations: Sequence[cw.HorizontalAnnotation] = (),
+        ) -> cw.GraphWidget:
+            return cw.GraphWidget(
+                title=title,
+                left=list(metrics),
+                right=list(right),
+                left_annotations=list(annotations),
+                width=8,
+                height=6,
+            )
+
+        lag = [
+            punctual_metric(f"EnqueueLag{kind}", stat, label=f"{kind.lower()} {stat}")
+            for kind in ("Strict", "Flexible")
+            for stat in ("p50", "p95", "p99")
+        ]
+        dashboard = cw.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=Stack.of(self).stack_name,
+            default_interval=Duration.hours(3),
+        )
+        dashboard.add_widgets(
+            graph(
+                "Schedule lag (s): receivable minus scheduled_for",
+                lag,
+                annotations=[
+                    cw.HorizontalAnnotation(
+                        value=t.strict_lag_p99_seconds, label="strict p99 alarm"
+                    )
+                ],
+            ),
+            graph(
+                "Per minute: materialized, enqueued, succeeded",
+                [
+                    punctual_metric("Occurrences", label="materialized"),
+                    punctual_metric("Relayed", label="enqueued"),
+                    punctual_metric("Succeeded", label="succeeded"),
+                ],
+            ),
+            graph(
+                "Due backlog (materializer, max per minute)",
+                [punctual_metric("DueBacklog", "Maximum")],
+            ),
+        )
+        dashboard.add_widgets(
+            graph(
+                "Outbox stream iterator age (ms)",
+                [w.relay.metric("IteratorAge", statistic="Maximum", period=MINUTE)],
+            ),
+            graph(
+                "Errors",
+                [
+                    *(
+                        fn.metric_errors(period=MINUTE, label=f"{name} errors")
+                        for name, fn in functions.items()
+                    ),
+                    punctual_metric("RelaySendFailures"),
+                    w.ticker.metric_failed(period=MINUTE, label="ticks failed"),
+                    w.ticker.metric_timed_out(period=MINUTE, label="ticks timed out"),
+                ],
+            ),
+            graph(
+                "Dead letters and dead occurrences",
+                [
+                    w.relay_failures.metric_approximate_number_of_messages_visible(
+                        period=MINUTE, statistic="Maximum", label="relay on-failure queue"
+                    ),
+                    punctual_metric("Dead", label="dead (worker)"),
+                    punctual_metric("DeadUnknownTarget", label="dead (unknown target)"),
+                ],
+            ),
+        )
+        dashboard.add_widgets(
+            graph(
+                "Misfires and overlap",
+                [
+                    punctual_metric("Missed", label="missed"),
+                    punctual_metric("SkippedOverlap", label="skipped (overlap)"),
+                    punctual_metric("StaleRefused", label="stale refused"),
+                ],
+            ),
+            graph(
+                "Throttles",
+                [
+                    *(
+                        fn.metric_throttles(period=MINUTE, label=f"{name} Lambda throttles")
+                        for name, fn in functions.items()
+                    ),
+                    punctual_metric("ConcurrencyThrottled", label="tenant concurrency"),
+                    *(_table_throttles(spec, settings, MINUTE) for spec in ALL_TABLES),
+                ],
+            ),
+            graph(
+                "API: requests, 4xx, 5xx",
+                [
+                    w.api.metric_count(period=MINUTE, label="requests"),
+                    w.api.metric_client_error(period=MINUTE, label="4xx"),
+                    w.api.metric_server_error(period=MINUTE, label="5xx"),
+                ],
+                right=[w.api.metric_latency(period=MINUTE, statistic="p99", label="p99 ms")],
+            ),
+        )
+        dashboard.add_widgets(
+            graph(
+                "Materializer internals",
+                [punctual_metric(name) for name in ("CursorConflicts", "ShardsBusy", "LeasesLost")],
+            ),
+            graph(
+                "Workers",
+                [punctual_metric(name) for name in ("Retried", "DuplicateClaims")],
+            ),
+            graph(
+                "Reconciler (per hour)",
+                [
+                    punctual_metric(name, period=Duration.hours(1))
+                    for name in (
+                        "ReconcileMissing",
+                        "ReconcileUnexpected",
+                        "ReconcileRepaired",
+                        "ReconcileIncomplete",
+                    )
+                ],
+            ),
+        )
+        dashboard.add_widgets(
+            cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=24, height=4)
+        )
+        return dashboard

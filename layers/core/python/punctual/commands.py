@@ -1,0 +1,385 @@
+"""The API client commands of ``punctual`` (tenants, targets, schedules, occurrences),
+the worker, and the local stack. Exit codes: 0 success, 2 a 4xx answer or bad input
+(one line on stderr), 1 any other failure."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from punctual.client import ApiError, Client
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr with exit code 2."""
+
+
+# --- parser -----------------------------------------------------------------------------
+
+
+def _spec_flags(parser: argparse.ArgumentParser, required: bool) -> None:
+    kind = parser.add_mutually_exclusive_group(required=required)
+    kind.add_argument("--cron", metavar="EXPR", help="5-field cron expression or @macro")
+    kind.add_argument("--rate", metavar="SPEC", help="e.g. 'rate(15 minutes)'")
+    kind.add_argument("--at", metavar="ISO", help="one instant, with offset or local in --tz")
+    parser.add_argument("--tz", metavar="ZONE", help="IANA zone (required with --cron)")
+    parser.add_argument("--start", metavar="ISO", help="no fire before (inclusive)")
+    parser.add_argument("--end", metavar="ISO", help="no fire after (inclusive)")
+
+
+def _definition_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", metavar="NAME")
+    parser.add_argument("--payload", metavar="JSON", help="a JSON object")
+    parser.add_argument("--flex", type=int, metavar="SECONDS", help="flexible window")
+    parser.add_argument("--misfire", choices=["SKIP", "FIRE_ONCE", "CATCHUP"])
+    parser.add_argument("--max-lateness", type=int, metavar="S")
+    parser.add_argument("--catchup-limit", type=int, metavar="K")
+    parser.add_argument("--overlap", choices=["ALLOW", "SKIP_IF_RUNNING"])
+    parser.add_argument("--name")
+
+
+def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) -> None:
+    """Register the commands on the ``punctual`` subparsers."""
+
+    def add(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(
+            name, help=help, parents=[endpoint_flags], **kwargs
+        )
+        return parser
+
+    tenants = add("tenants", "operator: create tenants")
+    tenant_commands = tenants.add_subparsers(dest="action", required=True)
+    create_tenant = tenant_commands.add_parser("create", parents=[endpoint_flags])
+    create_tenant.add_argument("tenant_id", metavar="ID")
+    create_tenant.add_argument("--principal", metavar="ARN", required=True)
+    create_tenant.add_argument("--max-schedules", type=int)
+    create_tenant.add_argument("--max-strict-fires-per-minute", type=int)
+    create_tenant.add_argument("--max-concurrency", type=int)
+    create_tenant.add_argument("--catchup-per-minute", type=int)
+
+    targets = add("targets", "your targets (one SQS queue each)")
+    target_commands = targets.add_subparsers(dest="action", required=True)
+    create_target = target_commands.add_parser("create", parents=[endpoint_flags])
+    create_target.add_argument("name", metavar="NAME")
+    target_commands.add_parser("list", parents=[endpoint_flags])
+
+    create = add("create", "create a schedule")
+    _spec_flags(create, required=True)
+    _definition_flags(create)
+    create.add_argument("--idempotency-key", metavar="KEY")
+
+    update = add("update", "update a schedule (a new version)")
+    update.add_argument("schedule_id", metavar="ID")
+    _spec_flags(update, required=False)
+    _definition_flags(update)
+
+    for name, text in (
+        ("get", "a schedule and its next fires"),
+        ("pause", "pause a schedule"),
+        ("resume", "resume a schedule"),
+        ("cancel", "cancel a schedule"),
+        ("occurrences", "a schedule's occurrences"),
+    ):
+        add(name, text).add_argument("schedule_id", metavar="ID")
+    listing = add("list", "your schedules")
+    listing.add_argument("--state", choices=["ACTIVE", "PAUSED", "CANCELED", "COMPLETED"])
+    add("occurrence", "one occurrence with its attempts").add_argument(
+        "occurrence_id", metavar="OCC_ID"
+    )
+
+    worker = add("worker", "run a worker on one of your targets' queue")
+    worker.add_argument("--target", metavar="NAME", default="default")
+    worker.add_argument(
+        "--handler",
+        metavar="MODULE:FUNCTION",
+        default="punctual.local.demo:print_occurrence",
+        help="called with each Job (default: print it with its lag)",
+    )
+    worker.add_argument("--threads", type=int, default=4)
+
+    local = commands.add_parser("local", help="the whole system on this machine")
+    local_commands = local.add_subparsers(dest="action", required=True)
+    up = local_commands.add_parser("up", help="start engines and drivers (Ctrl-C stops)")
+    up.add_argument("--port", type=int, default=8766, help="the API's port (8766)")
+    up.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
+    up.add_argument("--tick", type=int, default=60, help="seconds between ticks (60)")
+    up.add_argument("--lookahead", type=int, default=180, help="materializer lookahead (180)")
+    up.add_argument("--reconcile-every", type=int, default=3600, help="seconds (3600)")
+    up.add_argument("--demo", action="store_true", help="create demo schedules, run a worker")
+    env = local_commands.add_parser(
+        "env", help="print the exports that point AWS SDKs and workers at the local engines"
+    )
+    env.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
+    env.add_argument("--port", type=int, default=8766, help="the API's port (8766)")
+
+
+# --- running them -----------------------------------------------------------------------
+
+
+def _json_object(text: str | None, flag: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"{flag}: not JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: must be a JSON object")
+    return value
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.cron is not None:
+        if args.tz is None:
+            raise UsageError("--tz is required with --cron (an IANA zone, e.g. Europe/Berlin)")
+        spec: dict[str, Any] = {"kind": "cron", "expression": args.cron, "timezone": args.tz}
+    elif args.rate is not None:
+        spec = {"kind": "rate", "expression": args.rate, "timezone": args.tz or "UTC"}
+    elif args.at is not None:
+        spec = {"kind": "at", "at": args.at} | ({"timezone": args.tz} if args.tz else {})
+    elif args.start or args.end or args.tz:
+        raise UsageError("--tz, --start and --end need --cron, --rate or --at")
+    else:
+        return None
+    if args.start:
+        spec["start_at"] = args.start
+    if args.end:
+        spec["end_at"] = args.end
+    return spec
+
+
+def _definition(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    spec = _spec(args)
+    if spec is not None:
+        body["spec"] = spec
+    for flag, key in (("target", "target"), ("name", "name"), ("overlap", "overlap")):
+        if getattr(args, flag) is not None:
+            body[key] = getattr(args, flag)
+    payload = _json_object(args.payload, "--payload")
+    if payload is not None:
+        body["payload"] = payload
+    if args.flex is not None:
+        body["flexible_window_seconds"] = args.flex
+    misfire = {
+        key: value
+        for key, value in (
+            ("action", args.misfire),
+            ("max_lateness_seconds", args.max_lateness),
+            ("catchup_limit", args.catchup_limit),
+        )
+        if value is not None
+    }
+    if misfire:
+        body["misfire"] = misfire
+    return body
+
+
+def _flat(saved: dict[str, Any]) -> dict[str, Any]:
+    """A change's answer with the schedule's fields at the top (schedule_id, state, ...)."""
+    return {**saved["schedule"], **{k: v for k, v in saved.items() if k != "schedule"}}
+
+
+def _print_schedule(found: dict[str, Any]) -> None:
+    spec = found["spec"]
+    when = spec.get("expression") or spec.get("at")
+    zone = spec.get("timezone") or "UTC"
+    print(
+        f"{found['schedule_id']}  {found['state']}  v{found['version']}  {spec['kind']} "
+        f"{when!r} {zone}  -> {found['target']}"
+    )
+    for fire in found.get("next_fires", []):
+        print(f"  next  {fire['utc']}  ({fire['local']})")
+    for note in found.get("notes", []):
+        print(f"  note  {note}")
+    for occurrence in found.get("materialized", []):
+        print(f"  made  {occurrence['occurrence_id']}  {occurrence['scheduled_for']}")
+    for occurrence in found.get("affected", []):
+        print(f"  {occurrence['state']:<10}{occurrence['occurrence_id']}  {occurrence['note']}")
+
+
+def _print_occurrences(rows: list[dict[str, Any]]) -> None:
+    print(f"{'OCCURRENCE':<32} {'SCHEDULED_FOR':<21} {'STATE':<16} ATTEMPTS")
+    for row in rows:
+        print(
+            f"{row['occurrence_id']:<32} {row['scheduled_for']:<21} {row['state']:<16} "
+            f"{row['attempt_count']}"
+        )
+
+
+def _emit(args: argparse.Namespace, value: Any, human: Callable[[Any], None]) -> None:
+    if args.json:
+        print(json.dumps(value, indent=2))
+    elif isinstance(value, list) and human is not _print_occurrences:
+        for each in value:
+            human(each)
+    else:
+        human(value)
+
+
+def _print_target(target: dict[str, Any]) -> None:
+    print(f"{target['name']}  {target['queue_url']}")
+
+
+def run_client_command(args: argparse.Namespace) -> int:
+    client = Client.from_environment(args.endpoint)
+    command = args.command
+    if command == "tenants":
+        quotas = {
+            key: getattr(args, key)
+            for key in (
+                "max_schedules",
+                "max_strict_fires_per_minute",
+                "max_concurrency",
+                "catchup_per_minute",
+            )
+            if getattr(args, key) is not None
+        }
+        client.post(
+            "/v1/admin/tenants",
+            {"tenant_id": args.tenant_id} | ({"quotas": quotas} if quotas else {}),
+        )
+        tenant = client.post(
+            f"/v1/admin/tenants/{args.tenant_id}/principals", {"principal_arn": args.principal}
+        )
+        _emit(args, tenant, lambda t: print(f"tenant {t['tenant_id']} bound to {args.principal}"))
+    elif command == "targets" and args.action == "create":
+        target = client.post("/v1/targets", {"name": args.name})
+        _emit(args, target, _print_target)
+    elif command == "targets":
+        found = client.get("/v1/targets")["targets"]
+        _emit(args, found, _print_target)
+    elif command == "create":
+        if args.target is None:
+            raise UsageError("--target is required")
+        headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+        saved = client.post("/v1/schedules", _definition(args), headers=headers)
+        _emit(args, _flat(saved), _print_schedule)
+    elif command == "update":
+        changes = _definition(args)
+        if not changes:
+            raise UsageError("nothing to change: give at least one flag")
+        version = client.get(f"/v1/schedules/{args.schedule_id}")["schedule"]["version"]
+        saved = client.call(
+            "PATCH",
+            f"/v1/schedules/{args.schedule_id}",
+            changes,
+            headers={"If-Match": str(version)},
+        )
+        _emit(args, _flat(saved), _print_schedule)
+    elif command == "get":
+        _emit(args, _flat(client.get(f"/v1/schedules/{args.schedule_id}")), _print_schedule)
+    elif command in ("pause", "resume"):
+        saved = client.post(f"/v1/schedules/{args.schedule_id}/{command}")
+        _emit(args, _flat(saved), _print_schedule)
+    elif command == "cancel":
+        saved = client.call("DELETE", f"/v1/schedules/{args.schedule_id}")
+        _emit(args, _flat(saved), _print_schedule)
+    elif command == "list":
+        rows = client.pages("/v1/schedules", "schedules", state=args.state)
+        _emit(args, rows, _print_schedule)
+    elif command == "occurrences":
+        rows = client.pages(f"/v1/schedules/{args.schedule_id}/occurrences", "occurrences")
+        _emit(args, rows, _print_occurrences)
+    elif command == "occurrence":
+        found = client.get(f"/v1/occurrences/{args.occurrence_id}")
+        _emit(args, found, lambda o: _print_occurrences([o]))
+    elif command == "worker":
+        return _worker(client, args)
+    return 0
+
+
+def _handler(spec: str) -> Callable[[Any], None]:
+    module, _, function = spec.partition(":")
+    if not module or not function:
+        raise UsageError("--handler must be MODULE:FUNCTION")
+    try:
+        found = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as error:
+        raise UsageError(f"--handler: {error}") from None
+    return found  # type: ignore[no-any-return]
+
+
+def _worker(client: Client, args: argparse.Namespace) -> int:
+    from punctual.scheduling import Services
+    from punctual.worker import QueueConsumer, Worker
+
+    handler = _handler(args.handler)
+    tenant = client.get("/v1/tenant")["tenant_id"]
+    targets = {t["name"]: t for t in client.get("/v1/targets")["targets"]}
+    if args.target not in targets:
+        raise UsageError(f"--target: no target named {args.target}")
+    worker = Worker(Services.from_environment(), tenant, handler, heartbeat_seconds=20)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"worker for {tenant}/{args.target} on {targets[args.target]['queue_url']}", flush=True)
+    QueueConsumer(worker, targets[args.target]["queue_url"], threads=args.threads).run(stop)
+    return 0
+
+
+def run_local(args: argparse.Namespace) -> int:
+    from punctual.local.stack import DATA, LocalStack, StackOptions
+
+    if args.action == "env":
+        from punctual.local.engines import running_environment
+
+        found = running_environment(args.data or DATA)
+        if found is None:
+            raise UsageError("no local engines are running; start them with `punctual local up`")
+        for name, value in {**found, "PUNCTUAL_ENDPOINT": f"http://127.0.0.1:{args.port}"}.items():
+            print(f"export {name}={value}")
+        return 0
+
+    options = StackOptions(
+        port=args.port,
+        data=args.data or DATA,
+        tick_seconds=args.tick,
+        lookahead_seconds=args.lookahead,
+        reconcile_seconds=args.reconcile_every,
+    )
+    stack = LocalStack(options)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stack.start()
+    assert stack.engines is not None
+    assert stack.gateway is not None
+    state = "reattached to" if stack.engines.reattached else "started"
+    print(f"Punctual local: API {stack.gateway.url}", flush=True)
+    print(
+        f"  engines {state}: DynamoDB {stack.engines.dynamodb.endpoint}, "
+        f"SQS {stack.engines.sqs.endpoint} (data in {options.data})",
+        flush=True,
+    )
+    print(
+        "  sign requests with access key id 'demo' (tenant demo) or 'operator'; "
+        "signatures are not verified (loopback only)",
+        flush=True,
+    )
+    if args.demo:
+        from punctual.local.demo import run_demo
+
+        threading.Thread(target=run_demo, args=(stack, stop), daemon=True).start()
+    while not stop.wait(0.5):
+        pass
+    print("stopping...", flush=True)
+    stack.stop()
+    return 0
+
+
+def main_for(args: argparse.Namespace) -> int:
+    if args.command == "local":
+        return run_local(args)
+    try:
+        return run_client_command(args)
+    except ApiError as error:
+        if 400 <= error.status < 500:
+            raise UsageError(str(error)) from None
+        raise

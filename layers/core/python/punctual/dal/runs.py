@@ -1,0 +1,497 @@
+"""The worker side of an occurrence: claim, heartbeat and completion, fenced by a lease token.
+
+Two kinds of slot items limit what runs at once, both leased with the same token as the
+occurrence so that a crashed worker's slots free themselves when its lease expires:
+- the schedule's run slot (schedules table, sk ``RUN_SLOT``) for SKIP_IF_RUNNING schedules;
+- the tenant's concurrency slots (tenants table, sk ``RUN#00000`` .. ``RUN#<limit-1>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from punctual.dal.common import (
+    ConditionFailed,
+    Item,
+    from_dynamo,
+    run_transaction,
+    to_dynamo,
+    translated,
+    values,
+)
+from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_CURRENT
+from punctual.dal.tenants import tenant_key
+from punctual.errors import Conflict, Retryable
+from punctual.models import AttemptOutcome, OccurrenceState, ScheduleState
+from punctual.settings import Settings
+
+RUN_SLOT_SK = "RUN_SLOT"
+_S = OccurrenceState
+
+# Labels of transaction actions: a refused claim says which condition failed.
+OCCURRENCE = "occurrence"
+SCHEDULE = "schedule"
+ATTEMPT = "attempt"
+PREVIOUS_ATTEMPT = "previous_attempt"
+CONCURRENCY = "concurrency_slot"
+OVERLAP = "run_slot"
+
+
+def attempt_sk(attempt_no: int) -> str:
+    return f"ATT#{attempt_no:06d}"
+
+
+def concurrency_sk(slot: int) -> str:
+    return f"RUN#{slot:05d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What a claim took: the token fences every later write of this attempt."""
+
+    occurrence_id: str
+    tenant_id: str
+    schedule_id: str
+    attempt_no: int
+    token: str
+    expires_at: int
+    concurrency_slot: int
+    overlap: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The occurrence as the worker read it before claiming: the claim is conditional on it."""
+
+    state: OccurrenceState
+    attempt_count: int
+    lease_token: str | None
+
+
+class RunStore:
+    def __init__(self, client: Any, settings: Settings) -> None:
+        self._client = client
+        self._occurrences = settings.occurrences_table
+        self._schedules = settings.schedules_table
+        self._tenants = settings.tenants_table
+
+    def _occurrence_key(self, occurrence_id: str, sk: str = OCCURRENCE_SK) -> dict[str, Any]:
+        return to_dynamo({"occurrence_id": occurrence_id, "sk": sk})
+
+    def _run_slot_key(self, schedule_id: str) -> dict[str, Any]:
+        return to_dynamo({"schedule_id": schedule_id, "sk": RUN_SLOT_SK})
+
+    def _concurrency_key(self, tenant_id: str, slot: int) -> dict[str, Any]:
+        return {**tenant_key(tenant_id), "sk": {"S": concurrency_sk(slot)}}
+
+    # --- reads --------------------------------------------------------------------------
+
+    def read(self, occurrence_id: str, schedule_id: str) -> tuple[Item | None, Item | None]:
+        """The occurrence and its schedule's current item, strongly consistent, one call."""
+        request: dict[str, Any] = {
+            self._occurrences: {"Keys": [self._occurrence_key(occurrence_id)]},
+            self._schedules: {
+                "Keys": [to_dynamo({"schedule_id": schedule_id, "sk": SCHEDULE_CURRENT})],
+                # Only what the claim decides on: not the payload (up to 32 KiB of reads).
+                "ProjectionExpression": "schedule_id, version, #s, #d.retry, #d.overlap",
+                "ExpressionAttributeNames": {"#s": "state", "#d": "definition"},
+            },
+        }
+        for part in request.values():
+            part["ConsistentRead"] = True
+        found: dict[str, Item] = {}
+        while request:
+            answer = self._client.batch_get_item(RequestItems=request)
+            for table, items in answer["Responses"].items():
+                for raw in items:
+                    found[table] = from_dynamo(raw)
+            request = answer.get("UnprocessedKeys") or {}
+        return found.get(self._occurrences), found.get(self._schedules)
+
+    def schedule_version(self, schedule_id: str) -> tuple[int, str] | None:
+        """(version, state) of the schedule: the cooperative-cancel check, eventually consistent."""
+        found = self._client.get_item(
+            TableName=self._schedules,
+            Key=to_dynamo({"schedule_id": schedule_id, "sk": SCHEDULE_CURRENT}),
+            ProjectionExpression="version, #s",
+            ExpressionAttributeNames={"#s": "state"},
+        ).get("Item")
+        if not found:
+            return None
+        item = from_dynamo(found)
+        return int(item["version"]), str(item["state"])
+
+    def busy_slots(self, tenant_id: str, candidates: list[int], now: int) -> set[int]:
+        """Which of ``candidates`` hold a live lease (eventually consistent: a hint only; the
+        claim's condition decides)."""
+        keys = [self._concurrency_key(tenant_id, slot) for slot in candidates]
+        busy: set[int] = set()
+        for start in range(0, len(keys), 100):
+            request: dict[str, Any] = {self._tenants: {"Keys": keys[start : start + 100]}}
+            while request:
+                answer = self._client.batch_get_item(RequestItems=request)
+                for raw in answer["Responses"].get(self._tenants, []):
+                    item = from_dynamo(raw)
+                    if int(item.get("expires_at", 0)) > now:
+                        busy.add(int(str(item["sk"]).removeprefix("RUN#")))
+                request = answer.get("UnprocessedKeys") or {}
+        return busy
+
+    # --- claim --------------------------------------------------------------------------
+
+    def claim(
+        self, lease: Lease, *, seen: Seen, schedule_version: int, now: int, queued_at: int
+    ) -> None:
+        """One transaction: RUNNING with a new lease, the attempt record, the slots.
+
+        Raises ConditionFailed naming the action whose condition failed."""
+        occurrence_conditions = [
+            "tenant_id = :tenant",
+            "#state = :seen",
+            "attempt_count = :count",
+        ]
+        if seen.state is _S.RUNNING:
+            # Race: two workers taking over the same expired lease; only the one that read
+            # this token (and sees it expired) may replace it.
+            occurrence_conditions += ["lease_token = :old_token", "lease_expires_at <= :now"]
+        names = {"#state": "state"}
+        actions: list[tuple[str, dict[str, Any]]] = [
+            (
+                OCCURRENCE,
+                {
+                    "Update": {
+                        "TableName": self._occurrences,
+                        "Key": self._occurrence_key(lease.occurrence_id),
+                        "UpdateExpression": (
+                            "SET #state = :running, lease_token = :token, "
+                            "lease_expires_at = :expires, attempt_count = :attempt, "
+                            "enqueued_at = if_not_exists(enqueued_at, :queued)"
+                        ),
+                        # Race: another worker claimed (or a cancel or completion landed)
+                        # between our read and this write; the state and the attempt count
+                        # we read must still hold, so at most one claim per attempt wins.
+                        "ConditionExpression": " AND ".join(occurrence_conditions),
+                        "ExpressionAttributeNames": names,
+                        "ExpressionAttributeValues": values(
+                            tenant=lease.tenant_id,
+                            seen=seen.state.value,
+                            count=seen.attempt_count,
+                            running=_S.RUNNING.value,
+                            token=lease.token,
+                            expires=lease.expires_at,
+                            attempt=lease.attempt_no,
+                            queued=queued_at,
+                            **(
+                                {"old_token": seen.lease_token, "now": now}
+                                if seen.state is _S.RUNNING
+                                else {}
+                            ),
+                        ),
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                    }
+                },
+            ),
+            (
+                SCHEDULE,
+                {
+                    "ConditionCheck": {
+                        "TableName": self._schedules,
+                        "Key": to_dynamo(
+                            {"schedule_id": lease.schedule_id, "sk": SCHEDULE_CURRENT}
+                        ),
+                        # Race: an update, pause or cancel committed after the message was
+                        # sent; the occurrence's version is then stale and must not run.
+                        # COMPLETED keeps its version: its last occurrence still runs.
+                        "ConditionExpression": "version = :v AND #state IN (:active, :done)",
+                        "ExpressionAttributeNames": names,
+                        "ExpressionAttributeValues": values(
+                            v=schedule_version,
+                            active=ScheduleState.ACTIVE.value,
+                            done=ScheduleState.COMPLETED.value,
+                        ),
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                    }
+                },
+            ),
+            (
+                ATTEMPT,
+                {
+                    "Put": {
+                        "TableName": self._occurrences,
+                        "Item": to_dynamo(
+                            {
+                                "occurrence_id": lease.occurrence_id,
+                                "sk": attempt_sk(lease.attempt_no),
+                                "attempt_no": lease.attempt_no,
+                                "lease_token": lease.token,
+                                "started_at": now,
+                                "lease_expires_at": lease.expires_at,
+                                "outcome": AttemptOutcome.RUNNING.value,
+                            }
+                        ),
+                        # Race: belt and braces with the attempt count above; one record
+                        # per attempt number.
+                        "ConditionExpression": "attribute_not_exists(occurrence_id)",
+                    }
+                },
+            ),
+            (
+                CONCURRENCY,
+                self._take_slot(
+                    self._tenants,
+                    self._concurrency_key(lease.tenant_id, lease.concurrency_slot),
+                    lease,
+                    now,
+                ),
+            ),
+        ]
+        if seen.state is _S.RUNNING and seen.attempt_count:
+            actions.append((PREVIOUS_ATTEMPT, self._lost(lease.occurrence_id, seen.attempt_count)))
+        if lease.overlap:
+            actions.append(
+                (
+                    OVERLAP,
+                    self._take_slot(
+                        self._schedules, self._run_slot_key(lease.schedule_id), lease, now
+                    ),
+                )
+            )
+        run_transaction(self._client, actions)
+
+    @staticmethod
+    def _take_slot(table: str, key: dict[str, Any], lease: Lease, now: int) -> dict[str, Any]:
+        return {
+            "Update": {
+                "TableName": table,
+                "Key": key,
+                "UpdateExpression": (
+                    "SET lease_token = :token, expires_at = :expires, occurrence_id = :occ"
+                ),
+                # Race: two claims for one slot. It is free, or its holder's lease expired
+                # (a crashed worker), or it is this occurrence's own (a takeover).
+                "ConditionExpression": (
+                    "attribute_not_exists(lease_token) OR expires_at <= :now"
+                    " OR occurrence_id = :occ"
+                ),
+                "ExpressionAttributeValues": values(
+                    token=lease.token,
+                    expires=lease.expires_at,
+                    occ=lease.occurrence_id,
+                    now=now,
+                ),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+
+    def _lost(self, occurrence_id: str, attempt_no: int) -> dict[str, Any]:
+        return {
+            "Update": {
+                "TableName": self._occurrences,
+                "Key": self._occurrence_key(occurrence_id, attempt_sk(attempt_no)),
+                "UpdateExpression": "SET outcome = :lost",
+                # Race: none beyond the claim's own; the record must exist to be marked.
+                "ConditionExpression": "attribute_exists(occurrence_id)",
+                "ExpressionAttributeValues": values(lost=AttemptOutcome.LOST.value),
+            }
+        }
+
+    # --- refusals (no lease held) ----------------------------------------------------
+
+    def refuse(
+        self,
+        occurrence_id: str,
+        *,
+        seen: Seen,
+        state: OccurrenceState,
+        reason: str,
+        now: int,
+    ) -> bool:
+        """Move from the state we read to a final ``state`` without running; False if the
+        occurrence moved meanwhile (then the caller reads it again). An abandoned run's
+        attempt (RUNNING, lease expired) is marked LOST in the same transaction. A DEAD
+        occurrence is flagged ``dlq_pending`` until its message is in the DLQ."""
+        conditions = ["#state = :seen"]
+        extra: dict[str, Any] = {}
+        if seen.state is _S.RUNNING:
+            # Race: a worker holding a live lease must not be overruled; only an expired
+            # lease with the token we read may be ended.
+            conditions += ["lease_token = :old_token", "lease_expires_at <= :now"]
+            extra = {"old_token": seen.lease_token}
+        expression = "SET #state = :to, reason = :why, finished_at = :now"
+        if state is _S.DEAD:
+            expression += ", dlq_pending = :true"
+            extra["true"] = True
+        actions: list[tuple[str, dict[str, Any]]] = [
+            (
+                OCCURRENCE,
+                {
+                    "Update": {
+                        "TableName": self._occurrences,
+                        "Key": self._occurrence_key(occurrence_id),
+                        "UpdateExpression": expression,
+                        "ConditionExpression": " AND ".join(conditions),
+                        "ExpressionAttributeNames": {"#state": "state"},
+                        "ExpressionAttributeValues": values(
+                            seen=seen.state.value, to=state.value, why=reason, now=now, **extra
+                        ),
+                    }
+                },
+            )
+        ]
+        if seen.state is _S.RUNNING and seen.attempt_count:
+            actions.append((PREVIOUS_ATTEMPT, self._lost(occurrence_id, seen.attempt_count)))
+        try:
+            run_transaction(self._client, actions)
+        except (ConditionFailed, Retryable):
+            return False
+        return True
+
+    def dlq_sent(self, occurrence_id: str) -> None:
+        """The DEAD occurrence's message is in the DLQ: clear the flag."""
+        self._client.update_item(
+            TableName=self._occurrences,
+            Key=self._occurrence_key(occurrence_id),
+            UpdateExpression="REMOVE dlq_pending",
+        )
+
+    # --- while running ------------------------------------------------------------------
+
+    def extend(self, lease: Lease, expires_at: int) -> None:
+        """Heartbeat: the occurrence's lease and both slots move together, or not at all."""
+        held = [
+            (OCCURRENCE, self._occurrences, self._occurrence_key(lease.occurrence_id)),
+            (
+                CONCURRENCY,
+                self._tenants,
+                self._concurrency_key(lease.tenant_id, lease.concurrency_slot),
+            ),
+        ]
+        if lease.overlap:
+            held.append((OVERLAP, self._schedules, self._run_slot_key(lease.schedule_id)))
+        run_transaction(
+            self._client,
+            [
+                (
+                    label,
+                    self._fenced(
+                        key,
+                        table,
+                        lease,
+                        expires_at,
+                        "lease_expires_at" if label == OCCURRENCE else "expires_at",
+                    ),
+                )
+                for label, table, key in held
+            ],
+        )
+
+    @staticmethod
+    def _fenced(
+        key: dict[str, Any], table: str, lease: Lease, expires_at: int, attribute: str
+    ) -> dict[str, Any]:
+        return {
+            "Update": {
+                "TableName": table,
+                "Key": key,
+                "UpdateExpression": f"SET {attribute} = :expires",
+                # Race: our lease expired and another worker took it over (new token); a
+                # stale worker must not extend the new holder's lease.
+                "ConditionExpression": "lease_token = :token",
+                "ExpressionAttributeValues": values(token=lease.token, expires=expires_at),
+            }
+        }
+
+    def finish(
+        self,
+        lease: Lease,
+        *,
+        state: OccurrenceState,
+        outcome: AttemptOutcome,
+        now: int,
+        error: str | None = None,
+        retry_at: int | None = None,
+    ) -> None:
+        """RUNNING -> SUCCEEDED / RETRY_WAIT / DEAD with the attempt's outcome, fenced by the
+        lease token. Raises ConditionFailed(OCCURRENCE) when the lease was lost."""
+        sets: dict[str, Any] = {"to": state.value, "now": now}
+        expression = "SET #state = :to, finished_at = :now"
+        if error is not None:
+            expression += ", reason = :why"
+            sets["why"] = error[:1000]
+        if retry_at is not None:
+            expression += ", retry_at = :retry_at"
+            sets["retry_at"] = retry_at
+        if state is _S.DEAD:
+            # Set with the DEAD write, cleared once the message is in the DLQ: a crash in
+            # between is finished by the next delivery, and only the lease holder copies.
+            expression += ", dlq_pending = :true"
+            sets["true"] = True
+        attempt_sets: dict[str, Any] = {"outcome": outcome.value, "now": now}
+        attempt_expression = "SET outcome = :outcome, finished_at = :now"
+        if error is not None:
+            attempt_expression += ", #e = :error"
+            attempt_sets["error"] = error[:1000]
+        run_transaction(
+            self._client,
+            [
+                (
+                    OCCURRENCE,
+                    {
+                        "Update": {
+                            "TableName": self._occurrences,
+                            "Key": self._occurrence_key(lease.occurrence_id),
+                            "UpdateExpression": expression + " REMOVE lease_token",
+                            # Race: the lease expired and another worker claimed the
+                            # occurrence (new token); this late completion must not
+                            # overwrite the new attempt's state.
+                            "ConditionExpression": "#state = :running AND lease_token = :token",
+                            "ExpressionAttributeNames": {"#state": "state"},
+                            "ExpressionAttributeValues": values(
+                                running=_S.RUNNING.value, token=lease.token, **sets
+                            ),
+                        }
+                    },
+                ),
+                (
+                    ATTEMPT,
+                    {
+                        "Update": {
+                            "TableName": self._occurrences,
+                            "Key": self._occurrence_key(
+                                lease.occurrence_id, attempt_sk(lease.attempt_no)
+                            ),
+                            "UpdateExpression": attempt_expression,
+                            # Race: only the attempt this lease started is closed.
+                            "ConditionExpression": "lease_token = :token",
+                            **(
+                                {"ExpressionAttributeNames": {"#e": "error"}}
+                                if error is not None
+                                else {}
+                            ),
+                            "ExpressionAttributeValues": values(token=lease.token, **attempt_sets),
+                        }
+                    },
+                ),
+            ],
+        )
+
+    def release(self, lease: Lease) -> None:
+        """Free the slots this lease holds; best effort, since an expired lease frees them too."""
+        slots = [(self._tenants, self._concurrency_key(lease.tenant_id, lease.concurrency_slot))]
+        if lease.overlap:
+            slots.append((self._schedules, self._run_slot_key(lease.schedule_id)))
+        for table, key in slots:
+            try:
+                with translated():
+                    self._client.update_item(
+                        TableName=table,
+                        Key=key,
+                        UpdateExpression="REMOVE lease_token, expires_at, occurrence_id",
+                        # Race: our lease expired and another occurrence took the slot; it
+                        # is theirs now and must stay held.
+                        ConditionExpression="lease_token = :token",
+                        ExpressionAttributeValues=values(token=lease.token),
+                    )
+            except Conflict:
+                continue

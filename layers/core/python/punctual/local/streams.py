@@ -1,0 +1,147 @@
+"""The local stand-in for the Lambda event source mapping on the occurrences stream.
+
+Like the mapping: records are filtered (INSERT of occurrence items only), handed to the
+relay handler in batches, and a record the handler reports as a batch item failure is
+retried from that record on (after a pause), so nothing is skipped. The position in
+each shard is checkpointed to a file, so a restarted stack carries on where it stopped;
+re-delivering a few records after a crash is harmless (the relay skips what is no longer
+SCHEDULED, and delivery is at least once anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from punctual.dal.tables import OCCURRENCE_SK
+from punctual.observability import logger
+
+BatchHandler = Callable[[dict[str, Any]], dict[str, Any]]
+BATCH_SIZE = 500  # as the CDK event source mapping
+RETRY_PAUSE_SECONDS = 1.0
+
+
+def wanted(record: dict[str, Any]) -> bool:
+    """The mapping's filter: eventName INSERT and NewImage.sk = OCC."""
+    image = record.get("dynamodb", {}).get("NewImage", {})
+    return record.get("eventName") == "INSERT" and image.get("sk", {}).get("S") == OCCURRENCE_SK
+
+
+def _as_event_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
+    dynamodb = dict(record["dynamodb"])
+    created = dynamodb.get("ApproximateCreationDateTime")
+    if isinstance(created, datetime):
+        dynamodb["ApproximateCreationDateTime"] = created.timestamp()
+    return {**record, "dynamodb": dynamodb, "eventSourceARN": stream_arn}
+
+
+class StreamPoller:
+    def __init__(
+        self,
+        dynamodb: Any,
+        streams: Any,
+        table: str,
+        handler: BatchHandler,
+        checkpoints: Path,
+    ) -> None:
+        self._dynamodb = dynamodb
+        self._streams = streams
+        self._table = table
+        self._handler = handler
+        self._checkpoints = checkpoints
+        self._iterators: dict[str, str | None] = {}
+        self._positions: dict[str, str] = {}
+        self._stream_arn: str | None = None
+        self._retry_after: dict[str, float] = {}
+
+    def _load(self, stream_arn: str) -> None:
+        try:
+            saved = json.loads(self._checkpoints.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        self._positions = dict(saved.get(stream_arn, {}))
+
+    def _save(self) -> None:
+        assert self._stream_arn is not None
+        tmp = self._checkpoints.with_suffix(".tmp")
+        tmp.write_text(json.dumps({self._stream_arn: self._positions}))
+        tmp.replace(self._checkpoints)
+
+    def _iterator(self, shard_id: str) -> str | None:
+        assert self._stream_arn is not None
+        position = self._positions.get(shard_id)
+        request: dict[str, Any] = {"StreamArn": self._stream_arn, "ShardId": shard_id}
+        if position:
+            request |= {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": position}
+        else:
+            request |= {"ShardIteratorType": "TRIM_HORIZON"}
+        return str(self._streams.get_shard_iterator(**request)["ShardIterator"])
+
+    def _discover(self) -> None:
+        arn = self._dynamodb.describe_table(TableName=self._table)["Table"]["LatestStreamArn"]
+        if arn != self._stream_arn:
+            self._stream_arn = arn
+            self._iterators = {}
+            self._load(arn)
+        shards = self._streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]
+        for shard in shards:
+            if shard["ShardId"] not in self._iterators:
+                self._iterators[shard["ShardId"]] = self._iterator(shard["ShardId"])
+
+    def poll_once(self) -> int:
+        """Read every open shard once; returns how many records were handed to the relay."""
+        self._discover()
+        handed = 0
+        for shard_id, iterator in list(self._iterators.items()):
+            if iterator is None or time.monotonic() < self._retry_after.get(shard_id, 0):
+                continue
+            try:
+                answer = self._streams.get_records(ShardIterator=iterator, Limit=1000)
+            except ClientError as error:
+                code = error.response.get("Error", {}).get("Code")
+                if code not in ("TrimmedDataAccessException", "ExpiredIteratorException"):
+                    raise
+                # DynamoDB Local sometimes refuses an iterator it issued; take a fresh one
+                # from the checkpoint (nothing is skipped: the checkpoint did not move).
+                logger.info("stream iterator refused; taking a fresh one", extra={"code": code})
+                self._iterators[shard_id] = self._iterator(shard_id)
+                continue
+            records = answer.get("Records", [])
+            next_iterator = answer.get("NextShardIterator")
+            failed_at = self._deliver(records)
+            if failed_at is None:
+                self._iterators[shard_id] = next_iterator
+                if records:
+                    self._positions[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]
+            else:
+                # Retry from the first failed record, as the mapping does.
+                done = [r for r in records if int(r["dynamodb"]["SequenceNumber"]) < failed_at]
+                if done:
+                    self._positions[shard_id] = done[-1]["dynamodb"]["SequenceNumber"]
+                self._iterators[shard_id] = self._iterator(shard_id)
+                self._retry_after[shard_id] = time.monotonic() + RETRY_PAUSE_SECONDS
+            handed += len([r for r in records if wanted(r)])
+        self._save()
+        return handed
+
+    def _deliver(self, records: list[dict[str, Any]]) -> int | None:
+        """Hand the wanted records to the relay; the first failed sequence number, if any."""
+        assert self._stream_arn is not None
+        batch = [_as_event_record(r, self._stream_arn) for r in records if wanted(r)]
+        for start in range(0, len(batch), BATCH_SIZE):
+            part = batch[start : start + BATCH_SIZE]
+            try:
+                answer = self._handler({"Records": part})
+            except Exception:
+                logger.exception("relay batch failed; retrying it")
+                return int(part[0]["dynamodb"]["SequenceNumber"])
+            failures = [int(f["itemIdentifier"]) for f in answer.get("batchItemFailures", [])]
+            if failures:
+                return min(failures)
+        return None

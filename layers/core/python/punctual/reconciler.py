@@ -1,0 +1,707 @@
+"""The reconciler: proves that nothing was silently missed, and repairs what was.
+
+For a closed past window and a set of shards it recomputes, from each schedule's version
+history and the time rules (``punctual.timing``; never the materializer's planning code),
+which occurrences must exist, compares them with the stored ones by their deterministic ids
+and classifies every instant. What has no record at all is MISSING and, unless repair is
+off, is materialized now through the same conditional put as every occurrence, under the
+schedule's misfire policy. One report per (shard, window) is stored in the leases table.
+
+Which version owns an instant follows from how versions are written and materialized:
+
+- version N applies from its ``effective_from`` (the instant of the change); version 1 owns
+  a fire at its creation instant, later versions only fires strictly after theirs;
+- an instant of version N that was due (``available_at``) by the time version N+1 took
+  over must exist as N's occurrence, whatever became of it (an update CANCELs the ones not
+  yet sent);
+- instants of N due after that *may* exist: the API and the materializer plan up to the
+  lookahead ahead, and the change then CANCELed them (or the worker refuses them). Found,
+  they are SUPERSEDED; absent, nothing is wrong;
+- a PAUSED or CANCELED version owns nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from punctual.dal.common import Item, from_dynamo, run_batch, to_dynamo, translated, values
+from punctual.dal.schedules import (
+    MissedSummary,
+    ScheduleVersion,
+    current_version_of,
+    missed_summary_of,
+    schedule_from_item,
+)
+from punctual.dal.tables import SCHEDULE_CURRENT
+from punctual.errors import Conflict, InvalidInput
+from punctual.ids import available_at, occurrence_id
+from punctual.materialize import new_occurrence
+from punctual.materializer import MAX_CATCHUP_SPREAD
+from punctual.models import (
+    MisfireAction,
+    Occurrence,
+    OccurrenceState,
+    Schedule,
+    ScheduleState,
+)
+from punctual.scheduling import Services
+
+HOUR = 3600
+# History is read back to this long before the window: an older version's occurrences can
+# trail its successor's start by at most the planned horizon (lookahead + tick + a minute,
+# at most 960 s with the settings' limits), so a version that ended earlier owns nothing here.
+HISTORY_MARGIN = HOUR
+MAX_WINDOW_SECONDS = 24 * HOUR
+EXAMPLES = 20  # ids kept per class in a report
+MAX_ACTIONS = 100  # DynamoDB's limit per transaction
+REPAIR_ROUNDS = 2
+WORKERS = 16  # schedules examined concurrently (one history and one occurrence query each)
+REPORT_PREFIX = "RECONCILE#"
+FOLLOWER_PAGE = 100  # stored occurrences read past the window to find a late-fired follower
+
+_OWNING_STATES = (ScheduleState.ACTIVE, ScheduleState.COMPLETED)
+
+
+class Finding(StrEnum):
+    """What the reconciler concluded about one instant or one stored occurrence."""
+
+    SUCCEEDED = "SUCCEEDED"
+    DEAD = "DEAD"
+    CANCELED = "CANCELED"
+    MISSED = "MISSED"  # by the misfire policy: a MISSED item or the materializer's summary
+    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
+    IN_FLIGHT = "IN_FLIGHT"  # SCHEDULED, ENQUEUED, RUNNING, RETRY_WAIT
+    MISSING = "MISSING"  # expected, and no record of it at all
+    UNEXPECTED = "UNEXPECTED"  # stored, and no version owns it
+    SUPERSEDED = "SUPERSEDED"  # stored ahead of time, then a newer version took over
+
+
+_BY_STATE = {
+    OccurrenceState.SUCCEEDED: Finding.SUCCEEDED,
+    OccurrenceState.DEAD: Finding.DEAD,
+    OccurrenceState.CANCELED: Finding.CANCELED,
+    OccurrenceState.MISSED: Finding.MISSED,
+    OccurrenceState.SKIPPED_OVERLAP: Finding.SKIPPED_OVERLAP,
+    OccurrenceState.SCHEDULED: Finding.IN_FLIGHT,
+    OccurrenceState.ENQUEUED: Finding.IN_FLIGHT,
+    OccurrenceState.RUNNING: Finding.IN_FLIGHT,
+    OccurrenceState.RETRY_WAIT: Finding.IN_FLIGHT,
+}
+
+METRIC_NAMES = {
+    Finding.SUCCEEDED: "ReconcileSucceeded",
+    Finding.DEAD: "ReconcileDead",
+    Finding.CANCELED: "ReconcileCanceled",
+    Finding.MISSED: "ReconcileMissed",
+    Finding.SKIPPED_OVERLAP: "ReconcileSkippedOverlap",
+    Finding.IN_FLIGHT: "ReconcileInFlight",
+    Finding.MISSING: "ReconcileMissing",
+    Finding.UNEXPECTED: "ReconcileUnexpected",
+    Finding.SUPERSEDED: "ReconcileSuperseded",
+}
+
+
+def default_window(at: int) -> tuple[int, int]:
+    """The hour that ended an hour ago: [floor_hour(at) - 2 h, floor_hour(at) - 1 h)."""
+    hour = at - at % HOUR
+    return hour - 2 * HOUR, hour - HOUR
+
+
+# --- what should exist (pure) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """One fire of one version inside the window, and whether its occurrence must exist."""
+
+    schedule_id: str
+    version: int
+    scheduled_for: int
+    occurrence_id: str
+    available_at: int
+    required: bool  # False: it may exist (planned ahead, then superseded)
+
+
+def expected_occurrences(
+    versions: Sequence[ScheduleVersion], start: int, end: int, *, horizon: int
+) -> list[Expected]:
+    """Every fire of ``versions`` (consecutive, oldest first) in [start, end).
+
+    ``horizon``: how far past a version change its predecessor may have been planned (the
+    API's and the materializer's lookahead); fires due later than that are not expected at
+    all.
+    """
+    found: list[Expected] = []
+    for index, version in enumerate(versions):
+        schedule = version.schedule
+        if schedule.state not in _OWNING_STATES:
+            continue
+        # Version 1 owns a fire at its creation instant (a rate anchored there fires at
+        # once); a later version plans strictly after its change.
+        after = version.effective_from - (1 if schedule.version == 1 else 0)
+        successor = versions[index + 1].effective_from if index + 1 < len(versions) else None
+        for fire in schedule.rule().fires(start - 1, end - 1):
+            if fire <= after:
+                continue
+            oid = occurrence_id(schedule.schedule_id, schedule.version, fire)
+            due = available_at(oid, fire, schedule.flexible_window_seconds)
+            required = successor is None or due <= successor
+            if not required and successor is not None and due > successor + horizon:
+                continue
+            found.append(Expected(schedule.schedule_id, schedule.version, fire, oid, due, required))
+    return found
+
+
+def _dormant(version: ScheduleVersion, since: int) -> bool:
+    """True when nothing of the schedule can be stored after ``since``: paused, canceled or
+    completed before it, it left the due index, and the materializer's version condition
+    refuses any late step. Every other schedule is read, to find strays (UNEXPECTED) even in
+    an hour where it owns nothing, e.g. a nonexistent wall time fired anyway."""
+    schedule = version.schedule
+    if version.effective_from > since:
+        return False
+    if schedule.state in (ScheduleState.PAUSED, ScheduleState.CANCELED):
+        return True
+    return schedule.state is ScheduleState.COMPLETED and schedule.rule().next_after(since) is None
+
+
+def fired_late(occurrence: Occurrence, window_seconds: int) -> bool:
+    """True for an occurrence fired by a misfire policy: the materializer (and the repair)
+    make a late fire receivable from the moment it is handled, not at its jittered instant."""
+    due = available_at(occurrence.occurrence_id, occurrence.scheduled_for, window_seconds)
+    return occurrence.available_at != due
+
+
+# --- one schedule -------------------------------------------------------------------------
+
+
+@dataclass
+class _ScheduleOutcome:
+    schedule_id: str
+    versions: dict[int, Schedule]
+    findings: list[tuple[Finding, str]] = field(default_factory=list)
+    missing: list[Expected] = field(default_factory=list)
+    fired: list[str] = field(default_factory=list)
+    recorded_missed: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    expected: Expected
+    fire: bool  # False: record it MISSED
+    reason: str = ""
+    available_at: int = 0
+
+
+# --- reports ------------------------------------------------------------------------------
+
+
+class ReconcileReport(BaseModel):
+    """The summary of one reconcile run over one shard and one window."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    shard: int
+    window_start: int
+    window_end: int
+    run_at: int
+    complete: bool  # False: the run ran out of time before the last schedule
+    repair: bool
+    schedules: int  # schedules with an instant (expected or stored) in the window
+    counts: dict[Finding, int]
+    examples: dict[Finding, list[str]]  # up to EXAMPLES occurrence ids per class
+    repaired_fired: int  # MISSING ones materialized to fire now
+    repaired_missed: int  # MISSING ones recorded MISSED (policy, or a superseded version)
+    deferred: int  # MISSING ones the materializer has not passed yet: left to it
+    repair_conflicts: int  # MISSING ones whose repair lost a race twice: next run
+
+    @property
+    def missing(self) -> int:
+        return self.counts.get(Finding.MISSING, 0)
+
+    @property
+    def unexpected(self) -> int:
+        return self.counts.get(Finding.UNEXPECTED, 0)
+
+
+def report_key(window_start: int, window_end: int, shard: int) -> str:
+    """'RECONCILE#20261118T100000Z/20261118T110000Z#0003'."""
+    window = "/".join(
+        datetime.fromtimestamp(i, UTC).strftime("%Y%m%dT%H%M%SZ")
+        for i in (window_start, window_end)
+    )
+    return f"{REPORT_PREFIX}{window}#{shard:04d}"
+
+
+def report_to_item(report: ReconcileReport, purge_at: int) -> Item:
+    return {
+        "pk": report_key(report.window_start, report.window_end, report.shard),
+        **report.model_dump(mode="json"),
+        "purge_at": purge_at,
+    }
+
+
+def report_from_item(item: Item) -> ReconcileReport:
+    return ReconcileReport.model_validate(item)
+
+
+class ReportStore:
+    """Reconcile reports: one item per (window, shard) in the leases table, kept for the
+    occurrence retention (TTL ``purge_at``)."""
+
+    def __init__(self, client: Any, table: str) -> None:
+        self._client = client
+        self.table = table
+
+    def put(self, report: ReconcileReport, *, purge_at: int) -> bool:
+        """False when a newer run of the same shard and window is already stored."""
+        try:
+            with translated():
+                self._client.put_item(
+                    TableName=self.table,
+                    Item=to_dynamo(report_to_item(report, purge_at)),
+                    # Race: a slow or retried run of the same shard and window finishing after
+                    # a newer one must not replace the newer findings.
+                    ConditionExpression="attribute_not_exists(pk) OR run_at <= :run_at",
+                    ExpressionAttributeValues=values(run_at=report.run_at),
+                )
+        except Conflict:
+            return False
+        return True
+
+    def get_many(
+        self, window_start: int, window_end: int, shards: Iterable[int]
+    ) -> list[ReconcileReport]:
+        keys = [to_dynamo({"pk": report_key(window_start, window_end, s)}) for s in shards]
+        found: list[ReconcileReport] = []
+        for first in range(0, len(keys), 100):
+            request: dict[str, Any] = {
+                self.table: {"Keys": keys[first : first + 100], "ConsistentRead": True}
+            }
+            while request:
+                answer = self._client.batch_get_item(RequestItems=request)
+                found += [
+                    report_from_item(from_dynamo(raw))
+                    for raw in answer["Responses"].get(self.table, [])
+                ]
+                request = answer.get("UnprocessedKeys") or {}
+        return sorted(found, key=lambda r: r.shard)
+
+
+def read_reports(
+    services: Services,
+    window_start: int,
+    window_end: int | None = None,
+    shards: Sequence[int] | None = None,
+) -> list[ReconcileReport]:
+    """The stored reports of one window (default end: start + 1 h) for ``shards`` (default:
+    every shard), ordered by shard; a shard not reconciled for that window is absent."""
+    end = window_start + HOUR if window_end is None else window_end
+    wanted = range(services.settings.shard_count) if shards is None else shards
+    return ReportStore(services.dynamodb, services.settings.leases_table).get_many(
+        window_start, end, wanted
+    )
+
+
+# --- a run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ShardResult:
+    """A shard's report plus the full id lists of what needs attention (for the caller)."""
+
+    report: ReconcileReport
+    missing: list[str]
+    unexpected: list[str]
+    fired: list[str]
+    recorded_missed: list[str]
+    deferred: list[str]
+
+
+@dataclass
+class _Tally:
+    schedules: int = 0
+    counts: dict[Finding, int] = field(default_factory=lambda: dict.fromkeys(Finding, 0))
+    examples: dict[Finding, list[str]] = field(default_factory=dict)
+    lists: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, outcome: _ScheduleOutcome) -> None:
+        self.schedules += 1
+        for finding, oid in outcome.findings:
+            self.counts[finding] += 1
+            kept = self.examples.setdefault(finding, [])
+            if len(kept) < EXAMPLES:
+                kept.append(oid)
+            if finding in (Finding.MISSING, Finding.UNEXPECTED):
+                self.lists.setdefault(finding.value, []).append(oid)
+        for name in ("fired", "recorded_missed", "deferred", "conflicts"):
+            self.lists.setdefault(name, []).extend(getattr(outcome, name))
+
+    def of(self, name: str) -> list[str]:
+        return self.lists.get(name, [])
+
+
+class Reconciler:
+    def __init__(
+        self,
+        services: Services,
+        *,
+        repair: bool | None = None,
+        out_of_time: Callable[[], bool] | None = None,
+        workers: int = WORKERS,
+    ) -> None:
+        self._s = services
+        self.settings = services.settings
+        self.repair = self.settings.reconcile_repair if repair is None else repair
+        self._out_of_time = out_of_time or (lambda: False)
+        self.workers = workers
+        self.schedules = services.schedules
+        self.occurrences = services.occurrences
+        self.reports = ReportStore(services.dynamodb, self.settings.leases_table)
+        # How far past a version change its predecessor can have been planned: the API plans
+        # lookahead + tick ahead, the materializer to the end of the minute after lookahead.
+        self.horizon = self.settings.planned_horizon_seconds + 60
+
+    def _now(self) -> int:
+        return int(self._s.now())
+
+    def run(self, shards: Sequence[int], start: int, end: int) -> list[ShardResult]:
+        self._check(shards, start, end)
+        return [self.run_shard(shard, start, end) for shard in shards]
+
+    def _check(self, shards: Sequence[int], start: int, end: int) -> None:
+        problems = []
+        if not start < end:
+            problems.append({"field": "window_end", "reason": "must be later than window_start"})
+        elif end - start > MAX_WINDOW_SECONDS:
+            problems.append(
+                {"field": "window_end", "reason": f"a window spans at most {MAX_WINDOW_SECONDS} s"}
+            )
+        if end > self._now():
+            problems.append(
+                {"field": "window_end", "reason": "only a closed, past window is reconciled"}
+            )
+        count = self.settings.shard_count
+        if any(not 0 <= shard < count for shard in shards):
+            problems.append({"field": "shards", "reason": f"shards are 0..{count - 1}"})
+        if problems:
+            raise InvalidInput(
+                "the reconcile request is not valid: "
+                + "; ".join(f"{p['field']}: {p['reason']}" for p in problems),
+                problems,
+            )
+
+    def run_shard(self, shard: int, start: int, end: int) -> ShardResult:
+        run_at = self._now()
+        tally = _Tally()
+        complete = True
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            for page in self.schedules.list_for_shard(shard, created_before=_iso(end)):
+                if self._out_of_time():
+                    complete = False
+                    break
+                # Reads run concurrently (a history and an occurrence query per schedule);
+                # repairs, rare and racing the API and the materializer, one at a time.
+                for outcome in pool.map(lambda item: self._schedule(item, start, end), page):
+                    if outcome is None:
+                        continue
+                    if outcome.missing and self.repair:
+                        self._repair(outcome)
+                    tally.add(outcome)
+        report = ReconcileReport(
+            shard=shard,
+            window_start=start,
+            window_end=end,
+            run_at=run_at,
+            complete=complete,
+            repair=self.repair,
+            schedules=tally.schedules,
+            counts=tally.counts,
+            examples=tally.examples,
+            repaired_fired=len(tally.of("fired")),
+            repaired_missed=len(tally.of("recorded_missed")),
+            deferred=len(tally.of("deferred")),
+            repair_conflicts=len(tally.of("conflicts")),
+        )
+        self.reports.put(report, purge_at=end + self.settings.retention_days * 86400)
+        return ShardResult(
+            report=report,
+            missing=tally.of(Finding.MISSING.value),
+            unexpected=tally.of(Finding.UNEXPECTED.value),
+            fired=tally.of("fired"),
+            recorded_missed=tally.of("recorded_missed"),
+            deferred=tally.of("deferred"),
+        )
+
+    # --- one schedule -------------------------------------------------------------------
+
+    def _schedule(self, item: Item, start: int, end: int) -> _ScheduleOutcome | None:
+        current = current_version_of(item)
+        schedule_id = current.schedule.schedule_id
+        since = start - HISTORY_MARGIN
+        versions = [current]
+        if current.effective_from > since:
+            # A version changed near or after the window: the history says who owned what.
+            versions = self.schedules.versions_since(schedule_id, since) or versions
+        expected = expected_occurrences(versions, start, end, horizon=self.horizon)
+        if not expected and len(versions) == 1 and _dormant(current, since):
+            return None
+        stored = self.occurrences.in_window(schedule_id, since=start, until=end - 1)
+        outcome = _ScheduleOutcome(schedule_id, {v.schedule.version: v.schedule for v in versions})
+        gaps = self._classify(outcome, expected, stored)
+        policy_missed = self._missed_by_policy(gaps, stored, versions, item, end)
+        for gap in gaps:
+            if gap.occurrence_id in policy_missed:
+                outcome.findings.append((Finding.MISSED, gap.occurrence_id))
+            else:
+                outcome.findings.append((Finding.MISSING, gap.occurrence_id))
+                outcome.missing.append(gap)
+        return outcome
+
+    @staticmethod
+    def _classify(
+        outcome: _ScheduleOutcome, expected: list[Expected], stored: list[Occurrence]
+    ) -> list[Expected]:
+        """Stored occurrences by their state; returns the required instants with no record."""
+        by_id = {e.occurrence_id: e for e in expected}
+        for occurrence in stored:
+            owner = by_id.get(occurrence.occurrence_id)
+            consistent = (
+                owner is not None
+                and owner.version == occurrence.schedule_version
+                and owner.scheduled_for == occurrence.scheduled_for
+            )
+            if owner is None or not consistent:
+                finding = Finding.UNEXPECTED
+            elif owner.required:
+                finding = _BY_STATE[occurrence.state]
+            else:
+                finding = Finding.SUPERSEDED
+            outcome.findings.append((finding, occurrence.occurrence_id))
+        present = {o.occurrence_id for o in stored}
+        return [e for e in expected if e.required and e.occurrence_id not in present]
+
+    def _missed_by_policy(
+        self,
+        gaps: list[Expected],
+        stored: list[Occurrence],
+        versions: list[ScheduleVersion],
+        item: Item,
+        end: int,
+    ) -> set[str]:
+        """Gaps the materializer left on purpose: MISSED by the misfire policy.
+
+        Two traces: the summary on the CURRENT item (its last range, current version only),
+        and the next stored occurrence of the same version having been fired late (FIRE_ONCE
+        and CATCHUP fire the latest late instants and leave the ones before them). A gap
+        that was materialized, then lost, right before an outage is taken for MISSED too:
+        nothing stored tells those two apart.
+        """
+        missed: set[str] = set()
+        summary: MissedSummary | None = missed_summary_of(item)
+        current_version = int(item["version"])
+        if summary is not None:
+            missed |= {
+                g.occurrence_id
+                for g in gaps
+                if g.version == current_version and summary.first <= g.scheduled_for <= summary.last
+            }
+        schedules = {v.schedule.version: v.schedule for v in versions}
+        later: dict[int, Occurrence | None] = {}  # per version: its first occurrence after end
+        in_order = sorted(stored, key=lambda o: o.scheduled_for)
+        for gap in gaps:
+            if gap.occurrence_id in missed or gap.version not in schedules:
+                continue
+            follower = next(
+                (
+                    o
+                    for o in in_order
+                    if o.schedule_version == gap.version and o.scheduled_for > gap.scheduled_for
+                ),
+                None,
+            )
+            if follower is None:
+                if gap.version not in later:
+                    later[gap.version] = self._first_after(gap.schedule_id, gap.version, end - 1)
+                follower = later[gap.version]
+            window = schedules[gap.version].flexible_window_seconds
+            if follower is not None and fired_late(follower, window):
+                missed.add(gap.occurrence_id)
+        return missed
+
+    def _first_after(self, schedule_id: str, version: int, after: int) -> Occurrence | None:
+        """The version's first stored occurrence after ``after`` (read one page ahead)."""
+        found = self.occurrences.first_after(schedule_id, after=after, limit=FOLLOWER_PAGE)
+        return next((o for o in found if o.schedule_version == version), None)
+
+    # --- repair -------------------------------------------------------------------------
+
+    def _repair(self, outcome: _ScheduleOutcome) -> None:
+        """MISSING instants get their occurrence now, through the conditional put, under the
+        misfire policy; a lost race is re-read and tried once more."""
+        pending = list(outcome.missing)
+        for _ in range(REPAIR_ROUNDS):
+            item = self.schedules.get_item(outcome.schedule_id)
+            if item is None:
+                return
+            current = schedule_from_item(item)
+            now = self._now()
+            decisions, deferred = self._decide(pending, current, now)
+            outcome.deferred += [e.occurrence_id for e in deferred]
+            failed = self._write(current, outcome.versions, decisions)
+            for decision in decisions:
+                if decision.expected not in failed:
+                    target = outcome.fired if decision.fire else outcome.recorded_missed
+                    target.append(decision.expected.occurrence_id)
+            # Whatever someone else materialized meanwhile is no longer ours to repair.
+            pending = [e for e in failed if self.occurrences.get(e.occurrence_id) is None]
+            if not pending:
+                return
+        outcome.conflicts += [e.occurrence_id for e in pending]
+
+    def _decide(
+        self, gaps: list[Expected], current: Schedule, now: int
+    ) -> tuple[list[_Decision], list[Expected]]:
+        decisions: list[_Decision] = []
+        deferred: list[Expected] = []
+        candidates: list[Expected] = []
+        for gap in sorted(gaps, key=lambda e: e.scheduled_for):
+            if gap.version != current.version:
+                # The worker refuses a superseded version's occurrence: it can only be missed.
+                reason = f"missing; version {gap.version} was superseded by {current.version}"
+                decisions.append(_Decision(gap, fire=False, reason=reason))
+            elif current.state is ScheduleState.ACTIVE and (
+                current.next_run_at is not None and gap.scheduled_for >= current.next_run_at
+            ):
+                # The materializer has not got here yet: it will apply the misfire policy
+                # itself, and an occurrence put here first would block its step.
+                deferred.append(gap)
+            else:
+                candidates.append(gap)
+        policy = current.misfire
+        late = [g for g in candidates if now - g.scheduled_for > policy.max_lateness_seconds]
+        keep = min(len(late), policy.effective_catchup_limit)
+        fired_late_ones = late[len(late) - keep :]
+        pace = self._catchup_pace(current, keep)
+        for gap in candidates:
+            if gap in late and gap not in fired_late_ones:
+                reason = (
+                    f"missing; later than max_lateness ({policy.max_lateness_seconds} s) "
+                    f"under {policy.action.value}"
+                )
+                decisions.append(_Decision(gap, fire=False, reason=reason))
+            elif gap in fired_late_ones:
+                offset = fired_late_ones.index(gap) * pace
+                decisions.append(_Decision(gap, fire=True, available_at=now + offset))
+            else:
+                decisions.append(_Decision(gap, fire=True, available_at=now))
+        return decisions, deferred
+
+    def _catchup_pace(self, schedule: Schedule, keep: int) -> int:
+        if schedule.misfire.action is not MisfireAction.CATCHUP or keep < 2:
+            return 0
+        quotas = self._s.tenants.get(schedule.tenant_id).quotas
+        pace = max(1, 60 // quotas.catchup_per_minute)
+        # SQS delays at most 900 s: a slower pace is compressed, as the materializer does.
+        return min(pace, MAX_CATCHUP_SPREAD // (keep - 1))
+
+    def _write(
+        self, current: Schedule, versions: dict[int, Schedule], decisions: list[_Decision]
+    ) -> list[Expected]:
+        """Commit the decisions, 99 puts and one schedule check per transaction; returns the
+        expected instants whose transaction was refused."""
+        retention = self.settings.retention_days * 86400
+        failed: list[Expected] = []
+        for first in range(0, len(decisions), MAX_ACTIONS - 1):
+            chunk = decisions[first : first + MAX_ACTIONS - 1]
+            actions = [self._schedule_check(current, chunk)] + [
+                self._put(
+                    current
+                    if d.expected.version == current.version
+                    else versions.get(d.expected.version, current),
+                    d,
+                    retention,
+                )
+                for d in chunk
+            ]
+            if run_batch(self._s.dynamodb, actions):
+                failed += [d.expected for d in chunk]
+        return failed
+
+    def _put(self, schedule: Schedule, decision: _Decision, retention: int) -> dict[str, Any]:
+        occurrence = new_occurrence(schedule, decision.expected.scheduled_for, retention)
+        if decision.fire:
+            occurrence = occurrence.model_copy(update={"available_at": decision.available_at})
+            return self.occurrences.put_new(occurrence, schedule.payload)
+        missed = occurrence.model_copy(
+            update={"state": OccurrenceState.MISSED, "reason": f"reconciler: {decision.reason}"}
+        )
+        # A MISSED record is never sent (the relay sends only SCHEDULED), so no payload.
+        return self.occurrences.put_new(missed, {})
+
+    def _schedule_check(self, current: Schedule, chunk: list[_Decision]) -> dict[str, Any]:
+        own = [d.expected.scheduled_for for d in chunk if d.expected.version == current.version]
+        condition = "version = :v"
+        named: dict[str, Any] = {"v": current.version}
+        if own:
+            condition += (
+                " AND #state IN (:active, :completed)"
+                " AND (attribute_not_exists(next_run_at) OR next_run_at > :last)"
+            )
+            named |= {
+                "active": ScheduleState.ACTIVE.value,
+                "completed": ScheduleState.COMPLETED.value,
+                "last": max(own),
+            }
+        check: dict[str, Any] = {
+            "TableName": self.settings.schedules_table,
+            "Key": to_dynamo({"schedule_id": current.schedule_id, "sk": SCHEDULE_CURRENT}),
+            # Race: an update, pause or cancel since the read (a SCHEDULED occurrence of the
+            # old version put after the new version's invalidation swept would escape it), or
+            # the materializer's cursor not yet past these instants (its own put of the same
+            # id would then fail and stall its whole shard).
+            "ConditionExpression": condition,
+            "ExpressionAttributeValues": values(**named),
+        }
+        if own:
+            check["ExpressionAttributeNames"] = {"#state": "state"}
+        return {"ConditionCheck": check}
+
+
+def metric_values(results: Iterable[ShardResult]) -> dict[str, int]:
+    """Totals over shards, named as in docs/operations.md (no per-tenant dimension)."""
+    totals = dict.fromkeys(METRIC_NAMES.values(), 0) | {
+        "ReconcileRepaired": 0,
+        "ReconcileRepairFired": 0,
+        "ReconcileRepairMissed": 0,
+        "ReconcileRepairDeferred": 0,
+        "ReconcileRepairConflicts": 0,
+        "ReconcileSchedules": 0,
+        "ReconcileIncomplete": 0,
+    }
+    for result in results:
+        report = result.report
+        for finding, count in report.counts.items():
+            totals[METRIC_NAMES[finding]] += count
+        totals["ReconcileRepaired"] += report.repaired_fired + report.repaired_missed
+        totals["ReconcileRepairFired"] += report.repaired_fired
+        totals["ReconcileRepairMissed"] += report.repaired_missed
+        totals["ReconcileRepairDeferred"] += report.deferred
+        totals["ReconcileRepairConflicts"] += report.repair_conflicts
+        totals["ReconcileSchedules"] += report.schedules
+        totals["ReconcileIncomplete"] += int(not report.complete)
+    return totals
+
+
+def _iso(instant: int) -> str:
+    """The form ``created_key`` begins with ('2026-11-18T10:00:00+00:00')."""
+    return datetime.fromtimestamp(instant, UTC).isoformat()

@@ -1,0 +1,119 @@
+"""Two ways to feed a Worker, with the same semantics: a long-polling loop, or an
+SQS-triggered Lambda (Powertools batch processing with partial batch failures)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+
+from punctual.observability import logger, metrics
+from punctual.worker.core import METRICS, Delivery, Result, Worker, queue_url_of
+
+
+class QueueConsumer:
+    """Long polling: receive up to 10, process them on ``threads``, delete what is done."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        queue_url: str,
+        *,
+        wait_seconds: int = 20,
+        threads: int = 4,
+        on_result: Callable[[Delivery, Result], None] | None = None,
+    ) -> None:
+        self.worker = worker
+        self.queue_url = queue_url
+        self.wait_seconds = wait_seconds
+        self.threads = threads
+        self.on_result = on_result or (lambda delivery, result: None)
+
+    def poll_once(self) -> list[Result]:
+        sqs = self.worker.services.sqs
+        received = sqs.receive_message(
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=self.wait_seconds,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        ).get("Messages", [])
+        deliveries = [
+            Delivery(
+                body=m["Body"],
+                receipt_handle=m["ReceiptHandle"],
+                queue_url=self.queue_url,
+                receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
+            )
+            for m in received
+        ]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.threads, len(deliveries)))) as pool:
+            results = list(pool.map(self.worker.process, deliveries))
+        done = [d for d, r in zip(deliveries, results, strict=True) if r.delete]
+        if done:
+            answer = sqs.delete_message_batch(
+                QueueUrl=self.queue_url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": d.receipt_handle} for i, d in enumerate(done)
+                ],
+            )
+            for failed in answer.get("Failed", []):
+                # A lost ack: the message comes back and the claim sees it finished.
+                logger.warning("delete failed; the re-delivery will be recognized", extra=failed)
+        for delivery, result in zip(deliveries, results, strict=True):
+            self.on_result(delivery, result)
+        return results
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:
+                logger.exception("poll failed; polling again")
+                stop.wait(1)
+
+
+class KeepMessage(Exception):
+    """Reported as a batch item failure, so Lambda leaves the message in the queue."""
+
+
+def sqs_lambda_handler(worker: Worker) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """An SQS-triggered Lambda handler for ``worker``; enable ReportBatchItemFailures on the
+    event source mapping. Done messages are deleted by Lambda, kept ones are reported."""
+    # Every record kept is a normal answer (batchItemFailures), not an error of the batch.
+    processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+    urls: dict[str, str] = {}
+
+    def record_handler(record: SQSRecord) -> None:
+        arn = record.event_source_arn
+        if arn not in urls:
+            urls[arn] = queue_url_of(worker.services.sqs, arn)
+        result = worker.process(
+            Delivery(
+                body=record.body,
+                receipt_handle=record.receipt_handle,
+                queue_url=urls[arn],
+                receive_count=int(record.attributes.approximate_receive_count),
+            )
+        )
+        metrics.add_metric(name=METRICS[result.outcome], unit=MetricUnit.Count, value=1)
+        if not result.delete:
+            raise KeepMessage(result.outcome.value)
+
+    @metrics.log_metrics
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return dict(
+            process_partial_response(
+                event=event, record_handler=record_handler, processor=processor, context=context
+            )
+        )
+
+    return handler

@@ -1,0 +1,562 @@
+"""Process one delivered occurrence: claim, run the handler under a lease, complete.
+
+Duplicate deliveries, one business effect: the claim is a conditional write from the
+state the worker read, so each attempt runs on at most one worker at a time; every later
+write of the attempt is fenced by its lease token; the handler never runs for an
+occurrence that is finished, stale (its schedule changed) or canceled.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from punctual.dal.common import ConditionFailed, Item
+from punctual.dal.runs import OVERLAP, Lease, RunStore, Seen
+from punctual.errors import NotFound, Retryable
+from punctual.models import (
+    TERMINAL,
+    AttemptOutcome,
+    OccurrenceState,
+    OverlapPolicy,
+    RetryPolicy,
+    ScheduleState,
+)
+from punctual.observability import logger
+from punctual.scheduling import Services
+
+MESSAGE_VERSION = 1
+_S = OccurrenceState
+# Re-reads after a lost race before the message is left for a later delivery.
+CLAIM_ROUNDS = 4
+# Concurrency slots probed per claim before all of them are read.
+SLOT_PROBES = 8
+TENANT_CACHE_SECONDS = 60
+# A throttled or contended message comes back after this many seconds (uniform).
+THROTTLE_BACKOFF = (5, 30)
+# Well below the target queue's redrive count (integrations/queues.py MAX_RECEIVE_COUNT = 25):
+# ApproximateReceiveCount is approximate.
+REQUEUE_AFTER_RECEIVES = 10
+FINISH_ATTEMPTS = 4
+
+
+class PermanentError(Exception):
+    """Raise it (or a subclass) from a handler for a failure no retry can fix: DEAD at once."""
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "SUCCEEDED"  # the handler ran and returned
+    RETRY = "RETRY"  # transient failure: visible again after the back-off
+    DEAD = "DEAD"  # permanent failure, retries exhausted or deadline passed: to the DLQ
+    ALREADY_DONE = "ALREADY_DONE"  # a re-delivery of a finished occurrence (a lost ack)
+    IN_PROGRESS = "IN_PROGRESS"  # another worker holds a live lease on it
+    STALE = "STALE"  # its schedule was updated, paused or canceled: refused, CANCELED
+    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"  # SKIP_IF_RUNNING and another run holds the slot
+    THROTTLED = "THROTTLED"  # the tenant's concurrency limit is reached: visible again later
+    LEASE_LOST = "LEASE_LOST"  # our lease expired and another worker took over
+    REJECTED = "REJECTED"  # not an occurrence message of this tenant: to the DLQ
+
+
+# What happens to the SQS message after each outcome; the others stay in the queue.
+DELETE = frozenset(
+    {
+        Outcome.SUCCEEDED,
+        Outcome.DEAD,
+        Outcome.ALREADY_DONE,
+        Outcome.STALE,
+        Outcome.SKIPPED_OVERLAP,
+        Outcome.REJECTED,
+    }
+)
+# The metric each outcome counts under (docs/operations.md).
+METRICS = {
+    Outcome.SUCCEEDED: "Succeeded",
+    Outcome.RETRY: "Retried",
+    Outcome.DEAD: "Dead",
+    Outcome.ALREADY_DONE: "DuplicateClaims",
+    Outcome.IN_PROGRESS: "DuplicateClaims",
+    Outcome.STALE: "StaleRefused",
+    Outcome.SKIPPED_OVERLAP: "SkippedOverlap",
+    Outcome.THROTTLED: "ConcurrencyThrottled",
+    Outcome.LEASE_LOST: "WorkerLeasesLost",
+    Outcome.REJECTED: "Rejected",
+}
+
+
+class Message(BaseModel):
+    """The occurrence message, version 1 (docs/message.md)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    version: int
+    occurrence_id: str
+    schedule_id: str
+    schedule_version: int
+    tenant_id: str
+    target: str
+    scheduled_for: datetime
+    available_at: datetime
+    attempt: int
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One received message, from a long poll or from an SQS-triggered Lambda."""
+
+    body: str
+    receipt_handle: str
+    queue_url: str
+    receive_count: int = 1
+
+    def message(self) -> Message:
+        data = json.loads(self.body)
+        if not isinstance(data, dict) or data.get("version") != MESSAGE_VERSION:
+            raise ValueError(f"not a version {MESSAGE_VERSION} occurrence message")
+        return Message.model_validate(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    outcome: Outcome
+    detail: str = ""
+    visible_in: int | None = None  # a kept message is received again after this many seconds
+    requeued: bool = False  # replaced by a fresh copy: the original is deleted
+
+    @property
+    def delete(self) -> bool:
+        return self.outcome in DELETE or self.requeued
+
+
+def backoff_ceiling(policy: RetryPolicy, attempt_no: int) -> int:
+    """The upper bound of the full-jitter delay after failed attempt ``attempt_no``."""
+    return int(min(policy.backoff_max_seconds, policy.backoff_base_seconds * 2 ** (attempt_no - 1)))
+
+
+@dataclass
+class Job:
+    """What a handler gets: the message, its attempt number and the lease it runs under."""
+
+    message: Message
+    attempt: int
+    _worker: Worker = field(repr=False)
+    _lease: Lease = field(repr=False)
+    _delivery: Delivery = field(repr=False)
+    lease_lost: bool = False
+    _checked_at: float = field(default=float("-inf"), repr=False)
+    _canceled: bool = field(default=False, repr=False)
+
+    @property
+    def occurrence_id(self) -> str:
+        return self.message.occurrence_id
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return self.message.payload
+
+    def heartbeat(self) -> bool:
+        """Extend the lease, the slots and the message's visibility together; False once the
+        lease is lost (the handler should stop: its completion will be rejected)."""
+        if not self.lease_lost:
+            self.lease_lost = not self._worker.extend(self._lease, self._delivery)
+        return not self.lease_lost
+
+    def canceled(self) -> bool:
+        """Cooperative cancel: was the schedule canceled, paused or updated since this
+        occurrence was made? One small read, cached for ``cancel_check_seconds``."""
+        now = self._worker.services.now()
+        if not self._canceled and now - self._checked_at >= self._worker.cancel_check_seconds:
+            self._checked_at = now
+            found = self._worker.runs.schedule_version(self.message.schedule_id)
+            self._canceled = (
+                found is None
+                or found[0] != self.message.schedule_version
+                or found[1] == ScheduleState.CANCELED.value
+            )
+        return self._canceled
+
+
+Handler = Callable[[Job], None]
+
+
+class Worker:
+    """Runs ``handler`` for the occurrences of one tenant, whatever delivered them."""
+
+    def __init__(
+        self,
+        services: Services,
+        tenant_id: str,
+        handler: Handler,
+        *,
+        lease_seconds: int = 60,
+        heartbeat_seconds: float | None = None,
+        permanent: tuple[type[BaseException], ...] = (PermanentError, ValidationError),
+        cancel_check_seconds: float = 5,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.services = services
+        self.tenant_id = tenant_id
+        self.handler = handler
+        self.lease_seconds = lease_seconds
+        # Heartbeats run on a thread while the handler runs; None: the handler calls
+        # job.heartbeat() itself (and tests drive it with an injected clock).
+        self.heartbeat_seconds = heartbeat_seconds
+        self.permanent = permanent
+        self.cancel_check_seconds = cancel_check_seconds
+        self.rng = rng or random.Random()
+        self.runs = RunStore(services.dynamodb, services.settings)
+        self.stats: Counter[Outcome] = Counter()
+        self._lock = threading.Lock()
+        self._limit: tuple[int, float] | None = None
+        self._dlqs: dict[str, str] = {}
+
+    def _now(self) -> int:
+        return int(self.services.now())
+
+    # --- the whole path ---------------------------------------------------------------
+
+    def process(self, delivery: Delivery) -> Result:
+        """Claim, run, complete. Changes the message's visibility and sends it to the DLQ
+        as the outcome needs; deleting it is the caller's (result.delete)."""
+        result = self._process(delivery)
+        if not result.delete and delivery.receive_count >= REQUEUE_AFTER_RECEIVES:
+            result = self._requeue(delivery, result)
+        elif result.visible_in is not None and not result.delete:
+            self._set_visibility(delivery, result.visible_in)
+        with self._lock:
+            self.stats[result.outcome] += 1
+        logger.info(
+            "occurrence processed",
+            extra={"outcome": result.outcome.value, "detail": result.detail},
+        )
+        return result
+
+    def _requeue(self, delivery: Delivery, result: Result) -> Result:
+        """A message kept for a long time (throttled, waiting on a lease or a back-off) would
+        reach the queue's redrive count and land in the DLQ with its occurrence unrun; a fresh
+        copy (receive count 0) replaces it. Copies are harmless: claims decide."""
+        self.services.sqs.send_message(
+            QueueUrl=delivery.queue_url,
+            MessageBody=delivery.body,
+            DelaySeconds=max(0, min(result.visible_in or 0, 900)),
+        )
+        return replace(result, requeued=True)
+
+    def _process(self, delivery: Delivery) -> Result:
+        try:
+            message = delivery.message()
+        except (ValueError, ValidationError) as error:
+            return self._rejected(delivery, f"unreadable message: {error}")
+        if message.tenant_id != self.tenant_id:
+            return self._rejected(delivery, f"a message of tenant {message.tenant_id}")
+        for _ in range(CLAIM_ROUNDS):
+            step = self._claim(delivery, message)
+            if step is not None:
+                return step if isinstance(step, Result) else self._run(delivery, message, *step)
+        return Result(Outcome.IN_PROGRESS, "contended; left for a later delivery", self._later())
+
+    def _claim(
+        self, delivery: Delivery, message: Message
+    ) -> Result | tuple[Lease, RetryPolicy, int] | None:
+        """A refusal, a lease to run under, or None when a race was lost (read again)."""
+        now = self._now()
+        occurrence, schedule = self.runs.read(message.occurrence_id, message.schedule_id)
+        if occurrence is None or occurrence["tenant_id"] != self.tenant_id:
+            return self._rejected(delivery, "no such occurrence")
+        seen = Seen(
+            _S(occurrence["state"]),
+            int(occurrence.get("attempt_count", 0)),
+            occurrence.get("lease_token"),
+        )
+        if seen.state in TERMINAL:
+            if occurrence.get("dlq_pending"):
+                # DEAD, but the worker that decided it stopped before the DLQ copy.
+                self._dead_letter(delivery, message.occurrence_id, occurrence.get("reason", ""))
+            return Result(Outcome.ALREADY_DONE, f"already {seen.state.value}")
+        lease_end = int(occurrence.get("lease_expires_at") or 0)
+        if seen.state is _S.RUNNING and lease_end > now:
+            return Result(Outcome.IN_PROGRESS, "another worker holds the lease", lease_end - now)
+        retry_at = int(occurrence.get("retry_at") or 0)
+        if seen.state is _S.RETRY_WAIT and retry_at > now:
+            # A duplicate delivery during the back-off: it waits like the original.
+            return Result(Outcome.RETRY, "backing off", retry_at - now)
+        stale = _staleness(occurrence, schedule)
+        if stale is not None:
+            return self._refuse(message, seen, _S.CANCELED, stale, Outcome.STALE, now)
+        assert schedule is not None
+        definition = schedule.get("definition", {})
+        policy = RetryPolicy.model_validate(definition.get("retry", {}))
+        scheduled_for = int(occurrence["scheduled_for"])
+        over = _exhausted(seen.attempt_count, policy, scheduled_for, now)
+        if over is not None:
+            refused = self._refuse(message, seen, _S.DEAD, over, Outcome.DEAD, now)
+            if refused is not None:
+                self._dead_letter(delivery, message.occurrence_id, over)
+            return refused
+        slot = self._free_slot(now)
+        if slot is None:
+            return Result(Outcome.THROTTLED, "tenant concurrency limit reached", self._later())
+        lease = Lease(
+            occurrence_id=message.occurrence_id,
+            tenant_id=self.tenant_id,
+            schedule_id=message.schedule_id,
+            attempt_no=seen.attempt_count + 1,
+            token=secrets.token_urlsafe(16),
+            expires_at=now + self.lease_seconds,
+            concurrency_slot=slot,
+            overlap=definition.get("overlap") == OverlapPolicy.SKIP_IF_RUNNING.value,
+        )
+        try:
+            self.runs.claim(
+                lease,
+                seen=seen,
+                schedule_version=int(occurrence["schedule_version"]),
+                now=now,
+                queued_at=now,
+            )
+        except ConditionFailed as refused:
+            if refused.label == OVERLAP:
+                holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
+                reason = f"{holder} of this schedule is running"
+                return self._refuse(
+                    message, seen, _S.SKIPPED_OVERLAP, reason, Outcome.SKIPPED_OVERLAP, now
+                )
+            return None  # the occurrence, the schedule or the slot moved: read again
+        except Retryable:
+            return None
+        return lease, policy, scheduled_for
+
+    def _refuse(
+        self,
+        message: Message,
+        seen: Seen,
+        state: OccurrenceState,
+        reason: str,
+        outcome: Outcome,
+        now: int,
+    ) -> Result | None:
+        moved = self.runs.refuse(
+            message.occurrence_id, seen=seen, state=state, reason=reason, now=now
+        )
+        return Result(outcome, reason) if moved else None
+
+    def _run(
+        self, delivery: Delivery, message: Message, lease: Lease, policy: RetryPolicy, due: int
+    ) -> Result:
+        # The message must not come back to another worker while this lease is live.
+        self._set_visibility(delivery, self.lease_seconds)
+        job = Job(
+            message=message,
+            attempt=lease.attempt_no,
+            _worker=self,
+            _lease=lease,
+            _delivery=delivery,
+        )
+        stop = self._heartbeats(job)
+        error: BaseException | None = None
+        try:
+            self.handler(job)
+        except Exception as raised:
+            error = raised
+        finally:
+            stop()
+        now = self._now()
+        if error is None:
+            return self._finish(delivery, lease, _S.SUCCEEDED, AttemptOutcome.SUCCEEDED, now)
+        text = f"{type(error).__name__}: {error}"
+        if isinstance(error, self.permanent):
+            return self._finish(
+                delivery, lease, _S.DEAD, AttemptOutcome.DEAD, now, f"permanent: {text}"
+            )
+        delay = int(self.rng.uniform(0, backoff_ceiling(policy, lease.attempt_no)))
+        over = _exhausted(lease.attempt_no, policy, due, now + delay)
+        if over is not None:
+            return self._finish(
+                delivery, lease, _S.DEAD, AttemptOutcome.DEAD, now, f"{over}; last: {text}"
+            )
+        return self._finish(
+            delivery, lease, _S.RETRY_WAIT, AttemptOutcome.RETRY, now, text, retry_in=delay
+        )
+
+    def _finish(
+        self,
+        delivery: Delivery,
+        lease: Lease,
+        state: OccurrenceState,
+        outcome: AttemptOutcome,
+        now: int,
+        error: str | None = None,
+        retry_in: int | None = None,
+    ) -> Result:
+        for attempt in range(FINISH_ATTEMPTS):
+            try:
+                self.runs.finish(
+                    lease,
+                    state=state,
+                    outcome=outcome,
+                    now=now,
+                    error=error,
+                    retry_at=None if retry_in is None else now + retry_in,
+                )
+                break
+            except ConditionFailed:
+                logger.warning(
+                    "completion rejected: the lease was lost to another worker",
+                    extra={"occurrence_id": lease.occurrence_id, "attempt": lease.attempt_no},
+                )
+                return Result(Outcome.LEASE_LOST, f"attempt {lease.attempt_no} lost its lease")
+            except Retryable:
+                # A transaction conflict or throttling, not a verdict: the lease is still
+                # ours, so the same fenced completion is tried again.
+                if attempt == FINISH_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * 2**attempt)
+        self.runs.release(lease)
+        if state is _S.SUCCEEDED:
+            return Result(Outcome.SUCCEEDED)
+        if state is _S.DEAD:
+            self._dead_letter(delivery, lease.occurrence_id, error or "dead")
+            return Result(Outcome.DEAD, error or "")
+        return Result(Outcome.RETRY, error or "", retry_in)
+
+    # --- leases and slots ---------------------------------------------------------------
+
+    def extend(self, lease: Lease, delivery: Delivery) -> bool:
+        """The heartbeat: False when the lease is no longer ours."""
+        try:
+            self.runs.extend(lease, self._now() + self.lease_seconds)
+        except ConditionFailed:
+            return False
+        except Retryable:
+            return True  # throttled: the next beat tries again, the lease is still ours
+        self._set_visibility(delivery, self.lease_seconds)
+        return True
+
+    def _heartbeats(self, job: Job) -> Callable[[], None]:
+        if self.heartbeat_seconds is None:
+            return lambda: None
+        interval = self.heartbeat_seconds
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    if not job.heartbeat():
+                        return
+                except Exception:
+                    # An SQS or DynamoDB hiccup: the lease is likely still ours; beat again.
+                    logger.exception("heartbeat failed; trying again at the next beat")
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{job.occurrence_id}", daemon=True)
+        thread.start()
+
+        def halt() -> None:
+            stop.set()
+            thread.join()
+
+        return halt
+
+    def _free_slot(self, now: int) -> int | None:
+        """A concurrency slot that looks free; the claim's condition has the last word."""
+        limit = self._concurrency_limit()
+        candidates = self.rng.sample(range(limit), min(limit, SLOT_PROBES))
+        busy = self.runs.busy_slots(self.tenant_id, candidates, now)
+        free = [slot for slot in candidates if slot not in busy]
+        if not free and limit > len(candidates):
+            every = list(range(limit))
+            busy = self.runs.busy_slots(self.tenant_id, every, now)
+            free = [slot for slot in every if slot not in busy]
+        return self.rng.choice(free) if free else None
+
+    def _concurrency_limit(self) -> int:
+        now = self.services.now()
+        if self._limit is None or now - self._limit[1] > TENANT_CACHE_SECONDS:
+            try:
+                quotas = self.services.tenants.get(self.tenant_id).quotas
+            except NotFound:
+                raise ValueError(f"tenant {self.tenant_id} does not exist") from None
+            self._limit = (quotas.max_concurrency, now)
+        return self._limit[0]
+
+    def _later(self) -> int:
+        return self.rng.randint(*THROTTLE_BACKOFF)
+
+    # --- the queue ------------------------------------------------------------------------
+
+    def _set_visibility(self, delivery: Delivery, seconds: int) -> None:
+        self.services.sqs.change_message_visibility(
+            QueueUrl=delivery.queue_url,
+            ReceiptHandle=delivery.receipt_handle,
+            VisibilityTimeout=max(0, min(seconds, 43_200)),
+        )
+
+    def _rejected(self, delivery: Delivery, reason: str) -> Result:
+        self._to_dlq(delivery, reason)
+        return Result(Outcome.REJECTED, reason)
+
+    def _to_dlq(self, delivery: Delivery, reason: str) -> None:
+        self.services.sqs.send_message(
+            QueueUrl=self._dlq_url(delivery.queue_url),
+            MessageBody=delivery.body,
+            MessageAttributes={"dead_reason": {"DataType": "String", "StringValue": reason[:256]}},
+        )
+
+    def _dead_letter(self, delivery: Delivery, occurrence_id: str, reason: str) -> None:
+        """The DEAD occurrence's message into the DLQ, then the flag set with DEAD cleared."""
+        self._to_dlq(delivery, reason)
+        self.runs.dlq_sent(occurrence_id)
+
+    def _dlq_url(self, queue_url: str) -> str:
+        """The queue's own redrive target: the DLQ that receive-count redrive also uses."""
+        if queue_url not in self._dlqs:
+            attributes = self.services.sqs.get_queue_attributes(
+                QueueUrl=queue_url, AttributeNames=["RedrivePolicy"]
+            )["Attributes"]
+            arn = json.loads(attributes["RedrivePolicy"])["deadLetterTargetArn"]
+            self._dlqs[queue_url] = queue_url_of(self.services.sqs, arn)
+        return self._dlqs[queue_url]
+
+
+def queue_url_of(sqs: Any, arn: str) -> str:
+    """arn:aws:sqs:region:account:name -> the queue URL."""
+    *_, account, name = arn.split(":")
+    return str(sqs.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)["QueueUrl"])
+
+
+def _staleness(occurrence: Item, schedule: Item | None) -> str | None:
+    """Why the occurrence must not run any more, or None."""
+    if schedule is None:
+        return "the schedule no longer exists"
+    if schedule["state"] == ScheduleState.CANCELED.value:
+        return "the schedule was canceled"
+    version = int(schedule["version"])
+    if version != int(occurrence["schedule_version"]):
+        return (
+            f"stale: the schedule is at version {version}, "
+            f"this occurrence is of version {occurrence['schedule_version']}"
+        )
+    if schedule["state"] not in (ScheduleState.ACTIVE.value, ScheduleState.COMPLETED.value):
+        return f"the schedule is {schedule['state']}"
+    return None
+
+
+def _exhausted(attempts: int, policy: RetryPolicy, scheduled_for: int, start: int) -> str | None:
+    """Why no further attempt may start at ``start``, or None."""
+    if attempts >= policy.max_attempts:
+        return f"retries exhausted: {attempts} of {policy.max_attempts} attempts made"
+    if start > scheduled_for + policy.deadline_seconds:
+        return (
+            f"deadline passed: no attempt starts after scheduled_for + {policy.deadline_seconds} s"
+        )
+    return None

@@ -1,0 +1,367 @@
+"""The whole local pipeline under a top-of-minute burst: N strict schedules (several
+tenants) due in the same minute -> materializer (shard groups in parallel, as the Map
+runs them) -> the occurrences stream -> relay -> per-tenant SQS queues.
+
+Engines as `make run` uses them: DynamoDB Local and moto's SQS server (with the
+attribute fix), each in its own process. Prints schedule_lag p50/p95/p99 (when the
+message became receivable in its queue minus scheduled_for), occurrences per second
+through each stage, DynamoDB write units and SQS requests per occurrence, and the cost
+per million occurrences at public us-east-1 prices.
+Run: ``make bench`` (options: ``BENCH_ARGS='--schedules 5000'``; ``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from punctual.dal.common import from_dynamo, to_dynamo
+from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_CURRENT
+from punctual.local.engines import ensure_engines
+from punctual.local.stack import StackOptions, configure_environment
+from punctual.local.streams import StreamPoller
+from punctual.materializer import Materializer
+from punctual.relay import Relay
+from punctual.scheduling import ControlPlane, Services
+from punctual.settings import Settings
+from scripts.bench_materializer import TENANTS, item_size, seed, units
+
+# us-east-1 public prices (USD), checked 2026-11: DynamoDB on-demand, SQS standard,
+# Lambda arm64, Step Functions Express.
+PRICE_WRITE_UNIT = 0.625 / 1e6
+PRICE_READ_UNIT = 0.125 / 1e6
+PRICE_SQS_REQUEST = 0.40 / 1e6
+PRICE_LAMBDA_REQUEST = 0.20 / 1e6
+PRICE_LAMBDA_GB_SECOND = 0.0000133334
+PRICE_EXPRESS_REQUEST = 1.00 / 1e6
+LAMBDA_GB = 1.0  # the materializer's and relay's memory (infra/)
+RELAY_BATCH = 500
+WRITES = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
+READS = ("get_item", "query", "batch_get_item", "scan")
+
+
+@dataclass
+class Meter:
+    """Counts what the pipeline asks of DynamoDB and SQS."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    items: Counter[str] = field(default_factory=Counter)  # "<op>:<table>[:tx]"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, op: str, request: dict[str, Any]) -> None:
+        with self.lock:
+            self.calls[op] += 1
+            if op == "transact_write_items":
+                for action in request["TransactItems"]:
+                    (kind, body), *_ = action.items()
+                    self.items[f"{kind}:{body['TableName']}:tx"] += 1
+            elif op in ("put_item", "update_item", "delete_item"):
+                self.items[f"{op}:{request['TableName']}"] += 1
+            elif op == "send_message_batch":
+                self.items["sqs_messages"] += len(request["Entries"])
+
+
+class Metered:
+    def __init__(self, client: Any, meter: Meter) -> None:
+        self._client = client
+        self._meter = meter
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute) or name.startswith("get_paginator"):
+            return attribute
+
+        def call(**request: Any) -> Any:
+            self._meter.note(name, request)
+            return attribute(**request)
+
+        return call
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--schedules", type=int, default=20_000)
+    parser.add_argument("--payload-bytes", type=int, default=100)
+    parser.add_argument("--consumers", type=int, default=4, help="receive threads per queue")
+    args = parser.parse_args()
+
+    data = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
+    engines = ensure_engines(data, in_memory=True)
+    try:
+        configure_environment(engines, StackOptions(data=data, lookahead_seconds=600))
+        run(args, engines.dynamodb.endpoint)
+    finally:
+        engines.stop()
+
+
+def run(args: argparse.Namespace, endpoint: str) -> None:
+    import boto3
+
+    meter = Meter()
+    settings = Settings()
+    plain = Services(boto3.client("dynamodb"), boto3.client("sqs"), settings, time.time)
+    from punctual.dal.tables import create_tables
+
+    create_tables(plain.dynamodb, settings)
+    groups = [
+        list(range(s, min(s + 2, settings.shard_count))) for s in range(0, settings.shard_count, 2)
+    ]
+    # Warm-up: the first tick walks an hour of empty buckets to set each shard's
+    # watermark; in service that happens once, so it is not measured.
+    # (Only up to now: seeding behind the API's back must not land in walked buckets.)
+    warm = Services(
+        plain.dynamodb, plain.sqs, settings.model_copy(update={"lookahead_seconds": 0}), time.time
+    )
+    Materializer(warm, "bench").run(int(time.time()), list(range(settings.shard_count)))
+    # Due at a minute boundary far enough ahead to seed, materialize and relay first
+    # (about 300 schedules/s for each on this machine, in memory), as the lookahead does.
+    due = (int(time.time()) + 30 + args.schedules // 100) // 60 * 60 + 60
+    started = time.perf_counter()
+    # A daily cron at exactly the due minute: its next fire is `due`.
+    at = time.gmtime(due)
+    daily = f"{at.tm_min} {at.tm_hour} * * *"
+    ids = seed(plain, args.schedules, due, args.payload_bytes, daily)
+    plane = ControlPlane(plain)
+    queues = {t: plane.create_target(t, "default").queue_url for t in TENANTS}
+    print(
+        f"seeded {len(ids):,} strict schedules of {len(TENANTS)} tenants due at "
+        f"{time.strftime('%H:%M:%S', time.gmtime(due))}Z in "
+        f"{time.perf_counter() - started:.1f} s (DynamoDB Local at {endpoint})"
+    )
+    services = Services(
+        Metered(plain.dynamodb, meter), Metered(plain.sqs, meter), settings, time.time
+    )
+
+    received: list[tuple[float, float, float]] = []  # (scheduled_for, receivable, received)
+    stop = threading.Event()
+    consumers = [
+        threading.Thread(target=consume, args=(plain.sqs, url, received, stop), daemon=True)
+        for url in queues.values()
+        for _ in range(args.consumers)
+    ]
+
+    # Materialize: one call per shard group, in parallel, as the Step Functions Map does.
+    cpu = time.process_time()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        reports = [
+            r
+            for part in pool.map(
+                lambda shards: Materializer(services, "bench").run(int(time.time()), shards), groups
+            )
+            for r in part
+        ]
+    materialize_seconds = time.perf_counter() - started
+    materialize_cpu = time.process_time() - cpu
+    made = sum(r.occurrences for r in reports)
+    print(
+        f"materialize: {made:,} occurrences in {materialize_seconds:.1f} s "
+        f"({made / materialize_seconds:,.0f}/s, {len(groups)} groups of shards in parallel)"
+    )
+    if made != len(ids):
+        raise SystemExit(f"expected {len(ids)} occurrences, materialized {made}: {reports}")
+
+    # Relay: the stream poller hands INSERT batches to the relay, as the mapping does.
+    relay = Relay(services)
+    sent = 0
+
+    def relay_batch(event: dict[str, Any]) -> dict[str, Any]:
+        nonlocal sent
+        report = relay.relay(event["Records"])
+        sent += report.sent
+        return {"batchItemFailures": [{"itemIdentifier": k} for k in report.failures]}
+
+    poller = StreamPoller(
+        plain.dynamodb,
+        boto3.client("dynamodbstreams"),
+        settings.occurrences_table,
+        relay_batch,
+        Path(tempfile.mkdtemp()) / "streams.json",
+    )
+    cpu = time.process_time()
+    started = time.perf_counter()
+    while sent < made and time.perf_counter() - started < 600:
+        poller.poll_once()
+    relay_seconds = time.perf_counter() - started
+    relay_cpu = time.process_time() - cpu
+    print(f"relay: {sent:,} messages sent in {relay_seconds:.1f} s ({sent / relay_seconds:,.0f}/s)")
+    if time.time() > due:
+        print("WARNING: the relay finished after the due instant; lags include the backlog")
+
+    # Consumers start just before the instant: moto's receive scans every message of the
+    # queue per call, and polling all along would slow the sends being measured.
+    time.sleep(max(0.0, due - 5 - time.time()))
+    for consumer in consumers:
+        consumer.start()
+    deadline = due + 120
+    while len(received) < made and time.time() < deadline:
+        time.sleep(0.2)
+    stop.set()
+    for consumer in consumers:
+        consumer.join()
+    report_lags(received, made)
+    report_costs(plain, meter, made, ids[0], materialize_cpu, relay_cpu, len(groups))
+
+
+def consume(
+    sqs: Any, url: str, received: list[tuple[float, float, float]], stop: threading.Event
+) -> None:
+    while not stop.is_set():
+        batch = sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+            MessageSystemAttributeNames=["SentTimestamp"],
+        ).get("Messages", [])
+        now = time.time()
+        for message in batch:
+            body = json.loads(message["Body"])
+            scheduled = _epoch(body["scheduled_for"])
+            available = _epoch(body["available_at"])
+            sent_at = int(message["Attributes"]["SentTimestamp"]) / 1000
+            # The relay sent it with DelaySeconds = ceil(available_at - now).
+            receivable = sent_at + max(0, math.ceil(available - sent_at))
+            received.append((scheduled, receivable, now))
+        if batch:
+            sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(batch)
+                ],
+            )
+
+
+def _epoch(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def report_lags(received: list[tuple[float, float, float]], made: int) -> None:
+    if len(received) < made:
+        print(f"WARNING: only {len(received):,} of {made:,} messages were received")
+    if not received:
+        return
+    receivable = [r - s for s, r, _ in received]
+    observed = [got - s for s, _, got in received]
+    for label, lags in (
+        ("receivable", receivable),
+        ("received by the bench's consumers", observed),
+    ):
+        print(
+            f"schedule_lag ({label}): p50 {percentile(lags, 50):.2f} s, "
+            f"p95 {percentile(lags, 95):.2f} s, p99 {percentile(lags, 99):.2f} s, "
+            f"max {max(lags):.2f} s"
+        )
+    first = min(got for *_, got in received)
+    last = max(got for *_, got in received)
+    print(f"consume: {len(received):,} received in {last - first:.1f} s after the first")
+
+
+def report_costs(
+    plain: Services,
+    meter: Meter,
+    made: int,
+    schedule_id: str,
+    materialize_cpu: float,
+    relay_cpu: float,
+    invocations: int,
+) -> None:
+    settings = plain.settings
+    schedule_item = from_dynamo(
+        plain.dynamodb.get_item(
+            TableName=settings.schedules_table,
+            Key=to_dynamo({"schedule_id": schedule_id, "sk": SCHEDULE_CURRENT}),
+        )["Item"]
+    )
+    occurrence = plain.occurrences.list_for_schedule(
+        schedule_id, since=0, until=2**40, limit=1, token=None
+    )[0][0]
+    occurrence_item = from_dynamo(
+        plain.dynamodb.get_item(
+            TableName=settings.occurrences_table,
+            Key=to_dynamo({"occurrence_id": occurrence.occurrence_id, "sk": OCCURRENCE_SK}),
+        )["Item"]
+    )
+    occ_units, sched_units = units(item_size(occurrence_item)), units(item_size(schedule_item))
+    # Write units from the counted writes and the item sizes: 2 per KB inside a
+    # transaction; each GSI whose projected item changes costs one more write (two when
+    # its key moves: delete + put). Projections are ALL (punctual/dal/tables.py).
+    wcu = Counter[str]()
+    for key, count in meter.items.items():
+        op, table, *tx = [*key.split(":"), ""]
+        if op == "sqs_messages":
+            continue
+        factor = 2 if tx and tx[0] == "tx" else 1
+        if table == settings.occurrences_table:
+            if op in ("Put", "put_item"):
+                wcu["occurrence insert (+ by_schedule index)"] += count * (
+                    factor * occ_units + occ_units
+                )
+            elif op in ("Update", "update_item"):
+                wcu["occurrence state change (+ by_schedule index)"] += count * (
+                    factor * occ_units + occ_units
+                )
+        elif table == settings.schedules_table and op in ("Update", "update_item"):
+            wcu["cursor update (+ due key move, + by_tenant)"] += count * (
+                factor * sched_units + 3 * sched_units
+            )
+        elif op == "ConditionCheck":
+            wcu["lease fence checks"] += count * factor
+        else:
+            wcu[f"{op} {table.removeprefix('punctual-')}"] += count * factor
+    total_wcu = sum(wcu.values())
+    print(
+        f"item sizes: occurrence {item_size(occurrence_item)} B, "
+        f"schedule {item_size(schedule_item)} B"
+    )
+    print("DynamoDB write units per occurrence (scheduler path: materialize -> queue):")
+    for what, value in sorted(wcu.items(), key=lambda kv: -kv[1]):
+        print(f"  {value / made:6.2f}  {what}")
+    print(f"  {total_wcu / made:6.2f}  total")
+    reads = sum(meter.calls[op] for op in READS)
+    sqs_requests = meter.calls["send_message_batch"] + meter.calls["send_message"]
+    print(
+        f"calls per occurrence: DynamoDB reads {reads / made:.3f} (requests), "
+        f"SQS {sqs_requests / made:.3f} (SendMessageBatch; the consumer's receive and delete "
+        "are the worker's, not the scheduler's)"
+    )
+    cpu_per_occurrence = (materialize_cpu + relay_cpu) / made
+    # Reads: each BatchGetItem/Query returns small items; 0.5 unit per eventually
+    # consistent 4 KB read, counted per request as an upper bound of 1 unit.
+    read_units = reads * 1.0
+    # One materializer invocation per shard group per tick; one relay invocation per batch.
+    lambda_requests = invocations / made + 1 / RELAY_BATCH
+    cost = {
+        "DynamoDB writes": total_wcu / made * PRICE_WRITE_UNIT,
+        "DynamoDB reads": read_units / made * PRICE_READ_UNIT,
+        "SQS requests": sqs_requests / made * PRICE_SQS_REQUEST,
+        "Lambda GB-seconds (our CPU time, 1 GB)": cpu_per_occurrence
+        * LAMBDA_GB
+        * PRICE_LAMBDA_GB_SECOND,
+        "Lambda requests": lambda_requests * PRICE_LAMBDA_REQUEST,
+        "Step Functions Express (1 execution per tick)": PRICE_EXPRESS_REQUEST / made,
+    }
+    print(f"CPU time of our code per occurrence: {cpu_per_occurrence * 1000:.2f} ms")
+    print("cost per million occurrences (us-east-1 on-demand list prices):")
+    for what, dollars in cost.items():
+        print(f"  ${dollars * 1e6:8.3f}  {what}")
+    print(f"  ${sum(cost.values()) * 1e6:8.3f}  total (EventBridge Scheduler: $1.00)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The dashboard and the alarms, with thresholds from the deployment's context."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_cdk.assertions import Match, Template
+
+from infra.observability import DIMENSIONS, NAMESPACE
+from punctual.dal.tables import ALL_TABLES
+
+from .conftest import render
+
+
+def _alarm(template: Template, name_part: str) -> dict[str, Any]:
+    found = {
+        k: v for k, v in template.find_resources("AWS::CloudWatch::Alarm").items() if name_part in k
+    }
+    assert len(found) == 1, f"one alarm named like {name_part}: {list(found)}"
+    return dict(next(iter(found.values()))["Properties"])
+
+
+def test_observability_every_alarm_notifies_the_topic_both_ways(service: Template):
+    # THEN there is one SNS topic, TLS only, with the configured e-mail subscription
+    topics = service.find_resources("AWS::SNS::Topic")
+    assert len(topics) == 1
+    topic = next(iter(topics))
+    service.has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "oncall@example.com"}
+    )
+    # AND every alarm tells it when it fires and when it recovers
+    alarms = service.find_resources("AWS::CloudWatch::Alarm")
+    assert len(alarms) == 8 + len(ALL_TABLES)
+    for alarm in alarms.values():
+        assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
+        assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
+        assert alarm["Properties"]["TreatMissingData"] == "notBreaching"
+
+
+def test_observability_strict_lag_alarm_is_the_slo_on_p99(service: Template):
+    # GIVEN strict_lag_p99_seconds = 4 in the test context
+    alarm = _alarm(service, "StrictLagP99")
+    # THEN it watches the p99 of the relay's strict lag metric, per minute, 2 of 3 minutes
+    assert alarm["Namespace"] == NAMESPACE
+    assert alarm["MetricName"] == "EnqueueLagStrict"
+    assert alarm["Dimensions"] == [{"Name": k, "Value": v} for k, v in DIMENSIONS.items()]
+    assert alarm["ExtendedStatistic"] == "p99"
+    assert alarm["Period"] == 60
+    assert alarm["Threshold"] == 4
+    assert (alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == (3, 2)
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+
+
+def test_observability_alarm_thresholds_come_from_the_context(service: Template):
+    # GIVEN the thresholds of the test context
+    # THEN each alarm compares against its configured value (iterator age in ms)
+    assert _alarm(service, "StreamIteratorAge")["Threshold"] == 45_000
+    assert _alarm(service, "StreamIteratorAge")["MetricName"] == "IteratorAge"
+    assert _alarm(service, "RelaySendFailures")["Threshold"] == 2
+    assert _alarm(service, "MaterializerFailures")["Threshold"] == 1
+    assert _alarm(service, "ReconcileMissing")["Threshold"] == 0
+    assert _alarm(service, "ReconcileMissing")["MetricName"] == "ReconcileMissing"
+    assert _alarm(service, "Api5xx")["Threshold"] == 7
+    assert _alarm(service, "Api5xx")["MetricName"] == "5XXError"
+    assert _alarm(service, "ThrottlesSchedules")["Threshold"] == 10
+
+
+def test_observability_failure_alarms_cover_executions_and_invocations(service: Template):
+    # THEN the materializer alarm adds failed and timed-out ticks and function errors
+    metrics = _alarm(service, "MaterializerFailures")["Metrics"]
+    names = {m["MetricStat"]["Metric"]["MetricName"] for m in metrics if "MetricStat" in m}
+    assert names == {"ExecutionsFailed", "ExecutionsTimedOut", "Errors"}
+    # AND the relay alarm fires on any batch in the on-failure queue
+    undelivered = _alarm(service, "RelayUndelivered")
+    assert undelivered["MetricName"] == "ApproximateNumberOfMessagesVisible"
+    assert undelivered["Threshold"] == 0
+    # AND the schedules throttle alarm includes every index of the table
+    throttles = _alarm(service, "ThrottlesSchedules")["Metrics"]
+    indexes = {
+        d["Value"]
+        for m in throttles
+        if "MetricStat" in m
+        for d in m["MetricStat"]["Metric"]["Dimensions"]
+        if d["Name"] == "GlobalSecondaryIndexName"
+    }
+    assert indexes == {index.name for index in ALL_TABLES[0].indexes}
+
+
+def test_observability_dashboard_shows_lag_percentiles_and_the_pipeline(service: Template):
+    # GIVEN the dashboard's body
+    dashboards = service.find_resources("AWS::CloudWatch::Dashboard")
+    assert len(dashboards) == 1
+    body = render(next(iter(dashboards.values()))["Properties"]["DashboardBody"])
+    widgets = json.loads(body)["widgets"]
+    text = json.dumps(widgets)
+    # THEN it graphs strict and flexible lag at p50/p95/p99
+    for metric in ("EnqueueLagStrict", "EnqueueLagFlexible"):
+        assert metric in text
+    for statistic in ("p50", "p95", "p99"):
+        assert f'"stat": "{statistic}"' in text
+    # AND materialized / enqueued / succeeded, backlog, iterator age, dead letters,
+    # misses, overlap skips, throttles, API errors and the reconciler's findings
+    for metric in (
+        "Occurrences",
+        "Relayed",
+        "Succeeded",
+        "DueBacklog",
+        "IteratorAge",
+        "ApproximateNumberOfMessagesVisible",
+        "Dead",
+        "Missed",
+        "SkippedOverlap",
+        "Throttles",
+        "ConcurrencyThrottled",
+        "WriteThrottleEvents",
+        "4XXError",
+        "5XXError",
+        "ReconcileMissing",
+        "ReconcileRepaired",
+    ):
+        assert f'"{metric}"' in text, metric
+    # AND the alarms' states
+    assert any(w["type"] == "alarm" for w in widgets)
+
+
+def test_observability_topic_is_tls_only(service: Template):
+    # THEN publishing to the alarm topic without TLS is denied
+    service.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": [
+                    Match.object_like(
+                        {
+                            "Effect": "Deny",
+                            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                        }
+                    )
+                ]
+            }
+        },
+    )
+
+
+def test_observability_stack_outputs_the_api_url_and_the_alarm_topic(service: Template):
+    # THEN an operator finds the API's base URL and the topic to subscribe to
+    service.has_output("ApiUrl", {"Value": Match.any_value()})
+    topic = next(iter(service.find_resources("AWS::SNS::Topic")))
+    service.has_output("AlarmTopicArn", {"Value": {"Ref": topic}})

@@ -1,0 +1,717 @@
+"""The reconciler on moto: an independent recomputation finds exactly what is missing,
+repairs it once under the misfire policy, follows versions and pauses, agrees with the
+time contract across DST, and its Lambda validates events and emits metrics."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+import pytest
+from reconciler import handler
+
+from punctual.dal.schedules import ScheduleVersion
+from punctual.errors import InvalidInput
+from punctual.ids import available_at, occurrence_id, shard_of
+from punctual.materializer import Materializer
+from punctual.models import CronSpec, Occurrence, OccurrenceState, ScheduleDefinition, ScheduleState
+from punctual.reconciler import (
+    HISTORY_MARGIN,
+    Finding,
+    Reconciler,
+    ReportStore,
+    ShardResult,
+    expected_occurrences,
+    fired_late,
+    read_reports,
+)
+from punctual.scheduling import ControlPlane, Services
+from tests.integration.conftest import Api, Clock, LambdaContextStub
+from tests.integration.helpers import set_occurrence_state, table_items
+
+HOUR = 3600
+DAY = "2026-11-19"  # after the fixtures' tenants exist (START is 2026-11-18T11:06:40Z)
+
+
+def epoch(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def at(hhmm: str, day: str = DAY) -> int:
+    return epoch(f"{day}T{hhmm}Z")
+
+
+def cron(expression: str, zone: str = "UTC") -> dict[str, Any]:
+    return {"kind": "cron", "expression": expression, "timezone": zone}
+
+
+def create(aws: Services, **fields: Any) -> str:
+    definition = ScheduleDefinition.model_validate({"target": "default", **fields})
+    return ControlPlane(aws).create("alice", definition).schedule.schedule_id
+
+
+def shards_of(aws: Services, ids: Iterable[str]) -> list[int]:
+    return sorted({shard_of(sid, aws.settings.shard_count) for sid in ids})
+
+
+def materialize_until(
+    aws: Services,
+    clock: Clock,
+    until: int,
+    shards: list[int],
+    *,
+    every: int = 120,
+    skip: Callable[[str, int], bool] | None = None,
+) -> None:
+    """The healthy materializer: a tick every ``every`` seconds on each shard up to ``until``."""
+    while clock.now <= until:
+        for shard in shards:
+            Materializer(aws, f"m{clock.now}", skip=skip).run_shard(int(clock.now), shard)
+        clock.advance(every)
+
+
+def stored(aws: Services, *, since: int = 0, until: int = 2**40) -> list[dict[str, Any]]:
+    """Every occurrence item (not attempts) scheduled in [since, until)."""
+    items = [i for i in table_items(aws, aws.settings.occurrences_table) if i["sk"]["S"] == "OCC"]
+    found = [
+        {
+            "occurrence_id": i["occurrence_id"]["S"],
+            "schedule_id": i["schedule_id"]["S"],
+            "schedule_version": int(i["schedule_version"]["N"]),
+            "scheduled_for": int(i["scheduled_for"]["N"]),
+            "available_at": int(i["available_at"]["N"]),
+            "state": i["state"]["S"],
+        }
+        for i in items
+    ]
+    return sorted(
+        (o for o in found if since <= o["scheduled_for"] < until),
+        key=lambda o: (o["scheduled_for"], o["schedule_id"]),
+    )
+
+
+def reconcile(
+    aws: Services, start: int, end: int, *, repair: bool = True, shards: list[int] | None = None
+) -> list[ShardResult]:
+    every = list(range(aws.settings.shard_count)) if shards is None else shards
+    return Reconciler(aws, repair=repair, workers=4).run(every, start, end)
+
+
+def total(results: list[ShardResult], finding: Finding) -> int:
+    return sum(r.report.counts[finding] for r in results)
+
+
+def ids(results: list[ShardResult], name: str) -> set[str]:
+    return {oid for r in results for oid in getattr(r, name)}
+
+
+# --- a clean system --------------------------------------------------------------------
+
+
+def test_reconciler_clean_run_reports_zero_missing_and_zero_unexpected(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN cron (two zones), rate, flexible, one-shot and hourly-in-New-York schedules,
+    # materialized by a healthy materializer through the window [10:00, 11:00)
+    clock.now = at("08:50")
+    schedules = [
+        create(aws, spec=cron("*/5 * * * *")),
+        create(aws, spec=cron("0,30 * * * *", "Europe/Berlin")),
+        create(aws, spec={"kind": "rate", "expression": "rate(7 minutes)"}),
+        create(aws, spec=cron("*/10 * * * *"), flexible_window_seconds=300),
+        create(aws, spec={"kind": "at", "at": f"{DAY}T10:20:00Z"}),
+        create(aws, spec=cron("@hourly", "America/New_York")),
+    ]
+    materialize_until(aws, clock, at("11:10"), shards_of(aws, schedules))
+    window = stored(aws, since=at("10:00"), until=at("11:00"))
+    # AND workers finished some of them in various ways
+    outcomes = ["SUCCEEDED"] * 5 + ["DEAD", "SKIPPED_OVERLAP", "CANCELED"]
+    for occurrence, state in zip(window, outcomes, strict=False):
+        set_occurrence_state(aws, occurrence["occurrence_id"], state)
+    # WHEN the reconciler checks that hour at 12:05
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN every expected instant was found, by its state, and nothing else is stored
+    # (*/5: 12, Berlin :00/:30: 2, rate(7 minutes) from 08:50: 9, flexible */10: 6,
+    # the one-shot: 1, hourly: 1)
+    assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.UNEXPECTED) == 0
+    assert len(window) == 31
+    assert total(results, Finding.SUCCEEDED) == 5
+    assert total(results, Finding.DEAD) == 1
+    assert total(results, Finding.SKIPPED_OVERLAP) == 1
+    assert total(results, Finding.CANCELED) == 1
+    assert total(results, Finding.IN_FLIGHT) == 31 - 8
+    assert all(r.report.complete for r in results)
+    assert not ids(results, "fired")
+
+
+# --- injected gaps -------------------------------------------------------------------------
+
+
+def test_reconciler_finds_exactly_the_deleted_and_skipped_occurrences_and_repairs_them_once(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN six */5 schedules whose misfire tolerance covers the repair (7 days)
+    clock.now = at("09:40")
+    misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 7 * 86400}
+    schedules = [create(aws, spec=cron("*/5 * * * *"), misfire=misfire) for _ in range(6)]
+    # AND a materializer that silently drops three instants (the fault hook)
+    dropped = {
+        (schedules[0], at("10:15")),
+        (schedules[3], at("10:40")),
+        (schedules[5], at("10:00")),
+    }
+    materialize_until(
+        aws, clock, at("11:10"), shards_of(aws, schedules), skip=lambda s, t: (s, t) in dropped
+    )
+    # AND N random occurrences of the window deleted afterwards
+    window = stored(aws, since=at("10:00"), until=at("11:00"))
+    victims = random.Random(9).sample(window, 7)
+    for victim in victims:
+        aws.dynamodb.delete_item(
+            TableName=aws.settings.occurrences_table,
+            Key={"occurrence_id": {"S": victim["occurrence_id"]}, "sk": {"S": "OCC"}},
+        )
+    lost = {v["occurrence_id"] for v in victims} | {
+        occurrence_id(sid, 1, instant) for sid, instant in dropped
+    }
+    assert len(window) == 6 * 12 - len(dropped)
+    # WHEN the reconciler runs at 12:05
+    clock.now = at("12:05")
+    first = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN exactly those are MISSING, and each was materialized again, to fire now
+    assert ids(first, "missing") == lost
+    assert total(first, Finding.MISSING) == len(lost)
+    assert total(first, Finding.UNEXPECTED) == 0
+    assert ids(first, "fired") == lost
+    after = stored(aws, since=at("10:00"), until=at("11:00"))
+    per_instant = Counter((o["schedule_id"], o["scheduled_for"]) for o in after)
+    assert len(after) == 6 * 12
+    assert set(per_instant.values()) == {1}
+    repaired = [o for o in after if o["occurrence_id"] in lost]
+    assert {o["state"] for o in repaired} == {"SCHEDULED"}
+    assert {o["available_at"] for o in repaired} == {at("12:05")}
+    # AND a second run finds nothing missing and repairs nothing
+    clock.advance(60)
+    second = reconcile(aws, at("10:00"), at("11:00"))
+    assert total(second, Finding.MISSING) == 0
+    assert not ids(second, "fired")
+    assert not ids(second, "recorded_missed")
+    assert total(second, Finding.IN_FLIGHT) == 6 * 12
+    assert len(stored(aws, since=at("10:00"), until=at("11:00"))) == 6 * 12
+
+
+def test_reconciler_repairs_late_gaps_under_each_misfire_policy(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN three */5 schedules with 5 minutes of lateness tolerance, one per policy, each
+    # missing its 10:10, 10:15 and 10:20 occurrences
+    clock.now = at("09:40")
+    policies = {
+        "SKIP": {"action": "SKIP", "max_lateness_seconds": 300},
+        "FIRE_ONCE": {"action": "FIRE_ONCE", "max_lateness_seconds": 300},
+        "CATCHUP": {"action": "CATCHUP", "max_lateness_seconds": 300, "catchup_limit": 2},
+    }
+    by_policy = {
+        name: create(aws, spec=cron("*/5 * * * *"), misfire=m) for name, m in policies.items()
+    }
+    gone = [at("10:10"), at("10:15"), at("10:20")]
+    materialize_until(
+        aws,
+        clock,
+        at("11:10"),
+        shards_of(aws, by_policy.values()),
+        skip=lambda s, t: t in gone,
+    )
+    # WHEN the reconciler runs two hours later (far beyond max_lateness)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN all nine are MISSING, and the policy decides: SKIP fires none, FIRE_ONCE the
+    # latest, CATCHUP (limit 2) the latest two, paced; the rest are recorded MISSED
+    assert total(results, Finding.MISSING) == 9
+    fired = ids(results, "fired")
+    recorded = ids(results, "recorded_missed")
+
+    def occ(name: str, instant: int) -> str:
+        return occurrence_id(by_policy[name], 1, instant)
+
+    assert fired == {occ("FIRE_ONCE", gone[2]), occ("CATCHUP", gone[1]), occ("CATCHUP", gone[2])}
+    assert recorded == {occ("SKIP", t) for t in gone} | {
+        occ("FIRE_ONCE", gone[0]),
+        occ("FIRE_ONCE", gone[1]),
+        occ("CATCHUP", gone[0]),
+    }
+    states = {o["occurrence_id"]: o for o in stored(aws)}
+    assert all(states[oid]["state"] == "MISSED" for oid in recorded)
+    # catch-up_per_minute defaults to 600: one second apart, the earlier one first
+    assert states[occ("CATCHUP", gone[1])]["available_at"] == at("12:05")
+    assert states[occ("CATCHUP", gone[2])]["available_at"] == at("12:05") + 1
+    # AND the next run sees them as MISSED and in flight, with nothing left MISSING
+    again = reconcile(aws, at("10:00"), at("11:00"))
+    assert total(again, Finding.MISSING) == 0
+    assert total(again, Finding.MISSED) == 6
+    assert not ids(again, "fired") | ids(again, "recorded_missed")
+
+
+def test_reconciler_defers_to_a_materializer_behind_then_reads_its_missed_summary(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 SKIP schedule whose materializer stopped at 09:55 (an outage)
+    clock.now = at("09:40")
+    sid = create(
+        aws, spec=cron("*/5 * * * *"), misfire={"action": "SKIP", "max_lateness_seconds": 60}
+    )
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("09:55"), shards)
+    # WHEN the reconciler checks [10:00, 11:00) during the outage
+    clock.now = at("11:30")
+    during = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN all twelve are MISSING but left to the materializer, whose cursor is before them
+    # (a put of its own ids ahead of it would stall its shard)
+    assert total(during, Finding.MISSING) == 12
+    assert len(ids(during, "deferred")) == 12
+    assert not ids(during, "fired") | ids(during, "recorded_missed")
+    assert stored(aws, since=at("10:00"), until=at("11:00")) == []
+    # WHEN the materializer recovers and applies SKIP, and the reconciler runs again
+    materialize_until(aws, clock, at("11:31"), shards)
+    after = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN the twelve are MISSED by policy (the summary on the schedule), none MISSING
+    assert total(after, Finding.MISSED) == 12
+    assert total(after, Finding.MISSING) == 0
+    assert stored(aws, since=at("10:00"), until=at("11:00")) == []
+
+
+def test_reconciler_recognizes_a_fire_once_outage_after_the_version_changed(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 FIRE_ONCE schedule through an outage from 09:55 to 11:30: the materializer
+    # fires the latest late instant (its available_at is the recovery time) and skips the rest
+    clock.now = at("09:40")
+    sid = create(
+        aws, spec=cron("*/5 * * * *"), misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 60}
+    )
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("09:55"), shards)
+    clock.now = at("11:30")
+    materialize_until(aws, clock, at("11:31"), shards)
+    late = [o for o in stored(aws) if o["scheduled_for"] < at("11:29")][-1]
+    assert late["available_at"] == at("11:30")
+    # AND then an update (a new version: the schedule's MISSED summary starts afresh)
+    ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    # WHEN the reconciler checks [10:00, 11:00)
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN the twelve gaps before the late-fired occurrence are MISSED by the policy
+    assert total(results, Finding.MISSED) == 12
+    assert total(results, Finding.MISSING) == 0
+
+
+# --- versions --------------------------------------------------------------------------
+
+
+def test_reconciler_expected_sets_follow_updates_zone_changes_and_pauses(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */10 UTC schedule (v1) from 09:00, updated at 10:17:30 to */20 in Asia/Kolkata
+    # (v2: UTC :10, :30, :50), paused at 10:33 (v3) and resumed at 10:45:20 (v4), with the
+    # materializer ticking every minute throughout
+    plane = ControlPlane(aws)
+    clock.now = at("09:00")
+    sid = create(aws, spec=cron("*/10 * * * *"))
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("10:17"), shards, every=60)
+    clock.now = at("10:17") + 30
+    plane.update("alice", sid, if_match=1, changes={"spec": cron("*/20 * * * *", "Asia/Kolkata")})
+    clock.now = at("10:18")
+    materialize_until(aws, clock, at("10:32"), shards, every=60)
+    clock.now = at("10:33")
+    plane.pause("alice", sid)
+    clock.now = at("10:34")
+    materialize_until(aws, clock, at("10:45"), shards, every=60)
+    clock.now = at("10:45") + 20
+    plane.resume("alice", sid)
+    clock.now = at("10:46")
+    materialize_until(aws, clock, at("11:10"), shards, every=60)
+    # WHEN the expected set is recomputed from the version history
+    versions = aws.schedules.versions_since(sid, at("10:00") - HISTORY_MARGIN)
+    assert [v.schedule.version for v in versions] == [1, 2, 3, 4]
+    horizon = aws.settings.planned_horizon_seconds + 60
+    expected = expected_occurrences(versions, at("10:00"), at("11:00"), horizon=horizon)
+    # THEN each version owns what was due while it applied; v1's 10:20, planned ahead by
+    # the 10:17 tick, may exist (superseded); the paused version owns nothing
+    required = {(e.version, e.scheduled_for) for e in expected if e.required}
+    optional = {(e.version, e.scheduled_for) for e in expected if not e.required}
+    assert required == {(1, at("10:00")), (1, at("10:10")), (2, at("10:30")), (4, at("10:50"))}
+    assert (1, at("10:20")) in optional
+    assert all(version != 3 for version, _ in required | optional)
+    # AND the reconciler agrees with what is stored: v1's 10:20 was canceled by the update
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.UNEXPECTED) == 0
+    assert total(results, Finding.SUPERSEDED) == 1
+    superseded = next(
+        o for o in stored(aws) if o["occurrence_id"] == occurrence_id(sid, 1, at("10:20"))
+    )
+    assert superseded["state"] == "CANCELED"
+    # AND, with no relay running here, each change canceled the older versions' unsent
+    # occurrences (v1's 10:00 and 10:10, v2's 10:30): they are owned, and CANCELED
+    assert total(results, Finding.CANCELED) == 3
+    assert total(results, Finding.IN_FLIGHT) == 1
+
+
+def test_reconciler_reads_a_long_history_across_pages(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a */5 schedule created at 09:30 and updated ten times between 10:02 and 10:38
+    # (more versions than one history page holds), materialized every minute throughout
+    plane = ControlPlane(aws)
+    clock.now = at("09:30")
+    sid = create(aws, spec=cron("*/5 * * * *"))
+    shards = shards_of(aws, [sid])
+    for number in range(1, 11):
+        materialize_until(aws, clock, at("10:00") + number * 240 - 120, shards, every=60)
+        clock.now = at("10:00") + number * 240 - 118
+        plane.update("alice", sid, if_match=number, changes={"payload": {"n": number}})
+    materialize_until(aws, clock, at("11:10"), shards, every=60)
+    # WHEN the history is read and the hour reconciled
+    history = aws.schedules.versions_since(sid, at("10:00") - HISTORY_MARGIN)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"), repair=False)
+    # THEN every version is there, in order, and every instant of the hour has exactly one
+    # owner: nothing MISSING, nothing UNEXPECTED; what the updates overtook is SUPERSEDED
+    assert [v.schedule.version for v in history] == list(range(1, 12))
+    assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.UNEXPECTED) == 0
+    owned = sum(total(results, f) for f in Finding if f is not Finding.SUPERSEDED)
+    assert owned == 12
+    assert total(results, Finding.SUPERSEDED) >= 1
+
+
+def test_reconciler_expected_occurrences_is_pure_over_a_history(alice: Api, aws: Services):
+    # GIVEN a history written by hand: v1 */15 UTC from 09:58; v2 the same rule, changed at
+    # exactly 10:15, a fire instant; v3 PAUSED at 10:31; v4 */5 in Asia/Kathmandu (UTC+05:45)
+    # with a 900 s flexible window from 10:40
+    base = (
+        ControlPlane(aws)
+        .create(
+            "alice",
+            ScheduleDefinition.model_validate({"target": "default", "spec": cron("*/15 * * * *")}),
+        )
+        .schedule
+    )
+
+    def version(number: int, start: str, **changes: Any) -> ScheduleVersion:
+        return ScheduleVersion(base.model_copy(update={"version": number, **changes}), at(start))
+
+    history = [
+        version(1, "09:58"),
+        version(2, "10:15"),
+        version(3, "10:31", state=ScheduleState.PAUSED),
+        version(
+            4,
+            "10:40",
+            spec=CronSpec(expression="*/5 * * * *", timezone="Asia/Kathmandu"),
+            flexible_window_seconds=900,
+        ),
+    ]
+    # WHEN the expected set of [10:00, 11:00) is computed with a 960 s planning horizon
+    found = expected_occurrences(history, at("10:00"), at("11:00"), horizon=960)
+    # THEN the fire at the change instant belongs to the old version; a later version owns
+    # only fires strictly after its change; fires due after a change but within the horizon
+    # may exist (False); the paused version owns nothing
+    assert [(e.version, e.scheduled_for, e.required) for e in found] == [
+        (1, at("10:00"), True),
+        (1, at("10:15"), True),
+        (1, at("10:30"), False),
+        (2, at("10:30"), True),
+        (2, at("10:45"), False),
+        (4, at("10:45"), True),
+        (4, at("10:50"), True),
+        (4, at("10:55"), True),
+    ]
+    # AND ids and available_at are the deterministic ones (jittered for the flexible v4)
+    for e in found:
+        assert e.occurrence_id == occurrence_id(base.schedule_id, e.version, e.scheduled_for)
+        window = 900 if e.version == 4 else 0
+        assert e.available_at == available_at(e.occurrence_id, e.scheduled_for, window)
+
+
+# --- DST ----------------------------------------------------------------------------------
+
+NEW_YORK = "America/New_York"
+SPRING = "2026-03-08"  # 02:00 EST -> 03:00 EDT at 07:00Z
+FALL = "2026-11-01"  # 02:00 EDT -> 01:00 EST at 06:00Z
+DST_CASES = {
+    SPRING: {
+        "30 1 * * *": ["06:30"],
+        "30 2 * * *": [],  # 02:30 does not exist that day
+        "*/30 * * * *": [
+            "04:00",
+            "04:30",
+            "05:00",
+            "05:30",
+            "06:00",
+            "06:30",
+            "07:00",
+            "07:30",
+            "08:00",
+            "08:30",
+        ],
+    },
+    FALL: {
+        "30 1 * * *": ["05:30"],  # once, at the earlier (EDT) 01:30
+        "30 2 * * *": ["07:30"],
+        # the repeated 01:00-01:59 (06:00Z-06:59Z) fires nothing the second time
+        "*/30 * * * *": ["04:00", "04:30", "05:00", "05:30", "07:00", "07:30", "08:00", "08:30"],
+    },
+}
+# What an engine that ignored the contract would have stored: a second 01:30 on the
+# fall-back night, and the nonexistent 02:30 shifted to 03:30 EDT on the spring night.
+NAIVE = {FALL: ("30 1 * * *", "06:30"), SPRING: ("30 2 * * *", "07:30")}
+
+
+@pytest.mark.parametrize("day", [SPRING, FALL])
+def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
+    alice: Api, aws: Services, clock: Clock, day: str
+):
+    # GIVEN '30 1 * * *', '30 2 * * *' and '*/30 * * * *' in New York, created the evening
+    # before and materialized through the night
+    clock.now = at("03:30", day)
+    schedules = {expr: create(aws, spec=cron(expr, NEW_YORK)) for expr in DST_CASES[day]}
+    materialize_until(aws, clock, at("09:10", day), shards_of(aws, schedules.values()))
+    # WHEN the reconciler checks [04:00Z, 09:00Z)
+    clock.now = at("10:00", day)
+    results = reconcile(aws, at("04:00", day), at("09:00", day))
+    # THEN it expects exactly the contract's instants, all of which are stored
+    assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.UNEXPECTED) == 0
+    for expression, sid in schedules.items():
+        found = sorted(
+            o["scheduled_for"]
+            for o in stored(aws, since=at("04:00", day), until=at("09:00", day))
+            if o["schedule_id"] == sid
+        )
+        assert found == [at(t, day) for t in DST_CASES[day][expression]], expression
+    assert total(results, Finding.IN_FLIGHT) == sum(len(v) for v in DST_CASES[day].values())
+    # WHEN an occurrence a contract-blind engine would have made is stored, and a real one
+    # is lost
+    expression, wrong = NAIVE[day]
+    bogus = occurrence_id(schedules[expression], 1, at(wrong, day))
+    aws.dynamodb.put_item(
+        TableName=aws.settings.occurrences_table,
+        Item={
+            "occurrence_id": {"S": bogus},
+            "sk": {"S": "OCC"},
+            "schedule_id": {"S": schedules[expression]},
+            "schedule_version": {"N": "1"},
+            "scheduled_for": {"N": str(at(wrong, day))},
+            "available_at": {"N": str(at(wrong, day))},
+            "tenant_id": {"S": "alice"},
+            "target": {"S": "default"},
+            "state": {"S": "SCHEDULED"},
+        },
+    )
+    real = occurrence_id(schedules["*/30 * * * *"], 1, at("05:30", day))
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.occurrences_table,
+        Key={"occurrence_id": {"S": real}, "sk": {"S": "OCC"}},
+    )
+    again = reconcile(aws, at("04:00", day), at("09:00", day), repair=False)
+    # THEN the stray one is UNEXPECTED and the lost one MISSING, nothing else
+    assert ids(again, "unexpected") == {bogus}
+    assert ids(again, "missing") == {real}
+
+
+# --- reports, checks and the Lambda ------------------------------------------------------
+
+
+def test_reconciler_stores_one_report_per_shard_and_window(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a */5 schedule with two instants of [10:00, 11:00) lost
+    clock.now = at("09:40")
+    sid = create(aws, spec=cron("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
+    lost = {at("10:05"), at("10:35")}
+    materialize_until(aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    # WHEN the reconciler runs for every shard, with repair off
+    clock.now = at("12:05")
+    reconcile(aws, at("10:00"), at("11:00"), repair=False)
+    # THEN every shard has one report for the window; the schedule's shard names the gaps
+    reports = read_reports(aws, at("10:00"))
+    assert [r.shard for r in reports] == list(range(aws.settings.shard_count))
+    mine = reports[shard_of(sid, aws.settings.shard_count)]
+    assert mine.counts[Finding.MISSING] == 2
+    assert set(mine.examples[Finding.MISSING]) == {occurrence_id(sid, 1, t) for t in lost}
+    assert mine.counts[Finding.IN_FLIGHT] == 10
+    assert not mine.repair
+    assert mine.repaired_fired == 0
+    assert sum(r.schedules for r in reports) == 1
+    # AND a later run of the same window replaces it; another window has no report
+    clock.advance(60)
+    reconcile(aws, at("10:00"), at("11:00"))
+    newer = read_reports(aws, at("10:00"), shards=[mine.shard])[0]
+    assert newer.repaired_fired == 2
+    assert read_reports(aws, at("11:00")) == []
+    # AND a slower run that started before it cannot overwrite it when it finishes
+    store = ReportStore(aws.dynamodb, aws.settings.leases_table)
+    assert not store.put(mine.model_copy(update={"run_at": newer.run_at - 1}), purge_at=0)
+    assert read_reports(aws, at("10:00"), shards=[mine.shard]) == [newer]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "reason"),
+    [
+        (at("11:00"), at("10:00"), "later than window_start"),
+        (at("11:00"), at("13:00"), "closed, past window"),  # not over at 12:05
+        (at("11:00") - 25 * HOUR, at("11:00"), "at most"),
+    ],
+)
+def test_reconciler_refuses_inverted_open_or_oversized_windows(
+    alice: Api, aws: Services, clock: Clock, start: int, end: int, reason: str
+):
+    # GIVEN the clock at 12:05
+    clock.now = at("12:05")
+    # WHEN a window that is inverted, not over yet, or over a day long is asked for
+    with pytest.raises(InvalidInput) as refused:
+        reconcile(aws, start, end)
+    # THEN it is refused, naming the field and the reason
+    assert "window_end" in str(refused.value)
+    assert reason in str(refused.value)
+
+
+def test_reconciler_accepts_a_closed_window_of_hours(alice: Api, aws: Services, clock: Clock):
+    # GIVEN the clock at 12:05; WHEN ten closed hours are reconciled THEN each shard reports
+    clock.now = at("12:05")
+    results = reconcile(aws, at("00:00"), at("10:00"))
+    assert [r.report.shard for r in results] == list(range(aws.settings.shard_count))
+
+
+def test_reconciler_refuses_unknown_shards(alice: Api, aws: Services, clock: Clock):
+    # GIVEN 8 shards; WHEN shard 8 is asked for THEN the request is refused
+    clock.now = at("12:05")
+    with pytest.raises(InvalidInput, match="shards"):
+        reconcile(aws, at("10:00"), at("11:00"), shards=[aws.settings.shard_count])
+
+
+class FifteenMinutes(LambdaContextStub):
+    function_name = "reconciler"
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 900_000
+
+
+def _emitted_metrics(output: str) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for line in output.splitlines():
+        if '"_aws"' not in line:
+            continue
+        blob = json.loads(line)
+        for directive in blob["_aws"]["CloudWatchMetrics"]:
+            assert directive["Namespace"] == "Punctual"
+            assert directive["Dimensions"] == [["service"]]  # no per-tenant dimension
+            for metric in directive["Metrics"]:
+                value = blob[metric["Name"]]
+                metrics[metric["Name"]] = sum(value) if isinstance(value, list) else value
+    return metrics
+
+
+# A refused event ends the invocation before any metric: Powertools warns about that.
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_reconciler_handler_validates_the_event_and_emits_metrics(
+    alice: Api, aws: Services, clock: Clock, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN a */5 schedule with one instant of [10:00, 11:00) dropped by the materializer
+    clock.now = at("09:40")
+    sid = create(aws, spec=cron("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
+    materialize_until(
+        aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:25")
+    )
+    clock.now = at("12:05")
+    handler.configure(aws)
+    try:
+        # WHEN the hourly run invokes the handler with the EventBridge time (12:03)
+        answer = handler.lambda_handler(
+            {"time": f"{DAY}T12:03:00Z", "shards": list(range(aws.settings.shard_count))},
+            FifteenMinutes(),
+        )
+        # THEN it reconciled the hour that ended an hour ago and emitted the counts
+        assert (answer["window_start"], answer["window_end"]) == (at("10:00"), at("11:00"))
+        emitted = _emitted_metrics(capsys.readouterr().out)
+        assert emitted["ReconcileMissing"] == 1
+        assert emitted["ReconcileRepaired"] == 1
+        assert emitted["ReconcileRepairFired"] == 1
+        assert emitted["ReconcileUnexpected"] == 0
+        assert emitted["ReconcileInFlight"] == 11
+        assert emitted["ReconcileIncomplete"] == 0
+        # WHEN an operator re-runs that window explicitly
+        handler.lambda_handler(
+            {
+                "time": f"{DAY}T12:06:00Z",
+                "shards": [shard_of(sid, aws.settings.shard_count)],
+                "window_start": f"{DAY}T10:00:00Z",
+                "window_end": f"{DAY}T11:00:00Z",
+            },
+            FifteenMinutes(),
+        )
+        # THEN the repaired occurrence is in flight and nothing is missing any more
+        emitted = _emitted_metrics(capsys.readouterr().out)
+        assert emitted["ReconcileMissing"] == 0
+        assert emitted["ReconcileInFlight"] == 12
+        # WHEN events are malformed THEN each is refused with the field and the reason
+        for bad, field in [
+            ({"shards": [0]}, "time"),
+            ({"time": "yesterday", "shards": [0]}, "time"),
+            ({"time": f"{DAY}T12:03:00Z", "shards": []}, "shards"),
+            (
+                {"time": f"{DAY}T12:03:00Z", "shards": [0], "window_start": f"{DAY}T10:00:00Z"},
+                "both",
+            ),
+            ({"time": f"{DAY}T12:03:00Z", "shards": [0], "dry": True}, "dry"),
+        ]:
+            with pytest.raises(InvalidInput, match="the reconciler event is not valid") as refused:
+                handler.lambda_handler(bad, FifteenMinutes())
+            assert field in str(refused.value)
+    finally:
+        handler.configure(None)
+
+
+def test_fired_late_tells_a_policy_fire_from_a_jittered_one(alice: Api, aws: Services):
+    # GIVEN a flexible occurrence at its deterministic instant, and the same one fired late
+    oid = occurrence_id("sch_x", 1, 1000)
+    due = available_at(oid, 1000, 600)
+    normal = Occurrence(
+        occurrence_id=oid,
+        tenant_id="alice",
+        schedule_id="sch_x",
+        schedule_version=1,
+        scheduled_for=1000,
+        available_at=due,
+        target="default",
+        state=OccurrenceState.SCHEDULED,
+    )
+    late = normal.model_copy(update={"available_at": 5000})
+    # THEN only the late one carries the trace of a misfire policy
+    assert not fired_late(normal, 600)
+    assert fired_late(late, 600)
+
+
+def test_reconciler_handler_out_of_time_saves_incomplete_reports(
+    alice: Api, aws: Services, clock: Clock, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN a Lambda with less time left than the handler's safety margin
+    clock.now = at("12:05")
+    handler.configure(aws)
+    try:
+        # WHEN the hourly run starts
+        answer = handler.lambda_handler(
+            {"time": f"{DAY}T12:03:00Z", "shards": [0, 1]}, LambdaContextStub()
+        )
+    finally:
+        handler.configure(None)
+    # THEN it stops before examining anything, saves each shard's report as incomplete and
+    # counts the incomplete shards, rather than being killed by the timeout
+    assert [s["complete"] for s in answer["shards"]] == [False, False]
+    assert [r.complete for r in read_reports(aws, at("10:00"), shards=[0, 1])] == [False, False]
+    assert _emitted_metrics(capsys.readouterr().out)["ReconcileIncomplete"] == 2

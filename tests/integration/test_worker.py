@@ -1,0 +1,1463 @@
+"""The worker SDK on moto (and DynamoDB Local for the races), with the injected clock:
+lost acks and idempotent effects, lease expiry and fencing, heartbeats, retries with
+full-jitter back-off, stale and canceled occurrences, overlap control, the concurrency
+quota, cooperative cancel, the Lambda feed, rejected messages and claim races."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from punctual.dal.common import from_dynamo, to_dynamo
+from punctual.ids import shard_of
+from punctual.integrations.queues import MAX_RECEIVE_COUNT
+from punctual.materializer import Materializer
+from punctual.models import (
+    Attempt,
+    AttemptOutcome,
+    Occurrence,
+    OccurrenceState,
+    RetryPolicy,
+    ScheduleDefinition,
+    ScheduleState,
+    can_transition,
+)
+from punctual.relay import Relay
+from punctual.scheduling import ControlPlane, Services
+from punctual.worker import (
+    Delivery,
+    EffectLedger,
+    Job,
+    Message,
+    Outcome,
+    PermanentError,
+    QueueConsumer,
+    Result,
+    Worker,
+    backoff_ceiling,
+    sqs_lambda_handler,
+)
+from punctual.worker.core import REQUEUE_AFTER_RECEIVES, THROTTLE_BACKOFF
+from tests.integration.conftest import ALICE, Api, Clock, LambdaContextStub, bootstrap
+from tests.integration.helpers import patch, table_items
+from tests.integration.test_relay import one_shot, record
+
+S = OccurrenceState
+QUEUE = "punctual-alice-default"
+DLQ = "punctual-alice-default-dlq"
+QUEUE_ARN = "arn:aws:sqs:us-east-1:123456789012:punctual-alice-default"
+EFFECTS = "alice-effects"  # a table of the tenant's own, key "pk"
+RACE_ROUNDS = 30
+
+
+class WorkerDied(BaseException):
+    """The worker process dies mid-handler: nothing after this point of the SDK runs."""
+
+
+class Flaky(Exception):
+    """A transient failure (anything not marked permanent)."""
+
+
+class SpySQS:
+    """The moto client, recording visibility changes; ``lose_acks`` makes every
+    DeleteMessageBatch entry fail (the handler finished, the ack did not arrive)."""
+
+    def __init__(self, real: Any, *, lose_acks: bool = False) -> None:
+        self.real = real
+        self.lose_acks = lose_acks
+        self.visibility: list[tuple[str, int]] = []  # (receipt handle, seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def change_message_visibility(self, **kwargs: Any) -> Any:
+        self.visibility.append((kwargs["ReceiptHandle"], kwargs["VisibilityTimeout"]))
+        return self.real.change_message_visibility(**kwargs)
+
+    def delete_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> Any:
+        if not self.lose_acks:
+            return self.real.delete_message_batch(QueueUrl=QueueUrl, Entries=Entries)
+        failed = [
+            {"Id": e["Id"], "SenderFault": False, "Code": "InternalError", "Message": "lost"}
+            for e in Entries
+        ]
+        return {"Successful": [], "Failed": failed}
+
+    def last_visibility(self, receipt_handle: str) -> int:
+        return [seconds for handle, seconds in self.visibility if handle == receipt_handle][-1]
+
+
+class Calls:
+    """A handler that records each job it ran, then does ``then`` (if given)."""
+
+    def __init__(self, then: Callable[[Job], object] | None = None) -> None:
+        self.jobs: list[Job] = []
+        self.then = then
+
+    def __call__(self, job: Job) -> None:
+        self.jobs.append(job)
+        if self.then is not None:
+            self.then(job)
+
+    @property
+    def count(self) -> int:
+        return len(self.jobs)
+
+
+# --- setting the scene ------------------------------------------------------------------
+
+
+def with_sqs(aws: Services, sqs: Any) -> Services:
+    return Services(aws.dynamodb, sqs, aws.settings, aws.now)
+
+
+def url_of(aws: Services, queue: str = QUEUE) -> str:
+    return str(aws.sqs.get_queue_url(QueueName=queue)["QueueUrl"])
+
+
+def relay(aws: Services, *occurrence_ids: str) -> None:
+    """The relay sends each occurrence to alice's queue (due now: no delay) and marks it."""
+    report = Relay(aws).relay([record(aws, o, n) for n, o in enumerate(occurrence_ids, 1)])
+    assert report.failures == {}
+    assert report.sent == len(occurrence_ids)
+
+
+def due(aws: Services, clock: Clock, count: int = 1, **fields: Any) -> list[str]:
+    """``count`` one-shots, due now and relayed: each has its message in alice's queue."""
+    made = [one_shot(aws, clock, **fields) for _ in range(count)]
+    clock.advance(30)
+    relay(aws, *made)
+    return made
+
+
+def rate_schedule(
+    aws: Services, expression: str = "rate(1 minute)", **fields: Any
+) -> tuple[str, list[str]]:
+    """A rate schedule anchored now; its id and the occurrences the API materialized
+    (the first is due now, the others every interval up to the planning horizon)."""
+    definition = ScheduleDefinition.model_validate(
+        {"target": "default", "spec": {"kind": "rate", "expression": expression}, **fields}
+    )
+    saved = ControlPlane(aws).create("alice", definition)
+    return saved.schedule.schedule_id, [o.occurrence_id for o in saved.materialized]
+
+
+def receive(aws: Services, queue: str = QUEUE) -> list[Delivery]:
+    url = url_of(aws, queue)
+    got = aws.sqs.receive_message(
+        QueueUrl=url,
+        MaxNumberOfMessages=10,
+        MessageSystemAttributeNames=["ApproximateReceiveCount"],
+    ).get("Messages", [])
+    return [
+        Delivery(
+            body=m["Body"],
+            receipt_handle=m["ReceiptHandle"],
+            queue_url=url,
+            receive_count=int(m["Attributes"]["ApproximateReceiveCount"]),
+        )
+        for m in got
+    ]
+
+
+def by_occurrence(deliveries: list[Delivery]) -> dict[str, Delivery]:
+    return {json.loads(d.body)["occurrence_id"]: d for d in deliveries}
+
+
+def make_visible(aws: Services, delivery: Delivery) -> None:
+    """The message's visibility timeout runs out (moto keeps real time: set it to 0)."""
+    aws.sqs.change_message_visibility(
+        QueueUrl=delivery.queue_url, ReceiptHandle=delivery.receipt_handle, VisibilityTimeout=0
+    )
+
+
+def redeliver(aws: Services, delivery: Delivery) -> Delivery:
+    """SQS brings the message back: receive it again (a new receipt handle)."""
+    make_visible(aws, delivery)
+    [again] = receive(aws)
+    assert again.body == delivery.body
+    return again
+
+
+def depth(aws: Services, queue: str = QUEUE) -> int:
+    """Messages still in the queue: visible, in flight or delayed."""
+    attributes = aws.sqs.get_queue_attributes(QueueUrl=url_of(aws, queue), AttributeNames=["All"])[
+        "Attributes"
+    ]
+    return sum(
+        int(attributes[name])
+        for name in (
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        )
+    )
+
+
+def dead_letters(aws: Services) -> list[tuple[str, str | None]]:
+    """(body, dead_reason) of every message in alice's DLQ."""
+    got = aws.sqs.receive_message(
+        QueueUrl=url_of(aws, DLQ), MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+    ).get("Messages", [])
+    return [
+        (m["Body"], m.get("MessageAttributes", {}).get("dead_reason", {}).get("StringValue"))
+        for m in got
+    ]
+
+
+def stored(aws: Services, occurrence_id: str) -> tuple[Occurrence, list[Attempt]]:
+    found = aws.occurrences.get_with_attempts(occurrence_id)
+    assert found is not None
+    return found
+
+
+def state(aws: Services, occurrence_id: str) -> OccurrenceState:
+    return stored(aws, occurrence_id)[0].state
+
+
+def outcomes(aws: Services, occurrence_id: str) -> list[AttemptOutcome]:
+    return [a.outcome for a in stored(aws, occurrence_id)[1]]
+
+
+def concurrency_slots(aws: Services) -> list[dict[str, Any]]:
+    items = [from_dynamo(i) for i in table_items(aws, aws.settings.tenants_table)]
+    return [i for i in items if i["pk"] == "T#alice" and str(i["sk"]).startswith("RUN#")]
+
+
+def run_slot(aws: Services, schedule_id: str) -> dict[str, Any]:
+    raw = aws.dynamodb.get_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo({"schedule_id": schedule_id, "sk": "RUN_SLOT"}),
+        ConsistentRead=True,
+    )["Item"]
+    return from_dynamo(raw)
+
+
+def worker(aws: Services, handler: Callable[[Job], None], **options: Any) -> Worker:
+    options.setdefault("rng", random.Random(7))
+    return Worker(aws, "alice", handler, **options)
+
+
+def consumer(work: Worker, seen: list[tuple[Delivery, Result]] | None = None) -> QueueConsumer:
+    url = url_of(work.services)
+    if seen is None:
+        return QueueConsumer(work, url, wait_seconds=0, threads=1)
+    return QueueConsumer(
+        work, url, wait_seconds=0, threads=1, on_result=lambda d, r: seen.append((d, r))
+    )
+
+
+# --- the tenant's own table for idempotent effects ----------------------------------------
+
+
+def effects_table(aws: Services) -> EffectLedger:
+    aws.dynamodb.create_table(
+        TableName=EFFECTS,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return EffectLedger(aws.dynamodb, EFFECTS, now=aws.now)
+
+
+def credit(amount: int = 1) -> dict[str, Any]:
+    """The business write: add to alice's balance (not idempotent on its own)."""
+    return {
+        "Update": {
+            "TableName": EFFECTS,
+            "Key": {"pk": {"S": "balance"}},
+            "UpdateExpression": "ADD amount :a",
+            "ExpressionAttributeValues": {":a": {"N": str(amount)}},
+        }
+    }
+
+
+def balance(aws: Services) -> int:
+    item = aws.dynamodb.get_item(
+        TableName=EFFECTS, Key={"pk": {"S": "balance"}}, ConsistentRead=True
+    ).get("Item")
+    return int(item["amount"]["N"]) if item else 0
+
+
+# --- the plain path -------------------------------------------------------------------
+
+
+def test_worker_runs_an_enqueued_occurrence_and_deletes_its_message(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence relayed into alice's queue
+    [occ] = due(aws, clock, payload={"report": "daily"})
+    handler = Calls()
+    # WHEN a consumer polls once
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN the handler ran once with the message, attempt 1; the occurrence SUCCEEDED with
+    # one SUCCEEDED attempt, its concurrency slot was released, and the message is gone
+    assert result.outcome is Outcome.SUCCEEDED
+    [job] = handler.jobs
+    assert (job.occurrence_id, job.attempt, job.payload) == (occ, 1, {"report": "daily"})
+    assert job.message.tenant_id == "alice"
+    occurrence, attempts = stored(aws, occ)
+    assert occurrence.state is S.SUCCEEDED
+    assert occurrence.attempt_count == 1
+    assert occurrence.lease_token is None
+    assert [(a.attempt_no, a.outcome) for a in attempts] == [(1, AttemptOutcome.SUCCEEDED)]
+    assert all("lease_token" not in slot for slot in concurrency_slots(aws))
+    assert depth(aws) == 0
+
+
+# --- lost acks and idempotent effects ------------------------------------------------------
+
+
+def test_worker_lost_ack_redelivery_is_already_done_and_the_effect_is_not_repeated(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a handler that credits alice's balance once per occurrence, and an SQS whose
+    # DeleteMessageBatch reports the entry as Failed (crash point: after the handler and
+    # the completion, at the ack)
+    [occ] = due(aws, clock)
+    ledger = effects_table(aws)
+    handler = Calls(lambda job: ledger.apply(job.occurrence_id, [credit()]))
+    lossy = SpySQS(aws.sqs, lose_acks=True)
+    seen: list[tuple[Delivery, Result]] = []
+    [first] = consumer(worker(with_sqs(aws, lossy), handler), seen).poll_once()
+    assert first.outcome is Outcome.SUCCEEDED
+    assert depth(aws) == 1  # the ack was lost: the message is still there
+    # WHEN the message comes back (its visibility ran out) to a consumer whose acks work
+    make_visible(aws, seen[0][0])
+    [second] = consumer(worker(aws, handler)).poll_once()
+    # THEN it is recognized as done: the handler did not run again, the effect was applied
+    # once, the occurrence stays SUCCEEDED with its one attempt, and the message is deleted
+    assert second.outcome is Outcome.ALREADY_DONE
+    assert handler.count == 1
+    assert balance(aws) == 1
+    assert state(aws, occ) is S.SUCCEEDED
+    assert outcomes(aws, occ) == [AttemptOutcome.SUCCEEDED]
+    assert depth(aws) == 0
+
+
+def test_effect_ledger_second_apply_of_an_occurrence_returns_false_and_writes_nothing(
+    aws: Services, clock: Clock
+):
+    # GIVEN the tenant's own table and an effect applied for occ_1
+    ledger = effects_table(aws)
+    assert ledger.apply("occ_1", [credit(5)]) is True
+    assert ledger.applied("occ_1")
+    # WHEN the same occurrence applies its effect again (with a different write, even)
+    again = ledger.apply(
+        "occ_1",
+        [credit(5), {"Put": {"TableName": EFFECTS, "Item": {"pk": {"S": "second-write"}}}}],
+    )
+    # THEN it is refused as already applied and nothing of the second transaction is
+    # written; another occurrence, or another named effect of occ_1, still applies
+    assert again is False
+    assert balance(aws) == 5
+    keys = {i["pk"]["S"] for i in table_items(aws, EFFECTS)}
+    assert keys == {"balance", "effect#default#occ_1"}
+    assert ledger.apply("occ_2", [credit(1)]) is True
+    assert ledger.apply("occ_1", [credit(1)], effect="email") is True
+    assert balance(aws) == 7
+    record_item = from_dynamo(
+        aws.dynamodb.get_item(TableName=EFFECTS, Key={"pk": {"S": "effect#default#occ_1"}})["Item"]
+    )
+    assert record_item["occurrence_id"] == "occ_1"
+    assert record_item["expires_at"] == int(clock.now) + 35 * 86400
+
+
+def test_effect_ledger_a_failing_business_write_is_not_mistaken_for_a_duplicate(
+    aws: Services,
+):
+    # GIVEN a business write whose own condition fails
+    ledger = effects_table(aws)
+    refused = {
+        "Put": {
+            "TableName": EFFECTS,
+            "Item": {"pk": {"S": "x"}},
+            "ConditionExpression": "attribute_exists(pk)",
+        }
+    }
+    # WHEN it is applied with the ledger record
+    # THEN the error surfaces (not "already applied") and no effect is recorded
+    with pytest.raises(ClientError):
+        ledger.apply("occ_1", [refused])
+    assert not ledger.applied("occ_1")
+
+
+def test_worker_crash_after_effect_before_completion_rerun_does_not_repeat_the_effect(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a handler that applies its effect, then fails transiently on attempt 1 (crash
+    # point: after the effect, before the completion)
+    [occ] = due(aws, clock)
+    ledger = effects_table(aws)
+    applied: list[bool] = []
+
+    def effect_then_fail(job: Job) -> None:
+        applied.append(ledger.apply(job.occurrence_id, [credit()]))
+        if job.attempt == 1:
+            raise Flaky("connection reset after the write")
+
+    seen: list[tuple[Delivery, Result]] = []
+    [first] = consumer(worker(aws, effect_then_fail), seen).poll_once()
+    assert first.outcome is Outcome.RETRY
+    # WHEN the retry is delivered after its back-off and runs the handler again
+    assert first.visible_in is not None
+    clock.advance(first.visible_in)
+    make_visible(aws, seen[0][0])
+    [second] = consumer(worker(aws, effect_then_fail)).poll_once()
+    # THEN the second run found the effect recorded: applied once, occurrence SUCCEEDED
+    assert second.outcome is Outcome.SUCCEEDED
+    assert applied == [True, False]
+    assert balance(aws) == 1
+    assert outcomes(aws, occ) == [AttemptOutcome.RETRY, AttemptOutcome.SUCCEEDED]
+
+
+def test_worker_dies_after_effect_lease_expires_and_the_takeover_does_not_repeat_the_effect(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN worker A applies the effect and its process dies before completing (crash
+    # point: after the effect, before the completion; the lease is left to expire)
+    [occ] = due(aws, clock)
+    ledger = effects_table(aws)
+    applied: list[bool] = []
+
+    def effect_then_die(job: Job) -> None:
+        applied.append(ledger.apply(job.occurrence_id, [credit()]))
+        raise WorkerDied
+
+    [delivery] = receive(aws)
+    with pytest.raises(WorkerDied):
+        worker(aws, effect_then_die).process(delivery)
+    assert state(aws, occ) is S.RUNNING
+    # WHEN the lease expires and the message comes back to worker B
+    clock.advance(61)
+    again = redeliver(aws, delivery)
+    b = worker(aws, lambda job: applied.append(ledger.apply(job.occurrence_id, [credit()])))
+    result = b.process(again)
+    # THEN B took over (attempt 2, attempt 1 LOST), its effect was refused as a duplicate
+    assert result.outcome is Outcome.SUCCEEDED
+    assert applied == [True, False]
+    assert balance(aws) == 1
+    assert outcomes(aws, occ) == [AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
+
+
+# --- leases and heartbeats ------------------------------------------------------------------
+
+
+def test_worker_lease_expiry_b_takes_over_and_a_late_completion_is_rejected(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN worker A running an occurrence under a 60 s lease; B gets the same message
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    b_handler = Calls()
+    b = worker(aws, b_handler, rng=random.Random(8))
+    seen: dict[str, Any] = {}
+
+    def stall(job: Job) -> None:
+        # While A's lease is live, B is told someone else holds it.
+        seen["live"] = b.process(redeliver(aws, delivery))
+        seen["a_token"] = stored(aws, occ)[0].lease_token
+        # A stalls beyond its lease; the message comes back to B, which takes over.
+        clock.advance(61)
+        seen["b"] = b.process(redeliver(aws, delivery))
+        seen["after_b"] = stored(aws, occ)
+        seen["heartbeat"] = job.heartbeat()
+
+    a = worker(aws, stall)
+    # WHEN A finally returns
+    late = a.process(delivery)
+    # THEN while A's lease was live B refused (IN_PROGRESS, back when the lease ends); after
+    # it expired B claimed with a new token as attempt 2 (attempt 1 LOST) and succeeded
+    assert seen["live"].outcome is Outcome.IN_PROGRESS
+    assert seen["live"].visible_in == 60
+    assert seen["b"].outcome is Outcome.SUCCEEDED
+    assert [job.attempt for job in b_handler.jobs] == [2]
+    occurrence, attempts = seen["after_b"]
+    assert occurrence.state is S.SUCCEEDED
+    assert [(x.attempt_no, x.outcome) for x in attempts] == [
+        (1, AttemptOutcome.LOST),
+        (2, AttemptOutcome.SUCCEEDED),
+    ]
+    assert attempts[1].lease_token != seen["a_token"] == attempts[0].lease_token
+    # AND A's heartbeat after the takeover said the lease is gone, and A's completion was
+    # rejected without touching the occurrence or either attempt
+    assert seen["heartbeat"] is False
+    assert late.outcome is Outcome.LEASE_LOST
+    assert not late.delete
+    assert stored(aws, occ) == seen["after_b"]
+
+
+def test_worker_late_permanent_failure_after_a_takeover_leaves_the_dlq_alone(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN worker A stalls past its lease, B takes over and succeeds
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    seen: dict[str, Result] = {}
+
+    def stall_then_fail(job: Job) -> None:
+        clock.advance(61)
+        seen["b"] = worker(aws, Calls(), rng=random.Random(8)).process(redeliver(aws, delivery))
+        # WHEN A then fails with a permanent error
+        raise PermanentError("bad input")
+
+    late = worker(aws, stall_then_fail).process(delivery)
+    # THEN A's completion is rejected and the occurrence stays SUCCEEDED; nothing of A's
+    # stale attempt should reach the DLQ (it would alarm and be redriven for nothing)
+    assert seen["b"].outcome is Outcome.SUCCEEDED
+    assert late.outcome is Outcome.LEASE_LOST
+    assert state(aws, occ) is S.SUCCEEDED
+    assert dead_letters(aws) == []
+
+
+class ConflictOnCompletion:
+    """The DynamoDB client; the first completion transaction is cancelled by a transaction
+    conflict (a transient fault DynamoDB reports for concurrent writes to an item)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def transact_write_items(self, TransactItems: list[dict[str, Any]], **kw: Any) -> Any:
+        first = TransactItems[0].get("Update", {})
+        if not self.failed and "finished_at" in first.get("UpdateExpression", ""):
+            self.failed += 1
+            raise ClientError(
+                {
+                    "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
+                    "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
+                },
+                "TransactWriteItems",
+            )
+        return self.real.transact_write_items(TransactItems=TransactItems, **kw)
+
+
+def test_worker_completion_cancelled_by_a_transient_conflict_is_retried(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN DynamoDB cancels the first completion transaction with TransactionConflict
+    # (fault point: after the handler returned, at the completion)
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    flaky = ConflictOnCompletion(aws.dynamodb)
+    handler = Calls()
+    work = worker(Services(flaky, aws.sqs, aws.settings, aws.now), handler)
+    # WHEN the worker completes the run
+    result = work.process(delivery)
+    # THEN the completion is retried: SUCCEEDED once, no second run needed
+    assert flaky.failed == 1
+    assert result.outcome is Outcome.SUCCEEDED
+    assert state(aws, occ) is S.SUCCEEDED
+    assert handler.count == 1
+
+
+# RunStore.refuse passes ``now`` twice to values() for a RUNNING occurrence, so every
+# refusal of an abandoned run crashes: CPython 3.11 reports the duplicate keyword as a
+# TypeError, or as a KeyError when the call happens inside an ``except`` block (the
+# overlap refusal is made from Worker._claim's ``except ConditionFailed``).
+REFUSE_CRASH = (TypeError, KeyError)
+
+
+def abandoned(aws: Services, clock: Clock, **fields: Any) -> tuple[str, Delivery]:
+    """An occurrence whose worker died mid-run, delivered again after its lease expired."""
+    [occ] = due(aws, clock, **fields)
+    [delivery] = receive(aws)
+
+    def die(job: Job) -> None:
+        raise WorkerDied
+
+    with pytest.raises(WorkerDied):
+        worker(aws, die).process(delivery)
+    return occ, delivery
+
+
+@pytest.mark.parametrize("ending", ["canceled", "exhausted"])
+def test_worker_refuses_an_abandoned_run_that_is_stale_or_exhausted(
+    alice: Api, aws: Services, clock: Clock, ending: str
+):
+    # GIVEN a one-attempt occurrence whose worker died mid-run, and for "canceled" its
+    # schedule canceled meanwhile
+    occ, delivery = abandoned(aws, clock, retry={"max_attempts": 1})
+    if ending == "canceled":
+        ControlPlane(aws).cancel("alice", stored(aws, occ)[0].schedule_id)
+    clock.advance(61)
+    handler = Calls()
+    # WHEN the message comes back after the lease expired
+    result = worker(aws, handler).process(redeliver(aws, delivery))
+    # THEN it is refused without running: CANCELED as stale, or DEAD (and in the DLQ once)
+    expected = (Outcome.STALE, S.CANCELED) if ending == "canceled" else (Outcome.DEAD, S.DEAD)
+    assert (result.outcome, state(aws, occ)) == expected
+    assert handler.count == 0
+    assert len(dead_letters(aws)) == (1 if ending == "exhausted" else 0)
+
+
+@pytest.mark.parametrize("ending", ["canceled", "exhausted"])
+def test_worker_refusing_an_abandoned_run_marks_its_attempt_lost(
+    alice: Api, aws: Services, clock: Clock, ending: str
+):
+    # GIVEN a one-attempt occurrence whose worker died mid-run (and maybe a cancel)
+    occ, delivery = abandoned(aws, clock, retry={"max_attempts": 1})
+    if ending == "canceled":
+        ControlPlane(aws).cancel("alice", stored(aws, occ)[0].schedule_id)
+    clock.advance(61)
+    # WHEN the message comes back and the occurrence is refused
+    worker(aws, Calls()).process(redeliver(aws, delivery))
+    # THEN the abandoned attempt is closed as LOST, like a takeover closes it
+    assert state(aws, occ) in (S.CANCELED, S.DEAD)
+    assert outcomes(aws, occ) == [AttemptOutcome.LOST]
+
+
+def test_worker_heartbeat_extends_the_lease_and_both_slots(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a SKIP_IF_RUNNING schedule's occurrence running under a 60 s lease
+    sid, [occ, *_] = rate_schedule(aws, "rate(5 minutes)", overlap="SKIP_IF_RUNNING")
+    relay(aws, occ)
+    [delivery] = receive(aws)
+    other = worker(aws, Calls(), rng=random.Random(9))
+    seen: dict[str, Any] = {}
+
+    def lease_and_slots() -> tuple[int | None, int, int]:
+        [slot] = [s for s in concurrency_slots(aws) if s.get("occurrence_id") == occ]
+        return (
+            stored(aws, occ)[0].lease_expires_at,
+            slot["expires_at"],
+            run_slot(aws, sid)["expires_at"],
+        )
+
+    def long_job(job: Job) -> None:
+        seen["claimed_at"] = int(clock.now)
+        seen["before"] = lease_and_slots()
+        # WHEN 50 s in, the handler heartbeats
+        clock.advance(50)
+        seen["beat"] = job.heartbeat()
+        seen["after"] = lease_and_slots()
+        seen["visibility"] = list(spy.visibility)
+        # 30 s later the first lease (claimed + 60) has passed, the extended one has not
+        clock.advance(30)
+        seen["other"] = other.process(redeliver(aws, delivery))
+
+    spy = SpySQS(aws.sqs)
+    result = worker(with_sqs(aws, spy), long_job).process(delivery)
+    # THEN the occurrence's lease and both slot items moved from claim + 60 to beat + 60
+    # together, the message's visibility was extended with them (once at the claim, once
+    # at the beat), and another worker still sees IN_PROGRESS (for the 30 s left)
+    claimed = seen["claimed_at"]
+    assert seen["before"] == (claimed + 60,) * 3
+    assert seen["beat"] is True
+    assert seen["after"] == (claimed + 50 + 60,) * 3
+    assert seen["visibility"] == [(delivery.receipt_handle, 60)] * 2
+    assert seen["other"].outcome is Outcome.IN_PROGRESS
+    assert seen["other"].visible_in == 30
+    assert result.outcome is Outcome.SUCCEEDED
+    assert state(aws, occ) is S.SUCCEEDED
+
+
+def test_worker_heartbeat_thread_keeps_the_lease_while_the_handler_runs(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a worker that heartbeats on a thread every 10 ms
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    seen: dict[str, Any] = {}
+
+    def slow(job: Job) -> None:
+        clock.advance(50)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            seen["lease"] = stored(aws, occ)[0].lease_expires_at
+            if seen["lease"] == int(clock.now) + 60:
+                return
+            time.sleep(0.01)
+
+    # WHEN the handler runs 50 s of injected time
+    result = worker(aws, slow, heartbeat_seconds=0.01).process(delivery)
+    # THEN a beat moved the lease to now + 60 without the handler calling heartbeat()
+    assert seen["lease"] == int(clock.now) + 60
+    assert result.outcome is Outcome.SUCCEEDED
+
+
+# --- retries, back-off, deadline and permanent errors ------------------------------------------
+
+
+def test_worker_backoff_ceiling_doubles_from_the_base_up_to_the_max():
+    # GIVEN a policy with base 10 s and max 25 s; THEN the full-jitter bound of attempt n
+    # is min(max, base * 2^(n-1))
+    policy = RetryPolicy(max_attempts=6, backoff_base_seconds=10, backoff_max_seconds=25)
+    assert [backoff_ceiling(policy, n) for n in range(1, 6)] == [10, 20, 25, 25, 25]
+    default = RetryPolicy()
+    assert [backoff_ceiling(default, n) for n in (1, 2, 7, 8)] == [10, 20, 640, 900]
+
+
+def fail_transiently(job: Job) -> None:
+    raise Flaky("try later")
+
+
+def test_worker_transient_failures_back_off_within_full_jitter_bounds_then_dead_in_dlq(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a handler that always fails transiently, a 4-attempt policy (base 10 s, max
+    # 25 s), and workers with seeded random generators
+    retry = {"max_attempts": 4, "backoff_base_seconds": 10, "backoff_max_seconds": 25}
+    policy = RetryPolicy.model_validate(retry)
+    delays: list[int] = []
+    for seed in range(5):
+        [occ] = due(aws, clock, retry=retry)
+        spy = SpySQS(aws.sqs)
+        handler = Calls(fail_transiently)
+        seen: list[tuple[Delivery, Result]] = []
+        feed = consumer(worker(with_sqs(aws, spy), handler, rng=random.Random(seed)), seen)
+        # WHEN it is delivered until the attempts run out
+        for attempt in (1, 2, 3):
+            [result] = feed.poll_once()
+            delivery = seen[-1][0]
+            # THEN each failure is RETRY_WAIT, visible again after a delay in
+            # [0, min(max, base * 2^(attempt-1))], the value given to ChangeMessageVisibility
+            assert result.outcome is Outcome.RETRY, (seed, attempt)
+            assert result.visible_in is not None
+            assert 0 <= result.visible_in <= backoff_ceiling(policy, attempt)
+            assert spy.last_visibility(delivery.receipt_handle) == result.visible_in
+            occurrence, attempts = stored(aws, occ)
+            assert occurrence.state is S.RETRY_WAIT
+            assert attempts[-1].outcome is AttemptOutcome.RETRY
+            assert "Flaky: try later" in (attempts[-1].error or "")
+            delays.append(result.visible_in)
+            clock.advance(result.visible_in)
+            make_visible(aws, delivery)
+        [last] = feed.poll_once()
+        # AND the 4th failure is DEAD: its message is in the DLQ with a dead_reason, and
+        # deleted from the queue
+        assert last.outcome is Outcome.DEAD
+        assert [job.attempt for job in handler.jobs] == [1, 2, 3, 4]
+        occurrence, attempts = stored(aws, occ)
+        assert occurrence.state is S.DEAD
+        assert [a.outcome for a in attempts] == [AttemptOutcome.RETRY] * 3 + [AttemptOutcome.DEAD]
+        [(body, reason)] = dead_letters(aws)
+        assert json.loads(body)["occurrence_id"] == occ
+        assert reason is not None
+        assert "retries exhausted" in reason
+        assert depth(aws) == 0
+    # AND the delays are jittered, not a fixed schedule
+    assert len(set(delays)) > 3
+
+
+def test_worker_deadline_passed_before_the_claim_is_dead_without_running(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence whose deadline (scheduled_for + 60 s) passed before a worker got it
+    [occ] = due(aws, clock, retry={"deadline_seconds": 60})
+    clock.advance(61)
+    handler = Calls()
+    # WHEN it is delivered
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN it is DEAD without an attempt, the handler never ran, and it is in the DLQ
+    assert result.outcome is Outcome.DEAD
+    assert handler.count == 0
+    occurrence, attempts = stored(aws, occ)
+    assert (occurrence.state, occurrence.attempt_count, attempts) == (S.DEAD, 0, [])
+    assert "deadline passed" in (occurrence.reason or "")
+    [(_, reason)] = dead_letters(aws)
+    assert "deadline passed" in (reason or "")
+    assert depth(aws) == 0
+
+
+def test_worker_failure_whose_retry_would_start_after_the_deadline_is_dead(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a 60 s deadline and a handler that fails transiently after running 61 s
+    [occ] = due(aws, clock, retry={"deadline_seconds": 60})
+
+    def slow_then_fail(job: Job) -> None:
+        clock.advance(61)
+        raise Flaky("timeout")
+
+    # WHEN it fails on attempt 1 of 3
+    [result] = consumer(worker(aws, slow_then_fail, lease_seconds=300)).poll_once()
+    # THEN no retry is scheduled past the deadline: DEAD, in the DLQ
+    assert result.outcome is Outcome.DEAD
+    assert outcomes(aws, occ) == [AttemptOutcome.DEAD]
+    [(_, reason)] = dead_letters(aws)
+    assert "deadline passed" in (reason or "")
+    assert "Flaky: timeout" in (reason or "")
+
+
+class InvoiceMissing(PermanentError):
+    pass
+
+
+def _invoice_missing(job: Job) -> None:
+    raise InvoiceMissing("no invoice")
+
+
+def _invalid_payload(job: Job) -> None:
+    Message.model_validate(job.payload)  # a pydantic ValidationError: permanent too
+
+
+@pytest.mark.parametrize(
+    ("handler_error", "reason"),
+    [
+        (_invoice_missing, "InvoiceMissing"),
+        (_invalid_payload, "ValidationError"),
+    ],
+    ids=["PermanentError", "ValidationError"],
+)
+def test_worker_permanent_error_is_dead_at_once_and_in_the_dlq(
+    alice: Api,
+    aws: Services,
+    clock: Clock,
+    handler_error: Callable[[Job], None],
+    reason: str,
+):
+    # GIVEN a handler raising a permanent error, with 3 attempts allowed
+    [occ] = due(aws, clock)
+    handler = Calls(handler_error)
+    # WHEN it is delivered
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN attempt 1 is the last: DEAD, into the DLQ with the reason, deleted from the queue
+    assert result.outcome is Outcome.DEAD
+    assert handler.count == 1
+    occurrence, attempts = stored(aws, occ)
+    assert occurrence.state is S.DEAD
+    assert [(a.attempt_no, a.outcome) for a in attempts] == [(1, AttemptOutcome.DEAD)]
+    assert f"permanent: {reason}" in (occurrence.reason or "")
+    [(body, dead_reason)] = dead_letters(aws)
+    assert json.loads(body)["occurrence_id"] == occ
+    assert f"permanent: {reason}" in (dead_reason or "")
+    assert depth(aws) == 0
+
+
+# --- stale, paused and canceled schedules ----------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["update", "pause", "cancel"])
+def test_worker_stale_or_canceled_occurrence_is_refused_before_the_handler_runs(
+    alice: Api, aws: Services, clock: Clock, change: str
+):
+    # GIVEN an occurrence of version 1 already in the queue
+    sid, [occ] = rate_schedule(aws, "rate(5 minutes)")
+    relay(aws, occ)
+    # WHEN the schedule is updated (PATCH with If-Match), paused or canceled
+    if change == "update":
+        answer = patch(alice, sid, {"payload": {"v": 2}}, version=1)
+        assert answer.status == 200, answer.body
+    elif change == "pause":
+        ControlPlane(aws).pause("alice", sid)
+    else:
+        ControlPlane(aws).cancel("alice", sid)
+    assert state(aws, occ) is S.ENQUEUED  # in the queue: only the worker can refuse it
+    handler = Calls()
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN the worker refuses it (STALE) before the handler: CANCELED with the reason, no
+    # attempt, message deleted, nothing in the DLQ
+    assert result.outcome is Outcome.STALE
+    assert handler.count == 0
+    occurrence, attempts = stored(aws, occ)
+    assert (occurrence.state, occurrence.attempt_count, attempts) == (S.CANCELED, 0, [])
+    assert occurrence.reason
+    assert depth(aws) == 0
+    assert dead_letters(aws) == []
+
+
+def test_worker_last_occurrence_of_a_completed_one_shot_still_runs(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot an hour ahead, which the materializer plans and marks COMPLETED
+    at = int(clock.now) + 3600
+    definition = ScheduleDefinition.model_validate(
+        {
+            "target": "default",
+            "spec": {"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()},
+        }
+    )
+    sid = ControlPlane(aws).create("alice", definition).schedule.schedule_id
+    clock.now = at - 60
+    Materializer(aws, "m1").run_shard(int(clock.now), shard_of(sid, aws.settings.shard_count))
+    assert ControlPlane(aws).get("alice", sid).state is ScheduleState.COMPLETED
+    [occ] = [o.occurrence_id for o in aws.occurrences.open_for_schedule(sid, since=0)]
+    clock.now = at
+    relay(aws, occ)
+    handler = Calls()
+    # WHEN its message is delivered
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN it is not refused as stale: a completed schedule keeps its version
+    assert result.outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+
+
+# --- overlap control (SKIP_IF_RUNNING) --------------------------------------------------------
+
+
+def two_due(aws: Services, clock: Clock, **fields: Any) -> tuple[str, list[str]]:
+    """A rate(1 minute) schedule with its first two occurrences due and relayed."""
+    sid, occurrences = rate_schedule(aws, "rate(1 minute)", **fields)
+    clock.advance(60)
+    relay(aws, *occurrences[:2])
+    return sid, occurrences
+
+
+def test_worker_skip_if_running_second_occurrence_is_skipped_while_the_first_runs(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two due occurrences of a SKIP_IF_RUNNING schedule
+    sid, [first, second, *_] = two_due(aws, clock, overlap="SKIP_IF_RUNNING")
+    deliveries = by_occurrence(receive(aws))
+    other = Calls()
+    seen: dict[str, Any] = {}
+
+    def running(job: Job) -> None:
+        # WHEN the second is delivered while the first runs
+        seen["second"] = worker(aws, other, rng=random.Random(3)).process(deliveries[second])
+        seen["state"] = state(aws, job.occurrence_id)
+
+    result = worker(aws, running).process(deliveries[first])
+    # THEN the first was RUNNING and SUCCEEDED; the second is SKIPPED_OVERLAP without a
+    # run, with a reason naming the first, and its message is to be deleted
+    assert seen["state"] is S.RUNNING
+    assert result.outcome is Outcome.SUCCEEDED
+    assert seen["second"].outcome is Outcome.SKIPPED_OVERLAP
+    assert seen["second"].delete
+    assert other.count == 0
+    skipped, attempts = stored(aws, second)
+    assert (skipped.state, attempts) == (S.SKIPPED_OVERLAP, [])
+    assert first in (skipped.reason or "")
+    assert state(aws, first) is S.SUCCEEDED
+    # AND the run slot was released on completion
+    assert "lease_token" not in run_slot(aws, sid)
+
+
+def test_worker_skip_if_running_after_the_first_completes_the_next_runs(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a SKIP_IF_RUNNING schedule whose first occurrence ran to completion
+    _, [first, second, *_] = two_due(aws, clock, overlap="SKIP_IF_RUNNING")
+    deliveries = by_occurrence(receive(aws))
+    handler = Calls()
+    assert worker(aws, handler).process(deliveries[first]).outcome is Outcome.SUCCEEDED
+    # WHEN the next occurrence is delivered
+    result = worker(aws, handler).process(deliveries[second])
+    # THEN the slot was free again: it runs
+    assert result.outcome is Outcome.SUCCEEDED
+    assert [job.occurrence_id for job in handler.jobs] == [first, second]
+
+
+def test_worker_skip_if_running_slot_of_an_expired_lease_is_taken_over(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN the first occurrence's worker died holding the run slot
+    sid, [first, second, *_] = two_due(aws, clock, overlap="SKIP_IF_RUNNING")
+    deliveries = by_occurrence(receive(aws))
+
+    def die(job: Job) -> None:
+        raise WorkerDied
+
+    with pytest.raises(WorkerDied):
+        worker(aws, die).process(deliveries[first])
+    assert run_slot(aws, sid)["occurrence_id"] == first
+    # WHEN the second is delivered after that lease expired
+    clock.advance(61)
+    handler = Calls()
+    result = worker(aws, handler).process(deliveries[second])
+    # THEN it takes the slot over and runs
+    assert result.outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+
+
+def _abandoned_first_while_second_runs(aws: Services, clock: Clock) -> tuple[str, Result]:
+    """SKIP_IF_RUNNING: the first occurrence's worker died; after its lease expired the
+    second took the run slot, and while it runs the first's message comes back."""
+    _, [first, second, *_] = two_due(aws, clock, overlap="SKIP_IF_RUNNING")
+    deliveries = by_occurrence(receive(aws))
+
+    def die(job: Job) -> None:
+        raise WorkerDied
+
+    with pytest.raises(WorkerDied):
+        worker(aws, die).process(deliveries[first])
+    clock.advance(61)
+    seen: dict[str, Any] = {}
+
+    def running(job: Job) -> None:
+        again = redeliver(aws, deliveries[first])
+        try:
+            seen["first"] = worker(aws, Calls(), rng=random.Random(3)).process(again)
+        except Exception as error:
+            seen["error"] = error
+
+    assert worker(aws, running).process(deliveries[second]).outcome is Outcome.SUCCEEDED
+    if "error" in seen:
+        raise seen["error"]
+    return first, seen["first"]
+
+
+def test_worker_abandoned_run_whose_slot_was_taken_is_skipped(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN / WHEN the abandoned first occurrence comes back while the second runs
+    first, result = _abandoned_first_while_second_runs(aws, clock)
+    # THEN it is skipped: the slot belongs to the running second occurrence
+    assert result.outcome is Outcome.SKIPPED_OVERLAP
+    assert state(aws, first) is S.SKIPPED_OVERLAP
+
+
+def test_worker_skipping_an_abandoned_run_is_a_move_of_the_state_machine(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN / WHEN the abandoned first occurrence comes back while the second runs
+    first, _ = _abandoned_first_while_second_runs(aws, clock)
+    # THEN whatever it becomes is a move the state machine allows from RUNNING
+    final = state(aws, first)
+    assert can_transition(S.RUNNING, final), f"RUNNING -> {final.value}"
+
+
+def receive_all(aws: Services) -> dict[str, Delivery]:
+    """Every message now visible in alice's queue, by occurrence id."""
+    found: dict[str, Delivery] = {}
+    while batch := receive(aws):
+        found.update(by_occurrence(batch))
+    return found
+
+
+def race(aws: Services, a: Delivery, b: Delivery) -> tuple[list[Result], list[str], int]:
+    """Two workers process ``a`` and ``b`` at the same moment (a barrier); a handler that
+    runs holds its run until the other worker's attempt is over, so the two truly overlap.
+    The results, the occurrences whose handler ran, and the most handlers run at once."""
+    lock = threading.Lock()
+    barrier = threading.Barrier(2)
+    returned = [threading.Event(), threading.Event()]
+    ran: list[str] = []
+    running = [0, 0]  # now, most
+    results = [Result(Outcome.REJECTED, "did not return")] * 2
+
+    def claim(n: int, delivery: Delivery) -> None:
+        def hold(job: Job) -> None:
+            with lock:
+                ran.append(job.occurrence_id)
+                running[0] += 1
+                running[1] = max(running)
+            returned[1 - n].wait(timeout=5)
+            with lock:
+                running[0] -= 1
+
+        barrier.wait()
+        try:
+            results[n] = worker(aws, hold, rng=random.Random(n)).process(delivery)
+        finally:
+            returned[n].set()
+
+    threads = [threading.Thread(target=claim, args=pair) for pair in enumerate((a, b))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, ran, running[1]
+
+
+def test_worker_skip_if_running_race_never_runs_two_at_once(local_aws: Services, clock: Clock):
+    # GIVEN DynamoDB Local (real transaction isolation), SKIP_IF_RUNNING schedules and, for
+    # each round, two due occurrences of one of them
+    aws = local_aws
+    bootstrap("alice", ALICE)
+    schedules = [
+        rate_schedule(aws, "rate(1 minute)", overlap="SKIP_IF_RUNNING")
+        for _ in range(RACE_ROUNDS // 2)
+    ]
+    clock.advance(180)  # the first four occurrences of each are due
+    relay(aws, *[occ for _, occurrences in schedules for occ in occurrences[:4]])
+    deliveries = receive_all(aws)
+    rounds = [(o[i], o[i + 1]) for _, o in schedules for i in (0, 2)]
+    for first, second in rounds:
+        # WHEN two workers claim them at the same moment
+        results, ran, most = race(aws, deliveries[first], deliveries[second])
+        # THEN never two handlers at once: exactly one ran and SUCCEEDED, the other was
+        # SKIPPED_OVERLAP; the slot was released for the schedule's next round
+        assert most == 1, (first, results)
+        assert len(ran) == 1, (first, results)
+        assert sorted(r.outcome for r in results) == sorted(
+            [Outcome.SUCCEEDED, Outcome.SKIPPED_OVERLAP]
+        ), (first, results)
+        assert sorted([state(aws, first), state(aws, second)]) == sorted(
+            [S.SUCCEEDED, S.SKIPPED_OVERLAP]
+        )
+
+
+# --- the tenant's concurrency quota ------------------------------------------------------
+
+
+def test_worker_concurrency_quota_throttles_and_keeps_the_message(aws: Services, clock: Clock):
+    # GIVEN alice may run 1 occurrence at a time, and one runs under a heartbeated lease
+    bootstrap("alice", ALICE, max_concurrency=1)
+    blocking, waiting = due(aws, clock, 2)
+    deliveries = by_occurrence(receive(aws))
+    spy = SpySQS(aws.sqs)
+    second = Calls()
+    seen: dict[str, Any] = {}
+
+    def long_job(job: Job) -> None:
+        clock.advance(50)
+        assert job.heartbeat()
+        clock.advance(30)  # past the first lease: only the heartbeat keeps the slot
+        # WHEN the other occurrence is delivered
+        seen["throttled"] = worker(with_sqs(aws, spy), second, rng=random.Random(4)).process(
+            deliveries[waiting]
+        )
+        seen["state"] = stored(aws, waiting)[0]
+
+    first = worker(aws, long_job).process(deliveries[blocking])
+    # THEN it is THROTTLED: kept (not deleted), visible again within the throttle back-off,
+    # the handler did not run and the occurrence did not change
+    throttled = seen["throttled"]
+    assert throttled.outcome is Outcome.THROTTLED
+    assert not throttled.delete
+    assert throttled.visible_in is not None
+    assert THROTTLE_BACKOFF[0] <= throttled.visible_in <= THROTTLE_BACKOFF[1]
+    assert spy.visibility == [(deliveries[waiting].receipt_handle, throttled.visible_in)]
+    assert second.count == 0
+    assert (seen["state"].state, seen["state"].attempt_count) == (S.ENQUEUED, 0)
+    # AND after the first completes, the kept message runs when it comes back
+    assert first.outcome is Outcome.SUCCEEDED
+    later = worker(aws, second).process(redeliver(aws, deliveries[waiting]))
+    assert later.outcome is Outcome.SUCCEEDED
+    assert second.count == 1
+
+
+def test_worker_concurrency_slot_of_a_dead_worker_frees_itself_when_its_lease_expires(
+    aws: Services, clock: Clock
+):
+    # GIVEN alice may run 1 at a time, and a worker died holding her only slot
+    bootstrap("alice", ALICE, max_concurrency=1)
+    dead, waiting = due(aws, clock, 2)
+    deliveries = by_occurrence(receive(aws))
+
+    def die(job: Job) -> None:
+        raise WorkerDied
+
+    with pytest.raises(WorkerDied):
+        worker(aws, die).process(deliveries[dead])
+    handler = Calls()
+    assert worker(aws, handler).process(deliveries[waiting]).outcome is Outcome.THROTTLED
+    # WHEN the other occurrence comes back after the dead worker's lease expired
+    clock.advance(61)
+    result = worker(aws, handler).process(redeliver(aws, deliveries[waiting]))
+    # THEN the slot is taken over and it runs
+    assert result.outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+
+
+def test_worker_throttled_for_long_is_not_lost_to_the_dlq(aws: Services, clock: Clock):
+    # GIVEN alice may run 1 at a time, and a long job holds her slot (heartbeating)
+    bootstrap("alice", ALICE, max_concurrency=1)
+    blocking, waiting = due(aws, clock, 2)
+    deliveries = by_occurrence(receive(aws))
+    results: list[Outcome] = []
+
+    def long_job(job: Job) -> None:
+        delivery = deliveries[waiting]
+        # WHEN the waiting message comes back 30 times during the long job (about 9 min
+        # at the 5-30 s throttle back-off)
+        for _ in range(30):
+            clock.advance(17)
+            assert job.heartbeat()
+            aws.sqs.change_message_visibility(
+                QueueUrl=delivery.queue_url,
+                ReceiptHandle=delivery.receipt_handle,
+                VisibilityTimeout=0,
+            )
+            got = receive(aws)
+            if not got:
+                return
+            [delivery] = got
+            result = worker(aws, Calls()).process(delivery)
+            results.append(result.outcome)
+            if result.delete:  # as the consumers do
+                aws.sqs.delete_message(
+                    QueueUrl=delivery.queue_url, ReceiptHandle=delivery.receipt_handle
+                )
+
+    worker(aws, long_job, rng=random.Random(5)).process(deliveries[blocking])
+    # THEN it was throttled every time it came back, and before SQS's redrive count (25)
+    # the worker replaced it with a fresh copy (delayed, so the loop saw no more): it is
+    # still in alice's queue, not in the DLQ (where redrive would have put it without a
+    # dead_reason, its occurrence ENQUEUED and never run)
+    assert set(results) == {Outcome.THROTTLED}
+    # (the first receive, before the loop, counts too)
+    assert REQUEUE_AFTER_RECEIVES - 1 <= len(results) < MAX_RECEIVE_COUNT
+    assert dead_letters(aws) == []
+    assert state(aws, waiting) is S.ENQUEUED
+    url = aws.sqs.get_queue_url(QueueName="punctual-alice-default")["QueueUrl"]
+    counts = aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert int(counts["ApproximateNumberOfMessagesDelayed"]) == 1
+
+
+# --- cooperative cancel ------------------------------------------------------------------------
+
+
+def test_worker_cooperative_cancel_is_seen_once_the_cache_expires(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a running handler that checks job.canceled() (cached for 5 s)
+    sid, [occ] = rate_schedule(aws, "rate(5 minutes)")
+    relay(aws, occ)
+    checks: list[bool] = []
+
+    def cooperative(job: Job) -> None:
+        checks.append(job.canceled())
+        # WHEN the schedule is canceled while it runs
+        ControlPlane(aws).cancel("alice", sid)
+        checks.append(job.canceled())  # within the cache: the old answer
+        clock.advance(5)
+        checks.append(job.canceled())
+        checks.append(job.canceled())  # stays canceled
+
+    [result] = consumer(worker(aws, cooperative, cancel_check_seconds=5)).poll_once()
+    # THEN the handler sees it after the cache expires, and stopped on its own
+    assert checks == [False, False, True, True]
+    assert result.outcome is Outcome.SUCCEEDED
+
+
+# --- the Lambda feed -------------------------------------------------------------------------
+
+
+def sqs_event(aws: Services, queue: str = QUEUE) -> dict[str, Any]:
+    """What an SQS event source mapping passes to Lambda, from the messages now visible."""
+    got = aws.sqs.receive_message(
+        QueueUrl=url_of(aws, queue),
+        MaxNumberOfMessages=10,
+        MessageSystemAttributeNames=["All"],
+    ).get("Messages", [])
+    return {
+        "Records": [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": {
+                    "ApproximateReceiveCount": m["Attributes"]["ApproximateReceiveCount"],
+                    "SentTimestamp": m["Attributes"]["SentTimestamp"],
+                    "SenderId": "123456789012",
+                    "ApproximateFirstReceiveTimestamp": m["Attributes"]["SentTimestamp"],
+                },
+                "messageAttributes": {},
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": QUEUE_ARN,
+                "awsRegion": "us-east-1",
+            }
+            for m in got
+        ]
+    }
+
+
+def message_ids(event: dict[str, Any]) -> dict[str, str]:
+    """occurrence id (or the raw body) -> messageId."""
+    found = {}
+    for r in event["Records"]:
+        try:
+            found[json.loads(r["body"])["occurrence_id"]] = r["messageId"]
+        except ValueError:
+            found[r["body"]] = r["messageId"]
+    return found
+
+
+def test_worker_lambda_handler_reports_exactly_the_kept_messages(aws: Services, clock: Clock):
+    # GIVEN alice (1 at a time), and in her queue: a good occurrence, a flaky one, a
+    # re-delivery of one already SUCCEEDED (a relay resend), and an unreadable body
+    bootstrap("alice", ALICE, max_concurrency=1)
+    good, flaky, done, blocking, throttled = due(aws, clock, 5)
+    deliveries = by_occurrence(receive(aws))
+    assert worker(aws, Calls()).process(deliveries[done]).outcome is Outcome.SUCCEEDED
+    url = url_of(aws)
+    aws.sqs.send_message(QueueUrl=url, MessageBody=deliveries[done].body)
+    aws.sqs.send_message(QueueUrl=url, MessageBody="{not json")
+    for occ in (good, flaky):
+        aws.sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=deliveries[occ].receipt_handle, VisibilityTimeout=0
+        )
+
+    def handler(job: Job) -> None:
+        if job.occurrence_id == flaky:
+            raise Flaky("503")
+
+    work = worker(aws, handler)
+    lambda_handler = sqs_lambda_handler(work)
+    event = sqs_event(aws)
+    ids = message_ids(event)
+    assert set(ids) == {good, flaky, done, "{not json"}
+    # WHEN Lambda invokes the handler with the batch
+    answer = lambda_handler(event, LambdaContextStub())
+    # THEN only the kept message (RETRY) is a batch item failure; the done ones (SUCCEEDED,
+    # ALREADY_DONE, REJECTED) are left for Lambda to delete
+    assert answer == {"batchItemFailures": [{"itemIdentifier": ids[flaky]}]}
+    assert dict(work.stats) == {
+        Outcome.SUCCEEDED: 1,
+        Outcome.RETRY: 1,
+        Outcome.ALREADY_DONE: 1,
+        Outcome.REJECTED: 1,
+    }
+    assert (state(aws, good), state(aws, flaky)) == (S.SUCCEEDED, S.RETRY_WAIT)
+    [retried] = [r for r in event["Records"] if r["messageId"] == ids[flaky]]
+    aws.sqs.delete_message(QueueUrl=url, ReceiptHandle=retried["receiptHandle"])
+
+    # AND a message throttled by the quota is kept too, next to a done one
+    seen: dict[str, Any] = {}
+
+    def hold_the_slot(job: Job) -> None:
+        aws.sqs.send_message(QueueUrl=url, MessageBody=deliveries[done].body)
+        aws.sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=deliveries[throttled].receipt_handle, VisibilityTimeout=0
+        )
+        event = sqs_event(aws)
+        seen["ids"] = message_ids(event)
+        seen["answer"] = lambda_handler(event, LambdaContextStub())
+
+    assert worker(aws, hold_the_slot).process(deliveries[blocking]).outcome is Outcome.SUCCEEDED
+    assert set(seen["ids"]) == {throttled, done}
+    assert seen["answer"] == {"batchItemFailures": [{"itemIdentifier": seen["ids"][throttled]}]}
+    assert state(aws, throttled) is S.ENQUEUED
+
+
+def test_worker_lambda_handler_batch_of_only_kept_messages_returns_its_failures(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a batch of one message whose handler fails transiently
+    due(aws, clock)
+
+    def flaky(job: Job) -> None:
+        raise Flaky("503")
+
+    lambda_handler = sqs_lambda_handler(worker(aws, flaky))
+    event = sqs_event(aws)
+    # WHEN Lambda invokes the handler
+    answer = lambda_handler(event, LambdaContextStub())
+    # THEN the invocation succeeds and reports that one message as kept, as the poll
+    # consumer would keep it
+    assert answer == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
+
+
+# --- rejected messages --------------------------------------------------------------------
+
+
+def _bob_body(aws: Services, clock: Clock) -> dict[str, Any]:
+    """A real message of bob's, taken from his queue."""
+    occ = one_shot(aws, clock, tenant="bob")
+    clock.advance(30)
+    Relay(aws).relay([record(aws, occ, 1)])
+    [delivery] = receive(aws, "punctual-bob-default")
+    body: dict[str, Any] = json.loads(delivery.body)
+    return body
+
+
+def _alice_body(aws: Services, clock: Clock) -> dict[str, Any]:
+    """A real message of alice's (taken out of her queue)."""
+    due(aws, clock)
+    [delivery] = receive(aws)
+    aws.sqs.delete_message(QueueUrl=delivery.queue_url, ReceiptHandle=delivery.receipt_handle)
+    body: dict[str, Any] = json.loads(delivery.body)
+    return body
+
+
+BODIES: dict[str, Callable[[Services, Clock], str]] = {
+    "not json": lambda aws, clock: "{not json",
+    "a json list": lambda aws, clock: "[1, 2]",
+    "version 2": lambda aws, clock: json.dumps({**_alice_body(aws, clock), "version": 2}),
+    "missing fields": lambda aws, clock: json.dumps({"version": 1, "occurrence_id": "occ_x"}),
+    "bob's message": lambda aws, clock: json.dumps(_bob_body(aws, clock)),
+    "bob's occurrence claimed as alice's": lambda aws, clock: json.dumps(
+        {**_bob_body(aws, clock), "tenant_id": "alice"}
+    ),
+    "an unknown occurrence": lambda aws, clock: json.dumps(
+        {**_alice_body(aws, clock), "occurrence_id": "occ_does_not_exist"}
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(BODIES))
+def test_worker_rejects_what_is_not_an_occurrence_message_of_this_tenant(
+    alice: Api, bob: Api, aws: Services, clock: Clock, kind: str
+):
+    # GIVEN a message in alice's queue that is not one of her version 1 occurrence messages
+    body = BODIES[kind](aws, clock)
+    aws.sqs.send_message(QueueUrl=url_of(aws), MessageBody=body)
+    handler = Calls()
+    # WHEN alice's worker receives it
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN it is REJECTED: the handler never ran, it is in the DLQ with a dead_reason, it
+    # is deleted from the queue, and no occurrence (bob's included) was touched
+    assert result.outcome is Outcome.REJECTED
+    assert handler.count == 0
+    [(dead_body, reason)] = dead_letters(aws)
+    assert dead_body == body
+    assert reason
+    assert depth(aws) == 0
+    if kind.startswith("bob"):
+        bobs = json.loads(body)["occurrence_id"]
+        assert stored(aws, bobs)[0].state is S.ENQUEUED
+        assert stored(aws, bobs)[0].attempt_count == 0
+
+
+# --- claim races and the relay ----------------------------------------------------------------
+
+
+def test_worker_race_two_workers_one_occurrence_runs_the_handler_once(
+    local_aws: Services, clock: Clock
+):
+    # GIVEN DynamoDB Local and ENQUEUED occurrences, each delivered to two workers (a
+    # duplicate delivery)
+    aws = local_aws
+    bootstrap("alice", ALICE)
+    made = [one_shot(aws, clock) for _ in range(RACE_ROUNDS)]
+    clock.advance(30)
+    relay(aws, *made)
+    deliveries = receive_all(aws)
+    for occ in made:
+        # WHEN both claim it at the same moment
+        results, ran, most = race(aws, deliveries[occ], deliveries[occ])
+        # THEN exactly one ran the handler; the other saw the live lease (or the result)
+        assert (ran, most) == ([occ], 1), results
+        assert sorted(r.outcome for r in results) in (
+            sorted([Outcome.SUCCEEDED, Outcome.IN_PROGRESS]),
+            sorted([Outcome.SUCCEEDED, Outcome.ALREADY_DONE]),
+        ), results
+        occurrence, attempts = stored(aws, occ)
+        assert (occurrence.state, len(attempts)) == (S.SUCCEEDED, 1)
+
+
+def test_worker_faster_than_the_relay_runs_a_still_scheduled_occurrence(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN the relay sent the message and crashed before marking it ENQUEUED
+    occ = one_shot(aws, clock)
+    clock.advance(30)
+
+    class Crash(Exception):
+        pass
+
+    def crash(point: str) -> None:
+        if point == "after_send":
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        Relay(aws, crash=crash).relay([record(aws, occ, 1)])
+    assert state(aws, occ) is S.SCHEDULED
+    clock.advance(2)
+    handler = Calls()
+    # WHEN a worker receives it
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN it runs from SCHEDULED, with enqueued_at set at the claim
+    assert result.outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+    occurrence, _ = stored(aws, occ)
+    assert occurrence.state is S.SUCCEEDED
+    assert occurrence.enqueued_at == int(clock.now)
+    # AND the stream's retry of the relay sends nothing more
+    report = Relay(aws).relay([record(aws, occ, 1)])
+    assert (report.sent, report.skipped) == (0, 1)
+    assert depth(aws) == 0
