@@ -359,3 +359,64 @@ def test_materializer_completes_a_one_shot_and_releases_its_quota(
     due = aws.dynamodb.scan(TableName=aws.settings.schedules_table, IndexName=DUE_INDEX)
     assert due["Count"] == 0
     assert alice.get("/v1/tenant").body["schedule_count"] == 0
+
+
+def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely CATCHUP schedule keeping 50 late fires, and an hour without ticks
+    # (more kept fires than one transaction step holds)
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 50}
+    sid = create(aws, spec=cron("* * * * *"), misfire=misfire)
+    cursor = current(aws, sid)["next_run_at"]
+    before = len(instants(aws, sid))
+    clock.now = cursor + 3600
+    # WHEN one tick runs
+    report = tick(aws, clock, sid)
+    # THEN it terminates with the 50 latest late fires, paced evenly from now (the
+    # compressed pace keeps the last within SQS's delay limit), the rest counted MISSED
+    now = int(clock.now)
+    late = sorted(
+        (o for o in occurrences(aws, sid)[before:] if o["scheduled_for"] < now - 60),
+        key=lambda o: o["scheduled_for"],
+    )
+    assert len(late) == 50
+    assert report.missed == 60 - 1 - 50
+    offsets = [o["available_at"] - now for o in late]
+    assert offsets == sorted(offsets)
+    assert len(set(b - a for a, b in itertools.pairwise(offsets))) == 1
+    assert offsets[-1] <= 900
+
+
+def test_materializer_skips_an_occurrence_that_already_exists_instead_of_stalling(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely schedule whose next fire was already written (e.g. by a repair)
+    sid = create(aws, spec=cron("* * * * *"))
+    item = current(aws, sid)
+    schedule = aws.schedules.get_item(sid)
+    assert schedule is not None
+    from punctual.dal.schedules import schedule_from_item
+    from punctual.materialize import new_occurrence
+
+    ahead = new_occurrence(schedule_from_item(schedule), item["next_run_at"], 86400)
+    aws.dynamodb.put_item(**aws.occurrences.put_new(ahead, {})["Put"])
+    # WHEN the materializer ticks once that fire is within its lookahead
+    clock.advance(120)
+    report = tick(aws, clock, sid)
+    # THEN the shard is not stalled: the cursor moved past it and no duplicate exists
+    assert report.watermark is not None
+    assert current(aws, sid)["next_run_at"] > item["next_run_at"]
+    fires = instants(aws, sid)
+    assert len(fires) == len(set(fires))
+    assert item["next_run_at"] in fires
+
+
+def test_materializer_missed_summary_survives_an_update(alice: Api, aws: Services, clock: Clock):
+    # GIVEN an outage recorded as MISSED on the schedule
+    sid, _, _ = _outage(aws, clock, {"action": "SKIP", "max_lateness_seconds": 60})
+    assert current(aws, sid)["missed_total"] == 9
+    # WHEN the schedule is paused (a new version)
+    ControlPlane(aws).pause("alice", sid)
+    # THEN the MISSED summary is still there
+    assert current(aws, sid)["missed_total"] == 9

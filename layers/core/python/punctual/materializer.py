@@ -23,7 +23,7 @@ from punctual.dal.common import Item, from_dynamo, run_batch, to_dynamo, values
 from punctual.dal.leases import Lease, LeaseStore
 from punctual.dal.schedules import due_bucket, minute_load_of, schedule_from_item
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT
-from punctual.materialize import new_occurrence, plan
+from punctual.materialize import Planned, new_occurrence, plan
 from punctual.models import MisfireAction, Occurrence, Schedule, ScheduleState
 from punctual.scheduling import Services
 from punctual.tenancy import Quotas
@@ -69,6 +69,9 @@ class _Step:
     next_run_at: int | None
     next_available_at: int | None
     actions: list[dict[str, Any]] = field(default_factory=list)
+    # A catch-up larger than one step continues in follow-up steps at the same pace:
+    # (late fires already fired in this catch-up, seconds between them).
+    catchup: tuple[int, int] = (0, 0)
 
 
 class Materializer:
@@ -150,7 +153,9 @@ class Materializer:
         report.schedules += len(steps)
         return self._commit(lease, steps, now, until, report)
 
-    def _plan(self, item: Item, now: int, until: int) -> _Step | None:
+    def _plan(
+        self, item: Item, now: int, until: int, catchup: tuple[int, int] | None = None
+    ) -> _Step | None:
         schedule = schedule_from_item(item)
         cursor = schedule.next_run_at
         due = schedule.next_available_at
@@ -170,23 +175,32 @@ class Materializer:
         late = list(rule.fires(cursor - 1, late_before - 1)) if cursor < late_before else []
         keep = min(len(late), schedule.misfire.effective_catchup_limit)
         fired_late = late[len(late) - keep :]
-        pace = self._catchup_pace(schedule)
-        if keep > 1:
-            # SQS delays at most 900 s: a slower pace is compressed to stay within it.
-            pace = min(pace, MAX_CATCHUP_SPREAD // (keep - 1))
+        if catchup is None:
+            pace = self._catchup_pace(schedule)
+            if keep > 1:
+                # SQS delays at most 900 s: a slower pace is compressed to stay within it.
+                pace = min(pace, MAX_CATCHUP_SPREAD // (keep - 1))
+            catchup = (0, pace)
+        fired, pace = catchup
         occurrences = [
             new_occurrence(schedule, fire, retention).model_copy(
-                update={"available_at": now + i * pace}
+                update={"available_at": now + (fired + i) * pace}
             )
-            for i, fire in enumerate(fired_late)
+            for i, fire in enumerate(fired_late[:STEP_LIMIT])
         ]
-        planned = plan(
-            schedule,
-            after=late[-1] if late else cursor - 1,
-            materialize_until=until,
-            retention_seconds=retention,
-            limit=STEP_LIMIT - len(occurrences),
-        )
+        if len(fired_late) > STEP_LIMIT:
+            # More kept late fires than one step holds: the cursor moves to the next one and
+            # a follow-up step (same tick, same pace) fires the rest.
+            resume = fired_late[STEP_LIMIT]
+            planned = Planned([], resume, resume)
+        else:
+            planned = plan(
+                schedule,
+                after=late[-1] if late else cursor - 1,
+                materialize_until=until,
+                retention_seconds=retention,
+                limit=STEP_LIMIT - len(occurrences),
+            )
         planned_occurrences = occurrences + planned.occurrences
         if self._skip is not None:
             # An injected fault: the cursor still moves past the dropped instants, exactly the
@@ -201,6 +215,7 @@ class Materializer:
             missed=late[: len(late) - keep],
             next_run_at=planned.next_run_at,
             next_available_at=planned.next_available_at,
+            catchup=(fired + len(occurrences), pace),
         )
         step.actions = [
             self._s.occurrences.put_new(o, schedule.payload) for o in step.occurrences
@@ -327,7 +342,7 @@ class Materializer:
                     next_run_at=step.next_run_at,
                     next_available_at=step.next_available_at,
                 )
-                follow_up = self._plan(item, now, until)
+                follow_up = self._plan(item, now, until, step.catchup if step.catchup[0] else None)
                 if follow_up is not None:
                     pending.append(follow_up)
         for tenant, count in completed.items():
@@ -346,6 +361,22 @@ class Materializer:
                 again.append(step)
                 continue
             if "TransactionConflict" in own:
+                again.append(step)
+                continue
+            puts, cursor = own[:-1], own[-1]
+            if cursor in ("None", "") and "ConditionalCheckFailed" in puts:
+                # Only occurrence puts were refused: those occurrences exist already (the
+                # id is deterministic, so it is the same one, e.g. a repair): the step goes
+                # on without them instead of stalling the shard on them.
+                kept = [
+                    o
+                    for o, code in zip(step.occurrences, puts, strict=True)
+                    if code != "ConditionalCheckFailed"
+                ]
+                step.occurrences = kept
+                step.actions = [
+                    self._s.occurrences.put_new(o, step.schedule.payload) for o in kept
+                ] + [step.actions[-1]]
                 again.append(step)
                 continue
             # A condition failed: someone else moved this schedule (an update, a cancel, another

@@ -295,6 +295,10 @@ class ControlPlane:
         load = strict_minute_load(schedule, schedule.created_at) if schedule.state in _LIVE else {}
         shard = shard_of(schedule.schedule_id, self.settings.shard_count)
         current_item = schedule_to_item(schedule, shard=shard, minute_load=load)
+        # The materializer's MISSED summary belongs to the schedule, not to one version.
+        for kept in ("missed_total", "last_missed_from", "last_missed_to"):
+            if old_item is not None and kept in old_item:
+                current_item[kept] = old_item[kept]
 
         actions: list[tuple[str, dict[str, Any]]] = [
             (
