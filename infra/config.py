@@ -47,6 +47,9 @@ class DeployConfig(BaseModel):
     # Groups reconciled at once; each scans its shards' schedules, so fewer than the
     # materializer's to leave read capacity to the hot path.
     reconcile_concurrency: int = Field(default=8, ge=1, le=40)
+    # Shards per reconciler invocation: each reads every schedule of its shards (about
+    # 312k per shard at 20 M schedules and 64 shards), so 1-2 fit in 15 minutes.
+    reconcile_group_size: int = Field(default=2, ge=1, le=256)
     # Minute of the hour the reconciler starts: away from the top-of-hour peak.
     reconcile_minute: int = Field(default=20, ge=0, le=59)
     # The reconciler materializes what it finds missing; off: it only reports.

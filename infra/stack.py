@@ -83,7 +83,7 @@ class PunctualStack(cdk.Stack):
             "Reconciliation",
             data=data,
             defaults=defaults,
-            group_size=config.shard_group_size,
+            group_size=config.reconcile_group_size,
             max_concurrency=config.reconcile_concurrency,
             minute=config.reconcile_minute,
         )

@@ -43,8 +43,9 @@ from punctual.models import (
     ScheduleState,
 )
 from punctual.observability import logger
+from punctual.reconciler import ReconcileReport, default_window, read_reports
 from punctual.tenancy import TENANT_ID_PATTERN, Quotas
-from punctual.timing import get_zone, preview, to_epoch, tzdata_version
+from punctual.timing import get_zone, preview, to_epoch, tzdata_version, utc_text
 
 router = Router()
 
@@ -345,3 +346,37 @@ def set_quotas(tenant_id: TenantId, quotas: Quotas) -> TenantOut:
 def bind_principal(tenant_id: TenantId, body: PrincipalIn) -> TenantOut:
     context.require_operator(router)
     return tenant_out(context.plane().bind_principal(body.principal_arn, tenant_id))
+
+
+class ReconcileReportsOut(BaseModel):
+    window_start: str
+    window_end: str
+    missing: int = Field(description="Expected occurrences with no record, over the shards.")
+    unexpected: int = Field(description="Stored occurrences no schedule version owns.")
+    reports: list[ReconcileReport]
+
+
+@router.get(
+    "/v1/admin/reconcile",
+    summary="Operator: the reconciler's reports of one window (default: the last one)",
+    responses=answers(),
+)
+def reconcile_reports(
+    window_start: Annotated[AwareDatetime | None, Query(alias="from")] = None,
+    window_end: Annotated[AwareDatetime | None, Query(alias="to")] = None,
+) -> ReconcileReportsOut:
+    context.require_operator(router)
+    services = context.services()
+    default_start, default_end = default_window(int(services.now()))
+    start = to_epoch(window_start) if window_start else default_start
+    end = to_epoch(window_end) if window_end else (start + 3600 if window_start else default_end)
+    if end <= start:
+        raise InvalidInput("to is not after from", [{"field": "to", "reason": "not after from"}])
+    reports = read_reports(services, start, end)
+    return ReconcileReportsOut(
+        window_start=utc_text(start),
+        window_end=utc_text(end),
+        missing=sum(r.missing for r in reports),
+        unexpected=sum(r.unexpected for r in reports),
+        reports=reports,
+    )

@@ -20,6 +20,7 @@ TEST_CONTEXT: dict[str, Any] = {
     "shard_group_size": 8,
     "map_concurrency": 10,
     "reconcile_concurrency": 3,
+    "reconcile_group_size": 4,
     "reconcile_minute": 25,
     "operator_principals": ["arn:aws:iam::123456789012:role/punctual-operator"],
     "api_rate_limit": 300,

@@ -13,14 +13,15 @@ HANDLER = "reconciler.handler.lambda_handler"
 
 def test_reconciler_rule_runs_hourly_off_the_top_of_the_hour(service: Template):
     # GIVEN reconcile_minute = 25 in the test context
-    # THEN one rule fires at minute 25 of every hour with the run time and shard groups
+    # THEN one rule fires at minute 25 of every hour with the run time and the
+    # reconciler's own (smaller) shard groups
     rules = service.find_resources(
         "AWS::Events::Rule", {"Properties": {"ScheduleExpression": "cron(25 * * * ? *)"}}
     )
     assert len(rules) == 1
     target = next(iter(rules.values()))["Properties"]["Targets"][0]
     payload = rule_input(target)
-    assert payload == {"time": "EVENT_TIME", "groups": shard_groups(20, 8)}
+    assert payload == {"time": "EVENT_TIME", "groups": shard_groups(20, 4)}
 
 
 def test_reconciler_machine_is_standard_and_fails_visibly_when_a_group_fails(

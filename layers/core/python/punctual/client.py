@@ -21,7 +21,10 @@ class ApiError(Exception):
         error = body.get("error", {}) if isinstance(body, dict) else {}
         message = error.get("message") or (body.get("message") if isinstance(body, dict) else "")
         fields = "; ".join(f"{f['field']}: {f['reason']}" for f in error.get("fields", []))
-        super().__init__(f"{status} {message or body}" + (f" ({fields})" if fields else ""))
+        text = f"{status} {message or body}"
+        if fields and fields not in text:
+            text += f" ({fields})"
+        super().__init__(text)
         self.status = status
         self.body = body
 

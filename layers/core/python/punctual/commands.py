@@ -93,6 +93,16 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         "occurrence_id", metavar="OCC_ID"
     )
 
+    reconcile = add("reconcile", "operator: the reconciler's reports")
+    reconcile_commands = reconcile.add_subparsers(dest="action", required=True)
+    report = reconcile_commands.add_parser("report", parents=[endpoint_flags])
+    report.add_argument("--from", dest="window_from", metavar="ISO", help="window start")
+    report.add_argument("--to", dest="window_to", metavar="ISO", help="window end")
+
+    stats = commands.add_parser("stats", help="operations figures of the local stack")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument("--minutes", type=int, default=60, help="occurrences of the last N (60)")
+
     worker = add("worker", "run a worker on one of your targets' queue")
     worker.add_argument("--target", metavar="NAME", default="default")
     worker.add_argument(
@@ -290,9 +300,26 @@ def run_client_command(args: argparse.Namespace) -> int:
     elif command == "occurrence":
         found = client.get(f"/v1/occurrences/{args.occurrence_id}")
         _emit(args, found, lambda o: _print_occurrences([o]))
+    elif command == "reconcile":
+        found = client.get(
+            "/v1/admin/reconcile", **{"from": args.window_from, "to": args.window_to}
+        )
+        _emit(args, found, _print_reconcile)
     elif command == "worker":
         return _worker(client, args)
     return 0
+
+
+def _print_reconcile(found: dict[str, Any]) -> None:
+    print(
+        f"window {found['window_start']} .. {found['window_end']}: "
+        f"{len(found['reports'])} shard reports, MISSING {found['missing']}, "
+        f"UNEXPECTED {found['unexpected']}"
+    )
+    for report in found["reports"]:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(report["counts"].items()) if v)
+        state = "" if report["complete"] else " (incomplete)"
+        print(f"  shard {report['shard']:>4}{state}: {counts or 'nothing due'}")
 
 
 def _handler(spec: str) -> Callable[[Any], None]:
@@ -374,9 +401,35 @@ def run_local(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_stats(args: argparse.Namespace) -> int:
+    from punctual.local.stats import figures
+    from punctual.scheduling import Services
+
+    services = Services.from_environment()
+    found = figures(services, int(services.now()) - args.minutes * 60)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    print(f"occurrences (last {args.minutes} min): {found['occurrences']}")
+    for kind, lag in found["lag_seconds"].items():
+        print(
+            f"schedule lag {kind}: p50 {lag['p50']:.0f} s, p95 {lag['p95']:.0f} s, "
+            f"p99 {lag['p99']:.0f} s ({lag['n']} sent)"
+        )
+    print(f"schedules: {found['schedules']}, MISSED (summaries) {found['missed_summarized']}")
+    r = found["reconcile"]
+    print(
+        f"reconciler, last window: {r['shards_reported']} shard reports, "
+        f"MISSING {r['missing']}, UNEXPECTED {r['unexpected']}"
+    )
+    return 0
+
+
 def main_for(args: argparse.Namespace) -> int:
     if args.command == "local":
         return run_local(args)
+    if args.command == "stats":
+        return run_stats(args)
     try:
         return run_client_command(args)
     except ApiError as error:
