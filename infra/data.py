@@ -82,12 +82,8 @@ class Data(Construct):
                 index_name=index.name,
                 partition_key=_attribute(index.pk),
                 sort_key=_attribute(index.sk),
-                projection_type=(
-                    dynamodb.ProjectionType.ALL
-                    if index.include is None
-                    else dynamodb.ProjectionType.INCLUDE
-                ),
-                non_key_attributes=list(index.include) if index.include is not None else None,
+                projection_type=dynamodb.ProjectionType(index.projection),
+                non_key_attributes=list(index.include) if index.include else None,
             )
         return table
 

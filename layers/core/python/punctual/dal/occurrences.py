@@ -6,6 +6,7 @@ from typing import Any
 
 from punctual.dal.common import (
     Item,
+    batch_get,
     decode_token,
     encode_token,
     from_dynamo,
@@ -90,19 +91,28 @@ class OccurrenceStore:
         if start:
             request["ExclusiveStartKey"] = start
         page = self._client.query(**request)
-        found = [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
-        return found, encode_token(page.get("LastEvaluatedKey"))
+        return self._items(page["Items"]), encode_token(page.get("LastEvaluatedKey"))
+
+    def _items(self, index_items: list[dict[str, Any]]) -> list[Occurrence]:
+        """The occurrences behind a page of the keys-only ``by_schedule`` index."""
+        keys = [
+            {"occurrence_id": i["occurrence_id"]["S"], "sk": OCCURRENCE_SK} for i in index_items
+        ]
+        return [occurrence_from_item(i) for i in batch_get(self._client, self.table, keys)]
+
+    def _query_all(self, **request: Any) -> list[Occurrence]:
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table, IndexName=SCHEDULE_OCCURRENCES_INDEX, **request
+        )
+        return [o for page in pages for o in self._items(page["Items"])]
 
     def in_window(self, schedule_id: str, *, since: int, until: int) -> list[Occurrence]:
         """Every occurrence of the schedule (any version, any state) with ``scheduled_for``
         in [since, until], all pages."""
-        pages = self._client.get_paginator("query").paginate(
-            TableName=self.table,
-            IndexName=SCHEDULE_OCCURRENCES_INDEX,
+        return self._query_all(
             KeyConditionExpression="schedule_id = :s AND scheduled_for BETWEEN :a AND :b",
             ExpressionAttributeValues=values(s=schedule_id, a=since, b=until),
         )
-        return [occurrence_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
 
     def first_after(self, schedule_id: str, *, after: int, limit: int) -> list[Occurrence]:
         """Up to ``limit`` of the schedule's occurrences scheduled after ``after``, earliest
@@ -114,7 +124,7 @@ class OccurrenceStore:
             ExpressionAttributeValues=values(s=schedule_id, a=after),
             Limit=limit,
         )
-        return [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
+        return self._items(page["Items"])
 
     def get(self, occurrence_id: str) -> Occurrence | None:
         found = self._client.get_item(
@@ -126,17 +136,11 @@ class OccurrenceStore:
 
     def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
         """Occurrences not yet finished, scheduled at or after ``since``."""
-        pages = self._client.get_paginator("query").paginate(
-            TableName=self.table,
-            IndexName=SCHEDULE_OCCURRENCES_INDEX,
+        found = self._query_all(
             KeyConditionExpression="schedule_id = :s AND scheduled_for >= :a",
-            FilterExpression="#state IN (:o0, :o1, :o2, :o3)",
-            ExpressionAttributeNames={"#state": "state"},
-            ExpressionAttributeValues=values(
-                s=schedule_id, a=since, **{f"o{i}": s.value for i, s in enumerate(_OPEN)}
-            ),
+            ExpressionAttributeValues=values(s=schedule_id, a=since),
         )
-        return [occurrence_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
+        return [o for o in found if o.state in _OPEN]
 
     def cancel_if_scheduled(self, occurrence_id: str, reason: str) -> OccurrenceState:
         """SCHEDULED -> CANCELED; answers the state the occurrence really ends up in."""

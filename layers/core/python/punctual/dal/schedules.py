@@ -9,6 +9,7 @@ from typing import Any
 
 from punctual.dal.common import (
     Item,
+    batch_get,
     decode_token,
     encode_token,
     from_dynamo,
@@ -178,7 +179,12 @@ class ScheduleStore:
             if start:
                 page_request["ExclusiveStartKey"] = start
             page = self._client.query(**page_request)
-            found += [schedule_from_item(from_dynamo(i)) for i in page["Items"]]
+            # The index holds keys and state only: the page's items come from the table.
+            keys = [
+                {"schedule_id": i["schedule_id"]["S"], "sk": SCHEDULE_CURRENT}
+                for i in page["Items"]
+            ]
+            found += [schedule_from_item(i) for i in batch_get(self._client, self.table, keys)]
             start = page.get("LastEvaluatedKey")
             if not start or len(found) >= limit:
                 return found, encode_token(start)

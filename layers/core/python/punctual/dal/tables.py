@@ -36,8 +36,16 @@ class Index:
     name: str
     pk: tuple[str, str]  # (attribute, type S|N)
     sk: tuple[str, str]
-    # None: every attribute (ALL); otherwise the non-key attributes projected (INCLUDE).
+    # None: every attribute (ALL); () only the keys (KEYS_ONLY); otherwise the non-key
+    # attributes projected (INCLUDE). An index is written only when an update changes a
+    # projected attribute, so narrow projections keep frequent updates off the index.
     include: tuple[str, ...] | None = None
+
+    @property
+    def projection(self) -> str:
+        if self.include is None:
+            return "ALL"
+        return "INCLUDE" if self.include else "KEYS_ONLY"
 
 
 @dataclass(frozen=True)
@@ -90,9 +98,9 @@ class TableSpec:
 
 
 def _projection(index: Index) -> dict[str, Any]:
-    if index.include is None:
-        return {"ProjectionType": "ALL"}
-    return {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(index.include)}
+    if index.include:
+        return {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(index.include)}
+    return {"ProjectionType": index.projection}
 
 
 def _key_schema(pk: tuple[str, str], sk: tuple[str, str] | None) -> list[dict[str, str]]:
@@ -108,7 +116,9 @@ SCHEDULES = TableSpec(
     sk=("sk", "S"),  # "CURRENT" or "V#0000000007" (version history)
     indexes=(
         Index(DUE_INDEX, ("due_bucket", "S"), ("due_at", "N")),
-        Index(TENANT_INDEX, ("tenant_id", "S"), ("created_key", "S")),
+        # Only the state (the list's filter): the cursor moves on every step and must not
+        # write this index; a page of keys is then read from the table (docs/capacity.md).
+        Index(TENANT_INDEX, ("tenant_id", "S"), ("created_key", "S"), include=("state",)),
         Index(SHARD_INDEX, ("shard", "N"), ("created_key", "S"), include=SHARD_INDEX_ATTRIBUTES),
     ),
 )
@@ -116,7 +126,9 @@ OCCURRENCES = TableSpec(
     setting="occurrences_table",
     pk=("occurrence_id", "S"),
     sk=("sk", "S"),  # "OCC" or "ATT#000001"
-    indexes=(Index(SCHEDULE_OCCURRENCES_INDEX, ("schedule_id", "S"), ("scheduled_for", "N")),),
+    # Keys only: the relay's ENQUEUED mark and every worker transition change the state,
+    # and must not write this index too; listings read the items from the table.
+    indexes=(Index(SCHEDULE_OCCURRENCES_INDEX, ("schedule_id", "S"), ("scheduled_for", "N"), ()),),
     # The occurrence INSERT is the outbox event the relay reads (docs/data-model.md).
     stream=True,
     ttl_attribute="expires_at",
