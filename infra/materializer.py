@@ -16,6 +16,20 @@ from infra.data import Access, DataReferences
 from infra.functions import FunctionDefaults, log_group, python_function
 
 
+def map_over_groups(scope: Construct, time_key: str, max_concurrency: int) -> sfn.Map:
+    """The Map over ``$.groups``: each iteration gets the run's time and one shard group."""
+    return sfn.Map(
+        scope,
+        "EachShardGroup",
+        items_path="$.groups",
+        max_concurrency=max_concurrency,
+        item_selector={
+            time_key: sfn.JsonPath.string_at(f"$.{time_key}"),
+            "shards": sfn.JsonPath.string_at("$$.Map.Item.Value"),
+        },
+    )
+
+
 def shard_groups(shard_count: int, group_size: int) -> list[list[int]]:
     return [
         list(range(start, min(start + group_size, shard_count)))
@@ -101,16 +115,7 @@ class Materialization(Construct):
         # A group that still fails is given up for this tick only: its watermark did not
         # move, so the next tick starts where it stopped. Nothing is lost.
         invoke.add_catch(sfn.Pass(self, "GroupLeftForNextTick"), errors=["States.ALL"])
-        each_group = sfn.Map(
-            self,
-            "EachShardGroup",
-            items_path="$.groups",
-            max_concurrency=max_concurrency,
-            item_selector={
-                "tick": sfn.JsonPath.string_at("$.tick"),
-                "shards": sfn.JsonPath.string_at("$$.Map.Item.Value"),
-            },
-        )
+        each_group = map_over_groups(self, "tick", max_concurrency)
         each_group.item_processor(invoke)
         # Express: about 43,200 runs a month of a few seconds each cost about $1.35, where
         # Standard would bill about 20 transitions a run, $21.60 (docs/materializer.md);

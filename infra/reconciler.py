@@ -12,7 +12,7 @@ from constructs import Construct
 
 from infra.data import Access, DataReferences
 from infra.functions import FunctionDefaults, log_group, python_function
-from infra.materializer import acknowledge_state_machine, shard_groups
+from infra.materializer import acknowledge_state_machine, map_over_groups, shard_groups
 
 RECONCILE_TIMEOUT = Duration.minutes(15)
 
@@ -80,16 +80,7 @@ class Reconciliation(Construct):
             sfn.Pass(self, "GroupFailed", result=sfn.Result.from_string("failed")),
             errors=["States.ALL"],
         )
-        each_group = sfn.Map(
-            self,
-            "EachShardGroup",
-            items_path="$.groups",
-            max_concurrency=max_concurrency,
-            item_selector={
-                "time": sfn.JsonPath.string_at("$.time"),
-                "shards": sfn.JsonPath.string_at("$$.Map.Item.Value"),
-            },
-        )
+        each_group = map_over_groups(self, "time", max_concurrency)
         each_group.item_processor(group)
         outcome = sfn.Pass(
             self,

@@ -129,17 +129,21 @@ def aws(monkeypatch: pytest.MonkeyPatch, clock: Clock, settings: Settings) -> It
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
     with mock_aws():
-        dynamodb = boto3.client("dynamodb", region_name="us-east-1")
-        create_tables(dynamodb, settings)
-        services = Services(
-            dynamodb=dynamodb,
-            sqs=boto3.client("sqs", region_name="us-east-1"),
-            settings=settings,
-            now=clock,
-        )
-        context.configure(services)
-        yield services
-        context.configure(None)
+        yield from _configured(boto3.client("dynamodb", region_name="us-east-1"), settings, clock)
+
+
+def _configured(dynamodb: Any, settings: Settings, clock: Clock) -> Iterator[Services]:
+    """Fresh tables, moto's SQS (inside mock_aws), and the API configured with them."""
+    create_tables(dynamodb, settings)
+    services = Services(
+        dynamodb=dynamodb,
+        sqs=boto3.client("sqs", region_name="us-east-1"),
+        settings=settings,
+        now=clock,
+    )
+    context.configure(services)
+    yield services
+    context.configure(None)
 
 
 def bootstrap(tenant_id: str, principal: str, **quotas: int) -> Api:
@@ -188,15 +192,5 @@ def local_aws(
     settings = Settings(operator_principals=frozenset({OPERATOR}), shard_count=8).model_copy(
         update={spec.setting: f"{prefix}-{spec.setting}" for spec in ALL_TABLES}
     )
-    dynamodb = dynamodb_local.client()
-    create_tables(dynamodb, settings)
     with mock_aws():
-        services = Services(
-            dynamodb=dynamodb,
-            sqs=boto3.client("sqs", region_name="us-east-1"),
-            settings=settings,
-            now=clock,
-        )
-        context.configure(services)
-        yield services
-        context.configure(None)
+        yield from _configured(dynamodb_local.client(), settings, clock)

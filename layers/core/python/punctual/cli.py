@@ -13,7 +13,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from punctual.client import ApiError, NoCredentials
-from punctual.commands import UsageError, add_client_commands, main_for
+from punctual.commands import UsageError, add_client_commands, main_for, spec_flags
 from punctual.models import AtSpec, CronSpec, RateSpec, field_errors
 from punctual.timing import (
     Rule,
@@ -42,15 +42,9 @@ def _parser() -> argparse.ArgumentParser:
         "preview",
         help="show the next fires of a schedule in UTC and local time, with DST notes",
     )
-    kind = show.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--cron", metavar="EXPR", help="5-field cron expression or @macro")
-    kind.add_argument("--rate", metavar="EXPR", help="e.g. 'rate(15 minutes)'")
-    kind.add_argument("--at", metavar="ISO", help="one instant, with offset or local in --tz")
-    show.add_argument("--tz", metavar="ZONE", help="IANA zone (required with --cron)")
+    spec_flags(show, required=True)
     show.add_argument("--after", metavar="ISO", help="show fires strictly after this (now)")
     show.add_argument("--count", type=int, default=10, help=f"how many, 1..{MAX_PREVIEW}")
-    show.add_argument("--start", metavar="ISO", help="start_at bound (inclusive)")
-    show.add_argument("--end", metavar="ISO", help="end_at bound (inclusive)")
     show.add_argument("--anchor", metavar="ISO", help="rate anchor (default: --start or --after)")
     show.add_argument("--json", action="store_true", help="print JSON")
     endpoint = _Parser(add_help=False)

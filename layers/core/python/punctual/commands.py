@@ -23,7 +23,7 @@ class UsageError(Exception):
 # --- parser -----------------------------------------------------------------------------
 
 
-def _spec_flags(parser: argparse.ArgumentParser, required: bool) -> None:
+def spec_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     kind = parser.add_mutually_exclusive_group(required=required)
     kind.add_argument("--cron", metavar="EXPR", help="5-field cron expression or @macro")
     kind.add_argument("--rate", metavar="SPEC", help="e.g. 'rate(15 minutes)'")
@@ -70,13 +70,13 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     target_commands.add_parser("list", parents=[endpoint_flags])
 
     create = add("create", "create a schedule")
-    _spec_flags(create, required=True)
+    spec_flags(create, required=True)
     _definition_flags(create)
     create.add_argument("--idempotency-key", metavar="KEY")
 
     update = add("update", "update a schedule (a new version)")
     update.add_argument("schedule_id", metavar="ID")
-    _spec_flags(update, required=False)
+    spec_flags(update, required=False)
     _definition_flags(update)
 
     for name, text in (
