@@ -335,3 +335,27 @@ def test_operator_set_quotas_of_unknown_tenant_is_404(aws: Services) -> None:
     # THEN 404 like reading it, and no tenant record appears
     assert_error(answer, 404, "not_found")
     assert Api(OPERATOR).get("/v1/admin/tenants/ghost").status == 404
+
+
+def _policy_principals(aws: Services, queue_url: str) -> list[str]:
+    attributes = aws.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["Policy"])
+    policy = json.loads(attributes["Attributes"]["Policy"])
+    [statement] = policy["Statement"]
+    assert "sqs:ReceiveMessage" in statement["Action"]
+    return list(statement["Principal"]["AWS"])
+
+
+def test_target_queues_grant_the_tenants_principals_only(alice: Api, bob: Api, aws: Services):
+    # GIVEN alice's target created after her principal was bound
+    target = alice.get("/v1/targets").body["targets"][0]
+    # THEN her queue and its DLQ let exactly her principals consume them
+    assert _policy_principals(aws, target["queue_url"]) == [ALICE]
+    assert _policy_principals(aws, target["dlq_url"]) == [ALICE]
+    # WHEN the operator binds a worker role to alice later
+    worker_role = "arn:aws:iam::111122223333:role/alice-workers"
+    bound = Api(OPERATOR).post("/v1/admin/tenants/alice/principals", {"principal_arn": worker_role})
+    assert bound.status == 200
+    # THEN her existing queue's policy includes it, and bob's queue does not
+    assert _policy_principals(aws, target["queue_url"]) == sorted([ALICE, worker_role])
+    bobs = bob.get("/v1/targets").body["targets"][0]
+    assert _policy_principals(aws, bobs["queue_url"]) == [BOB]

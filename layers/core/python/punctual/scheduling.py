@@ -28,7 +28,7 @@ from punctual.dal.schedules import (
 from punctual.dal.tenants import TenantStore, usage_update
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
 from punctual.ids import new_schedule_id, shard_of
-from punctual.integrations.queues import QueueAdmin
+from punctual.integrations.queues import QueueAdmin, TargetQueues
 from punctual.materialize import plan
 from punctual.models import (
     AtSpec,
@@ -418,7 +418,7 @@ class ControlPlane:
     def create_target(self, tenant_id: str, name: str) -> Target:
         if self.tenants.get_target(tenant_id, name):
             raise Conflict(f"target {name} already exists")
-        queues = self.queues.create(tenant_id, name)
+        queues = self.queues.create(tenant_id, name, self.tenants.get(tenant_id).principals)
         target = Target(
             tenant_id=tenant_id,
             name=name,
@@ -434,7 +434,13 @@ class ControlPlane:
     def bind_principal(self, principal_arn: str, tenant_id: str) -> Tenant:
         """Bind what callers will present: a session ARN stands for its role."""
         self.tenants.bind_principal(normalize_principal(principal_arn), tenant_id)
-        return self.tenants.get(tenant_id)
+        tenant = self.tenants.get(tenant_id)
+        for target in self.tenants.list_targets(tenant_id):
+            self.queues.grant(
+                TargetQueues(target.queue_url, target.queue_arn, target.dlq_url, target.dlq_arn),
+                tenant.principals,
+            )
+        return tenant
 
     def create_tenant(self, tenant_id: str, quotas: Quotas) -> Tenant:
         tenant = Tenant(

@@ -32,6 +32,7 @@ class Tenant(BaseModel):
     schedule_count: int = 0
     minute_load: list[int] = Field(default_factory=lambda: [0] * 60)
     created_at: datetime
+    principals: list[str] = Field(default_factory=list)  # bound callers and workers
 
 
 class Target(BaseModel):

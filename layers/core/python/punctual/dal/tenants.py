@@ -45,6 +45,7 @@ def tenant_from_item(item: Item) -> Tenant:
         schedule_count=item.get("schedule_count", 0),
         minute_load=[item.get(_minute_attr(m), 0) for m in MINUTES],
         created_at=datetime.fromisoformat(item["created_at"]),
+        principals=sorted(item.get("principals", ())),
     )
 
 
@@ -123,6 +124,13 @@ class TenantStore:
                 )
         except Conflict:
             raise Conflict(f"{principal_arn} is bound to another tenant") from None
+        # The tenant keeps the set of its principals: its queues' policies grant them.
+        self._client.update_item(
+            TableName=self.table,
+            Key=tenant_key(tenant_id),
+            UpdateExpression="ADD principals :p",
+            ExpressionAttributeValues={":p": {"SS": [principal_arn]}},
+        )
 
     def tenant_of(self, principal_arn: str) -> str | None:
         found = self._client.get_item(

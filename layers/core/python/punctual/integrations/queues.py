@@ -34,8 +34,9 @@ class QueueAdmin:
         attributes = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
         return str(attributes["Attributes"]["QueueArn"])
 
-    def create(self, tenant_id: str, target: str) -> TargetQueues:
-        """Idempotent: CreateQueue with the same attributes returns the existing queue."""
+    def create(self, tenant_id: str, target: str, principals: list[str]) -> TargetQueues:
+        """Idempotent: CreateQueue with the same attributes returns the existing queue. The
+        tenant's principals are granted what a worker needs (``grant``)."""
         name = queue_name(self._prefix, tenant_id, target)
         dlq_url = self._sqs.create_queue(
             QueueName=f"{name}-dlq",
@@ -55,4 +56,37 @@ class QueueAdmin:
                 ),
             },
         )["QueueUrl"]
-        return TargetQueues(queue_url, self._arn(queue_url), dlq_url, dlq_arn)
+        queues = TargetQueues(queue_url, self._arn(queue_url), dlq_url, dlq_arn)
+        self.grant(queues, principals)
+        return queues
+
+    def grant(self, queues: TargetQueues, principals: list[str]) -> None:
+        """Queue policies: the tenant's principals consume their queue and copy dead
+        messages to its DLQ (the worker SDK); nobody else gets anything from a policy.
+        Without principals there is no policy (same-account IAM policies still apply)."""
+        if not principals:
+            return
+        consume = [
+            "sqs:ReceiveMessage",
+            "sqs:DeleteMessage",
+            "sqs:ChangeMessageVisibility",
+            "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl",
+        ]
+        for url, arn, actions in (
+            (queues.queue_url, queues.queue_arn, [*consume, "sqs:SendMessage"]),
+            (queues.dlq_url, queues.dlq_arn, [*consume, "sqs:SendMessage"]),
+        ):
+            policy = {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "TenantWorkers",
+                        "Effect": "Allow",
+                        "Principal": {"AWS": sorted(principals)},
+                        "Action": actions,
+                        "Resource": arn,
+                    }
+                ],
+            }
+            self._sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": json.dumps(policy)})

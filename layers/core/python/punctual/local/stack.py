@@ -107,7 +107,9 @@ def bootstrap(services: Any) -> None:
     for page in pages:
         for item in page["Items"]:
             target = target_from_item(from_dynamo(item))
-            plane.queues.create(target.tenant_id, target.name)
+            plane.queues.create(
+                target.tenant_id, target.name, plane.tenants.get(target.tenant_id).principals
+            )
 
 
 class _MissingOnly:
