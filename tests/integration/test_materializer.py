@@ -384,7 +384,7 @@ def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
     assert report.missed == 60 - 1 - 50
     offsets = [o["available_at"] - now for o in late]
     assert offsets == sorted(offsets)
-    assert len(set(b - a for a, b in itertools.pairwise(offsets))) == 1
+    assert len({b - a for a, b in itertools.pairwise(offsets)}) == 1
     assert offsets[-1] <= 900
 
 

@@ -366,6 +366,8 @@ def field_errors(errors: ValidationError | Sequence[Mapping[str, Any]]) -> list[
         loc = list(item["loc"])
         if loc and loc[0] in _REQUEST_PARTS:
             loc = loc[1:]
+        if item.get("type") == "json_invalid":
+            loc = []  # its location is a character position in the body, not a field
         # A discriminated union puts its tag after the field ('spec', 'cron', ...): drop it.
         parts = [
             str(part)

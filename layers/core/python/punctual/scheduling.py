@@ -283,13 +283,18 @@ class ControlPlane:
                 schedule = schedule.model_copy(update={"state": ScheduleState.COMPLETED})
             else:
                 # With every fire already materialized, the schedule still waits in the due
-                # index at its last occurrence: the materializer completes it there and gives
-                # its quota back, so even a one-shot due in seconds is admission-controlled.
-                last = materialized[-1].available_at if materialized else None
+                # index: the materializer completes it there and gives its quota back, so
+                # even a one-shot due in seconds is admission-controlled. It waits past the
+                # planned horizon, in a minute no tick has walked yet (its last occurrence's
+                # minute may have been walked already: that is why the API made it).
+                waiting = max(
+                    materialized[-1].available_at if materialized else now,
+                    now + self.settings.planned_horizon_seconds,
+                )
                 schedule = schedule.model_copy(
                     update={
                         "next_run_at": planned.next_run_at,
-                        "next_available_at": planned.next_available_at or last,
+                        "next_available_at": planned.next_available_at or waiting,
                     }
                 )
         load = strict_minute_load(schedule, schedule.created_at) if schedule.state in _LIVE else {}

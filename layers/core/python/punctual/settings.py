@@ -41,7 +41,9 @@ class Settings(BaseSettings):
     @property
     def planned_horizon_seconds(self) -> int:
         """Fires due within this much of now may already be past the materializer's watermark."""
-        return self.lookahead_seconds + self.tick_seconds
+        # A tick walks whole minutes: up to the end of the minute holding tick + lookahead,
+        # so up to 59 s past it, whatever the tick interval.
+        return self.lookahead_seconds + max(self.tick_seconds, 60)
 
 
 @cache

@@ -143,9 +143,23 @@ def ensure_engines(
     state = _read_state(data)
     found: dict[str, Engine] = {}
     reattached = True
+    def dynamodb(port: int, folder: Path) -> Engine:
+        try:
+            return _start_dynamodb(port, folder, in_memory)
+        except EngineMissing as missing:
+            # moto's server (the SQS engine's process) serves DynamoDB and its streams too:
+            # slow with volume (it scans and copies tables) and nothing survives a restart.
+            print(
+                f"WARNING: {missing}. DynamoDB falls back to moto, in memory: slow with "
+                "volume and not persisted. Install Java 17+ and run `make tools`.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return Engine("dynamodb", found["sqs"].port, found["sqs"].pid)
+
     starters: tuple[tuple[str, Callable[[int, Path], Engine], int | None], ...] = (
-        ("dynamodb", lambda port, folder: _start_dynamodb(port, folder, in_memory), dynamodb_port),
         ("sqs", _start_sqs, sqs_port),
+        ("dynamodb", dynamodb, dynamodb_port),
     )
     for name, starter, wanted in starters:
         known = state.get(name)

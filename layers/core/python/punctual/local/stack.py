@@ -96,7 +96,8 @@ def bootstrap(services: Any) -> None:
     with contextlib.suppress(Conflict):
         plane.create_tenant(DEMO_TENANT, Quotas())
     plane.bind_principal(local_principal(DEMO_KEY), DEMO_TENANT)
-    plane.create_target(DEMO_TENANT, "default")
+    with contextlib.suppress(Conflict):  # a restart on the same data
+        plane.create_target(DEMO_TENANT, "default")
     # An SQS engine restarted without its data: re-create every known target's queues
     # (a scan: the local tenants table is small, and this runs once per start).
     pages = services.dynamodb.get_paginator("scan").paginate(

@@ -33,8 +33,23 @@ def wanted(record: dict[str, Any]) -> bool:
     return record.get("eventName") == "INSERT" and image.get("sk", {}).get("S") == OCCURRENCE_SK
 
 
+def _typed(value: Any) -> Any:
+    """DynamoDB Local's streams write an empty map as {} instead of {"M": {}}: repair it
+    (and inside maps and lists), so records look like DynamoDB's."""
+    if value == {}:
+        return {"M": {}}
+    if "M" in value:
+        return {"M": {k: _typed(v) for k, v in value["M"].items()}}
+    if "L" in value:
+        return {"L": [_typed(v) for v in value["L"]]}
+    return value
+
+
 def _as_event_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
     dynamodb = dict(record["dynamodb"])
+    for image in ("NewImage", "OldImage", "Keys"):
+        if image in dynamodb:
+            dynamodb[image] = {k: _typed(v) for k, v in dynamodb[image].items()}
     created = dynamodb.get("ApproximateCreationDateTime")
     if isinstance(created, datetime):
         dynamodb["ApproximateCreationDateTime"] = created.timestamp()
