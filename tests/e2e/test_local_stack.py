@@ -760,3 +760,21 @@ def test_an_occurrence_without_payload_is_relayed_and_blocks_nothing(stack: Stac
         until(due),
     )
     assert states == ["ENQUEUED", "ENQUEUED"]
+
+
+# --- reconciler -------------------------------------------------------------------------
+
+
+def test_the_stack_runs_the_reconciler_and_operators_read_its_reports(stack: Stack):
+    # GIVEN the stack, which runs the reconciler when it starts and then hourly
+    # WHEN an operator asks for the last window's reports
+    found = eventually(
+        lambda: (r := stack.cli_json("reconcile", "report", key="operator"))["reports"] and r,
+        60,
+    )
+    # THEN every local shard reported it, with nothing MISSING or UNEXPECTED
+    assert len(found["reports"]) == 8
+    assert (found["missing"], found["unexpected"]) == (0, 0)
+    # AND a tenant may not read them
+    denied = stack.cli("reconcile", "report")
+    assert denied.code == 2
