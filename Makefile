@@ -82,6 +82,10 @@ bench-materializer: install tools ## occurrences materialized per second per sha
 bench-relay: install ## relay fairness: a small tenant's messages next to a big tenant's batch
 	$(BIN)/python scripts/bench_relay.py
 
+.PHONY: capacity
+capacity: install ## the 500k top-of-hour simulated at AWS scale, N and L, cost per million (docs/capacity.md)
+	$(BIN)/python -m scripts.capacity
+
 openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi
 

@@ -53,7 +53,7 @@ class TimedSQS:
 
 def seed(services: Services, tenant: str, count: int, due: int) -> list[dict[str, Any]]:
     created = datetime.fromtimestamp(due - 3600, UTC)
-    queues = QueueAdmin(services.sqs, "punctual").create(tenant, "default")
+    queues = QueueAdmin(services.sqs, "punctual").create(tenant, "default", [])
     target = Target(tenant_id=tenant, name="default", created_at=created, **asdict(queues))
     services.dynamodb.put_item(
         TableName=services.settings.tenants_table, Item=to_dynamo(target_to_item(target))

@@ -14,8 +14,9 @@ def test_config_committed_cdk_json_is_valid():
     # GIVEN the "punctual" context committed in cdk.json
     # WHEN it is validated
     config = DeployConfig.from_context(cdk_json_context()["punctual"])
-    # THEN it is the documented default deployment
-    assert config.shard_count == 64
+    # THEN it is the documented default deployment: the shard count and lookahead the
+    # capacity model chose for the 500k top-of-hour peak (docs/capacity.md)
+    assert (config.shard_count, config.lookahead_seconds) == (96, 540)
     assert config.retain_data
     assert config.deletion_protection
     assert config.alarms == AlarmThresholds()

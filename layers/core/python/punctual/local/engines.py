@@ -143,6 +143,7 @@ def ensure_engines(
     state = _read_state(data)
     found: dict[str, Engine] = {}
     reattached = True
+
     def dynamodb(port: int, folder: Path) -> Engine:
         try:
             return _start_dynamodb(port, folder, in_memory)

@@ -1,0 +1,240 @@
+"""The capacity model's building blocks (scripts/capacity.py): lags, transactions, the
+simulated materializer (groups, leases, timeouts, failures), the relay queue, the write path
+as a table of operations, and the cross-check against the local bench. Simulated time only."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from scripts.capacity import (
+    CUT_PROJECTIONS,
+    INF,
+    MEASURED,
+    Check,
+    Design,
+    LagHistogram,
+    Limits,
+    Piece,
+    Platform,
+    Scenario,
+    Simulation,
+    Workload,
+    aws_platform,
+    aws_scenario,
+    cross_check,
+    partition_caps,
+    receivable_lag,
+    scheduler_ops,
+    simulate,
+    without,
+)
+
+
+def platform(lambda_timeout: float = 55.0) -> Platform:
+    """A simple platform: 0.5 s a transaction of 49, no CPU, quick writes and pages."""
+    return Platform(
+        transaction_seconds=0.5,
+        page_seconds=0.01,
+        write_seconds=0.01,
+        batch_get_seconds=0.01,
+        send_seconds=0.01,
+        poll_seconds=0.0,
+        plan_cpu=0.0,
+        relay_cpu=0.0,
+        materializer_slowdown=1.0,
+        relay_slowdown=1.0,
+        stream_delay=0.0,
+        poll_interval=0.0,
+        tick_delay=0.0,
+        invoke_seconds=0.0,
+        cold_start=0.0,
+        lambda_timeout=lambda_timeout,
+    )
+
+
+def strict_only(count: float) -> Workload:
+    return Workload(strict_peak=count, flexible_peak=0, per_day=24 * count)
+
+
+def test_receivable_lag_rounds_the_delay_up_to_a_whole_second() -> None:
+    # GIVEN a message sent 0.3 s before its instant, and one sent 2 s after
+    # WHEN the lag is taken as SQS makes it receivable (DelaySeconds = ceil)
+    early, late = receivable_lag(-0.3, 0.0), receivable_lag(2.0, 0.0)
+    # THEN the early one is receivable 0.7 s late (never early), the late one 2 s late
+    assert early == pytest.approx(0.7)
+    assert late == pytest.approx(2.0)
+
+
+def test_lag_histogram_percentiles_follow_the_weights() -> None:
+    # GIVEN 99 units of weight at 0.5 s and 1 unit at 30 s
+    histogram = LagHistogram()
+    histogram.add(0.5, 99.0)
+    histogram.add(30.0, 1.0)
+    # WHEN the percentiles are read
+    p50, p99, p100 = histogram.percentiles((50, 99, 100))
+    # THEN p99 stays with the bulk and only p100 reaches the tail
+    assert p50 == pytest.approx(0.5, abs=0.001)
+    assert p99 == pytest.approx(0.5, abs=0.001)
+    assert p100 == 30.0
+
+
+def test_piece_commits_once_per_transaction() -> None:
+    # GIVEN 98 steps in transactions of 49, 2 s each, starting at t = 10
+    piece = Piece(
+        shard=0, bucket=0, first=0, count=98, start=10, step_seconds=2, per_transaction=49
+    )
+    # WHEN sampled
+    samples = list(piece.samples(0, 98))
+    # THEN each sample commits with its transaction, and the weights add up to the steps
+    assert {commit for commit, _, _ in samples} == {12.0, 14.0}
+    assert sum(weight for _, _, weight in samples) == pytest.approx(98)
+    assert piece.end == 14.0
+
+
+def test_simulation_walks_the_shards_of_a_group_in_turn() -> None:
+    # GIVEN one group of 2 shards, each with 98 strict steps (2 transactions of 0.5 s)
+    scenario = Scenario(
+        workload=strict_only(196),
+        design=Design(shards=2, group_size=2, lookahead=120),
+        platform=platform(lambda_timeout=INF),
+        single_tick_at=-100,
+    )
+    # WHEN one tick runs
+    pieces = sorted(Simulation(scenario).run(), key=lambda p: p.shard)
+    # THEN the second shard starts only after the first one's transactions
+    assert [p.shard for p in pieces] == [0, 1]
+    assert pieces[1].start >= pieces[0].end
+
+
+def test_groups_run_in_parallel_up_to_the_map_concurrency() -> None:
+    # GIVEN 4 groups of one shard and a Map that runs 2 at once
+    scenario = Scenario(
+        workload=strict_only(4 * 98),
+        design=Design(shards=4, group_size=1, lookahead=120, map_concurrency=2),
+        platform=platform(),
+    )
+    # WHEN the ticks run
+    pieces = sorted(Simulation(scenario).run(), key=lambda p: p.start)
+    # THEN two shards start together and the other two wait for a free slot
+    starts = [p.start for p in pieces]
+    assert starts[0] == pytest.approx(starts[1])
+    assert starts[2] >= pieces[0].end
+
+
+def test_lambda_timeout_stops_a_bucket_midway_and_the_lease_waits_for_expiry() -> None:
+    # GIVEN one shard whose :00 bucket takes 100 s, and a 55 s Lambda timeout
+    scenario = Scenario(
+        workload=strict_only(49 * 200),
+        design=Design(shards=1, group_size=1, lookahead=300),
+        platform=platform(),
+    )
+    sim = Simulation(scenario)
+    # WHEN the ticks run
+    pieces = [p for p in sim.run() if p.bucket == 0]
+    # THEN the first invocation is killed part way; the next claim is refused while the dead
+    # holder's lease lives, and the bucket is finished later from where it stopped
+    assert sim.timeouts >= 1
+    assert sim.leases_waited >= 1
+    assert pieces[0].count < 49 * 200
+    assert sum(p.count for p in pieces) == pytest.approx(49 * 200)
+    assert pieces[1].start >= pieces[0].start + scenario.platform.lease_seconds
+
+
+def test_a_failed_group_is_caught_up_by_a_later_tick() -> None:
+    # GIVEN 2 groups, group 0 failing (with its retries) at the first tick reaching :00
+    workload = strict_only(2 * 49 * 10)
+    design = Design(shards=2, group_size=1, lookahead=240)
+    healthy = Scenario(workload=workload, design=design, platform=platform())
+    failed = replace(healthy, failed_group=0)
+    # WHEN both run
+    done = [
+        {s: max(p.end for p in pieces if p.shard == s and p.bucket == 0) for s in (0, 1)}
+        for pieces in (Simulation(healthy).run(), Simulation(failed).run())
+    ]
+    # THEN the healthy group is unaffected, the failed one finishes its bucket a tick or
+    # more later, and every strict occurrence is still materialized in time
+    assert done[1][1] == pytest.approx(done[0][1])
+    assert done[1][0] > done[0][0] + 60
+    result = simulate(failed)
+    assert result.strict_committed == pytest.approx(1.0)
+    assert result.strict[2] < 1.0
+
+
+def test_relay_queue_serves_in_order_at_its_capacity() -> None:
+    # GIVEN 1,000 strict occurrences relayed after materializing, at 100 records/s
+    scenario = Scenario(
+        workload=strict_only(1000),
+        design=Design(shards=1, group_size=1, lookahead=600),
+        platform=platform(lambda_timeout=INF),
+        relay_capacity=100,
+        relay_after_materialize=True,
+        single_tick_at=-500,
+    )
+    # WHEN simulated
+    result = simulate(scenario)
+    # THEN the relay takes about 10 s after the last invocation, all before the instant
+    assert result.relay_end - result.invocations_end == pytest.approx(10, abs=0.2)
+    assert result.strict[2] < 1.0
+
+
+def test_write_path_table_totals_the_measured_write_units() -> None:
+    # GIVEN the operations table of the scheduler path before the narrow projections
+    before = scheduler_ops()
+    # WHEN the projections cut is applied
+    after = without(before, *CUT_PROJECTIONS)
+    # THEN the totals are the bench's measured 10.05 and 8.05 write units an occurrence
+    assert sum(op.units for op in before) == pytest.approx(10.05, abs=0.01)
+    assert sum(op.units for op in after) == pytest.approx(8.05, abs=0.01)
+
+
+def test_cutting_an_unknown_operation_is_refused() -> None:
+    with pytest.raises(ValueError, match="no such operation"):
+        without(scheduler_ops(), "a write nobody makes")
+
+
+def test_by_tenant_on_every_step_caps_the_shard_rate_when_many_groups_run() -> None:
+    # GIVEN 40 groups at once and a tenant with 10% of the peak
+    design = Design(shards=320)
+    workload = Workload()
+    # WHEN the hot keys' caps are computed before and after the narrow projections
+    before = partition_caps(workload, design, scheduler_ops(), Limits())
+    after = partition_caps(workload, design, without(scheduler_ops(), *CUT_PROJECTIONS), Limits())
+    # THEN the tenant's by_tenant key (1,000 WCU/s over 40 shards x 10%) binds before only
+    assert min(before.values()) == pytest.approx(250)
+    assert min(after.values()) == pytest.approx(1000)
+
+
+def test_defaults_miss_the_target_at_the_peak_and_more_shards_meet_it() -> None:
+    # GIVEN the deployed defaults (N 64, L 180 s) and the modeled AWS service times
+    workload = Workload()
+    ops = without(scheduler_ops(), *CUT_PROJECTIONS)
+    small = Design(shards=64, lookahead=180)
+    large = Design(shards=320, lookahead=180)
+    # WHEN the top of the hour is simulated with one group failed
+    missed = simulate(
+        aws_scenario(workload, small, aws_platform(small, MEASURED), ops, failed=True)
+    )
+    met = simulate(aws_scenario(workload, large, aws_platform(large, MEASURED), ops, failed=True))
+    # THEN 8 materializers at once cannot finish 500k in time, 40 can
+    assert missed.strict[2] > 60
+    assert met.strict[2] <= 1.0
+
+
+def test_check_tolerances_relative_and_absolute() -> None:
+    assert Check("seconds", 110, 100, 0.2).ok
+    assert not Check("seconds", 130, 100, 0.2).ok
+    assert Check("lag", 0.52, 0.50, 0.05, absolute=True).ok
+    assert not Check("lag", 0.60, 0.50, 0.05, absolute=True).ok
+
+
+def test_cross_check_reproduces_the_local_bench_and_catches_a_wrong_one() -> None:
+    # GIVEN the measured local bench, and the same with a materialize time twice as long
+    checks, _ = cross_check(MEASURED)
+    wrong, _ = cross_check(replace(MEASURED, materialize_seconds=2 * MEASURED.materialize_seconds))
+    # THEN the model matches the measurement within tolerance, and the altered one fails
+    assert all(check.ok for check in checks), [c for c in checks if not c.ok]
+    assert not next(c for c in wrong if c.what.startswith("materialize")).ok
+    assert math.isfinite(checks[0].predicted)
