@@ -195,6 +195,24 @@ class Observability(Construct):
             t.reconcile_missing,
             "The reconciler found expected occurrences that were never materialized.",
         )
+        for name, what in (
+            (
+                "ReconcileUnexpected",
+                "a stored occurrence no schedule version owns (a planning "
+                "or versioning bug; its id is in the run's report)",
+            ),
+            (
+                "ReconcileIncomplete",
+                "a shard was not fully checked within the run (use smaller "
+                "reconciler shard groups)",
+            ),
+        ):
+            self._alarm(
+                name,
+                punctual_metric(name, period=Duration.hours(1)),
+                0,
+                f"The reconciler found {what}.",
+            )
         self._alarm(
             "ReconcilerFailures",
             cw.MathExpression(

@@ -31,7 +31,7 @@ def test_observability_every_alarm_notifies_the_topic_both_ways(service: Templat
     )
     # AND every alarm tells it when it fires and when it recovers
     alarms = service.find_resources("AWS::CloudWatch::Alarm")
-    assert len(alarms) == 8 + len(ALL_TABLES)
+    assert len(alarms) == 10 + len(ALL_TABLES)
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
         assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
@@ -61,6 +61,12 @@ def test_observability_alarm_thresholds_come_from_the_context(service: Template)
     assert _alarm(service, "MaterializerFailures")["Threshold"] == 1
     assert _alarm(service, "ReconcileMissing")["Threshold"] == 0
     assert _alarm(service, "ReconcileMissing")["MetricName"] == "ReconcileMissing"
+    # AND the reconciler's other findings alarm at their first occurrence too
+    for name in ("ReconcileUnexpected", "ReconcileIncomplete"):
+        assert (_alarm(service, name)["MetricName"], _alarm(service, name)["Threshold"]) == (
+            name,
+            0,
+        )
     assert _alarm(service, "Api5xx")["Threshold"] == 7
     assert _alarm(service, "Api5xx")["MetricName"] == "5XXError"
     assert _alarm(service, "ThrottlesSchedules")["Threshold"] == 10
