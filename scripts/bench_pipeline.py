@@ -28,6 +28,7 @@ from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_CURRENT
 from punctual.local.engines import ensure_engines
 from punctual.local.stack import StackOptions, configure_environment
+from punctual.local.stats import percentile
 from punctual.local.streams import StreamPoller
 from punctual.materializer import Materializer
 from punctual.relay import Relay
@@ -85,11 +86,6 @@ class Metered:
             return attribute(**request)
 
         return call
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
 def main() -> None:

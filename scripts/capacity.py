@@ -1717,6 +1717,7 @@ def calibrate(schedules: int) -> None:
     import threading
 
     import scripts.bench_pipeline as bench
+    from punctual.local.stats import percentile
     from punctual.local.streams import StreamPoller
     from punctual.materializer import Materializer, ShardReport
     from punctual.relay import Relay, RelayReport
@@ -1810,7 +1811,7 @@ def calibrate(schedules: int) -> None:
         for entry in sorted(received, key=lambda e: e[-1]):
             first.setdefault(entry[0], entry)
         values = [e[-2] - e[-3] for e in first.values()]
-        results["lags"] = [bench.percentile(values, p) for p in (50, 95, 99)]
+        results["lags"] = [percentile(values, p) for p in (50, 95, 99)]
         report_lags(received, made)
 
     def costs(*args: Any) -> None:
