@@ -22,6 +22,15 @@ LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 
 
+STAGE = "prod"  # the deployed stage (infra/api.py): its URLs carry it, locally optional
+
+
+def api_path(path: str) -> str:
+    """The path the API routes on: ``/prod/v1/...`` (a deployed stage's URL) as ``/v1/...``."""
+    prefix = f"/{STAGE}"
+    return path[len(prefix) :] if path == prefix or path.startswith(prefix + "/") else path
+
+
 def principal_of(authorization: str | None) -> str | None:
     """The caller a SigV4 Authorization header names, or None when unsigned."""
     match = _CREDENTIAL.search(authorization or "")
@@ -53,9 +62,9 @@ def rest_event(
         "isBase64Encoded": False,
         "requestContext": {
             "httpMethod": method,
-            "path": f"/prod{path}",
+            "path": f"/{STAGE}{path}",
             "resourcePath": "/{proxy+}",
-            "stage": "prod",
+            "stage": STAGE,
             "requestId": request_id,
             "identity": {"userArn": principal, "sourceIp": "127.0.0.1"},
         },
@@ -90,7 +99,7 @@ class Gateway:
                 body = self.rfile.read(length).decode("utf-8") if length else None
                 event = rest_event(
                     self.command,
-                    url.path,
+                    api_path(url.path) or "/",
                     principal_of(self.headers.get("Authorization")),
                     body,
                     parse_qs(url.query),
