@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from punctual.dal.common import from_dynamo, to_dynamo, translated, values
+from punctual.dal.common import batch_get, from_dynamo, to_dynamo, translated, values
 from punctual.dal.tables import OCCURRENCE_SK
 from punctual.errors import Conflict
 from punctual.models import Occurrence, OccurrenceState
@@ -176,26 +176,17 @@ class Relay:
 
     def _still_scheduled(self, outbound: list[_Outbound], report: RelayReport) -> list[_Outbound]:
         """Drop what was canceled (or already enqueued) since the insert: one read per 100."""
-        states: dict[str, str] = {}
-        table = self._s.settings.occurrences_table
-        for start in range(0, len(outbound), 100):
-            keys = [
-                to_dynamo({"occurrence_id": o.occurrence.occurrence_id, "sk": OCCURRENCE_SK})
-                for o in outbound[start : start + 100]
-            ]
-            request: dict[str, Any] = {
-                table: {
-                    "Keys": keys,
-                    "ProjectionExpression": "occurrence_id, #s",
-                    "ExpressionAttributeNames": {"#s": "state"},
-                }
-            }
-            while request:
-                answer = self._s.dynamodb.batch_get_item(RequestItems=request)
-                for raw in answer["Responses"].get(table, []):
-                    found = from_dynamo(raw)
-                    states[found["occurrence_id"]] = found["state"]
-                request = answer.get("UnprocessedKeys") or {}
+        keys = [
+            {"occurrence_id": o.occurrence.occurrence_id, "sk": OCCURRENCE_SK} for o in outbound
+        ]
+        found = batch_get(
+            self._s.dynamodb,
+            self._s.settings.occurrences_table,
+            keys,
+            consistent=False,
+            attributes=["state"],
+        )
+        states = {item["occurrence_id"]: item["state"] for item in found}
         keep = []
         for item in outbound:
             if states.get(item.occurrence.occurrence_id) == OccurrenceState.SCHEDULED.value:

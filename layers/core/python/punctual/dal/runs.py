@@ -14,6 +14,7 @@ from typing import Any
 from punctual.dal.common import (
     ConditionFailed,
     Item,
+    batch_get,
     from_dynamo,
     run_transaction,
     to_dynamo,
@@ -125,18 +126,13 @@ class RunStore:
     def busy_slots(self, tenant_id: str, candidates: list[int], now: int) -> set[int]:
         """Which of ``candidates`` hold a live lease (eventually consistent: a hint only; the
         claim's condition decides)."""
-        keys = [self._concurrency_key(tenant_id, slot) for slot in candidates]
-        busy: set[int] = set()
-        for start in range(0, len(keys), 100):
-            request: dict[str, Any] = {self._tenants: {"Keys": keys[start : start + 100]}}
-            while request:
-                answer = self._client.batch_get_item(RequestItems=request)
-                for raw in answer["Responses"].get(self._tenants, []):
-                    item = from_dynamo(raw)
-                    if int(item.get("expires_at", 0)) > now:
-                        busy.add(int(str(item["sk"]).removeprefix("RUN#")))
-                request = answer.get("UnprocessedKeys") or {}
-        return busy
+        keys = [{"pk": f"T#{tenant_id}", "sk": concurrency_sk(slot)} for slot in candidates]
+        found = batch_get(self._client, self._tenants, keys, consistent=False)
+        return {
+            int(str(item["sk"]).removeprefix("RUN#"))
+            for item in found
+            if int(item.get("expires_at", 0)) > now
+        }
 
     # --- claim --------------------------------------------------------------------------
 

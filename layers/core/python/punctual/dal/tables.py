@@ -142,8 +142,13 @@ ALL_TABLES = (SCHEDULES, OCCURRENCES, TENANTS, LEASES, IDEMPOTENCY)
 
 
 def create_tables(client: Any, settings: Settings) -> None:
-    """Create every table (tests and the local stack; AWS gets them from CDK)."""
+    """Create every table that does not exist yet (tests, benches, and the local stack on a
+    fresh or a persisted data folder; AWS gets them from CDK)."""
+    pages = client.get_paginator("list_tables").paginate()
+    existing = {name for page in pages for name in page["TableNames"]}
     for spec in ALL_TABLES:
+        if spec.name(settings) in existing:
+            continue
         client.create_table(**spec.create_request(settings))
         if spec.ttl_attribute:
             client.update_time_to_live(

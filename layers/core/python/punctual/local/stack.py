@@ -83,15 +83,13 @@ def configure_environment(engines: Engines, options: StackOptions) -> None:
 def bootstrap(services: Any) -> None:
     """Tables, the operator's tenant-free principal, and the demo tenant with `default`."""
     from punctual.dal.common import from_dynamo, values
-    from punctual.dal.tables import ALL_TABLES, create_tables
+    from punctual.dal.tables import create_tables
     from punctual.dal.tenants import target_from_item
     from punctual.errors import Conflict
     from punctual.scheduling import ControlPlane
     from punctual.tenancy import Quotas
 
-    existing = set(services.dynamodb.list_tables()["TableNames"])
-    if not {spec.name(services.settings) for spec in ALL_TABLES} <= existing:
-        create_tables(_MissingOnly(services.dynamodb, existing), services.settings)
+    create_tables(services.dynamodb, services.settings)
     plane = ControlPlane(services)
     with contextlib.suppress(Conflict):
         plane.create_tenant(DEMO_TENANT, Quotas())
@@ -111,24 +109,6 @@ def bootstrap(services: Any) -> None:
             plane.queues.create(
                 target.tenant_id, target.name, plane.tenants.get(target.tenant_id).principals
             )
-
-
-class _MissingOnly:
-    """create_tables for the tables that do not exist yet (a restart on persisted data)."""
-
-    def __init__(self, client: Any, existing: set[str]) -> None:
-        self._client = client
-        self._existing = existing
-
-    def create_table(self, **request: Any) -> Any:
-        if request["TableName"] not in self._existing:
-            return self._client.create_table(**request)
-        return None
-
-    def update_time_to_live(self, **request: Any) -> Any:
-        if request["TableName"] not in self._existing:
-            return self._client.update_time_to_live(**request)
-        return None
 
 
 @dataclass
