@@ -15,6 +15,7 @@ from api import context, handler
 from moto import mock_aws
 
 from punctual.dal.tables import ALL_TABLES, create_tables
+from punctual.local import gateway
 from punctual.local.dynamodb import LocalDynamoDB
 from punctual.local.dynamodb import start as start_dynamodb_local
 from punctual.scheduling import Services
@@ -63,28 +64,15 @@ def rest_event(
     query: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    query = {k: str(v) for k, v in (query or {}).items() if v is not None}
-    return {
-        "resource": path,
-        "path": path,
-        "httpMethod": method,
-        "headers": {"Content-Type": "application/json", **(headers or {})},
-        "multiValueHeaders": {},
-        "queryStringParameters": query or None,
-        "multiValueQueryStringParameters": {k: [v] for k, v in query.items()} or None,
-        "pathParameters": None,
-        "stageVariables": None,
-        "body": None if body is None else json.dumps(body),
-        "isBase64Encoded": False,
-        "requestContext": {
-            "httpMethod": method,
-            "path": f"/prod{path}",
-            "resourcePath": path,
-            "stage": "prod",
-            "requestId": "req-1",
-            "identity": {"userArn": principal, "sourceIp": "127.0.0.1"},
-        },
-    }
+    """The local gateway's REST proxy event (one definition), from test-friendly arguments."""
+    return gateway.rest_event(
+        method,
+        path,
+        principal,
+        None if body is None else json.dumps(body),
+        {k: [str(v)] for k, v in (query or {}).items() if v is not None},
+        headers,
+    )
 
 
 class Api:
