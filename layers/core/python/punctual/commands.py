@@ -226,11 +226,16 @@ def _print_occurrences(rows: list[dict[str, Any]]) -> None:
 def _emit(args: argparse.Namespace, value: Any, human: Callable[[Any], None]) -> None:
     if args.json:
         print(json.dumps(value, indent=2))
-    elif isinstance(value, list) and human is not _print_occurrences:
-        for each in value:
-            human(each)
     else:
         human(value)
+
+
+def _each(printer: Callable[[Any], None]) -> Callable[[list[Any]], None]:
+    def print_all(rows: list[Any]) -> None:
+        for row in rows:
+            printer(row)
+
+    return print_all
 
 
 def _print_target(target: dict[str, Any]) -> None:
@@ -264,7 +269,7 @@ def run_client_command(args: argparse.Namespace) -> int:
         _emit(args, target, _print_target)
     elif command == "targets":
         found = client.get("/v1/targets")["targets"]
-        _emit(args, found, _print_target)
+        _emit(args, found, _each(_print_target))
     elif command == "create":
         if args.target is None:
             raise UsageError("--target is required")
@@ -293,7 +298,7 @@ def run_client_command(args: argparse.Namespace) -> int:
         _emit(args, _flat(saved), _print_schedule)
     elif command == "list":
         rows = client.pages("/v1/schedules", "schedules", state=args.state)
-        _emit(args, rows, _print_schedule)
+        _emit(args, rows, _each(_print_schedule))
     elif command == "occurrences":
         rows = client.pages(f"/v1/schedules/{args.schedule_id}/occurrences", "occurrences")
         _emit(args, rows, _print_occurrences)

@@ -90,16 +90,29 @@ def launch_dynamodb(
     )
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes] | None, seconds: float) -> None:
+    """Until something answers on ``port``; EngineMissing if ``process`` exits or time runs
+    out (then the process is killed)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if listening(port):
+            return
+        if process is not None and process.poll() is not None:
+            raise EngineMissing(f"the engine on port {port} exited with {process.returncode}")
+        time.sleep(0.1)
+    if process is not None:
+        process.kill()
+    raise EngineMissing(f"no engine answered on port {port} within {seconds:.0f} s")
+
+
 def start(port: int | None = None, data_dir: Path | None = None) -> LocalDynamoDB:
     port = port or free_port()
     process = launch_dynamodb(port, data_dir)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return LocalDynamoDB(port, process)
-        if process.poll() is not None:
-            raise EngineMissing(f"DynamoDB Local exited with {process.returncode}")
-        time.sleep(0.1)
-    process.kill()
-    raise EngineMissing("DynamoDB Local did not start within 30 s")
+    wait_listening(port, process, 30)
+    return LocalDynamoDB(port, process)

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from punctual.local.dynamodb import EngineMissing, free_port, launch_dynamodb
+from punctual.local.dynamodb import (
+    EngineMissing,
+    free_port,
+    launch_dynamodb,
+    listening,
+    wait_listening,
+)
 
 REGION = "us-east-1"
 LOCAL_SHARDS = 8  # fixed: schedules are placed on shards by id modulo this
 ACCOUNT = "000000000000"
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _alive(pid: int) -> bool:
@@ -38,17 +37,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def wait_listening(port: int, process: subprocess.Popen[bytes] | None, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if _listening(port):
-            return
-        if process is not None and process.poll() is not None:
-            raise EngineMissing(f"the engine on port {port} exited with {process.returncode}")
-        time.sleep(0.1)
-    raise EngineMissing(f"no engine answered on port {port} within {seconds:.0f} s")
 
 
 @dataclass
@@ -62,7 +50,7 @@ class Engine:
         return f"http://127.0.0.1:{self.port}"
 
     def running(self) -> bool:
-        return _alive(self.pid) and _listening(self.port)
+        return _alive(self.pid) and listening(self.port)
 
     def stop(self) -> None:
         if not _alive(self.pid):
@@ -169,7 +157,7 @@ def ensure_engines(
             found[name] = engine
             continue
         reattached = False
-        port = wanted or (engine.port if engine and not _listening(engine.port) else free_port())
+        port = wanted or (engine.port if engine and not listening(engine.port) else free_port())
         found[name] = starter(port, data)
     _state_file(data).write_text(
         json.dumps({name: asdict(engine) for name, engine in found.items()}, indent=2)
