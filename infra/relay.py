@@ -13,6 +13,7 @@ from infra.checks import acknowledge
 from infra.data import Access, DataReferences
 from infra.functions import FunctionDefaults, python_function
 from infra.queues import TargetQueueAccess
+from punctual.dal.tables import OCCURRENCE_PREFIX
 
 
 class Relaying(Construct):
@@ -80,7 +81,9 @@ class Relaying(Construct):
                         {
                             "eventName": lambda_.FilterRule.is_equal("INSERT"),
                             "dynamodb": {
-                                "NewImage": {"sk": {"S": lambda_.FilterRule.is_equal("OCC")}}
+                                "NewImage": {
+                                    "sk": {"S": lambda_.FilterRule.begins_with(OCCURRENCE_PREFIX)}
+                                }
                             },
                         }
                     )

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from punctual.dal.common import from_dynamo, to_dynamo
-from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_CURRENT
+from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
 from punctual.local.engines import ensure_engines
 from punctual.local.stack import StackOptions, configure_environment
 from punctual.local.stats import percentile
@@ -298,15 +298,14 @@ def report_costs(
     occurrence_item = from_dynamo(
         plain.dynamodb.get_item(
             TableName=settings.occurrences_table,
-            Key=to_dynamo({"occurrence_id": occurrence.occurrence_id, "sk": OCCURRENCE_SK}),
+            Key=to_dynamo(occurrence_key(occurrence.occurrence_id)),
         )["Item"]
     )
     occ_units, sched_units = units(item_size(occurrence_item)), units(item_size(schedule_item))
     # Write units from the counted writes and the item sizes: 2 per KB inside a
     # transaction. Indexes (punctual/dal/tables.py): `due` (ALL) moves its key on every
     # cursor step (delete + put); `by_tenant` projects only `state` and `by_shard` only
-    # stable attributes, so a step writes neither; `by_schedule` is keys only: written once
-    # when an occurrence is inserted, never by a state change.
+    # stable attributes, so a step writes neither. The occurrences table has no index.
     wcu = Counter[str]()
     for key, count in meter.items.items():
         op, table, *tx = [*key.split(":"), ""]
@@ -314,9 +313,7 @@ def report_costs(
             continue
         factor = 2 if tx and tx[0] == "tx" else 1
         if table == settings.occurrences_table and op in ("Put", "put_item"):
-            wcu["occurrence insert (+ by_schedule index, keys only)"] += count * (
-                factor * occ_units + 1
-            )
+            wcu["occurrence insert"] += count * factor * occ_units
         elif table == settings.occurrences_table and op in ("Update", "update_item"):
             wcu["occurrence state change (ENQUEUED mark)"] += count * factor * occ_units
         elif table == settings.schedules_table and op in ("Update", "update_item"):

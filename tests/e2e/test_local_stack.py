@@ -658,6 +658,8 @@ def test_local_up_again_on_the_same_data_reattaches_to_the_running_engines(
     try:
         wait_until_answering(again)
         # THEN it reattached to the same engines and serves the same schedules
+        # (the API answers a moment before `local up` prints how it found its engines)
+        wait_for(lambda: "engines " in again.log.read_text(), 10, "the engines line")
         assert "engines reattached to" in again.log.read_text()
         assert stack.engine_pids() == engines
         ids = {s["schedule_id"] for s in again.client().pages("/v1/schedules", "schedules")}

@@ -27,7 +27,7 @@ def test_relay_reads_only_occurrence_inserts_and_reports_item_failures(service: 
                         "Pattern": Match.serialized_json(
                             {
                                 "eventName": ["INSERT"],
-                                "dynamodb": {"NewImage": {"sk": {"S": ["OCC"]}}},
+                                "dynamodb": {"NewImage": {"sk": {"S": [{"prefix": "OCC#"}]}}},
                             }
                         )
                     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import occurrence_key
 from punctual.scheduling import Services
 from tests.integration.conftest import Answer, Api
 
@@ -88,7 +90,7 @@ def set_occurrence_state(aws: Services, occurrence_id: str, state: str) -> None:
     """What the relay or a worker would do: move an occurrence to ``state`` in the table."""
     aws.dynamodb.update_item(
         TableName=aws.settings.occurrences_table,
-        Key={"occurrence_id": {"S": occurrence_id}, "sk": {"S": "OCC"}},
+        Key=to_dynamo(occurrence_key(occurrence_id)),
         UpdateExpression="SET #state = :state",
         ExpressionAttributeNames={"#state": "state"},
         ExpressionAttributeValues={":state": {"S": state}},

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import attempt_key
 from punctual.scheduling import Services
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (
@@ -632,8 +634,8 @@ def test_get_occurrence_returns_it_with_its_attempts(alice: Api, aws: Services) 
     table = aws.settings.occurrences_table
     for number, outcome, finished, error in ((2, "RUNNING", None, None), (1, "RETRY", 40, "boom")):
         item = {
+            **to_dynamo(attempt_key(occurrence_id, number)),
             "occurrence_id": {"S": occurrence_id},
-            "sk": {"S": f"ATT#{number:06d}"},
             "attempt_no": {"N": str(number)},
             "lease_token": {"S": f"lease-{number}"},
             "started_at": {"N": str(START + 20 * number)},

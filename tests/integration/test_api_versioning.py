@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import occurrence_key
 from punctual.ids import shard_of
 from punctual.materializer import Materializer
 from punctual.scheduling import Services
@@ -33,7 +35,7 @@ def _occurrence(api: Api, occurrence_id: str) -> dict[str, Any]:
 def _stored_item(aws: Services, occurrence_id: str) -> dict[str, Any]:
     item: dict[str, Any] = aws.dynamodb.get_item(
         TableName=aws.settings.occurrences_table,
-        Key={"occurrence_id": {"S": occurrence_id}, "sk": {"S": "OCC"}},
+        Key=to_dynamo(occurrence_key(occurrence_id)),
     )["Item"]
     return item
 

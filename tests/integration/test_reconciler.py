@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from reconciler import handler
 
+from punctual.dal.common import to_dynamo
 from punctual.dal.schedules import ScheduleVersion
+from punctual.dal.tables import occurrence_key
 from punctual.errors import InvalidInput
 from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import Materializer
@@ -76,7 +78,11 @@ def materialize_until(
 
 def stored(aws: Services, *, since: int = 0, until: int = 2**40) -> list[dict[str, Any]]:
     """Every occurrence item (not attempts) scheduled in [since, until)."""
-    items = [i for i in table_items(aws, aws.settings.occurrences_table) if i["sk"]["S"] == "OCC"]
+    items = [
+        i
+        for i in table_items(aws, aws.settings.occurrences_table)
+        if i["sk"]["S"].startswith("OCC#")
+    ]
     found = [
         {
             "occurrence_id": i["occurrence_id"]["S"],
@@ -175,7 +181,7 @@ def test_reconciler_finds_exactly_the_deleted_and_skipped_occurrences_and_repair
     for victim in victims:
         aws.dynamodb.delete_item(
             TableName=aws.settings.occurrences_table,
-            Key={"occurrence_id": {"S": victim["occurrence_id"]}, "sk": {"S": "OCC"}},
+            Key=to_dynamo(occurrence_key(victim["occurrence_id"])),
         )
     lost = {v["occurrence_id"] for v in victims} | {
         occurrence_id(sid, 1, instant) for sid, instant in dropped
@@ -503,9 +509,8 @@ def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
     aws.dynamodb.put_item(
         TableName=aws.settings.occurrences_table,
         Item={
+            **to_dynamo(occurrence_key(bogus)),
             "occurrence_id": {"S": bogus},
-            "sk": {"S": "OCC"},
-            "schedule_id": {"S": schedules[expression]},
             "schedule_version": {"N": "1"},
             "scheduled_for": {"N": str(at(wrong, day))},
             "available_at": {"N": str(at(wrong, day))},
@@ -517,7 +522,7 @@ def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
     real = occurrence_id(schedules["*/30 * * * *"], 1, at("05:30", day))
     aws.dynamodb.delete_item(
         TableName=aws.settings.occurrences_table,
-        Key={"occurrence_id": {"S": real}, "sk": {"S": "OCC"}},
+        Key=to_dynamo(occurrence_key(real)),
     )
     again = reconcile(aws, at("04:00", day), at("09:00", day), repair=False)
     # THEN the stray one is UNEXPECTED and the lost one MISSING, nothing else

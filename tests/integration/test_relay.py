@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from punctual.dal.common import to_dynamo
+from punctual.dal.tables import occurrence_key
 from punctual.models import OccurrenceState, ScheduleDefinition
 from punctual.relay import DelayTooLong, Relay, delay_seconds
 from punctual.scheduling import ControlPlane, Services
@@ -58,7 +59,7 @@ def one_shot(aws: Services, clock: Clock, tenant: str = "alice", **fields: Any) 
 def record(aws: Services, occurrence_id: str, sequence: int) -> dict[str, Any]:
     raw = aws.dynamodb.get_item(
         TableName=aws.settings.occurrences_table,
-        Key=to_dynamo({"occurrence_id": occurrence_id, "sk": "OCC"}),
+        Key=to_dynamo(occurrence_key(occurrence_id)),
     )["Item"]
     return {
         "eventID": str(sequence),

@@ -17,7 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from punctual.dal.common import from_dynamo, to_dynamo
-from punctual.ids import shard_of
+from punctual.ids import occurrence_id, shard_of
 from punctual.integrations.queues import MAX_RECEIVE_COUNT
 from punctual.materializer import Materializer
 from punctual.models import (
@@ -32,6 +32,7 @@ from punctual.models import (
 )
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane, Services
+from punctual.timing import utc_text
 from punctual.worker import (
     Delivery,
     EffectLedger,
@@ -1373,10 +1374,25 @@ BODIES: dict[str, Callable[[Services, Clock], str]] = {
     "bob's occurrence claimed as alice's": lambda aws, clock: json.dumps(
         {**_bob_body(aws, clock), "tenant_id": "alice"}
     ),
-    "an unknown occurrence": lambda aws, clock: json.dumps(
+    "not an occurrence id": lambda aws, clock: json.dumps(
         {**_alice_body(aws, clock), "occurrence_id": "occ_does_not_exist"}
     ),
+    "an id naming another instant": lambda aws, clock: json.dumps(
+        _shifted(aws, clock, id_only=True)
+    ),
+    "an unknown occurrence": lambda aws, clock: json.dumps(_shifted(aws, clock, id_only=False)),
 }
+
+
+def _shifted(aws: Services, clock: Clock, *, id_only: bool) -> dict[str, Any]:
+    """Alice's message for an instant a minute later that was never planned: the id alone
+    (then the body contradicts itself), or the id and the instant (a well-formed unknown)."""
+    body = _alice_body(aws, clock)
+    later = int(datetime.fromisoformat(body["scheduled_for"]).timestamp()) + 60
+    body["occurrence_id"] = occurrence_id(body["schedule_id"], body["schedule_version"], later)
+    if not id_only:
+        body["scheduled_for"] = utc_text(later)
+    return body
 
 
 @pytest.mark.parametrize("kind", list(BODIES))

@@ -19,12 +19,30 @@ def _digest(text: str, size: int, person: bytes) -> bytes:
 
 
 def occurrence_id(schedule_id: str, version: int, scheduled_for: int) -> str:
-    """The id of the occurrence of ``schedule_id`` at ``version`` due at ``scheduled_for``."""
-    # \x1f (unit separator) cannot occur in the parts, so distinct tuples never collide
-    # by concatenation ('a1', 2) vs ('a', 12).
-    key = f"{schedule_id}\x1f{version}\x1f{scheduled_for}"
-    raw = _digest(key, 16, b"punctual-occ")
-    return "occ_" + base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+    """The id of the occurrence of ``schedule_id`` at ``version`` due at ``scheduled_for``:
+    ``occ_<schedule_id>_<scheduled_for>_<version>``.
+
+    Reversible on purpose: the occurrences table is keyed by schedule (docs/data-model.md),
+    so the id itself names the item's key and no index maps ids to schedules."""
+    if not schedule_id or scheduled_for < 0 or version < 0:
+        raise ValueError("an occurrence needs a schedule id and a non-negative version and time")
+    return f"occ_{schedule_id}_{scheduled_for}_{version}"
+
+
+def occurrence_parts(text: str) -> tuple[str, int, int]:
+    """``(schedule_id, version, scheduled_for)`` of an occurrence id; ValueError if the text
+    is not one this module would make (so two spellings never name one item)."""
+    body = text.removeprefix("occ_")
+    parts = body.rsplit("_", 2)
+    if body == text or len(parts) != 3 or not parts[0]:
+        raise ValueError(f"not an occurrence id: {text!r}")
+    schedule_id, when, version = parts
+    if not (when.isascii() and when.isdigit() and version.isascii() and version.isdigit()):
+        raise ValueError(f"not an occurrence id: {text!r}")
+    parsed = (schedule_id, int(version), int(when))
+    if occurrence_id(*parsed) != text:  # leading zeros: another spelling
+        raise ValueError(f"not an occurrence id: {text!r}")
+    return parsed
 
 
 def jitter_seconds(occurrence_id: str, window_seconds: int) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from punctual.dal.common import batch_get, from_dynamo, to_dynamo, translated, values
-from punctual.dal.tables import OCCURRENCE_SK
+from punctual.dal.tables import OCCURRENCE_PREFIX, occurrence_key
 from punctual.errors import Conflict
 from punctual.models import Occurrence, OccurrenceState
 from punctual.scheduling import Services
@@ -163,7 +163,7 @@ class Relay:
         if record.get("eventName") != "INSERT":
             return None
         image = from_dynamo(record["dynamodb"].get("NewImage", {}))
-        if image.get("sk") != OCCURRENCE_SK:
+        if not str(image.get("sk", "")).startswith(OCCURRENCE_PREFIX):
             return None
         occurrence = Occurrence(**{k: v for k, v in image.items() if k in Occurrence.model_fields})
         return _Outbound(
@@ -176,15 +176,12 @@ class Relay:
 
     def _still_scheduled(self, outbound: list[_Outbound], report: RelayReport) -> list[_Outbound]:
         """Drop what was canceled (or already enqueued) since the insert: one read per 100."""
-        keys = [
-            {"occurrence_id": o.occurrence.occurrence_id, "sk": OCCURRENCE_SK} for o in outbound
-        ]
         found = batch_get(
             self._s.dynamodb,
             self._s.settings.occurrences_table,
-            keys,
+            [occurrence_key(o.occurrence.occurrence_id) for o in outbound],
             consistent=False,
-            attributes=["state"],
+            attributes=["occurrence_id", "state"],
         )
         states = {item["occurrence_id"]: item["state"] for item in found}
         keep = []
@@ -271,9 +268,7 @@ class Relay:
             with translated():
                 self._s.dynamodb.update_item(
                     TableName=self._s.settings.occurrences_table,
-                    Key=to_dynamo(
-                        {"occurrence_id": item.occurrence.occurrence_id, "sk": OCCURRENCE_SK}
-                    ),
+                    Key=to_dynamo(occurrence_key(item.occurrence.occurrence_id)),
                     UpdateExpression=f"SET #state = :to, {assignments}",
                     # Race: a cancel (or a re-run of this batch) got there first. CANCELED stays
                     # CANCELED, and a message already sent is refused by the worker.

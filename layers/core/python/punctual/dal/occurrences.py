@@ -6,7 +6,6 @@ from typing import Any
 
 from punctual.dal.common import (
     Item,
-    batch_get,
     decode_token,
     encode_token,
     from_dynamo,
@@ -14,7 +13,12 @@ from punctual.dal.common import (
     translated,
     values,
 )
-from punctual.dal.tables import OCCURRENCE_SK, OCCURRENCES, SCHEDULE_OCCURRENCES_INDEX
+from punctual.dal.tables import (
+    OCCURRENCES,
+    attempts_prefix,
+    occurrence_key,
+    occurrence_sk,
+)
 from punctual.errors import Conflict
 from punctual.models import Attempt, Occurrence, OccurrenceState
 
@@ -24,11 +28,16 @@ _OPEN = (
     OccurrenceState.RUNNING,
     OccurrenceState.RETRY_WAIT,
 )
+_LAST = 10**12 - 1  # the largest scheduled_for (and version) a fixed-width sk holds
 
 
 def occurrence_to_item(occurrence: Occurrence, payload: dict[str, Any]) -> Item:
     """The payload is copied in: the relay then sends without reading the schedule."""
-    return {"sk": OCCURRENCE_SK, **occurrence.model_dump(), "payload": payload}
+    return {
+        "sk": occurrence_sk(occurrence.scheduled_for, occurrence.schedule_version),
+        **occurrence.model_dump(),
+        "payload": payload,
+    }
 
 
 def occurrence_from_item(item: Item) -> Occurrence:
@@ -37,6 +46,18 @@ def occurrence_from_item(item: Item) -> Occurrence:
 
 def attempt_from_item(item: Item) -> Attempt:
     return Attempt(**{k: v for k, v in item.items() if k in Attempt.model_fields})
+
+
+def _between(schedule_id: str, since: int, until: int) -> dict[str, Any]:
+    """Query arguments for the schedule's occurrence items with scheduled_for in [since, until]."""
+    return {
+        "KeyConditionExpression": "schedule_id = :s AND sk BETWEEN :a AND :b",
+        "ExpressionAttributeValues": values(
+            s=schedule_id,
+            a=occurrence_sk(max(since, 0), 0),
+            b=occurrence_sk(min(until, _LAST), 10**10 - 1),
+        ),
+    }
 
 
 class OccurrenceStore:
@@ -57,89 +78,66 @@ class OccurrenceStore:
         }
 
     def get_with_attempts(self, occurrence_id: str) -> tuple[Occurrence, list[Attempt]] | None:
+        occurrence = self.get(occurrence_id)
+        if occurrence is None:
+            return None
+        prefix = attempts_prefix(occurrence_id)
         pages = self._client.get_paginator("query").paginate(
             TableName=self.table,
-            KeyConditionExpression="occurrence_id = :o",
-            ExpressionAttributeValues=values(o=occurrence_id),
+            KeyConditionExpression="schedule_id = :s AND begins_with(sk, :p)",
+            ExpressionAttributeValues=values(s=prefix["schedule_id"], p=prefix["sk"]),
             ConsistentRead=True,
         )
-        items = [from_dynamo(i) for page in pages for i in page["Items"]]
-        head = [i for i in items if i["sk"] == OCCURRENCE_SK]
-        if not head:
-            return None
-        attempts = sorted(
-            (attempt_from_item(i) for i in items if i["sk"] != OCCURRENCE_SK),
-            key=lambda a: a.attempt_no,
-        )
-        return occurrence_from_item(head[0]), attempts
+        attempts = [attempt_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
+        return occurrence, sorted(attempts, key=lambda a: a.attempt_no)
 
     def list_for_schedule(
         self, schedule_id: str, *, since: int, until: int, limit: int, token: str | None
     ) -> tuple[list[Occurrence], str | None]:
         request: dict[str, Any] = {
             "TableName": self.table,
-            "IndexName": SCHEDULE_OCCURRENCES_INDEX,
-            "KeyConditionExpression": "schedule_id = :s AND scheduled_for BETWEEN :a AND :b",
-            "ExpressionAttributeValues": values(s=schedule_id, a=since, b=until),
+            **_between(schedule_id, since, until),
             "Limit": limit,
         }
         start = decode_token(
-            token,
-            expect={"schedule_id": schedule_id},
-            keys=OCCURRENCES.page_key(SCHEDULE_OCCURRENCES_INDEX),
+            token, expect={"schedule_id": schedule_id}, keys=OCCURRENCES.page_key()
         )
         if start:
             request["ExclusiveStartKey"] = start
         page = self._client.query(**request)
-        return self._items(page["Items"]), encode_token(page.get("LastEvaluatedKey"))
-
-    def _items(self, index_items: list[dict[str, Any]]) -> list[Occurrence]:
-        """The occurrences behind a page of the keys-only ``by_schedule`` index."""
-        keys = [
-            {"occurrence_id": i["occurrence_id"]["S"], "sk": OCCURRENCE_SK} for i in index_items
-        ]
-        return [occurrence_from_item(i) for i in batch_get(self._client, self.table, keys)]
+        items = [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
+        return items, encode_token(page.get("LastEvaluatedKey"))
 
     def _query_all(self, **request: Any) -> list[Occurrence]:
-        pages = self._client.get_paginator("query").paginate(
-            TableName=self.table, IndexName=SCHEDULE_OCCURRENCES_INDEX, **request
-        )
-        return [o for page in pages for o in self._items(page["Items"])]
+        pages = self._client.get_paginator("query").paginate(TableName=self.table, **request)
+        return [occurrence_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
 
     def in_window(self, schedule_id: str, *, since: int, until: int) -> list[Occurrence]:
         """Every occurrence of the schedule (any version, any state) with ``scheduled_for``
         in [since, until], all pages."""
-        return self._query_all(
-            KeyConditionExpression="schedule_id = :s AND scheduled_for BETWEEN :a AND :b",
-            ExpressionAttributeValues=values(s=schedule_id, a=since, b=until),
-        )
+        return self._query_all(**_between(schedule_id, since, until))
 
     def first_after(self, schedule_id: str, *, after: int, limit: int) -> list[Occurrence]:
         """Up to ``limit`` of the schedule's occurrences scheduled after ``after``, earliest
         first (one page)."""
         page = self._client.query(
-            TableName=self.table,
-            IndexName=SCHEDULE_OCCURRENCES_INDEX,
-            KeyConditionExpression="schedule_id = :s AND scheduled_for > :a",
-            ExpressionAttributeValues=values(s=schedule_id, a=after),
-            Limit=limit,
+            TableName=self.table, **_between(schedule_id, after + 1, _LAST), Limit=limit
         )
-        return self._items(page["Items"])
+        return [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
 
     def get(self, occurrence_id: str) -> Occurrence | None:
+        try:
+            key = occurrence_key(occurrence_id)
+        except ValueError:
+            return None  # not an id we make: nothing by that name
         found = self._client.get_item(
-            TableName=self.table,
-            Key=to_dynamo({"occurrence_id": occurrence_id, "sk": OCCURRENCE_SK}),
-            ConsistentRead=True,
+            TableName=self.table, Key=to_dynamo(key), ConsistentRead=True
         ).get("Item")
         return occurrence_from_item(from_dynamo(found)) if found else None
 
     def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
         """Occurrences not yet finished, scheduled at or after ``since``."""
-        found = self._query_all(
-            KeyConditionExpression="schedule_id = :s AND scheduled_for >= :a",
-            ExpressionAttributeValues=values(s=schedule_id, a=since),
-        )
+        found = self._query_all(**_between(schedule_id, since, _LAST))
         return [o for o in found if o.state in _OPEN]
 
     def cancel_if_scheduled(self, occurrence_id: str, reason: str) -> OccurrenceState:
@@ -148,7 +146,7 @@ class OccurrenceStore:
             with translated():
                 self._client.update_item(
                     TableName=self.table,
-                    Key=to_dynamo({"occurrence_id": occurrence_id, "sk": OCCURRENCE_SK}),
+                    Key=to_dynamo(occurrence_key(occurrence_id)),
                     UpdateExpression="SET #state = :canceled, reason = :why",
                     # Race: the relay enqueued it (or a worker finished it) meanwhile; then it
                     # cannot be recalled and the answer must say its real state.

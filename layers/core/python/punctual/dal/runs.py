@@ -21,7 +21,7 @@ from punctual.dal.common import (
     translated,
     values,
 )
-from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_CURRENT
+from punctual.dal.tables import SCHEDULE_CURRENT, attempt_key, occurrence_key
 from punctual.dal.tenants import tenant_key
 from punctual.errors import Conflict, Retryable
 from punctual.models import AttemptOutcome, OccurrenceState, ScheduleState
@@ -37,10 +37,6 @@ ATTEMPT = "attempt"
 PREVIOUS_ATTEMPT = "previous_attempt"
 CONCURRENCY = "concurrency_slot"
 OVERLAP = "run_slot"
-
-
-def attempt_sk(attempt_no: int) -> str:
-    return f"ATT#{attempt_no:06d}"
 
 
 def concurrency_sk(slot: int) -> str:
@@ -77,8 +73,13 @@ class RunStore:
         self._schedules = settings.schedules_table
         self._tenants = settings.tenants_table
 
-    def _occurrence_key(self, occurrence_id: str, sk: str = OCCURRENCE_SK) -> dict[str, Any]:
-        return to_dynamo({"occurrence_id": occurrence_id, "sk": sk})
+    @staticmethod
+    def _occurrence_key(occurrence_id: str) -> dict[str, Any]:
+        return to_dynamo(occurrence_key(occurrence_id))
+
+    @staticmethod
+    def _attempt_key(occurrence_id: str, attempt_no: int) -> dict[str, Any]:
+        return to_dynamo(attempt_key(occurrence_id, attempt_no))
 
     def _run_slot_key(self, schedule_id: str) -> dict[str, Any]:
         return to_dynamo({"schedule_id": schedule_id, "sk": RUN_SLOT_SK})
@@ -217,8 +218,8 @@ class RunStore:
                         "TableName": self._occurrences,
                         "Item": to_dynamo(
                             {
+                                **attempt_key(lease.occurrence_id, lease.attempt_no),
                                 "occurrence_id": lease.occurrence_id,
-                                "sk": attempt_sk(lease.attempt_no),
                                 "attempt_no": lease.attempt_no,
                                 "lease_token": lease.token,
                                 "started_at": now,
@@ -284,7 +285,7 @@ class RunStore:
         return {
             "Update": {
                 "TableName": self._occurrences,
-                "Key": self._occurrence_key(occurrence_id, attempt_sk(attempt_no)),
+                "Key": self._attempt_key(occurrence_id, attempt_no),
                 "UpdateExpression": "SET outcome = :lost",
                 # Race: none beyond the claim's own; the record must exist to be marked.
                 "ConditionExpression": "attribute_exists(occurrence_id)",
@@ -454,9 +455,7 @@ class RunStore:
                     {
                         "Update": {
                             "TableName": self._occurrences,
-                            "Key": self._occurrence_key(
-                                lease.occurrence_id, attempt_sk(lease.attempt_no)
-                            ),
+                            "Key": self._attempt_key(lease.occurrence_id, lease.attempt_no),
                             "UpdateExpression": attempt_expression,
                             # Race: only the attempt this lease started is closed.
                             "ConditionExpression": "lease_token = :token",

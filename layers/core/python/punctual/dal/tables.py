@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from punctual.ids import occurrence_parts
 from punctual.settings import Settings
 
 SCHEDULE_CURRENT = "CURRENT"
-OCCURRENCE_SK = "OCC"
+OCCURRENCE_PREFIX = "OCC#"  # sk of an occurrence item: OCC#<scheduled_for>#<version>
+ATTEMPT_PREFIX = "ATT#"  # sk of an attempt item: ATT#<scheduled_for>#<version>#<attempt_no>
 
 DUE_INDEX = "due"  # due_bucket ("YYYYMMDDHHMM#SSSS") -> due_at: only ACTIVE schedules
 TENANT_INDEX = "by_tenant"  # tenant_id -> created_key: current schedule items only
-SCHEDULE_OCCURRENCES_INDEX = "by_schedule"  # schedule_id -> scheduled_for: occurrence items
 SHARD_INDEX = "by_shard"  # shard -> created_key: current schedule items, stable attributes only
 
 # What the reconciler reads per shard. Only attributes that change with a new version (or at
@@ -61,10 +62,12 @@ class TableSpec:
     def name(self, settings: Settings) -> str:
         return str(getattr(settings, self.setting))
 
-    def page_key(self, index_name: str) -> frozenset[str]:
-        """The attributes of a LastEvaluatedKey from a query on this index."""
-        index = next(i for i in self.indexes if i.name == index_name)
-        keys = [self.pk, index.pk, index.sk] + ([self.sk] if self.sk else [])
+    def page_key(self, index_name: str | None = None) -> frozenset[str]:
+        """The attributes of a LastEvaluatedKey from a query on this index (or the table)."""
+        keys = [self.pk] + ([self.sk] if self.sk else [])
+        if index_name is not None:
+            index = next(i for i in self.indexes if i.name == index_name)
+            keys += [index.pk, index.sk]
         return frozenset(name for name, _ in keys)
 
     def create_request(self, settings: Settings) -> dict[str, Any]:
@@ -124,15 +127,38 @@ SCHEDULES = TableSpec(
 )
 OCCURRENCES = TableSpec(
     setting="occurrences_table",
-    pk=("occurrence_id", "S"),
-    sk=("sk", "S"),  # "OCC" or "ATT#000001"
-    # Keys only: the relay's ENQUEUED mark and every worker transition change the state,
-    # and must not write this index too; listings read the items from the table.
-    indexes=(Index(SCHEDULE_OCCURRENCES_INDEX, ("schedule_id", "S"), ("scheduled_for", "N"), ()),),
+    # Keyed by schedule: "a schedule's occurrences by time" is a Query on the table, so an
+    # occurrence costs no index write (docs/data-model.md, docs/decisions.md 2026-11-30).
+    pk=("schedule_id", "S"),
+    sk=("sk", "S"),  # OCC#<scheduled_for>#<version> or ATT#<scheduled_for>#<version>#<no>
     # The occurrence INSERT is the outbox event the relay reads (docs/data-model.md).
     stream=True,
     ttl_attribute="expires_at",
 )
+
+
+def occurrence_sk(scheduled_for: int, version: int) -> str:
+    """Fixed width, so the sort order is (scheduled_for, version)."""
+    return f"{OCCURRENCE_PREFIX}{scheduled_for:012d}#{version:010d}"
+
+
+def occurrence_key(occurrence_id: str) -> dict[str, str]:
+    """The item key an occurrence id names; ValueError if it is not an occurrence id."""
+    schedule_id, version, scheduled_for = occurrence_parts(occurrence_id)
+    return {"schedule_id": schedule_id, "sk": occurrence_sk(scheduled_for, version)}
+
+
+def attempts_prefix(occurrence_id: str) -> dict[str, str]:
+    """The schedule and the sk prefix of the occurrence's attempt items."""
+    key = occurrence_key(occurrence_id)
+    return {**key, "sk": ATTEMPT_PREFIX + key["sk"].removeprefix(OCCURRENCE_PREFIX) + "#"}
+
+
+def attempt_key(occurrence_id: str, attempt_no: int) -> dict[str, str]:
+    key = attempts_prefix(occurrence_id)
+    return {**key, "sk": f"{key['sk']}{attempt_no:06d}"}
+
+
 TENANTS = TableSpec(setting="tenants_table", pk=("pk", "S"), sk=("sk", "S"))
 # Shard leases and watermarks (never expire), and reconciler reports (expire at purge_at).
 LEASES = TableSpec(setting="leases_table", pk=("pk", "S"), ttl_attribute="purge_at")

@@ -9,16 +9,16 @@ from collections import Counter
 from typing import Any
 
 from punctual.dal.common import from_dynamo
-from punctual.dal.tables import OCCURRENCE_SK, SCHEDULE_CURRENT
+from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT
 from punctual.reconciler import default_window, read_reports
 from punctual.scheduling import Services
 
 
-def _scan(services: Services, table: str, sk: str) -> list[dict[str, Any]]:
+def _scan(services: Services, table: str, sk_prefix: str) -> list[dict[str, Any]]:
     pages = services.dynamodb.get_paginator("scan").paginate(
         TableName=table,
-        FilterExpression="sk = :sk",
-        ExpressionAttributeValues={":sk": {"S": sk}},
+        FilterExpression="begins_with(sk, :sk)",
+        ExpressionAttributeValues={":sk": {"S": sk_prefix}},
     )
     return [from_dynamo(item) for page in pages for item in page["Items"]]
 
@@ -32,7 +32,7 @@ def figures(services: Services, since: int) -> dict[str, Any]:
     settings = services.settings
     occurrences = [
         o
-        for o in _scan(services, settings.occurrences_table, OCCURRENCE_SK)
+        for o in _scan(services, settings.occurrences_table, OCCURRENCE_PREFIX)
         if int(o["scheduled_for"]) >= since
     ]
     lags: dict[str, list[float]] = {"strict": [], "flexible": []}

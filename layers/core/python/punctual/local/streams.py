@@ -19,7 +19,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from punctual.dal.tables import OCCURRENCE_SK
+from punctual.dal.tables import OCCURRENCE_PREFIX
 from punctual.observability import logger
 
 BatchHandler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -28,9 +28,10 @@ RETRY_PAUSE_SECONDS = 1.0
 
 
 def wanted(record: dict[str, Any]) -> bool:
-    """The mapping's filter: eventName INSERT and NewImage.sk = OCC."""
+    """The mapping's filter: eventName INSERT and NewImage.sk starting with OCC#."""
     image = record.get("dynamodb", {}).get("NewImage", {})
-    return record.get("eventName") == "INSERT" and image.get("sk", {}).get("S") == OCCURRENCE_SK
+    sk = image.get("sk", {}).get("S", "")
+    return record.get("eventName") == "INSERT" and sk.startswith(OCCURRENCE_PREFIX)
 
 
 def _typed(value: Any) -> Any:

@@ -20,11 +20,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from punctual.dal.common import ConditionFailed, Item
 from punctual.dal.runs import OVERLAP, Lease, RunStore, Seen
 from punctual.errors import NotFound, Retryable
+from punctual.ids import occurrence_parts
 from punctual.models import (
     TERMINAL,
     AttemptOutcome,
@@ -109,6 +110,16 @@ class Message(BaseModel):
     available_at: datetime
     attempt: int
     payload: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _id_names_this_occurrence(self) -> Message:
+        """The id encodes (schedule, version, instant): a body whose fields disagree with it
+        was not written by the relay, and the claim must not act on either half."""
+        named = occurrence_parts(self.occurrence_id)  # ValueError: not an occurrence id
+        instant = int(self.scheduled_for.timestamp())
+        if named != (self.schedule_id, self.schedule_version, instant):
+            raise ValueError("occurrence_id does not name this schedule, version and instant")
+        return self
 
 
 @dataclass(frozen=True, slots=True)
