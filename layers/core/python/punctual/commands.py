@@ -357,6 +357,7 @@ def _worker(client: Client, args: argparse.Namespace) -> int:
 
 
 def run_local(args: argparse.Namespace) -> int:
+    from punctual.dal.tables import SchemaMismatch
     from punctual.local.stack import DATA, LocalStack, StackOptions
 
     if args.action == "env":
@@ -380,7 +381,11 @@ def run_local(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stack.start()
+    try:
+        stack.start()
+    except SchemaMismatch as error:
+        stack.stop()
+        raise UsageError(f"{error} (--data {options.data})") from None
     assert stack.engines is not None
     assert stack.gateway is not None
     state = "reattached to" if stack.engines.reattached else "started"

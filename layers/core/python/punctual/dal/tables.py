@@ -167,13 +167,27 @@ IDEMPOTENCY = TableSpec(setting="idempotency_table", pk=("id", "S"), ttl_attribu
 ALL_TABLES = (SCHEDULES, OCCURRENCES, TENANTS, LEASES, IDEMPOTENCY)
 
 
+class SchemaMismatch(ValueError):
+    """A table exists with another key schema (a local data folder from an older version)."""
+
+
 def create_tables(client: Any, settings: Settings) -> None:
     """Create every table that does not exist yet (tests, benches, and the local stack on a
-    fresh or a persisted data folder; AWS gets them from CDK)."""
+    fresh or a persisted data folder; AWS gets them from CDK). An existing table with other
+    keys is refused with SchemaMismatch rather than failing later on its first write."""
     pages = client.get_paginator("list_tables").paginate()
     existing = {name for page in pages for name in page["TableNames"]}
     for spec in ALL_TABLES:
-        if spec.name(settings) in existing:
+        name = spec.name(settings)
+        if name in existing:
+            found = client.describe_table(TableName=name)["Table"]["KeySchema"]
+            wanted = spec.create_request(settings)["KeySchema"]
+            if found != wanted:
+                raise SchemaMismatch(
+                    f"table {name} has keys {_keys_text(found)}, this version needs "
+                    f"{_keys_text(wanted)}: it was made by an older Punctual; start on a new "
+                    "data folder (or delete the old one)"
+                )
             continue
         client.create_table(**spec.create_request(settings))
         if spec.ttl_attribute:
@@ -181,3 +195,7 @@ def create_tables(client: Any, settings: Settings) -> None:
                 TableName=spec.name(settings),
                 TimeToLiveSpecification={"Enabled": True, "AttributeName": spec.ttl_attribute},
             )
+
+
+def _keys_text(schema: list[dict[str, str]]) -> str:
+    return "(" + ", ".join(k["AttributeName"] for k in schema) + ")"

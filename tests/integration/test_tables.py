@@ -1,0 +1,41 @@
+"""create_tables on a data folder that already has tables (the local stack's restarts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from punctual.dal.tables import OCCURRENCES, SchemaMismatch, create_tables
+from punctual.scheduling import Services
+from tests.integration.conftest import Api
+from tests.integration.helpers import table_items
+
+
+def test_create_tables_again_keeps_the_existing_tables_and_their_items(aws: Services, alice: Api):
+    # GIVEN tables with items (alice's tenant, principal and target)
+    before = table_items(aws, aws.settings.tenants_table)
+    assert before
+    # WHEN create_tables runs again (a restart on the same data); THEN nothing is lost
+    create_tables(aws.dynamodb, aws.settings)
+    assert table_items(aws, aws.settings.tenants_table) == before
+
+
+def test_create_tables_refuses_an_occurrences_table_with_the_old_keys(aws: Services):
+    # GIVEN an occurrences table made by an older version (keyed by occurrence_id)
+    name = OCCURRENCES.name(aws.settings)
+    aws.dynamodb.delete_table(TableName=name)
+    aws.dynamodb.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": "occurrence_id", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        KeySchema=[
+            {"AttributeName": "occurrence_id", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+    )
+    # WHEN create_tables runs; THEN it stops with one clear reason instead of failing on the
+    # first occurrence write
+    with pytest.raises(SchemaMismatch, match=r"has keys \(occurrence_id, sk\).*needs "):
+        create_tables(aws.dynamodb, aws.settings)
