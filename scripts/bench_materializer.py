@@ -159,7 +159,7 @@ def main() -> None:
         wcu = sum(costs.values())
         print(
             f"write units per occurrence, materialize step: {wcu:.2f} "
-            "(+1 for the relay's ENQUEUED mark, counted with the relay)"
+            "(the relay writes nothing back)"
         )
         print(
             f"shards for {PEAK_PER_SECOND:,}/s head on: ceil({PEAK_PER_SECOND:,} / {q:,.0f}) "

@@ -315,7 +315,7 @@ def report_costs(
         if table == settings.occurrences_table and op in ("Put", "put_item"):
             wcu["occurrence insert"] += count * factor * occ_units
         elif table == settings.occurrences_table and op in ("Update", "update_item"):
-            wcu["occurrence state change (ENQUEUED mark)"] += count * factor * occ_units
+            wcu["occurrence state change (relay: DEAD, unsendable)"] += count * factor * occ_units
         elif table == settings.schedules_table and op in ("Update", "update_item"):
             wcu["cursor update (+ due index key move)"] += count * (
                 factor * sched_units + 2 * sched_units

@@ -82,6 +82,14 @@ def occurrences_of(stack: Stack, schedule_id: str) -> list[dict[str, Any]]:
     return stack.client().pages(f"/v1/schedules/{schedule_id}/occurrences", "occurrences")
 
 
+def delayed(stack: Stack, queue: str) -> int:
+    """Messages in ``queue`` that SQS still holds back (sent ahead of their time)."""
+    found = stack.aws("sqs").get_queue_attributes(
+        QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessagesDelayed"]
+    )["Attributes"]
+    return int(found["ApproximateNumberOfMessagesDelayed"])
+
+
 def queue_of(stack: Stack, target: str) -> str:
     created = stack.cli_json("targets", "create", target)
     assert created["name"] == target
@@ -184,13 +192,14 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
     assert made["available_at"] == iso(due)  # strict: no flexible window
     occ_id = made["occurrence_id"]
 
-    # WHEN the relay has sent it ahead of its time (SQS holds it back with a delay)
-    enqueued = wait_for(
-        lambda: (found := occurrence(stack, occ_id))["state"] == "ENQUEUED" and found,
+    # WHEN the relay has sent it ahead of its time (SQS holds it back with a delay; the
+    # occurrence stays SCHEDULED, the send is not written back)
+    wait_for(
+        lambda: delayed(stack, queue) == 1,
         due - time.time(),
-        "the relay to enqueue the occurrence before it is due",
+        "the relay to send the occurrence before it is due",
     )
-    assert epoch(enqueued["enqueued_at"]) <= due
+    assert occurrence(stack, occ_id)["state"] == "SCHEDULED"
     # ... and the queue is short-polled from then on
     empty_before_due = 0
     while True:
@@ -244,6 +253,7 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
         # THEN the occurrence SUCCEEDED in one attempt, the handler saw it, the queue is empty
         done = stack.cli_json("occurrence", occ_id)
         assert (done["state"], done["attempt_count"]) == ("SUCCEEDED", 1)
+        assert epoch(done["enqueued_at"]) <= due  # sent ahead (the claim recorded it)
         [attempt] = done["attempts"]
         assert (attempt["attempt_no"], attempt["outcome"], attempt["error"]) == (
             1,
@@ -287,14 +297,14 @@ def test_pause_keeps_the_pending_occurrence_from_running_and_resume_brings_the_f
     # WHEN it is paused
     paused = stack.cli_json("pause", schedule_id)
     # THEN it is PAUSED at version 2 with no next fires, and the answer reports the
-    # occurrence: CANCELED if the relay had not sent it yet, else queued (refused later)
+    # occurrence CANCELED (whether or not the relay had sent it: a worker drops it)
     assert (paused["state"], paused["version"], paused["next_fires"]) == ("PAUSED", 2, [])
     [affected] = paused["affected"]
     assert affected["occurrence_id"] == first["occurrence_id"]
-    assert (affected["state"], affected["note"]) in {
-        ("CANCELED", "canceled before it was sent"),
-        ("ENQUEUED", "already in the queue: cannot be recalled, the worker will refuse it"),
-    }
+    assert (affected["state"], affected["note"]) == (
+        "CANCELED",
+        "canceled: it will not run (a message already sent is dropped)",
+    )
 
     # WHEN it is resumed before its time
     resumed = stack.cli_json("resume", schedule_id)
@@ -354,7 +364,7 @@ def test_update_to_a_new_cron_bumps_the_version_and_cancels_the_old_occurrence(s
     assert all(f["local"][10:19] == "T09:30:00" for f in updated["next_fires"])
     # ... and the old version's occurrence is reported (canceled, or refused once it arrives)
     assert [a["occurrence_id"] for a in updated["affected"]] == [old["occurrence_id"]]
-    assert updated["affected"][0]["state"] in {"CANCELED", "ENQUEUED"}
+    assert updated["affected"][0]["state"] == "CANCELED"
 
     # WHEN a worker takes what the queue delivers until past the old occurrence's time
     handled: list[str] = []
@@ -632,7 +642,7 @@ def test_cli_list_get_and_occurrences_print_tables_and_json(stack: Stack):
     header, row = table.out.splitlines()
     assert header.split() == ["OCCURRENCE", "SCHEDULED_FOR", "STATE", "ATTEMPTS"]
     assert row.split()[:2] == [occ_id, iso(due)]
-    assert row.split()[2] in {"SCHEDULED", "ENQUEUED"}
+    assert row.split()[2] == "SCHEDULED"
     assert row.split()[3] == "0"
     assert one.out.splitlines()[0] == header
     [only] = rows
@@ -693,7 +703,7 @@ def test_minute_cron_in_kolkata_fires_on_the_minute_and_succeeds_after_the_worke
     # WHEN that minute comes: its occurrence is made and sent to the target's queue
     def made() -> dict[str, Any] | None:
         for found in occurrences_of(stack, created["schedule_id"]):
-            if found["scheduled_for"] == iso(minute) and found["enqueued_at"]:
+            if found["scheduled_for"] == iso(minute):
                 return found
         return None
 
@@ -722,7 +732,7 @@ def test_canceled_minute_cron_gets_no_further_occurrences(stack: Stack, minute_c
     # THEN the cancel answered CANCELED, a new version, no next fires, its occurrences reported
     assert (canceled["state"], canceled["version"], canceled["next_fires"]) == ("CANCELED", 2, [])
     assert {a["occurrence_id"] for a in canceled["affected"]} == made_before
-    assert all(a["state"] in {"CANCELED", "ENQUEUED"} for a in canceled["affected"])
+    assert all(a["state"] == "CANCELED" for a in canceled["affected"])
 
     # WHEN the next fire it had is near enough that the materializer would have made it,
     # as it did for the active Kolkata cron created beside it (the control)
@@ -744,7 +754,7 @@ def test_canceled_minute_cron_gets_no_further_occurrences(stack: Stack, minute_c
 
 def test_an_occurrence_without_payload_is_relayed_and_blocks_nothing(stack: Stack):
     # GIVEN a target of its own
-    queue_of(stack, "bare")
+    queue = queue_of(stack, "bare")
     due = int(time.time()) + 5
     # WHEN a one-shot without a payload is created, then one with a payload
     made = [
@@ -753,15 +763,17 @@ def test_an_occurrence_without_payload_is_relayed_and_blocks_nothing(stack: Stac
         )["materialized"][0]["occurrence_id"]
         for extra in ({}, {"payload": {"x": 1}})
     ]
-    # THEN both are sent to the queue ahead of their time
-    states = eventually(
-        lambda: (
-            (found := [occurrence(stack, occ)["state"] for occ in made]) == ["ENQUEUED"] * 2
-            and found
-        ),
-        until(due),
-    )
-    assert states == ["ENQUEUED", "ENQUEUED"]
+    # THEN both are sent to the queue ahead of their time, and both arrive at it
+    assert eventually(lambda: delayed(stack, queue) == 2, until(due))
+    sqs, received = stack.aws("sqs"), set[str]()
+    deadline = time.time() + until(due) + 10
+    while received != set(made) and time.time() < deadline:
+        for message in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get(
+            "Messages", []
+        ):
+            received.add(json.loads(message["Body"])["occurrence_id"])
+        time.sleep(0.25)
+    assert received == set(made)
 
 
 # --- reconciler -------------------------------------------------------------------------

@@ -114,19 +114,19 @@ def test_materialize_just_past_the_horizon_is_not_created(alice: Api) -> None:
 @pytest.fixture
 def in_flight(alice: Api, aws: Services) -> dict[str, Any]:
     """A '* * * * *' cron with occurrences 11:07..11:10 (SCHEDULED as materialized), of
-    which 11:08 was enqueued by the relay, 11:09 is running and 11:10 already succeeded."""
+    which 11:08 waits for a retry, 11:09 is running and 11:10 already succeeded."""
     saved = create(alice, cron("* * * * *", payload={"v": 1}))
     occurrences = saved["materialized"]
     assert [o["scheduled_for"][11:16] for o in occurrences] == ["11:07", "11:08", "11:09", "11:10"]
     assert {o["state"] for o in occurrences} == {"SCHEDULED"}
-    scheduled, enqueued, running, succeeded = (o["occurrence_id"] for o in occurrences)
-    set_occurrence_state(aws, enqueued, "ENQUEUED")
+    scheduled, retrying, running, succeeded = (o["occurrence_id"] for o in occurrences)
+    set_occurrence_state(aws, retrying, "RETRY_WAIT")
     set_occurrence_state(aws, running, "RUNNING")
     set_occurrence_state(aws, succeeded, "SUCCEEDED")
     return {
         "schedule_id": saved["schedule"]["schedule_id"],
         "scheduled": scheduled,
-        "enqueued": enqueued,
+        "retrying": retrying,
         "running": running,
         "succeeded": succeeded,
     }
@@ -151,7 +151,8 @@ CHANGES: dict[str, Callable[[Api, str], Answer]] = {
 def test_invalidate_change_answers_the_real_state_of_each_open_occurrence(
     alice: Api, in_flight: dict[str, Any], change: str
 ) -> None:
-    # GIVEN open occurrences of version 1: SCHEDULED, ENQUEUED and RUNNING (and one done)
+    # GIVEN open occurrences of version 1: SCHEDULED (sent or not), RETRY_WAIT and RUNNING
+    # (and one done)
     # WHEN the schedule is canceled, paused or updated
     answer = CHANGES[change](alice, in_flight["schedule_id"])
 
@@ -159,21 +160,22 @@ def test_invalidate_change_answers_the_real_state_of_each_open_occurrence(
     assert answer.status == 200, answer.body
     assert answer.body["schedule"]["version"] == 2
     affected = {a["occurrence_id"]: a for a in answer.body["affected"]}
-    assert set(affected) == {in_flight["scheduled"], in_flight["enqueued"], in_flight["running"]}
+    assert set(affected) == {in_flight["scheduled"], in_flight["retrying"], in_flight["running"]}
     assert affected[in_flight["scheduled"]]["state"] == "CANCELED"
-    assert affected[in_flight["enqueued"]]["state"] == "ENQUEUED"
-    assert "cannot be recalled" in affected[in_flight["enqueued"]]["note"]
+    assert "will not run" in affected[in_flight["scheduled"]]["note"]
+    assert affected[in_flight["retrying"]]["state"] == "RETRY_WAIT"
+    assert "worker will refuse it" in affected[in_flight["retrying"]]["note"]
     assert affected[in_flight["running"]]["state"] == "RUNNING"
     assert "cooperatively" in affected[in_flight["running"]]["note"]
     assert all(a["schedule_version"] == 1 for a in affected.values())
-    # AND the stored states agree: only the not-yet-sent one was canceled
+    # AND the stored states agree: only the one no worker had taken was canceled
     stored = {
         name: _occurrence(alice, in_flight[name])["state"]
-        for name in ("scheduled", "enqueued", "running", "succeeded")
+        for name in ("scheduled", "retrying", "running", "succeeded")
     }
     assert stored == {
         "scheduled": "CANCELED",
-        "enqueued": "ENQUEUED",
+        "retrying": "RETRY_WAIT",
         "running": "RUNNING",
         "succeeded": "SUCCEEDED",
     }

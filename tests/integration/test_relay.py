@@ -15,6 +15,7 @@ from punctual.models import OccurrenceState, ScheduleDefinition
 from punctual.relay import DelayTooLong, Relay, delay_seconds
 from punctual.scheduling import ControlPlane, Services
 from tests.integration.conftest import BOB, Api, Clock, LambdaContextStub, bootstrap
+from tests.integration.helpers import set_occurrence_state, table_items
 
 
 class Crash(Exception):
@@ -85,32 +86,32 @@ def messages(aws: Services, tenant: str) -> list[dict[str, Any]]:
         got += [json.loads(m["Body"]) for m in batch]
 
 
-def test_relay_delivers_to_the_tenants_queue_and_marks_enqueued(
+def test_relay_delivers_to_the_tenants_queue_and_writes_nothing_back(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN an occurrence inserted SCHEDULED, due now
     occ = one_shot(aws, clock, payload={"job": "report"})
     clock.advance(30)
+    before = table_items(aws, aws.settings.occurrences_table)
     # WHEN the relay handles its stream record
     report = Relay(aws).relay([record(aws, occ, 1)])
-    # THEN the message is in alice's queue with the documented body, and the occurrence is
-    # ENQUEUED with enqueued_at
+    # THEN the message is in alice's queue with the documented body ...
     assert report.failures == {}
     [body] = messages(aws, "alice")
     assert body["occurrence_id"] == occ
     assert body["version"] == 1
     assert body["attempt"] == 1
     assert body["payload"] == {"job": "report"}
-    assert state(aws, occ) == "ENQUEUED"
-    found = aws.occurrences.get_with_attempts(occ)
-    assert found is not None
-    assert found[0].enqueued_at == int(clock.now)
+    # ... and the send cost no table write: the occurrence stays SCHEDULED until a worker
+    # claims it (the claim records enqueued_at)
+    assert table_items(aws, aws.settings.occurrences_table) == before
+    assert state(aws, occ) == "SCHEDULED"
 
 
 def test_relay_crash_after_send_resends_the_same_occurrence_id(
     alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN a relay that crashes after SQS accepted the message, before marking ENQUEUED
+    # GIVEN a relay that crashes after SQS accepted the message, before the batch is done
     occ = one_shot(aws, clock)
     clock.advance(30)
 
@@ -125,12 +126,10 @@ def test_relay_crash_after_send_resends_the_same_occurrence_id(
     Relay(aws).relay([record(aws, occ, 1)])
     # THEN the same occurrence id was sent again (consumers dedupe), and nothing is lost
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [occ, occ]
-    assert state(aws, occ) == "ENQUEUED"
+    assert state(aws, occ) == "SCHEDULED"
 
 
-def test_relay_partial_batch_failure_is_retried_and_others_not_re_marked(
-    alice: Api, aws: Services, clock: Clock
-):
+def test_relay_partial_batch_failure_is_retried_alone(alice: Api, aws: Services, clock: Clock):
     # GIVEN two occurrences in one batch; SQS fails the first one's entry once
     first, second = one_shot(aws, clock), one_shot(aws, clock)
     clock.advance(30)
@@ -138,11 +137,10 @@ def test_relay_partial_batch_failure_is_retried_and_others_not_re_marked(
     relay = Relay(Services(aws.dynamodb, spy, aws.settings, aws.now))
     # WHEN the relay sends them
     report = relay.relay([record(aws, first, 1), record(aws, second, 2)])
-    # THEN the failed entry was retried alone, both arrived once, both are ENQUEUED
+    # THEN the failed entry was retried alone and both arrived once
     assert report.failures == {}
     assert [len(b["Entries"]) for b in spy.batches] == [2, 1]
     assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted([first, second])
-    assert {state(aws, first), state(aws, second)} == {"ENQUEUED"}
 
 
 def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
@@ -157,8 +155,8 @@ def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
     report = relay.relay([record(aws, bad, 7), record(aws, good, 8)])
     # THEN the bad record is reported (the stream will bring it back), the good one is done
     assert set(report.failures) == {"7"}
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
     assert state(aws, bad) == "SCHEDULED"
-    assert state(aws, good) == "ENQUEUED"
 
 
 def test_relay_canceled_occurrence_stays_canceled_and_is_not_sent(
@@ -177,6 +175,24 @@ def test_relay_canceled_occurrence_stays_canceled_and_is_not_sent(
     assert report.skipped == 1
     assert messages(aws, "alice") == []
     assert state(aws, occ) == "CANCELED"
+
+
+@pytest.mark.parametrize("taken", ["RUNNING", "SUCCEEDED"])
+def test_relay_retried_batch_skips_what_a_worker_already_took(
+    alice: Api, aws: Services, clock: Clock, taken: str
+):
+    # GIVEN an occurrence the relay sent, which a worker then claimed (or finished)
+    occ = one_shot(aws, clock)
+    clock.advance(30)
+    event = record(aws, occ, 1)
+    Relay(aws).relay([event])
+    assert len(messages(aws, "alice")) == 1
+    set_occurrence_state(aws, occ, taken)
+    # WHEN the stream brings the same record again (a batch retried after a later failure)
+    report = Relay(aws).relay([event])
+    # THEN it is not sent a second time: only a SCHEDULED occurrence is sent
+    assert report.skipped == 1
+    assert messages(aws, "alice") == []
 
 
 def test_relay_delay_is_clamped_between_0_and_900():
@@ -265,5 +281,5 @@ def test_relay_handler_reports_undelivered_records_as_batch_item_failures(
     )
     # THEN only the undeliverable record is reported, by its sequence number
     assert answer == {"batchItemFailures": [{"itemIdentifier": "11"}]}
-    assert state(aws, good) == "ENQUEUED"
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
     assert state(aws, occ) == "SCHEDULED"

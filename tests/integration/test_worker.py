@@ -854,7 +854,9 @@ def test_worker_stale_or_canceled_occurrence_is_refused_before_the_handler_runs(
         ControlPlane(aws).pause("alice", sid)
     else:
         ControlPlane(aws).cancel("alice", sid)
-    assert state(aws, occ) is S.ENQUEUED  # in the queue: only the worker can refuse it
+    # (the change canceled the occurrence; its message is still in the queue)
+    assert state(aws, occ) is S.CANCELED
+    assert depth(aws) == 1
     handler = Calls()
     [result] = consumer(worker(aws, handler)).poll_once()
     # THEN the worker refuses it (STALE) before the handler: CANCELED with the reason, no
@@ -1122,7 +1124,7 @@ def test_worker_concurrency_quota_throttles_and_keeps_the_message(aws: Services,
     assert THROTTLE_BACKOFF[0] <= throttled.visible_in <= THROTTLE_BACKOFF[1]
     assert spy.visibility == [(deliveries[waiting].receipt_handle, throttled.visible_in)]
     assert second.count == 0
-    assert (seen["state"].state, seen["state"].attempt_count) == (S.ENQUEUED, 0)
+    assert (seen["state"].state, seen["state"].attempt_count) == (S.SCHEDULED, 0)
     # AND after the first completes, the kept message runs when it comes back
     assert first.outcome is Outcome.SUCCEEDED
     later = worker(aws, second).process(redeliver(aws, deliveries[waiting]))
@@ -1187,12 +1189,12 @@ def test_worker_throttled_for_long_is_not_lost_to_the_dlq(aws: Services, clock: 
     # THEN it was throttled every time it came back, and before SQS's redrive count (25)
     # the worker replaced it with a fresh copy (delayed, so the loop saw no more): it is
     # still in alice's queue, not in the DLQ (where redrive would have put it without a
-    # dead_reason, its occurrence ENQUEUED and never run)
+    # dead_reason, its occurrence SCHEDULED and never run)
     assert set(results) == {Outcome.THROTTLED}
     # (the first receive, before the loop, counts too)
     assert REQUEUE_AFTER_RECEIVES - 1 <= len(results) < MAX_RECEIVE_COUNT
     assert dead_letters(aws) == []
-    assert state(aws, waiting) is S.ENQUEUED
+    assert state(aws, waiting) is S.SCHEDULED
     url = aws.sqs.get_queue_url(QueueName="punctual-alice-default")["QueueUrl"]
     counts = aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert int(counts["ApproximateNumberOfMessagesDelayed"]) == 1
@@ -1322,7 +1324,7 @@ def test_worker_lambda_handler_reports_exactly_the_kept_messages(aws: Services, 
     assert worker(aws, hold_the_slot).process(deliveries[blocking]).outcome is Outcome.SUCCEEDED
     assert set(seen["ids"]) == {throttled, done}
     assert seen["answer"] == {"batchItemFailures": [{"itemIdentifier": seen["ids"][throttled]}]}
-    assert state(aws, throttled) is S.ENQUEUED
+    assert state(aws, throttled) is S.SCHEDULED
 
 
 def test_worker_lambda_handler_batch_of_only_kept_messages_returns_its_failures(
@@ -1415,7 +1417,7 @@ def test_worker_rejects_what_is_not_an_occurrence_message_of_this_tenant(
     assert depth(aws) == 0
     if kind.startswith("bob"):
         bobs = json.loads(body)["occurrence_id"]
-        assert stored(aws, bobs)[0].state is S.ENQUEUED
+        assert stored(aws, bobs)[0].state is S.SCHEDULED
         assert stored(aws, bobs)[0].attempt_count == 0
 
 
@@ -1425,7 +1427,7 @@ def test_worker_rejects_what_is_not_an_occurrence_message_of_this_tenant(
 def test_worker_race_two_workers_one_occurrence_runs_the_handler_once(
     local_aws: Services, clock: Clock
 ):
-    # GIVEN DynamoDB Local and ENQUEUED occurrences, each delivered to two workers (a
+    # GIVEN DynamoDB Local and sent occurrences, each delivered to two workers (a
     # duplicate delivery)
     aws = local_aws
     bootstrap("alice", ALICE)
@@ -1446,10 +1448,11 @@ def test_worker_race_two_workers_one_occurrence_runs_the_handler_once(
         assert (occurrence.state, len(attempts)) == (S.SUCCEEDED, 1)
 
 
-def test_worker_faster_than_the_relay_runs_a_still_scheduled_occurrence(
+def test_worker_runs_a_sent_scheduled_occurrence_and_records_when_it_was_sent(
     alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN the relay sent the message and crashed before marking it ENQUEUED
+    # GIVEN the relay sent the message (the occurrence stays SCHEDULED: the send is not
+    # written back) and crashed before its batch was done
     occ = one_shot(aws, clock)
     clock.advance(30)
 
@@ -1463,16 +1466,22 @@ def test_worker_faster_than_the_relay_runs_a_still_scheduled_occurrence(
     with pytest.raises(Crash):
         Relay(aws, crash=crash).relay([record(aws, occ, 1)])
     assert state(aws, occ) is S.SCHEDULED
+    [peeked] = aws.sqs.receive_message(
+        QueueUrl=url_of(aws), MessageSystemAttributeNames=["SentTimestamp"], VisibilityTimeout=0
+    )["Messages"]
+    sent_at = int(peeked["Attributes"]["SentTimestamp"]) // 1000
+    assert abs(sent_at - int(clock.now)) > 3600  # the injected clock is far from SQS's
     clock.advance(2)
     handler = Calls()
     # WHEN a worker receives it
     [result] = consumer(worker(aws, handler)).poll_once()
-    # THEN it runs from SCHEDULED, with enqueued_at set at the claim
+    # THEN it runs from SCHEDULED, and the claim recorded enqueued_at from the message's
+    # SentTimestamp (SQS's clock, not the worker's)
     assert result.outcome is Outcome.SUCCEEDED
     assert handler.count == 1
     occurrence, _ = stored(aws, occ)
     assert occurrence.state is S.SUCCEEDED
-    assert occurrence.enqueued_at == int(clock.now)
+    assert occurrence.enqueued_at == sent_at
     # AND the stream's retry of the relay sends nothing more
     report = Relay(aws).relay([record(aws, occ, 1)])
     assert (report.sent, report.skipped) == (0, 1)

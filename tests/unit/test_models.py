@@ -434,34 +434,28 @@ def test_schedule_version_must_be_positive():
 
 S = OccurrenceState
 
-# The design's lifecycle.
+# The design's lifecycle, with ENQUEUED folded into SCHEDULED: the relay does not mark the
+# send (docs/decisions.md, 2026-11-30), so SCHEDULED covers "waiting in the queue" and a
+# retry waits in RETRY_WAIT until a worker claims it again.
 DESIGN_MOVES = {
-    (S.SCHEDULED, S.ENQUEUED),
-    (S.ENQUEUED, S.RUNNING),
+    (S.SCHEDULED, S.RUNNING),
     (S.RUNNING, S.SUCCEEDED),
     (S.RUNNING, S.RETRY_WAIT),
-    (S.RETRY_WAIT, S.ENQUEUED),
+    (S.RETRY_WAIT, S.RUNNING),
     (S.RUNNING, S.DEAD),
     (S.RETRY_WAIT, S.DEAD),
     (S.SCHEDULED, S.CANCELED),
-    (S.ENQUEUED, S.CANCELED),
     (S.SCHEDULED, S.MISSED),
-    (S.ENQUEUED, S.SKIPPED_OVERLAP),
+    (S.SCHEDULED, S.SKIPPED_OVERLAP),
 }
-# Further moves the model also allows (lease takeover, deadline expiry before running,
-# cancel during a run or a back-off, a retry delivered straight to a worker, overlap on retry,
-# a worker faster than the relay's ENQUEUED mark).
+# Further moves the model also allows (lease takeover, deadline expiry or an unsendable
+# message before running, cancel during a run or a back-off, overlap on retry).
 OPERATIONAL_MOVES = {
     (S.RUNNING, S.RUNNING),
     (S.SCHEDULED, S.DEAD),
-    (S.ENQUEUED, S.DEAD),
     (S.RUNNING, S.CANCELED),
-    (S.RETRY_WAIT, S.RUNNING),
     (S.RETRY_WAIT, S.CANCELED),
     (S.RETRY_WAIT, S.SKIPPED_OVERLAP),
-    # The message reached a worker before the relay marked the occurrence ENQUEUED.
-    (S.SCHEDULED, S.RUNNING),
-    (S.SCHEDULED, S.SKIPPED_OVERLAP),
     # An abandoned run whose schedule's run slot another occurrence took.
     (S.RUNNING, S.SKIPPED_OVERLAP),
 }
@@ -486,7 +480,7 @@ def test_can_transition_allows_every_design_move(current: OccurrenceState, targe
 
 def test_can_transition_design_happy_path_and_retry_loop():
     # GIVEN the happy path with one retry
-    path = [S.SCHEDULED, S.ENQUEUED, S.RUNNING, S.RETRY_WAIT, S.ENQUEUED, S.RUNNING, S.SUCCEEDED]
+    path = [S.SCHEDULED, S.RUNNING, S.RETRY_WAIT, S.RUNNING, S.SUCCEEDED]
     # WHEN each step is checked; THEN every step is allowed and the end is terminal
     assert all(can_transition(a, b) for a, b in itertools.pairwise(path))
     assert path[-1] in TERMINAL

@@ -276,7 +276,6 @@ class Schedule(ScheduleDefinition):
 
 class OccurrenceState(StrEnum):
     SCHEDULED = "SCHEDULED"
-    ENQUEUED = "ENQUEUED"
     RUNNING = "RUNNING"
     RETRY_WAIT = "RETRY_WAIT"
     SUCCEEDED = "SUCCEEDED"
@@ -289,19 +288,17 @@ class OccurrenceState(StrEnum):
 _S = OccurrenceState
 # Every allowed move. Each is carried out as a conditional write from the expected state.
 TRANSITIONS: dict[OccurrenceState, frozenset[OccurrenceState]] = {
-    # SCHEDULED -> RUNNING / SKIPPED_OVERLAP: the message reached a worker before the relay
-    # marked it ENQUEUED (it sends first, then marks).
-    _S.SCHEDULED: frozenset(
-        {_S.ENQUEUED, _S.RUNNING, _S.SKIPPED_OVERLAP, _S.CANCELED, _S.MISSED, _S.DEAD}
-    ),
-    _S.ENQUEUED: frozenset({_S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
+    # SCHEDULED covers "sent and waiting in the queue": the relay does not mark the send
+    # (one write unit per occurrence saved, docs/decisions.md 2026-11-30); the worker's claim
+    # moves it on and records enqueued_at from the message's SentTimestamp.
+    _S.SCHEDULED: frozenset({_S.RUNNING, _S.SKIPPED_OVERLAP, _S.CANCELED, _S.MISSED, _S.DEAD}),
     # RUNNING -> RUNNING: another worker takes over an expired lease (new token).
     # RUNNING -> SKIPPED_OVERLAP: an abandoned run (lease expired) whose schedule's run slot
     # another occurrence took meanwhile.
     _S.RUNNING: frozenset(
         {_S.RUNNING, _S.SUCCEEDED, _S.RETRY_WAIT, _S.DEAD, _S.CANCELED, _S.SKIPPED_OVERLAP}
     ),
-    _S.RETRY_WAIT: frozenset({_S.ENQUEUED, _S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
+    _S.RETRY_WAIT: frozenset({_S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
     _S.SUCCEEDED: frozenset(),
     _S.DEAD: frozenset(),
     _S.MISSED: frozenset(),
@@ -327,7 +324,11 @@ class Occurrence(_Record):
     attempt_count: int = Field(default=0, ge=0)
     lease_token: str | None = None
     lease_expires_at: int | None = None
-    enqueued_at: int | None = None
+    enqueued_at: int | None = Field(
+        default=None,
+        description="When the relay sent its message (SQS SentTimestamp), recorded by the "
+        "worker's first claim.",
+    )
     reason: str | None = Field(default=None, description="Why it is DEAD, MISSED or CANCELED.")
     expires_at: int | None = Field(default=None, description="TTL: when retention ends.")
 

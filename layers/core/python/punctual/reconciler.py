@@ -77,7 +77,7 @@ class Finding(StrEnum):
     CANCELED = "CANCELED"
     MISSED = "MISSED"  # by the misfire policy: a MISSED item or the materializer's summary
     SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
-    IN_FLIGHT = "IN_FLIGHT"  # SCHEDULED, ENQUEUED, RUNNING, RETRY_WAIT
+    IN_FLIGHT = "IN_FLIGHT"  # SCHEDULED, RUNNING, RETRY_WAIT
     MISSING = "MISSING"  # expected, and no record of it at all
     UNEXPECTED = "UNEXPECTED"  # stored, and no version owns it
     SUPERSEDED = "SUPERSEDED"  # stored ahead of time, then a newer version took over
@@ -90,7 +90,6 @@ _BY_STATE = {
     OccurrenceState.MISSED: Finding.MISSED,
     OccurrenceState.SKIPPED_OVERLAP: Finding.SKIPPED_OVERLAP,
     OccurrenceState.SCHEDULED: Finding.IN_FLIGHT,
-    OccurrenceState.ENQUEUED: Finding.IN_FLIGHT,
     OccurrenceState.RUNNING: Finding.IN_FLIGHT,
     OccurrenceState.RETRY_WAIT: Finding.IN_FLIGHT,
 }

@@ -1,9 +1,10 @@
 """The relay: occurrence INSERTs from the stream become messages in the tenant's queue.
 
 At least once: a record counts as done only after its message was accepted by
-SQS; anything else is reported as a batch item failure and comes back. After the
-send, the occurrence moves SCHEDULED -> ENQUEUED; a crash in between sends the
-same occurrence id again on the retry, which consumers dedupe.
+SQS; anything else is reported as a batch item failure and comes back. The send
+is not written back: the occurrence stays SCHEDULED until a worker claims it
+(one write unit per occurrence saved, docs/decisions.md 2026-11-30), so a retried
+batch sends the same occurrence id again, which the worker dedupes.
 """
 
 from __future__ import annotations
@@ -175,7 +176,8 @@ class Relay:
         )
 
     def _still_scheduled(self, outbound: list[_Outbound], report: RelayReport) -> list[_Outbound]:
-        """Drop what was canceled (or already enqueued) since the insert: one read per 100."""
+        """Drop what was canceled (or already taken by a worker, after a re-sent batch) since
+        the insert: one read per 100."""
         found = batch_get(
             self._s.dynamodb,
             self._s.settings.occurrences_table,
@@ -205,7 +207,6 @@ class Relay:
             sent_at = self._s.now()
             self._crash("after_send")
             for item in sent:
-                self._mark_enqueued(item, int(sent_at))
                 report.sent += 1
                 lag = sent_at + item.delay - item.occurrence.scheduled_for
                 report.lags.append((item.strict, lag))
@@ -255,27 +256,22 @@ class Relay:
             },
         }
 
-    def _mark_enqueued(self, item: _Outbound, sent_at: int) -> None:
-        self._move_from_scheduled(item, OccurrenceState.ENQUEUED, enqueued_at=sent_at)
-
     def _dead(self, item: _Outbound, reason: str) -> None:
-        self._move_from_scheduled(item, OccurrenceState.DEAD, reason=reason)
-
-    def _move_from_scheduled(self, item: _Outbound, state: OccurrenceState, **sets: Any) -> None:
-        """SCHEDULED -> ``state``; a no-op if the occurrence has moved on meanwhile."""
-        assignments = ", ".join(f"{name} = :{name}" for name in sets)
+        """SCHEDULED -> DEAD (it can never be sent); a no-op if it has moved on meanwhile."""
         try:
             with translated():
                 self._s.dynamodb.update_item(
                     TableName=self._s.settings.occurrences_table,
                     Key=to_dynamo(occurrence_key(item.occurrence.occurrence_id)),
-                    UpdateExpression=f"SET #state = :to, {assignments}",
-                    # Race: a cancel (or a re-run of this batch) got there first. CANCELED stays
-                    # CANCELED, and a message already sent is refused by the worker.
+                    UpdateExpression="SET #state = :dead, reason = :reason",
+                    # Race: a cancel (or a re-run of this batch) got there first; CANCELED
+                    # stays CANCELED.
                     ConditionExpression="#state = :scheduled",
                     ExpressionAttributeNames={"#state": "state"},
                     ExpressionAttributeValues=values(
-                        to=state.value, scheduled=OccurrenceState.SCHEDULED.value, **sets
+                        dead=OccurrenceState.DEAD.value,
+                        scheduled=OccurrenceState.SCHEDULED.value,
+                        reason=reason,
                     ),
                 )
         except Conflict:

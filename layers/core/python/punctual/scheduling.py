@@ -50,9 +50,7 @@ PREVIEW_COUNT = 5
 _LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
 
 _AFFECTED_NOTES = {
-    OccurrenceState.CANCELED: "canceled before it was sent",
-    OccurrenceState.SCHEDULED: "not sent yet; it will be refused as stale",
-    OccurrenceState.ENQUEUED: "already in the queue: cannot be recalled, the worker will refuse it",
+    OccurrenceState.CANCELED: "canceled: it will not run (a message already sent is dropped)",
     OccurrenceState.RETRY_WAIT: "in the queue for a retry: the worker will refuse it",
     OccurrenceState.RUNNING: "running: it can only stop cooperatively",
 }
@@ -376,7 +374,8 @@ class ControlPlane:
         )
 
     def _invalidate(self, old_item: Item, schedule: Schedule, now: int) -> list[Affected]:
-        """Older versions' open occurrences: cancel what was not sent, report the rest."""
+        """Older versions' open occurrences: cancel what no worker has taken (sent or not: the
+        worker drops a CANCELED occurrence's message), report the rest."""
         old = schedule_from_item(old_item)
         since = now - old.retry.deadline_seconds
         affected = []

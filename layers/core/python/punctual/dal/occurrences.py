@@ -24,7 +24,6 @@ from punctual.models import Attempt, Occurrence, OccurrenceState
 
 _OPEN = (
     OccurrenceState.SCHEDULED,
-    OccurrenceState.ENQUEUED,
     OccurrenceState.RUNNING,
     OccurrenceState.RETRY_WAIT,
 )

@@ -44,7 +44,7 @@ class QueueConsumer:
             QueueUrl=self.queue_url,
             MaxNumberOfMessages=10,
             WaitTimeSeconds=self.wait_seconds,
-            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
         ).get("Messages", [])
         deliveries = [
             Delivery(
@@ -52,6 +52,7 @@ class QueueConsumer:
                 receipt_handle=m["ReceiptHandle"],
                 queue_url=self.queue_url,
                 receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
+                sent_at=_seconds(m.get("Attributes", {}).get("SentTimestamp")),
             )
             for m in received
         ]
@@ -102,6 +103,7 @@ def sqs_lambda_handler(worker: Worker) -> Callable[[dict[str, Any], Any], dict[s
                 receipt_handle=record.receipt_handle,
                 queue_url=urls[arn],
                 receive_count=int(record.attributes.approximate_receive_count),
+                sent_at=_seconds(record.attributes.sent_timestamp),
             )
         )
         metrics.add_metric(name=METRICS[result.outcome], unit=MetricUnit.Count, value=1)
@@ -117,3 +119,8 @@ def sqs_lambda_handler(worker: Worker) -> Callable[[dict[str, Any], Any], dict[s
         )
 
     return handler
+
+
+def _seconds(sent_timestamp: str | None) -> int | None:
+    """SQS's SentTimestamp (epoch milliseconds) in whole seconds."""
+    return int(sent_timestamp) // 1000 if sent_timestamp else None

@@ -130,6 +130,7 @@ class Delivery:
     receipt_handle: str
     queue_url: str
     receive_count: int = 1
+    sent_at: int | None = None  # SQS's SentTimestamp: when the relay sent the message
 
     def message(self) -> Message:
         data = json.loads(self.body)
@@ -290,6 +291,10 @@ class Worker:
             int(occurrence.get("attempt_count", 0)),
             occurrence.get("lease_token"),
         )
+        if seen.state is _S.CANCELED:
+            # An update, pause or cancel got to it first (or our own refusal's delete was
+            # lost): the message of a canceled occurrence is dropped, never run.
+            return Result(Outcome.STALE, f"canceled: {occurrence.get('reason', '')}")
         if seen.state in TERMINAL:
             if occurrence.get("dlq_pending"):
                 # DEAD, but the worker that decided it stopped before the DLQ copy.
@@ -334,7 +339,7 @@ class Worker:
                 seen=seen,
                 schedule_version=int(occurrence["schedule_version"]),
                 now=now,
-                queued_at=now,
+                queued_at=delivery.sent_at or now,
             )
         except ConditionFailed as refused:
             if refused.label == OVERLAP:
