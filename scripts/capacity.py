@@ -250,9 +250,9 @@ class Calls:
 @dataclass(frozen=True)
 class LocalBench:
     """``make bench`` (20,000 strict schedules, 4 tenants, 8 shards in 4 groups of 2, lookahead
-    600 s), instrumented with ``python -m scripts.capacity --calibrate`` on 2026-11-30 01:20Z
+    600 s), instrumented with ``python -m scripts.capacity --calibrate`` on 2026-11-30 02:52Z
     on this 2-core machine (DynamoDB Local in memory, moto SQS with the fix), write path as of
-    commit 16c16b1 (8.05 write units). The host was shared: load average 6.8 during the run."""
+    the relay without the ENQUEUED mark (6.05 write units). Load average 1.06 after the run."""
 
     schedules: int = 20_000
     shards: int = 8
@@ -261,26 +261,26 @@ class LocalBench:
     tenants: int = 4
     due_after_start: float = 200.0  # the due minute was about 200 s after materializing began
     host_cores: float = 2.0
-    host_load: float = 6.8  # `uptime` 1-minute load average right after the materialize phase
+    host_load: float = 1.06  # 1-minute load average at the end of the run (/proc/loadavg)
     # Measured outcomes (the cross-check compares the model with these).
-    materialize_seconds: float = 72.56
-    relay_seconds: float = 56.04
-    lag_p50: float = 0.51
-    lag_p95: float = 0.94
+    materialize_seconds: float = 32.28
+    relay_seconds: float = 14.75
+    lag_p50: float = 0.50
+    lag_p95: float = 0.95
     lag_p99: float = 0.99
     polls: int = 20
-    buckets_per_shard: int = 10
+    buckets_per_shard: int = 10  # the calibration prints 20 per group of 2 shards
     # Measured inputs: calls per phase and the CPU of our process per phase.
-    transactions: Calls = Calls(413, 162.674, 3.688)
-    query_pages: Calls = Calls(88, 50.843, 3.350)  # 168 page reads minus 80 end-of-pages
-    lease_writes: Calls = Calls(96, 9.169, 0.129)
-    batch_gets: Calls = Calls(200, 2.921, 0.578)
-    sends: Calls = Calls(2072, 35.171, 2.672)
-    other_relay_calls: Calls = Calls(4, 0.062, 0.006)  # queue URL lookups
+    transactions: Calls = Calls(412, 81.804, 3.972)
+    query_pages: Calls = Calls(88, 20.343, 4.226)
+    lease_writes: Calls = Calls(96, 1.464, 0.099)
+    batch_gets: Calls = Calls(200, 2.043, 0.954)
+    sends: Calls = Calls(2072, 29.382, 3.046)
+    other_relay_calls: Calls = Calls(4, 0.007, 0.005)  # queue URL lookups
     relay_batches: int = 40
-    relay_batch_wall: float = 49.527  # summed relay() calls; the rest of the polls is GetRecords
-    materialize_cpu: float = 14.237
-    relay_cpu: float = 21.389
+    relay_batch_wall: float = 11.216  # summed relay() calls; the rest of the polls is GetRecords
+    materialize_cpu: float = 14.944
+    relay_cpu: float = 7.795
     # The first, uninstrumented run (before the narrow projections, commit c081e75).
     before_write_units: float = 10.05
     before_materialize_seconds: float = 36.9
@@ -1094,7 +1094,7 @@ def other_lines(c: CostInputs) -> list[Line]:
     relay_gb = d.relay_memory_mb / 1024
     express_seconds = busy / invocations * math.ceil(d.groups / d.map_concurrency) + 1
     sends = queues / batch  # one SendMessageBatch per queue per batch (each under 64 KB)
-    stored = w.per_day * c.retention_days * 2 * (c.occurrence_bytes + 100)  # item + index
+    stored = w.per_day * c.retention_days * (c.occurrence_bytes + 100)  # no index since 3061b25
     schedule_hours = w.schedules * 24
     return [
         (
@@ -1150,13 +1150,13 @@ def other_lines(c: CostInputs) -> list[Line]:
         ("DynamoDB Streams", "GetRecords by the Lambda mapping (free)", 0.0),
         (
             "DynamoDB storage",
-            f"occurrences kept {c.retention_days} days (+ by_schedule copy)",
+            f"occurrences kept {c.retention_days} days (no index copy)",
             stored / 1e9 * pr.storage_gb_month / 30 * per_m,
         ),
         (
             "DynamoDB storage",
             "point-in-time recovery (occurrences table)",
-            stored / 2 / 1e9 * pr.pitr_gb_month / 30 * per_m,
+            stored / 1e9 * pr.pitr_gb_month / 30 * per_m,
         ),
         (
             "Reconciler (hourly)",
@@ -1365,7 +1365,7 @@ def partition_loads(
     )
     loads.append(
         Load(
-            f"an occurrences partition (~{partitions} by size, hashed ids)",
+            f"an occurrences partition (~{partitions} by size, keyed by schedule)",
             result.peak_rate * uniform / partitions,
             limits.partition_wcu,
             "WCU/s",

@@ -65,10 +65,16 @@ class OccurrenceOut(BaseModel):
     schedule_version: int
     scheduled_for: str
     available_at: str
-    state: str
+    state: str = Field(
+        description="SCHEDULED (planned; once sent, waiting in the queue), RUNNING, "
+        "RETRY_WAIT, SUCCEEDED, DEAD, MISSED, CANCELED or SKIPPED_OVERLAP."
+    )
     target: str
     attempt_count: int
-    enqueued_at: str | None
+    enqueued_at: str | None = Field(
+        description="When the relay sent its message (SQS SentTimestamp, UTC), recorded by "
+        "the worker's first claim; null until a worker took it."
+    )
     reason: str | None
 
 

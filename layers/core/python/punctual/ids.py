@@ -1,8 +1,9 @@
-"""Deterministic identifiers and jitter.
+"""Deterministic identifiers, jitter and shards.
 
-Built on BLAKE2b, never on ``hash()``: the same inputs give the same id and the
-same jitter in every process, on every host and Python version, so a retry, a
-second materializer and the reconciler all agree.
+An occurrence id is plain text built from its (schedule, version, instant), and
+reversible. Jitter and shards hash with BLAKE2b, never with ``hash()``: the same
+inputs give the same answer in every process, on every host and Python version, so
+a retry, a second materializer and the reconciler all agree.
 """
 
 from __future__ import annotations
