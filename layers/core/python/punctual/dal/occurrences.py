@@ -53,7 +53,7 @@ def _between(schedule_id: str, since: int, until: int) -> dict[str, Any]:
         "KeyConditionExpression": "schedule_id = :s AND sk BETWEEN :a AND :b",
         "ExpressionAttributeValues": values(
             s=schedule_id,
-            a=occurrence_sk(max(since, 0), 0),
+            a=occurrence_sk(min(max(since, 0), _LAST), 0),
             b=occurrence_sk(min(until, _LAST), 10**10 - 1),
         ),
     }
@@ -147,8 +147,8 @@ class OccurrenceStore:
                     TableName=self.table,
                     Key=to_dynamo(occurrence_key(occurrence_id)),
                     UpdateExpression="SET #state = :canceled, reason = :why",
-                    # Race: the relay enqueued it (or a worker finished it) meanwhile; then it
-                    # cannot be recalled and the answer must say its real state.
+                    # Race: a worker claimed it (or the relay found it unsendable) meanwhile;
+                    # a running occurrence cannot be recalled and the answer must say so.
                     ConditionExpression="#state = :scheduled",
                     ExpressionAttributeNames={"#state": "state"},
                     ExpressionAttributeValues=values(
