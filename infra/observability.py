@@ -362,7 +362,10 @@ class Observability(Construct):
         dashboard.add_widgets(
             graph(
                 "Materializer internals",
-                [punctual_metric(name) for name in ("CursorConflicts", "ShardsBusy", "LeasesLost")],
+                [
+                    punctual_metric(name)
+                    for name in ("CursorConflicts", "ShardsBusy", "LeasesLost", "ShardsOutOfTime")
+                ],
             ),
             graph(
                 "Workers",

@@ -527,7 +527,11 @@ class Simulation:
             return
         shard.holder, shard.expires = invocation.id, t + p.lease_seconds
         last = math.floor((invocation.execution.tick + d.lookahead) / MINUTE)
-        while shard.watermark <= last and invocation.deadline - t >= p.out_of_time:
+        # Materializer.run_shard checks the time left before each bucket and each
+        # transaction: it stops cleanly (lease released, watermark kept) at ``stop``.
+        stop = invocation.deadline - p.out_of_time
+        stopped = False
+        while shard.watermark <= last and t < stop:
             bucket = shard.watermark
             remaining = max(0.0, self.load(bucket) - shard.done.get(bucket, 0.0))
             pages = max(1, math.ceil(remaining * p.item_bytes / PAGE_BYTES))
@@ -536,17 +540,27 @@ class Simulation:
                 self.die(kill, invocation)
                 return
             steps = math.ceil(remaining / d.per_transaction)
-            if t + steps * self.step > kill:
-                whole = math.floor((kill - t) / self.step) * d.per_transaction
-                self.commit(shard_id, bucket, whole, t)
-                self.die(kill, invocation)
-                return
+            if t + steps * self.step > min(kill, stop):
+                # A transaction starts only before ``stop``; one started may finish after it.
+                started = max(0, math.ceil((min(kill, stop) - t) / self.step))
+                if t + started * self.step > kill:  # the failure (or the timeout) came first
+                    whole = math.floor((kill - t) / self.step) * d.per_transaction
+                    self.commit(shard_id, bucket, whole, t)
+                    self.die(kill, invocation)
+                    return
+                self.commit(shard_id, bucket, min(remaining, started * d.per_transaction), t)
+                t += started * self.step
+                stopped = True
+                break
             self.commit(shard_id, bucket, remaining, t)
             t += steps * self.step + p.write_seconds  # the watermark moves past the bucket
             shard.watermark += 1
         t += p.write_seconds  # release
         shard.holder, shard.expires = None, t - 1
-        self.push(t, "claim", (invocation, index + 1))
+        if stopped or t >= stop:
+            self.push(t, "end", (invocation, True))  # out of time: no further shard claimed
+        else:
+            self.push(t, "claim", (invocation, index + 1))
 
     def commit(self, shard_id: int, bucket: int, count: float, start: float) -> None:
         if count <= 0:

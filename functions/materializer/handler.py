@@ -15,7 +15,8 @@ from punctual.observability import logger, metrics
 from punctual.scheduling import Services
 from punctual.timing import to_epoch
 
-# Stop walking buckets with this much time left, so the watermark is saved.
+# Stop with this much time left (between transactions), so the lease is released and the
+# watermark saved instead of a timeout killing the invocation mid-bucket.
 SAFETY_MILLIS = 10_000
 
 
@@ -54,7 +55,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         ("Occurrences", sum(r.occurrences for r in reports)),
         ("Missed", sum(r.missed for r in reports)),
         ("CursorConflicts", sum(r.conflicts for r in reports)),
-        ("ShardsBusy", sum(not r.claimed for r in reports)),
+        ("ShardsBusy", sum(not r.claimed and not r.out_of_time for r in reports)),
+        ("ShardsOutOfTime", sum(r.out_of_time for r in reports)),
         ("LeasesLost", sum(r.lease_lost for r in reports)),
     ):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)

@@ -16,7 +16,7 @@ def test_config_committed_cdk_json_is_valid():
     config = DeployConfig.from_context(cdk_json_context()["punctual"])
     # THEN it is the documented default deployment: the shard count and lookahead the
     # capacity model chose for the 500k top-of-hour peak (docs/capacity.md)
-    assert (config.shard_count, config.lookahead_seconds) == (96, 600)
+    assert (config.shard_count, config.lookahead_seconds) == (128, 420)
     assert config.retain_data
     assert config.deletion_protection
     assert config.alarms == AlarmThresholds()

@@ -19,8 +19,9 @@ from punctual.scheduling import ControlPlane, Services
 from tests.integration.conftest import Api, Clock
 
 
-class Crash(Exception):
-    pass
+class Crash(BaseException):
+    """A crash point: the process dies there. Not an Exception, as a kill is not one: the
+    materializer's error path (which releases its lease) must not run."""
 
 
 def epoch(text: str) -> int:
@@ -176,6 +177,97 @@ def test_materializer_crash_point_rerun_yields_every_occurrence_once(
     # THEN every schedule has its occurrence exactly once, and nothing was skipped
     for sid in ids:
         assert instants(aws, sid) == [*direct[sid], due]
+
+
+def _one_bucket(aws: Services, clock: Clock, count: int = 3) -> tuple[list[str], int]:
+    """``count`` schedules sharing one (minute, shard) bucket (ids are random: made until
+    enough land in the first one's shard), the clock two minutes before it."""
+    same = [create(aws, spec=cron("*/10 * * * *"), name="s0")]
+    while len(same) < count:
+        sid = create(aws, spec=cron("*/10 * * * *"), name=f"s{len(same)}")
+        if shard(aws, sid) == shard(aws, same[0]):
+            same.append(sid)
+    due = current(aws, same[0])["next_run_at"]
+    clock.now = due - 120
+    return same, due
+
+
+def test_materializer_error_mid_walk_releases_its_lease_for_the_retry(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a walk that fails with an error (say DynamoDB throttling) after one commit
+    same, due = _one_bucket(aws, clock)
+
+    def fail(point: str) -> None:
+        if point == "after_commit":
+            raise RuntimeError("throttled")
+
+    with pytest.raises(RuntimeError):
+        tick(aws, clock, same[0], holder="m1", max_actions=3, crash=fail)
+    # WHEN Step Functions retries at once, on another environment (another holder)
+    report = tick(aws, clock, same[0], holder="m2", max_actions=3)
+    # THEN the lease was released on the error: the retry claims it without waiting for the
+    # 120 s expiry, and finishes the bucket with every fire once
+    assert report.claimed
+    for sid in same:
+        assert instants(aws, sid).count(due) == 1
+
+
+def test_materializer_killed_mid_walk_keeps_its_lease_until_it_expires(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a walk killed after one commit (a Lambda timeout: no code runs after it)
+    same, due = _one_bucket(aws, clock)
+    with pytest.raises(Crash):
+        tick(aws, clock, same[0], holder="m1", max_actions=3, crash=crash_at("after_commit"))
+    # WHEN another holder ticks at once; THEN the lease still blocks it ...
+    assert not tick(aws, clock, same[0], holder="m2", max_actions=3).claimed
+    # ... and once it expires, the bucket is finished with every fire once
+    clock.advance(LEASE_SECONDS + 1)
+    assert tick(aws, clock, same[0], holder="m2", max_actions=3).claimed
+    for sid in same:
+        assert instants(aws, sid).count(due) == 1
+
+
+def test_materializer_out_of_time_stops_between_transactions_and_the_next_tick_goes_on(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a bucket of several schedules, one transaction each, and a Lambda that runs out
+    # of time right after the first commit
+    same, due = _one_bucket(aws, clock)
+    late = [False]
+
+    def after_commit(point: str) -> None:
+        late[0] = late[0] or point == "after_commit"
+
+    # WHEN it walks the bucket
+    first = Materializer(
+        aws, "m1", max_actions=3, crash=after_commit, out_of_time=lambda: late[0]
+    ).run(int(clock.now), [shard(aws, same[0])])
+    # THEN it stopped cleanly inside the bucket: one schedule done, the watermark not moved
+    # past the bucket, and the lease released (another holder claims it at once)
+    [report] = first
+    assert (report.out_of_time, report.occurrences) == (True, 1)
+    assert report.watermark is not None
+    assert report.watermark <= due // 60 * 60
+    assert sum(instants(aws, sid).count(due) for sid in same) == 1
+    # AND the next tick (another holder, same minute) does the rest, every fire once
+    again = tick(aws, clock, same[0], holder="m2", max_actions=3)
+    assert again.claimed
+    for sid in same:
+        assert instants(aws, sid).count(due) == 1
+
+
+def test_materializer_out_of_time_claims_no_further_shard(aws: Services, clock: Clock):
+    # GIVEN a group of shards and a Lambda already out of time
+    # WHEN it runs; THEN it claims none of them (their watermarks stay for the next tick),
+    # and says so for each
+    reports = Materializer(aws, "m1", out_of_time=lambda: True).run(int(clock.now), [0, 1, 2])
+    assert [(r.shard, r.claimed, r.out_of_time) for r in reports] == [
+        (0, False, True),
+        (1, False, True),
+        (2, False, True),
+    ]
 
 
 def test_materializer_crash_between_two_schedules_of_one_bucket(

@@ -55,6 +55,7 @@ class ShardReport:
     conflicts: int = 0
     completed: int = 0
     lease_lost: bool = False
+    out_of_time: bool = False  # stopped for lack of time (or never started); the next tick goes on
     watermark: int | None = None
 
 
@@ -99,7 +100,14 @@ class Materializer:
         return int(self._s.now())
 
     def run(self, tick: int, shards: Sequence[int]) -> list[ShardReport]:
-        return [self.run_shard(tick, shard) for shard in shards]
+        reports = []
+        for shard in shards:
+            if self._out_of_time():
+                # Not even claimed: its watermark stays and the next tick walks it.
+                reports.append(ShardReport(shard, out_of_time=True))
+            else:
+                reports.append(self.run_shard(tick, shard))
+        return reports
 
     def run_shard(self, tick: int, shard: int) -> ShardReport:
         report = ShardReport(shard)
@@ -119,15 +127,21 @@ class Materializer:
         # a cursor always moves to a bucket after the ones this walk covers.
         until = last_bucket + 59
         minute = lease.watermark
-        while minute <= last_bucket and not self._out_of_time():
-            if not self._bucket(lease, minute, until, report):
-                break
-            self._crash("before_watermark")
-            minute += 60
-            if not self.leases.advance(lease, minute):
-                report.lease_lost = True
-                break
-            report.buckets += 1
+        try:
+            while minute <= last_bucket and not self._out_of_time():
+                if not self._bucket(lease, minute, until, report):
+                    break
+                self._crash("before_watermark")
+                minute += 60
+                if not self.leases.advance(lease, minute):
+                    report.lease_lost = True
+                    break
+                report.buckets += 1
+        except Exception:
+            # An error (throttling, a bug) releases too, so Step Functions' retry need not
+            # wait for the lease to expire; only a killed process leaves it to expire.
+            self.leases.release(lease, now=self._now())
+            raise
         report.watermark = minute
         if not report.lease_lost:
             self.leases.release(lease, now=self._now())
@@ -296,6 +310,12 @@ class Materializer:
         pending = list(steps)
         retries = 0
         while pending:
+            if self._out_of_time():
+                # Stop between transactions, not at the Lambda's timeout: the lease is
+                # released and the watermark stays, so the next tick re-reads this bucket,
+                # where only the schedules not yet stepped are left.
+                report.out_of_time = True
+                return False
             batch: list[_Step] = []
             size = 1  # the fence check
             while pending and size + len(pending[0].actions) <= self.max_actions:
