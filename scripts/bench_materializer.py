@@ -162,12 +162,13 @@ def main() -> None:
             "(the relay writes nothing back)"
         )
         print(
-            f"shards for {PEAK_PER_SECOND:,}/s head on: ceil({PEAK_PER_SECOND:,} / {q:,.0f}) "
-            f"= {math.ceil(PEAK_PER_SECOND / q)}"
+            f"shards walked at once for {PEAK_PER_SECOND:,}/s head on: "
+            f"ceil({PEAK_PER_SECOND:,} / {q:,.0f}) = {math.ceil(PEAK_PER_SECOND / q)}"
         )
         print(
-            f"shards with a one-minute lookahead ({SPREAD_PER_SECOND:,}/s): "
-            f"{math.ceil(SPREAD_PER_SECOND / q)}"
+            f"shards walked at once with a one-minute lookahead ({SPREAD_PER_SECOND:,}/s): "
+            f"{math.ceil(SPREAD_PER_SECOND / q)} (one per shard group: a group walks its shards "
+            "in turn; `make capacity` simulates the peak with the rest of the minute's work)"
         )
     finally:
         engine.stop()
