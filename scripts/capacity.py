@@ -1862,7 +1862,7 @@ def _load_average() -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--shards", type=int, default=Design.shards, help="N (cdk.json: 64)")
+    parser.add_argument("--shards", type=int, default=Design.shards, help="N (code default 64)")
     parser.add_argument("--lookahead", type=int, default=Design.lookahead, help="L, seconds")
     parser.add_argument("--group-size", type=int, default=Design.group_size)
     parser.add_argument("--materializer-memory", type=int, default=Design.materializer_memory_mb)
