@@ -35,7 +35,7 @@ class Relaying(Construct):
             handler="relay.handler.lambda_handler",
             defaults=defaults,
             # A batch of 500 is one BatchGetItem per 100, SendMessageBatch per 10 with up
-            # to 3 tries, and a conditional update per record: seconds normally, a minute
+            # to 3 tries: seconds normally, a minute
             # leaves room for throttled retries before the mapping retries the batch.
             timeout=Duration.seconds(60),
             # Sends run on 8 threads; more memory is more CPU for the JSON and TLS work.

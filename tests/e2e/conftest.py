@@ -25,7 +25,7 @@ import pytest
 
 from punctual.client import ApiError, Client
 from punctual.local.dynamodb import free_port
-from punctual.local.engines import LOCAL_SHARDS, REGION
+from punctual.local.engines import LOCAL_SHARDS, REGION, recorded
 from punctual.scheduling import Services
 from punctual.settings import Settings
 from punctual.worker import Job, QueueConsumer, Worker
@@ -197,19 +197,7 @@ class Stack:
         return [int(item["watermark"]["N"]) for item in items if "watermark" in item]
 
     def engine_pids(self) -> list[int]:
-        try:
-            state = json.loads((self.data / "engines.json").read_text())
-        except (OSError, ValueError):
-            return []
-        return [int(engine["pid"]) for engine in state.values()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+        return [engine.pid for engine in recorded(self.data)]
 
 
 class StackFailed(Exception):
@@ -295,7 +283,7 @@ def stop(stack: Stack) -> tuple[int | None, list[int]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    leftovers = [pid for pid in stack.engine_pids() if _alive(pid)]
+    leftovers = [engine.pid for engine in recorded(stack.data) if engine.alive()]
     for pid in leftovers:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.ids import shard_of
 from punctual.materializer import Materializer
+from punctual.models import OccurrenceState
 from punctual.scheduling import Services
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (
@@ -196,6 +197,21 @@ def test_invalidate_affected_entry_matches_the_stored_occurrence(
     stored = _occurrence(alice, in_flight["scheduled"])
     del stored["attempts"]
     assert {k: v for k, v in entry.items() if k != "note"} == stored
+
+
+def test_invalidate_cancel_that_loses_the_race_answers_the_state_that_won(
+    aws: Services, in_flight: dict[str, Any]
+) -> None:
+    # GIVEN an occurrence read as SCHEDULED that a worker claims before the cancel lands
+    occurrence_id = in_flight["scheduled"]
+    set_occurrence_state(aws, occurrence_id, "RUNNING")
+    # WHEN the change tries to cancel it
+    answered = aws.occurrences.cancel_if_scheduled(occurrence_id, "superseded")
+    # THEN the cancel changed nothing and the answer is the state that won
+    assert answered is OccurrenceState.RUNNING
+    stored = aws.occurrences.get(occurrence_id)
+    assert stored is not None
+    assert (stored.state, stored.reason) == (OccurrenceState.RUNNING, None)
 
 
 def test_invalidate_update_replaces_scheduled_occurrences_with_new_version_ones(

@@ -19,9 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from punctual.dal.common import batch_get, from_dynamo, to_dynamo, translated, values
+from punctual.dal.common import batch_get, from_dynamo
 from punctual.dal.tables import OCCURRENCE_PREFIX, occurrence_key
-from punctual.errors import Conflict
 from punctual.models import Occurrence, OccurrenceState
 from punctual.scheduling import Services
 from punctual.timing import utc_text
@@ -257,25 +256,11 @@ class Relay:
         }
 
     def _dead(self, item: _Outbound, reason: str) -> None:
-        """SCHEDULED -> DEAD (it can never be sent); a no-op if it has moved on meanwhile."""
-        try:
-            with translated():
-                self._s.dynamodb.update_item(
-                    TableName=self._s.settings.occurrences_table,
-                    Key=to_dynamo(occurrence_key(item.occurrence.occurrence_id)),
-                    UpdateExpression="SET #state = :dead, reason = :reason",
-                    # Race: a cancel (or a re-run of this batch) got there first; CANCELED
-                    # stays CANCELED.
-                    ConditionExpression="#state = :scheduled",
-                    ExpressionAttributeNames={"#state": "state"},
-                    ExpressionAttributeValues=values(
-                        dead=OccurrenceState.DEAD.value,
-                        scheduled=OccurrenceState.SCHEDULED.value,
-                        reason=reason,
-                    ),
-                )
-        except Conflict:
-            pass
+        """SCHEDULED -> DEAD (it can never be sent); a no-op if it has moved on meanwhile
+        (a cancel got there first: CANCELED stays CANCELED)."""
+        self._s.occurrences.settle_scheduled(
+            item.occurrence.occurrence_id, OccurrenceState.DEAD, reason
+        )
 
     @staticmethod
     def _merge(part: RelayReport, into: RelayReport) -> None:

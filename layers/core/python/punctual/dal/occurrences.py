@@ -47,6 +47,10 @@ def attempt_from_item(item: Item) -> Attempt:
     return Attempt(**{k: v for k, v in item.items() if k in Attempt.model_fields})
 
 
+def _occurrences(page: dict[str, Any]) -> list[Occurrence]:
+    return [occurrence_from_item(from_dynamo(item)) for item in page["Items"]]
+
+
 def _between(schedule_id: str, since: int, until: int) -> dict[str, Any]:
     """Query arguments for the schedule's occurrence items with scheduled_for in [since, until]."""
     return {
@@ -104,12 +108,11 @@ class OccurrenceStore:
         if start:
             request["ExclusiveStartKey"] = start
         page = self._client.query(**request)
-        items = [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
-        return items, encode_token(page.get("LastEvaluatedKey"))
+        return _occurrences(page), encode_token(page.get("LastEvaluatedKey"))
 
     def _query_all(self, **request: Any) -> list[Occurrence]:
         pages = self._client.get_paginator("query").paginate(TableName=self.table, **request)
-        return [occurrence_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
+        return [o for page in pages for o in _occurrences(page)]
 
     def in_window(self, schedule_id: str, *, since: int, until: int) -> list[Occurrence]:
         """Every occurrence of the schedule (any version, any state) with ``scheduled_for``
@@ -122,7 +125,7 @@ class OccurrenceStore:
         page = self._client.query(
             TableName=self.table, **_between(schedule_id, after + 1, _LAST), Limit=limit
         )
-        return [occurrence_from_item(from_dynamo(i)) for i in page["Items"]]
+        return _occurrences(page)
 
     def get(self, occurrence_id: str) -> Occurrence | None:
         try:
@@ -139,26 +142,31 @@ class OccurrenceStore:
         found = self._query_all(**_between(schedule_id, since, _LAST))
         return [o for o in found if o.state in _OPEN]
 
-    def cancel_if_scheduled(self, occurrence_id: str, reason: str) -> OccurrenceState:
-        """SCHEDULED -> CANCELED; answers the state the occurrence really ends up in."""
+    def settle_scheduled(self, occurrence_id: str, state: OccurrenceState, reason: str) -> bool:
+        """SCHEDULED -> ``state`` (CANCELED by a change, DEAD by the relay) with ``reason``;
+        False if the occurrence had moved on."""
         try:
             with translated():
                 self._client.update_item(
                     TableName=self.table,
                     Key=to_dynamo(occurrence_key(occurrence_id)),
-                    UpdateExpression="SET #state = :canceled, reason = :why",
-                    # Race: a worker claimed it (or the relay found it unsendable) meanwhile;
-                    # a running occurrence cannot be recalled and the answer must say so.
+                    UpdateExpression="SET #state = :to, reason = :why",
+                    # Race: another writer moved it first (a worker's claim, a cancel, the
+                    # relay finding it unsendable); its state stands, the caller is told.
                     ConditionExpression="#state = :scheduled",
                     ExpressionAttributeNames={"#state": "state"},
                     ExpressionAttributeValues=values(
-                        canceled=OccurrenceState.CANCELED.value,
-                        scheduled=OccurrenceState.SCHEDULED.value,
-                        why=reason,
+                        to=state.value, scheduled=OccurrenceState.SCHEDULED.value, why=reason
                     ),
                 )
         except Conflict:
-            found = self.get_with_attempts(occurrence_id)
-            assert found is not None  # occurrences are never deleted while open
-            return found[0].state
-        return OccurrenceState.CANCELED
+            return False
+        return True
+
+    def cancel_if_scheduled(self, occurrence_id: str, reason: str) -> OccurrenceState:
+        """SCHEDULED -> CANCELED; answers the state the occurrence really ends up in."""
+        if self.settle_scheduled(occurrence_id, OccurrenceState.CANCELED, reason):
+            return OccurrenceState.CANCELED
+        found = self.get(occurrence_id)
+        assert found is not None  # occurrences are never deleted while open
+        return found.state

@@ -49,8 +49,11 @@ class Engine:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def alive(self) -> bool:
+        return _alive(self.pid)
+
     def running(self) -> bool:
-        return _alive(self.pid) and listening(self.port)
+        return self.alive() and listening(self.port)
 
     def stop(self) -> None:
         if not _alive(self.pid):
@@ -96,6 +99,11 @@ def _read_state(data: Path) -> dict[str, Any]:
         return dict(json.loads(_state_file(data).read_text()))
     except (OSError, ValueError):
         return {}
+
+
+def recorded(data: Path) -> list[Engine]:
+    """The engines ``data``'s state file names, running or not (what a clean-up must stop)."""
+    return [Engine(**entry) for entry in _read_state(data).values()]
 
 
 def _start_sqs(port: int, data: Path) -> Engine:
