@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_stepfunctions as sfn
-from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from infra.data import Access, DataReferences
-from infra.functions import FunctionDefaults, log_group, python_function
-from infra.materializer import acknowledge_state_machine, map_over_groups, shard_groups
+from infra.functions import FunctionDefaults, python_function
+from infra.groups import group_invoke, map_over_groups, scheduled_over_groups, shard_groups
 
 RECONCILE_TIMEOUT = Duration.minutes(15)
 
@@ -54,18 +52,8 @@ class Reconciliation(Construct):
             "leases_table",
         )
 
-        invoke = tasks.LambdaInvoke(
-            self,
-            "ReconcileGroup",
-            lambda_function=self.function,
-            payload=sfn.TaskInput.from_object(
-                {
-                    "time": sfn.JsonPath.string_at("$.time"),
-                    "shards": sfn.JsonPath.list_at("$.shards"),
-                }
-            ),
-            result_path=sfn.JsonPath.DISCARD,
-            retry_on_service_exceptions=True,
+        invoke = group_invoke(
+            self, "ReconcileGroup", self.function, "time", result_path=sfn.JsonPath.DISCARD
         )
         invoke.add_retry(
             errors=["States.ALL"],
@@ -104,36 +92,18 @@ class Reconciliation(Construct):
         # Map, two states per group and three after it, 20 at the default 8 groups, so
         # 24 x 30 runs a month make about 14,400 transitions, $0.36 at $0.025 per 1,000
         # (less the 4,000 free ones). Express would bill 15 minutes of each run anyway.
-        self.state_machine = sfn.StateMachine(
+        self.state_machine, self.rule = scheduled_over_groups(
             self,
-            "Hourly",
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            definition_body=sfn.DefinitionBody.from_chainable(
-                each_group.next(outcome).next(verdict)
-            ),
+            name="Hourly",
+            machine_type=sfn.StateMachineType.STANDARD,
+            definition=each_group.next(outcome).next(verdict),
             # Within the hour, so that runs never pile up behind a slow one.
             timeout=Duration.minutes(55),
-            tracing_enabled=True,
-            logs=sfn.LogOptions(
-                destination=log_group(self, "HourlyLogs", defaults.log_retention),
-                level=sfn.LogLevel.ERROR,
-            ),
-        )
-        acknowledge_state_machine(self.state_machine, self.function)
-        self.rule = events.Rule(
-            self,
-            "EveryHour",
+            function=self.function,
+            log_retention=defaults.log_retention,
+            rule_id="EveryHour",
             # Off the top of the hour, when the strict peak materializes and relays.
             schedule=events.Schedule.cron(minute=str(minute)),
-            targets=[
-                targets.SfnStateMachine(
-                    self.state_machine,
-                    input=events.RuleTargetInput.from_object(
-                        {
-                            "time": events.EventField.time,
-                            "groups": shard_groups(data.settings.shard_count, group_size),
-                        }
-                    ),
-                )
-            ],
+            time_key="time",
+            groups=shard_groups(data.settings.shard_count, group_size),
         )

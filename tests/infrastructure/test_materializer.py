@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Match, Template
 
-from infra.materializer import shard_groups
+from infra.groups import shard_groups
 
 from .conftest import (
     Synthesized,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Template
 
-from infra.materializer import shard_groups
+from infra.groups import shard_groups
 
 from .conftest import machine_definition, rule_input
 
