@@ -10,7 +10,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from punctual.materializer import Materializer, minute_of
+from punctual.ids import minute_of
+from punctual.materializer import Materializer
 from punctual.observability import logger, metrics
 from punctual.scheduling import Services
 from punctual.timing import to_epoch

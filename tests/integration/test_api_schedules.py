@@ -1,8 +1,8 @@
 """Every schedule, occurrence, preview, target, tenant and meta endpoint: success and errors.
 
 The clock starts at START = 2026-11-18T11:06:40Z and only moves when a test moves it;
-the materialization horizon is lookahead + tick = 240 s, so fires up to 11:10:40 are
-created by the API itself.
+the materialization horizon is lookahead + tick + the due index's margin = 300 s, so fires
+up to 11:11:40 are created by the API itself.
 """
 
 from __future__ import annotations
@@ -551,16 +551,16 @@ def test_unknown_ids_are_404_on_every_endpoint(alice: Api, subtests: pytest.Subt
 
 
 def _every_minute(alice: Api) -> tuple[str, list[dict[str, Any]]]:
-    """A '* * * * *' cron created at 11:06:40: fires 11:07..11:10 are materialized."""
+    """A '* * * * *' cron created at 11:06:40: fires 11:07..11:11 are materialized."""
     saved = create(alice, cron("* * * * *"))
     assert [o["scheduled_for"] for o in saved["materialized"]] == [
-        f"2026-11-18T11:{minute:02d}:00Z" for minute in (7, 8, 9, 10)
+        f"2026-11-18T11:{minute:02d}:00Z" for minute in (7, 8, 9, 10, 11)
     ]
     return saved["schedule"]["schedule_id"], saved["materialized"]
 
 
 def test_list_occurrences_within_a_range(alice: Api) -> None:
-    # GIVEN occurrences at 11:07, 11:08, 11:09 and 11:10
+    # GIVEN occurrences at 11:07, 11:08, 11:09, 11:10 and 11:11
     schedule_id, _ = _every_minute(alice)
 
     # WHEN the range 11:08..11:09 (inclusive) is asked for
@@ -579,7 +579,7 @@ def test_list_occurrences_within_a_range(alice: Api) -> None:
 
 
 def test_list_occurrences_paginates_each_exactly_once(alice: Api) -> None:
-    # GIVEN four occurrences
+    # GIVEN five occurrences
     schedule_id, materialized = _every_minute(alice)
 
     # WHEN they are listed three at a time

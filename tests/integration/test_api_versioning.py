@@ -3,6 +3,7 @@ occurrences of older versions (answered with their real states), and the version
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ from punctual.dal.tables import occurrence_key
 from punctual.ids import shard_of
 from punctual.materializer import Materializer
 from punctual.models import OccurrenceState
-from punctual.scheduling import Services
+from punctual.scheduling import ControlPlane, Services
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (
     create,
@@ -70,9 +72,9 @@ def test_materialize_one_shot_inside_the_horizon_is_created_by_the_api(
     # AND it holds its quota until the materializer's pass over its fire completes it
     assert schedule["state"] == "ACTIVE"
     assert alice.get("/v1/tenant").body["schedule_count"] == 1
-    # (it waits in the due index past the planned horizon, a minute no tick has walked, so
-    # the tick a minute later reaches it)
-    clock.advance(65)
+    # (it waits in the due index past the planned horizon, clear of the next walk, so the
+    # tick two minutes later reaches it)
+    clock.advance(125)
     shard = shard_of(schedule["schedule_id"], aws.settings.shard_count)
     Materializer(aws, "m1").run_shard(int(clock.now), shard)
     got = alice.get(f"/v1/schedules/{schedule['schedule_id']}").body
@@ -98,15 +100,16 @@ def test_materialize_cron_far_ahead_is_left_to_the_materializer(alice: Api) -> N
 
 
 def test_materialize_just_past_the_horizon_is_not_created(alice: Api) -> None:
-    # GIVEN a one-shot 241 s ahead (the horizon is lookahead 180 s + tick 60 s = 240 s)
+    # GIVEN a one-shot 301 s ahead (the horizon is lookahead 180 s + tick 60 s + the due
+    # index's margin 60 s = 300 s)
     # WHEN it is created
-    saved = create(alice, one_shot(iso(START + 241)))
+    saved = create(alice, one_shot(iso(START + 301)))
 
-    # THEN it waits for the materializer; at 240 s it would have been created
+    # THEN it waits for the materializer; at 300 s it would have been created
     assert saved["materialized"] == []
-    assert saved["schedule"]["next_run_at"] == iso(START + 241)
-    edge = create(alice, one_shot(iso(START + 240)))
-    assert [o["scheduled_for"] for o in edge["materialized"]] == [iso(START + 240)]
+    assert saved["schedule"]["next_run_at"] == iso(START + 301)
+    edge = create(alice, one_shot(iso(START + 300)))
+    assert [o["scheduled_for"] for o in edge["materialized"]] == [iso(START + 300)]
 
 
 # --- what a change does to older versions' occurrences --------------------------------
@@ -114,13 +117,14 @@ def test_materialize_just_past_the_horizon_is_not_created(alice: Api) -> None:
 
 @pytest.fixture
 def in_flight(alice: Api, aws: Services) -> dict[str, Any]:
-    """A '* * * * *' cron with occurrences 11:07..11:10 (SCHEDULED as materialized), of
+    """A '* * * * *' cron with occurrences 11:07..11:11 (SCHEDULED as materialized), of
     which 11:08 waits for a retry, 11:09 is running and 11:10 already succeeded."""
     saved = create(alice, cron("* * * * *", payload={"v": 1}))
     occurrences = saved["materialized"]
-    assert [o["scheduled_for"][11:16] for o in occurrences] == ["11:07", "11:08", "11:09", "11:10"]
+    minutes = [o["scheduled_for"][11:16] for o in occurrences]
+    assert minutes == ["11:07", "11:08", "11:09", "11:10", "11:11"]
     assert {o["state"] for o in occurrences} == {"SCHEDULED"}
-    scheduled, retrying, running, succeeded = (o["occurrence_id"] for o in occurrences)
+    scheduled, retrying, running, succeeded, later = (o["occurrence_id"] for o in occurrences)
     set_occurrence_state(aws, retrying, "RETRY_WAIT")
     set_occurrence_state(aws, running, "RUNNING")
     set_occurrence_state(aws, succeeded, "SUCCEEDED")
@@ -130,6 +134,7 @@ def in_flight(alice: Api, aws: Services) -> dict[str, Any]:
         "retrying": retrying,
         "running": running,
         "succeeded": succeeded,
+        "later": later,
     }
 
 
@@ -161,8 +166,11 @@ def test_invalidate_change_answers_the_real_state_of_each_open_occurrence(
     assert answer.status == 200, answer.body
     assert answer.body["schedule"]["version"] == 2
     affected = {a["occurrence_id"]: a for a in answer.body["affected"]}
-    assert set(affected) == {in_flight["scheduled"], in_flight["retrying"], in_flight["running"]}
+    assert set(affected) == {
+        in_flight[name] for name in ("scheduled", "retrying", "running", "later")
+    }
     assert affected[in_flight["scheduled"]]["state"] == "CANCELED"
+    assert affected[in_flight["later"]]["state"] == "CANCELED"
     assert "will not run" in affected[in_flight["scheduled"]]["note"]
     assert affected[in_flight["retrying"]]["state"] == "RETRY_WAIT"
     assert "worker will refuse it" in affected[in_flight["retrying"]]["note"]
@@ -217,7 +225,7 @@ def test_invalidate_cancel_that_loses_the_race_answers_the_state_that_won(
 def test_invalidate_update_replaces_scheduled_occurrences_with_new_version_ones(
     alice: Api, aws: Services, clock: Clock
 ) -> None:
-    # GIVEN a '* * * * *' cron with four SCHEDULED occurrences of version 1
+    # GIVEN a '* * * * *' cron with five SCHEDULED occurrences of version 1
     saved = create(alice, cron("* * * * *", payload={"v": 1}))
     schedule_id = saved["schedule"]["schedule_id"]
     old = {o["occurrence_id"]: o for o in saved["materialized"]}
@@ -233,7 +241,7 @@ def test_invalidate_update_replaces_scheduled_occurrences_with_new_version_ones(
     new = {o["occurrence_id"]: o for o in answer.body["materialized"]}
     assert not set(new) & set(old)
     assert [o["scheduled_for"] for o in new.values()] == [
-        f"2026-11-18T11:{minute:02d}:00Z" for minute in (8, 9, 10, 11)
+        f"2026-11-18T11:{minute:02d}:00Z" for minute in (8, 9, 10, 11, 12)
     ]
     assert {o["schedule_version"] for o in new.values()} == {2}
     assert {_occurrence(alice, i)["state"] for i in old} == {"CANCELED"}
@@ -336,3 +344,25 @@ def test_version_history_is_not_rewritten_by_a_refused_change(
         ("V#0000000001", "v1"),
         ("V#0000000002", "v2"),
     ]
+
+
+def test_invalidate_sees_an_occurrence_made_just_before_the_change(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN eventually consistent reads lagging a minute, and a version-1 occurrence the
+    # materializer wrote a moment before the change
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    lagging = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    schedule_id = create(alice, cron("0 * * * *"))["schedule"]["schedule_id"]
+    clock.now = 1_795_003_200 - 120  # two minutes before 12:00
+    Materializer(lagging, "m1").run_shard(
+        int(clock.now), shard_of(schedule_id, aws.settings.shard_count)
+    )
+    [made] = alice.get(f"/v1/schedules/{schedule_id}/occurrences").body["occurrences"]
+    # WHEN the schedule is paused right after
+    saved = ControlPlane(lagging).pause("alice", schedule_id)
+    # THEN the answer names it, CANCELED, as stored
+    assert [(a.occurrence.occurrence_id, a.occurrence.state) for a in saved.affected] == [
+        (made["occurrence_id"], OccurrenceState.CANCELED)
+    ]
+    assert _occurrence(alice, made["occurrence_id"])["state"] == "CANCELED"

@@ -3,6 +3,7 @@ racing holders, misfire policies, DST days, flexible windows, completion."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from datetime import datetime
@@ -10,12 +11,16 @@ from typing import Any
 
 import pytest
 
+from punctual.dal.common import to_dynamo
 from punctual.dal.leases import LeaseStore
+from punctual.dal.schedules import schedule_from_item
 from punctual.dal.tables import DUE_INDEX
 from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import LEASE_SECONDS, Materializer
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
+from punctual.reconciler import Reconciler
 from punctual.scheduling import ControlPlane, Services
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock
 
 
@@ -494,7 +499,7 @@ def test_materializer_skips_an_occurrence_that_already_exists_instead_of_stallin
     ahead = new_occurrence(schedule_from_item(schedule), item["next_run_at"], 86400)
     aws.dynamodb.put_item(**aws.occurrences.put_new(ahead, {})["Put"])
     # WHEN the materializer ticks once that fire is within its lookahead
-    clock.advance(120)
+    clock.now = item["next_run_at"] - 120
     report = tick(aws, clock, sid)
     # THEN the shard is not stalled: the cursor moved past it and no duplicate exists
     assert report.watermark is not None
@@ -512,3 +517,276 @@ def test_materializer_missed_summary_survives_an_update(alice: Api, aws: Service
     ControlPlane(aws).pause("alice", sid)
     # THEN the MISSED summary is still there
     assert current(aws, sid)["missed_total"] == 9
+
+
+# --- flexible windows: lateness is judged by availability (issue 15, defect 1) ------------
+
+
+@pytest.mark.parametrize("action", ["SKIP", "FIRE_ONCE", "CATCHUP"])
+def test_materializer_healthy_ticks_never_judge_a_flexible_fire_late(
+    alice: Api, aws: Services, clock: Clock, action: str
+):
+    # GIVEN a minutely flexible schedule whose window (900 s) is far wider than the
+    # lookahead plus max_lateness (180 + 300 s): a later fire is often due before an
+    # earlier one
+    misfire: dict[str, Any] = {"action": action, "max_lateness_seconds": 300}
+    sid = create(
+        aws,
+        spec={"kind": "rate", "expression": "rate(1 minute)"},
+        flexible_window_seconds=900,
+        misfire=misfire,
+    )
+    schedule = schedule_from_item(current(aws, sid))
+    lookahead = aws.settings.lookahead_seconds
+    # WHEN the materializer ticks every minute for an hour, as it does when healthy
+    for _ in range(60):
+        clock.advance(60)
+        tick(aws, clock, sid, holder=f"m{clock.now}")
+        # THEN after each tick every fire due (available) within the lookahead exists, so
+        # none ever waits past its time
+        due = [
+            f
+            for f in schedule.rule().fires(schedule.fires_after, int(clock.now) + lookahead)
+            if available_at(occurrence_id(sid, 1, f), f, 900) <= clock.now + lookahead
+        ]
+        assert set(due) <= set(instants(aws, sid)), clock.now
+    # AND nothing was judged a misfire: none MISSED, none released early at "now"
+    assert "missed_total" not in current(aws, sid)
+    for o in occurrences(aws, sid):
+        assert o["available_at"] == available_at(o["occurrence_id"], o["scheduled_for"], 900)
+
+
+def test_materializer_flexible_outage_releases_by_availability_and_keeps_the_rest(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely flexible FIRE_ONCE schedule (window 600 s) and a 30-minute outage
+    misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 120}
+    sid = create(
+        aws,
+        spec={"kind": "rate", "expression": "rate(1 minute)"},
+        flexible_window_seconds=600,
+        misfire=misfire,
+    )
+    made_before = set(instants(aws, sid))
+    clock.advance(1800)
+    now = int(clock.now)
+    # WHEN one tick runs
+    report = tick(aws, clock, sid)
+    # THEN exactly one late fire (the latest to have become available before now - 120 s)
+    # is released at now; the fires whose availability is within max_lateness keep their
+    # own jittered time; every other unmade fire due before now - 120 s is MISSED
+    schedule = schedule_from_item(current(aws, sid))
+    made = {o["scheduled_for"]: o for o in occurrences(aws, sid)}
+    late = [
+        f
+        for f in schedule.rule().fires(schedule.fires_after, now)
+        if f not in made_before and available_at(occurrence_id(sid, 1, f), f, 600) < now - 120
+    ]
+    released = [f for f, o in made.items() if o["available_at"] == now and f in late]
+    assert len(released) == 1
+    assert released[0] == max(late, key=lambda f: available_at(occurrence_id(sid, 1, f), f, 600))
+    assert report.missed == len(late) - 1
+    assert current(aws, sid)["missed_total"] == len(late) - 1
+    for f, o in made.items():
+        if f not in late:
+            assert o["available_at"] == available_at(o["occurrence_id"], f, 600)
+
+
+# --- short, renewed leases (issue 15, defect 7) --------------------------------------------
+
+
+def test_materializer_killed_holder_blocks_its_shard_for_seconds_not_minutes(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a holder killed mid-walk (its lease is left to expire)
+    sid = create(aws, spec=cron("*/5 * * * *"))
+    clock.now = current(aws, sid)["next_run_at"] - 120
+    with pytest.raises(Crash):
+        tick(aws, clock, sid, holder="m1", crash=crash_at("before_commit"))
+    # WHEN another holder tries 21 s later
+    clock.advance(21)
+    report = tick(aws, clock, sid, holder="m2")
+    # THEN it takes the shard over and does the work
+    assert LEASE_SECONDS <= 20
+    assert report.claimed
+    assert report.occurrences == 1
+
+
+def test_materializer_renews_its_lease_during_a_long_walk(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a walk whose transactions take long (the clock moves 10 s per commit)
+    same, _ = _one_bucket(aws, clock, count=3)
+    leases = LeaseStore(aws.dynamodb, aws.settings.leases_table)
+    rival: list[Any] = []
+
+    def slow(point: str) -> None:
+        if point == "before_commit":
+            clock.advance(10)
+            # AND a rival tries to take the shard over at every commit
+            rival.append(
+                leases.claim(shard(aws, same[0]), "m2", now=int(clock.now), ttl=20, start_at=0)
+            )
+
+    # WHEN the walk goes on for longer than one lease (one transaction per schedule)
+    report = Materializer(aws, "m1", max_actions=3, crash=slow).run_shard(
+        int(clock.now), shard(aws, same[0])
+    )
+    # THEN the holder kept renewing: the rival never got it, and every step committed
+    assert len(rival) >= 3
+    assert rival == [None] * len(rival)
+    assert not report.lease_lost
+    assert report.occurrences == 3
+
+
+# --- a change overtaken by the walk (issue 15, defect 2) ------------------------------------
+
+
+def test_api_change_whose_commit_lands_after_the_walk_still_fires(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a create whose commit is held up (throttle retries, a slow call): before it
+    # lands, the materializer walks the schedule's shard past the bucket its cursor goes to
+    faults = Faults(FaultPlan.none(), clock)
+    slow = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    walked: list[int] = []
+
+    def walk_first(_: str, request: dict[str, Any]) -> None:
+        if walked:
+            return
+        put = next(a["Put"]["Item"] for a in request["TransactItems"] if "Put" in a)
+        number = shard_of(put["schedule_id"]["S"], aws.settings.shard_count)
+        walked.append(number)
+        Materializer(aws, "m0").run_shard(int(clock.now) + 180, number)
+
+    faults.before["transact_write_items"] = walk_first
+    definition = ScheduleDefinition.model_validate({"target": "default", "spec": cron("* * * * *")})
+    sid = ControlPlane(slow).create("alice", definition).schedule.schedule_id
+    assert walked
+    start = int(clock.now)
+    # WHEN the materializer ticks every minute after that
+    for _ in range(10):
+        clock.advance(60)
+        tick(aws, clock, sid, holder=f"m{clock.now}")
+    # THEN every minute fires, with no gap: the cursor was never left behind the walk
+    fired = instants(aws, sid)
+    assert fired[0] == start - start % 60 + 60
+    assert fired == list(range(fired[0], fired[-1] + 60, 60))
+    assert fired[-1] >= clock.now
+
+
+def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot whose due-index entry the walk passed without seeing it (the index
+    # lagged past every margin): it would never be completed, and would hold its quota
+    at = int(clock.now) + 3600
+    sid = create(
+        aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()}
+    )
+    number = shard(aws, sid)
+    hidden = current(aws, sid)["due_bucket"]
+    stash = dict(current(aws, sid))
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo({"schedule_id": sid, "sk": "CURRENT"}),
+        UpdateExpression="SET due_bucket = :elsewhere",
+        ExpressionAttributeValues={":elsewhere": {"S": "elsewhere"}},
+    )
+    clock.now = at + 120
+    Materializer(aws, "m").run_shard(int(clock.now), number)  # walks past it, unseen
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo({"schedule_id": sid, "sk": "CURRENT"}),
+        UpdateExpression="SET due_bucket = :b",
+        ExpressionAttributeValues={":b": {"S": hidden}},
+    )
+    assert instants(aws, sid) == []
+    assert alice.get("/v1/tenant").body["schedule_count"] == 1
+    # WHEN the reconciler checks the hour that holds its fire
+    clock.now = at - at % 3600 + 2 * 3600 + 60
+    window = (at - at % 3600, at - at % 3600 + 3600)
+    [result] = Reconciler(aws).run([number], *window)
+    # THEN it reports the fire MISSING, moves the schedule ahead of the walk, and the next
+    # tick makes its occurrence (late, under its FIRE_ONCE policy) and completes it
+    assert result.moved == [sid]
+    assert result.report.cursors_moved == 1
+    tick(aws, clock, sid)
+    assert instants(aws, sid) == [stash["next_run_at"]]
+    assert current(aws, sid)["state"] == ScheduleState.COMPLETED
+    assert alice.get("/v1/tenant").body["schedule_count"] == 0
+
+
+# --- quota given back exactly once (issue 15, defect 8) -------------------------------------
+
+
+def _one_shot_in(aws: Services, clock: Clock, seconds: int) -> tuple[str, int]:
+    at = int(clock.now) + seconds
+    when = datetime.fromtimestamp(at).astimezone().isoformat()
+    return create(aws, spec={"kind": "at", "at": when}), at
+
+
+def _usage(alice: Api) -> int:
+    count: int = alice.get("/v1/tenant").body["schedule_count"]
+    return count
+
+
+def test_update_racing_the_completion_keeps_the_quota_count_exact(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot an hour ahead, and an update (moving it a day later) read while it
+    # was ACTIVE: before the update commits, the materializer fires and completes it
+    sid, at = _one_shot_in(aws, clock, 3600)
+    clock.now = at - 60
+    faults = Faults(FaultPlan.none(), clock)
+    racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    completed: list[bool] = []
+
+    def complete_first(_: str, request: dict[str, Any]) -> None:
+        if not completed:
+            completed.append(True)
+            tick(aws, clock, sid)
+            assert current(aws, sid)["state"] == ScheduleState.COMPLETED
+            assert _usage(alice) == 0
+
+    faults.before["transact_write_items"] = complete_first
+    later = datetime.fromtimestamp(at + 86400).astimezone().isoformat()
+    # WHEN the update lands
+    saved = ControlPlane(racing).update(
+        "alice", sid, if_match=1, changes={"spec": {"kind": "at", "at": later}}
+    )
+    # THEN it was decided again from the completed schedule: live again, counted again
+    assert saved.schedule.state is ScheduleState.ACTIVE
+    assert saved.schedule.version == 2
+    assert _usage(alice) == 1
+
+
+def test_materializer_crash_before_the_hand_over_gives_the_quota_back_exactly_once(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two one-shots completed by a walk that is killed right after committing, before
+    # it hands the released quota over to the tenant
+    first, at = _one_shot_in(aws, clock, 3600)
+    _one_shot_in(aws, clock, 3600)
+    assert _usage(alice) == 2
+    clock.now = at - 60
+    shards = sorted({shard(aws, s) for s in _schedule_ids(aws)})
+    for number in shards:
+        with pytest.raises(Crash):
+            Materializer(aws, "m1", crash=crash_at("before_hand_over")).run_shard(
+                int(clock.now), number
+            )
+    assert current(aws, first)["state"] == ScheduleState.COMPLETED
+    assert _usage(alice) == 2  # released, waiting on the shard
+    # WHEN the next ticks run (after the lease expired), twice
+    for _ in range(2):
+        clock.advance(LEASE_SECONDS + 1)
+        for number in shards:
+            Materializer(aws, "m2").run_shard(int(clock.now), number)
+    # THEN the tenant got both back, once
+    assert _usage(alice) == 0
+
+
+def _schedule_ids(aws: Services) -> list[str]:
+    return [
+        s.schedule_id
+        for s in ControlPlane(aws).list_schedules("alice", state=None, limit=100, token=None)[0]
+    ]

@@ -720,3 +720,23 @@ def test_reconciler_handler_out_of_time_saves_incomplete_reports(
     assert [s["complete"] for s in answer["shards"]] == [False, False]
     assert [r.complete for r in read_reports(aws, at("10:00"), shards=[0, 1])] == [False, False]
     assert _emitted_metrics(capsys.readouterr().out)["ReconcileIncomplete"] == 2
+
+
+def test_reconciler_reads_every_missed_episode_of_the_hour(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a */5 SKIP schedule with two outages in one hour: 10:05-10:30 and 10:40-10:55
+    clock.now = at("09:40")
+    sid = create(
+        aws, spec=cron("*/5 * * * *"), misfire={"action": "SKIP", "max_lateness_seconds": 60}
+    )
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("10:05"), shards)
+    clock.now = at("10:30")
+    materialize_until(aws, clock, at("10:40"), shards)
+    clock.now = at("10:55")
+    materialize_until(aws, clock, at("11:31"), shards)
+    # WHEN the reconciler checks [10:00, 11:00)
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN both episodes are MISSED by policy (two ranges on the schedule), none MISSING
+    assert [r["count"] for r in aws.schedules.get_item(sid)["missed_ranges"]] == [4, 2]  # type: ignore[index]
+    assert total(results, Finding.MISSED) == 6
+    assert total(results, Finding.MISSING) == 0

@@ -3,6 +3,7 @@ failures, canceled occurrences, delays, tenant isolation, unknown targets, the h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime
 from typing import Any
@@ -14,6 +15,7 @@ from punctual.dal.tables import occurrence_key
 from punctual.models import OccurrenceState, ScheduleDefinition
 from punctual.relay import DelayTooLong, Relay, delay_seconds
 from punctual.scheduling import ControlPlane, Services
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import BOB, Api, Clock, LambdaContextStub, bootstrap
 from tests.integration.helpers import set_occurrence_state, table_items
 
@@ -159,7 +161,7 @@ def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
     assert state(aws, bad) == "SCHEDULED"
 
 
-def test_relay_canceled_occurrence_stays_canceled_and_is_not_sent(
+def test_relay_sends_a_canceled_occurrence_as_inserted_and_writes_nothing(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN an occurrence whose schedule was canceled after the insert
@@ -171,27 +173,59 @@ def test_relay_canceled_occurrence_stays_canceled_and_is_not_sent(
     clock.advance(30)
     # WHEN its outbox record arrives
     report = Relay(aws).relay([event])
-    # THEN nothing is sent and it stays CANCELED
-    assert report.skipped == 1
-    assert messages(aws, "alice") == []
+    # THEN the relay sends it without reading it (the worker drops a canceled occurrence's
+    # message before the handler runs) and it stays CANCELED
+    assert report.sent == 1
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [occ]
     assert state(aws, occ) == "CANCELED"
 
 
-@pytest.mark.parametrize("taken", ["RUNNING", "SUCCEEDED"])
-def test_relay_retried_batch_skips_what_a_worker_already_took(
-    alice: Api, aws: Services, clock: Clock, taken: str
+def test_relay_sends_a_fresh_occurrence_that_a_lagging_read_would_miss(
+    alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN an occurrence the relay sent, which a worker then claimed (or finished)
+    # GIVEN eventually consistent reads that lag a minute behind the writes (AWS: a replica
+    # behind), and an occurrence inserted a moment ago through that client
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    lagging = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    occ = one_shot(lagging, clock)
+    event = record(aws, occ, 1)
+    clock.advance(30)
+    # WHEN its stream record reaches the relay
+    report = Relay(lagging).relay([event])
+    # THEN it is sent: nothing the relay reads can drop it
+    assert report.sent == 1
+    assert report.failures == {}
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [occ]
+
+
+def test_relay_sends_a_retried_record_again_and_the_worker_decides(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence the relay sent, which a worker then finished
     occ = one_shot(aws, clock)
     clock.advance(30)
     event = record(aws, occ, 1)
     Relay(aws).relay([event])
     assert len(messages(aws, "alice")) == 1
-    set_occurrence_state(aws, occ, taken)
+    set_occurrence_state(aws, occ, "SUCCEEDED")
     # WHEN the stream brings the same record again (a batch retried after a later failure)
     report = Relay(aws).relay([event])
-    # THEN it is not sent a second time: only a SCHEDULED occurrence is sent
-    assert report.skipped == 1
+    # THEN it is sent again (at least once; the worker answers ALREADY_DONE) and the
+    # occurrence is untouched
+    assert report.sent == 1
+    assert len(messages(aws, "alice")) == 1
+    assert state(aws, occ) == "SUCCEEDED"
+
+
+def test_relay_does_not_send_an_occurrence_inserted_missed(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a MISSED record inserted by a repair (never to be delivered)
+    occ = one_shot(aws, clock)
+    set_occurrence_state(aws, occ, "MISSED")
+    event = record(aws, occ, 1)
+    # WHEN its INSERT reaches the relay
+    report = Relay(aws).relay([event])
+    # THEN nothing is sent
+    assert report.sent == 0
     assert messages(aws, "alice") == []
 
 
@@ -282,4 +316,22 @@ def test_relay_handler_reports_undelivered_records_as_batch_item_failures(
     # THEN only the undeliverable record is reported, by its sequence number
     assert answer == {"batchItemFailures": [{"itemIdentifier": "11"}]}
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
+    assert state(aws, occ) == "SCHEDULED"
+
+
+def test_relay_does_not_take_a_target_created_a_moment_ago_for_unknown(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN reads lagging a minute, a target created just now, and an occurrence for it
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    lagging = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    ControlPlane(lagging).create_target("alice", "fresh")
+    occ = one_shot(lagging, clock, target="fresh")
+    clock.advance(30)
+    relay = Relay(lagging)
+    # WHEN the relay handles it (twice: a miss must not be remembered either)
+    first = relay.relay([record(aws, occ, 1)])
+    second = relay.relay([record(aws, occ, 2)])
+    # THEN it is sent both times, never declared DEAD for an unknown target
+    assert (first.sent, first.dead, second.sent, second.dead) == (1, 0, 1, 0)
     assert state(aws, occ) == "SCHEDULED"

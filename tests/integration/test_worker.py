@@ -771,6 +771,38 @@ def test_worker_deadline_passed_before_the_claim_is_dead_without_running(
     assert depth(aws) == 0
 
 
+def test_worker_deadline_of_a_late_fire_runs_from_its_release_not_its_instant(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a daily FIRE_ONCE schedule with a 1 h retry deadline, and a materializer that
+    # was down for two and a half days: its latest missed fire (12 h old) is released now
+    midnight = 1_795_046_400  # 2026-11-19T00:00:00Z
+    clock.now = midnight - 3600
+    definition = ScheduleDefinition.model_validate(
+        {
+            "target": "default",
+            "spec": {"kind": "cron", "expression": "0 0 * * *", "timezone": "UTC"},
+            "misfire": {"action": "FIRE_ONCE", "max_lateness_seconds": 300},
+            "retry": {"deadline_seconds": 3600},
+        }
+    )
+    sid = ControlPlane(aws).create("alice", definition).schedule.schedule_id
+    shard = shard_of(sid, aws.settings.shard_count)
+    Materializer(aws, "m").run_shard(int(clock.now), shard)  # the last tick before the outage
+    clock.now = midnight + 2 * 86400 + 12 * 3600
+    Materializer(aws, "m").run_shard(int(clock.now), shard)
+    released = occurrence_id(sid, 1, midnight + 2 * 86400)
+    occurrence, _ = stored(aws, released)
+    assert occurrence.available_at == int(clock.now)
+    relay(aws, released)
+    handler = Calls()
+    # WHEN a worker receives it
+    [result] = consumer(worker(aws, handler)).poll_once()
+    # THEN it runs: its deadline counts from when it became receivable
+    assert result.outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+
+
 def test_worker_failure_whose_retry_would_start_after_the_deadline_is_dead(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -844,7 +876,7 @@ def test_worker_stale_or_canceled_occurrence_is_refused_before_the_handler_runs(
     alice: Api, aws: Services, clock: Clock, change: str
 ):
     # GIVEN an occurrence of version 1 already in the queue
-    sid, [occ] = rate_schedule(aws, "rate(5 minutes)")
+    sid, [occ] = rate_schedule(aws, "rate(10 minutes)")
     relay(aws, occ)
     # WHEN the schedule is updated (PATCH with If-Match), paused or canceled
     if change == "update":
@@ -1207,7 +1239,7 @@ def test_worker_cooperative_cancel_is_seen_once_the_cache_expires(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a running handler that checks job.canceled() (cached for 5 s)
-    sid, [occ] = rate_schedule(aws, "rate(5 minutes)")
+    sid, [occ] = rate_schedule(aws, "rate(10 minutes)")
     relay(aws, occ)
     checks: list[bool] = []
 
@@ -1463,8 +1495,9 @@ def test_worker_runs_a_sent_scheduled_occurrence_and_records_when_it_was_sent(
         if point == "after_send":
             raise Crash(point)
 
+    inserted = record(aws, occ, 1)  # the stream record carries the item as inserted
     with pytest.raises(Crash):
-        Relay(aws, crash=crash).relay([record(aws, occ, 1)])
+        Relay(aws, crash=crash).relay([inserted])
     assert state(aws, occ) is S.SCHEDULED
     [peeked] = aws.sqs.receive_message(
         QueueUrl=url_of(aws), MessageSystemAttributeNames=["SentTimestamp"], VisibilityTimeout=0
@@ -1482,7 +1515,10 @@ def test_worker_runs_a_sent_scheduled_occurrence_and_records_when_it_was_sent(
     occurrence, _ = stored(aws, occ)
     assert occurrence.state is S.SUCCEEDED
     assert occurrence.enqueued_at == sent_at
-    # AND the stream's retry of the relay sends nothing more
-    report = Relay(aws).relay([record(aws, occ, 1)])
-    assert (report.sent, report.skipped) == (0, 1)
+    # AND the stream's retry of the relay sends it again, which the worker deletes as done
+    # without running the handler
+    assert Relay(aws).relay([inserted]).sent == 1
+    [again] = consumer(worker(aws, handler)).poll_once()
+    assert again.outcome is Outcome.ALREADY_DONE
+    assert handler.count == 1
     assert depth(aws) == 0

@@ -61,6 +61,11 @@ def available_at(occurrence_id: str, scheduled_for: int, window_seconds: int) ->
     return scheduled_for + jitter_seconds(occurrence_id, window_seconds)
 
 
+def minute_of(instant: int) -> int:
+    """The start of the UTC minute holding ``instant``: a due bucket's time."""
+    return instant - instant % 60
+
+
 def shard_of(schedule_id: str, shard_count: int) -> int:
     """The schedule's shard: a stable hash, so every process puts it in the same bucket."""
     return int.from_bytes(_digest(schedule_id, 8, b"punctual-shard"), "big") % shard_count

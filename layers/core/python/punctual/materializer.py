@@ -1,47 +1,56 @@
 """The materializer: due schedules become occurrences, shard by shard, minute by minute.
 
-For each shard it claims the lease (a fencing token that grows with every claim),
-then walks the shard's due buckets from the durable watermark up to
-``tick + lookahead``. Each schedule step is one set of transaction actions: put
-the occurrence(s) (conditional on not existing) and move the schedule's cursor
-(conditional on version, old ``next_run_at`` and ACTIVE). Steps share a
-transaction (up to 100 actions) with one fence check, so a holder whose lease
-was taken over can commit nothing. The watermark moves past a bucket only once
-every schedule in it has been committed, so a crash anywhere re-runs the bucket:
-the deterministic ids and cursor conditions make the re-run a no-op for what was
-done and finish what was not.
+For each shard it claims a short lease (a fencing token that grows with every claim, renewed
+as the walk goes on, so a killed holder blocks its shard for seconds, not minutes), then
+walks the shard's due buckets from the durable watermark up to ``tick + lookahead``. Each
+schedule step is one set of transaction actions: put the occurrence(s) (conditional on not
+existing) and move the schedule's cursor (conditional on version, old cursor and ACTIVE).
+Steps share a transaction (up to 100 actions) with one fence check, so a holder whose lease
+was taken over can commit nothing. The watermark moves past a bucket only once every
+schedule in it has been committed, so a crash anywhere re-runs the bucket: the deterministic
+ids and cursor conditions make the re-run a no-op for what was done and finish what was not.
+
+A step that completes a schedule gives its quota back in the same transaction, to a tally
+kept on the shard (never a hot item shared by every shard); the tally is handed over to the
+tenant's usage in one more transaction, so a crash anywhere neither loses nor doubles it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from punctual.dal.common import Item, from_dynamo, run_batch, to_dynamo, values
+from punctual.dal.common import Item, run_batch, to_dynamo, values
 from punctual.dal.leases import Lease, LeaseStore
-from punctual.dal.schedules import due_bucket, minute_load_of, schedule_from_item
-from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT
-from punctual.materialize import Planned, new_occurrence, plan
+from punctual.dal.schedules import (
+    due_bucket,
+    minute_load_of,
+    missed_ranges_after,
+    schedule_from_item,
+)
+from punctual.dal.tables import SCHEDULE_CURRENT
+from punctual.dal.tenants import released_usage
+from punctual.ids import minute_of
+from punctual.materialize import Catchup, Plan, plan
 from punctual.models import MisfireAction, Occurrence, Schedule, ScheduleState
 from punctual.scheduling import Services
 from punctual.tenancy import Quotas
 
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
 STEP_LIMIT = 20  # occurrences one schedule step may create
-LEASE_SECONDS = 120
+# Short, renewed leases: a killed holder's shard is free again after this, and the walk
+# renews well before it runs out (a takeover of a live holder is safe, only wasteful: the
+# fence stops the old holder's next commit).
+LEASE_SECONDS = 20
+RENEW_AFTER = LEASE_SECONDS // 3
 BOOTSTRAP_SECONDS = 3600  # a shard seen for the first time starts this far back
 MAX_RETRIES = 5
-MAX_CATCHUP_SPREAD = 840  # seconds: under SQS's 900 s delay, with a tick to spare
 
 CrashHook = Callable[[str], None]
 # Fault injection for the reconciler's tests: (schedule_id, scheduled_for) -> drop it silently.
 SkipHook = Callable[[str, int], bool]
-
-
-def minute_of(instant: int) -> int:
-    return instant - instant % 60
 
 
 @dataclass
@@ -66,13 +75,16 @@ class _Step:
     item: Item
     schedule: Schedule
     occurrences: list[Occurrence]
-    missed: list[int]
-    next_run_at: int | None
-    next_available_at: int | None
+    plan: Plan | None  # None: every fire was made already; the step only completes it
     actions: list[dict[str, Any]] = field(default_factory=list)
-    # A catch-up larger than one step continues in follow-up steps at the same pace:
-    # (late fires already fired in this catch-up, seconds between them).
-    catchup: tuple[int, int] = (0, 0)
+
+    @property
+    def completes(self) -> bool:
+        return self.plan is None or self.plan.cursor.next_run_at is None
+
+    @property
+    def missed(self) -> list[int]:
+        return self.plan.missed if self.plan else []
 
 
 class Materializer:
@@ -95,6 +107,7 @@ class Materializer:
         self._skip = skip
         self.leases = LeaseStore(services.dynamodb, self.settings.leases_table)
         self._quotas: dict[str, Quotas] = {}
+        self._renewed_at = 0
 
     def _now(self) -> int:
         return int(self._s.now())
@@ -121,6 +134,7 @@ class Materializer:
         )
         if lease is None:
             return report
+        self._renewed_at = now
         report.claimed = True
         last_bucket = minute_of(tick + self.settings.lookahead_seconds)
         # Every fire receivable before the end of the last bucket is materialized now, so
@@ -129,14 +143,21 @@ class Materializer:
         minute = lease.watermark
         try:
             while minute <= last_bucket and not self._out_of_time():
-                if not self._bucket(lease, minute, until, report):
+                done, lease = self._bucket(lease, minute, until, report)
+                if not done:
                     break
                 self._crash("before_watermark")
                 minute += 60
-                if not self.leases.advance(lease, minute):
+                self._renewed_at = self._now()
+                if not self.leases.advance(
+                    lease, minute, expires_at=self._renewed_at + LEASE_SECONDS
+                ):
                     report.lease_lost = True
                     break
                 report.buckets += 1
+            if not report.lease_lost:
+                self._crash("before_hand_over")
+                report.lease_lost = not self._hand_over(lease)
         except Exception:
             # An error (throttling, a bug) releases too, so Step Functions' retry need not
             # wait for the lease to expire; only a killed process leaves it to expire.
@@ -147,94 +168,72 @@ class Materializer:
             self.leases.release(lease, now=self._now())
         return report
 
+    def _still_held(self, lease: Lease) -> bool:
+        """Renew the lease once a third of it has passed; False if it was lost."""
+        now = self._now()
+        if now - self._renewed_at < RENEW_AFTER:
+            return True
+        self._renewed_at = now
+        return self.leases.renew(lease, expires_at=now + LEASE_SECONDS)
+
     # --- one bucket ---------------------------------------------------------------------
 
-    def _bucket(self, lease: Lease, minute: int, until: int, report: ShardReport) -> bool:
+    def _bucket(
+        self, lease: Lease, minute: int, until: int, report: ShardReport
+    ) -> tuple[bool, Lease]:
         """Materialize every schedule in one (minute, shard) bucket; False if not all done."""
-        pages = self._s.dynamodb.get_paginator("query").paginate(
-            TableName=self.settings.schedules_table,
-            IndexName=DUE_INDEX,
-            KeyConditionExpression="due_bucket = :b",
-            ExpressionAttributeValues=values(b=due_bucket(minute, lease.shard)),
-        )
+        # The due index may lag: a schedule moved into this bucket a moment ago can be missing
+        # from this read. Writers keep a margin ahead of the walk (scheduling.py), and the
+        # reconciler moves a schedule left behind the watermark to a bucket still ahead.
         now = self._now()
         steps = [
             step
-            for page in pages
-            for raw in page["Items"]
-            if (step := self._plan(from_dynamo(raw), now, until)) is not None
+            for item in self._s.schedules.due_in(minute, lease.shard)
+            if (step := self._plan(item, now, until)) is not None
         ]
         report.schedules += len(steps)
         return self._commit(lease, steps, now, until, report)
 
     def _plan(
-        self, item: Item, now: int, until: int, catchup: tuple[int, int] | None = None
+        self, item: Item, now: int, until: int, resume: Catchup | None = None
     ) -> _Step | None:
         schedule = schedule_from_item(item)
-        cursor = schedule.next_run_at
-        due = schedule.next_available_at
-        if schedule.state is not ScheduleState.ACTIVE or due is None:
+        if schedule.state is not ScheduleState.ACTIVE or schedule.next_available_at is None:
             return None
-        if due > until:
+        if schedule.next_available_at > until:
             return None  # the index copy was stale: the schedule has moved on
-        if cursor is None:
+        if schedule.next_run_at is None:
             # The API materialized every fire itself; only the completion is left.
-            step = _Step(item, schedule, [], [], None, None)
-            step.actions = [self._cursor_update(step)]
-            return step
-        retention = self.settings.retention_days * 86400
-        rule = schedule.rule()
-        # Fires later than max_lateness are misfires; recovery starts at the durable cursor.
-        late_before = now - schedule.misfire.max_lateness_seconds
-        late = list(rule.fires(cursor - 1, late_before - 1)) if cursor < late_before else []
-        keep = min(len(late), schedule.misfire.effective_catchup_limit)
-        fired_late = late[len(late) - keep :]
-        if catchup is None:
-            pace = self._catchup_pace(schedule)
-            if keep > 1:
-                # SQS delays at most 900 s: a slower pace is compressed to stay within it.
-                pace = min(pace, MAX_CATCHUP_SPREAD // (keep - 1))
-            catchup = (0, pace)
-        fired, pace = catchup
-        occurrences = [
-            new_occurrence(schedule, fire, retention).model_copy(
-                update={"available_at": now + (fired + i) * pace}
-            )
-            for i, fire in enumerate(fired_late[:STEP_LIMIT])
-        ]
-        if len(fired_late) > STEP_LIMIT:
-            # More kept late fires than one step holds: the cursor moves to the next one and
-            # a follow-up step (same tick, same pace) fires the rest.
-            resume = fired_late[STEP_LIMIT]
-            planned = Planned([], resume, resume)
+            step = _Step(item, schedule, [], None)
         else:
+            handled = (
+                schedule.planned_until
+                if schedule.planned_until is not None
+                else schedule.next_run_at - 1  # a cursor written before planned_until existed
+            )
             planned = plan(
                 schedule,
-                after=late[-1] if late else cursor - 1,
-                materialize_until=until,
-                retention_seconds=retention,
-                limit=STEP_LIMIT - len(occurrences),
+                planned_until=handled,
+                until=until,
+                now=now,
+                retention_seconds=self.settings.retention_days * 86400,
+                limit=STEP_LIMIT,
+                catchup_pace=self._catchup_pace(schedule),
+                resume=resume,
             )
-        planned_occurrences = occurrences + planned.occurrences
-        if self._skip is not None:
-            # An injected fault: the cursor still moves past the dropped instants, exactly the
-            # silent loss the reconciler must find.
-            planned_occurrences = [
-                o for o in planned_occurrences if not self._skip(o.schedule_id, o.scheduled_for)
-            ]
-        step = _Step(
-            item=item,
-            schedule=schedule,
-            occurrences=planned_occurrences,
-            missed=late[: len(late) - keep],
-            next_run_at=planned.next_run_at,
-            next_available_at=planned.next_available_at,
-            catchup=(fired + len(occurrences), pace),
-        )
-        step.actions = [
-            self._s.occurrences.put_new(o, schedule.payload) for o in step.occurrences
-        ] + [self._cursor_update(step)]
+            made = planned.occurrences
+            if self._skip is not None:
+                # An injected fault: the cursor still moves past the dropped instants, exactly
+                # the silent loss the reconciler must find.
+                made = [o for o in made if not self._skip(o.schedule_id, o.scheduled_for)]
+            step = _Step(item, schedule, made, planned)
+        step.actions = self._actions(step)
         return step
+
+    def _actions(self, step: _Step) -> list[dict[str, Any]]:
+        return [self._s.occurrences.put_new(o, step.schedule.payload) for o in step.occurrences] + [
+            self._cursor_update(step)
+        ]
 
     def _catchup_pace(self, schedule: Schedule) -> int:
         """Seconds between catch-up occurrences of one schedule, from the tenant's quota."""
@@ -252,43 +251,44 @@ class Materializer:
         named: dict[str, Any] = {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
         if schedule.next_run_at is None:
             cursor_unchanged = "attribute_not_exists(next_run_at)"
-        else:
-            cursor_unchanged = "next_run_at = :old"
+        elif schedule.planned_until is None:
+            cursor_unchanged = "next_run_at = :old AND attribute_not_exists(planned_until)"
             named["old"] = schedule.next_run_at
-        if step.next_run_at is None or step.next_available_at is None:
-            expression = (
-                "SET #state = :completed REMOVE due_at, due_bucket, next_run_at, next_available_at"
-            )
-            named["completed"] = ScheduleState.COMPLETED.value
-            sets = []
         else:
-            shard = int(step.item["shard"])
-            expression = ""
-            sets = [
+            cursor_unchanged = "next_run_at = :old AND planned_until = :handled"
+            named |= {"old": schedule.next_run_at, "handled": schedule.planned_until}
+        sets: list[str] = []
+        removes: list[str] = []
+        if step.completes:
+            sets.append("#state = :completed")
+            removes = ["due_at", "due_bucket", "next_run_at", "next_available_at", "planned_until"]
+            named["completed"] = ScheduleState.COMPLETED.value
+        else:
+            assert step.plan is not None
+            cursor = step.plan.cursor
+            assert cursor.next_available_at is not None
+            sets += [
+                "planned_until = :h",
                 "next_run_at = :n",
                 "next_available_at = :a",
                 "due_at = :a",
                 "due_bucket = :b",
             ]
             named |= {
-                "n": step.next_run_at,
-                "a": step.next_available_at,
-                "b": due_bucket(step.next_available_at, shard),
+                "h": cursor.planned_until,
+                "n": cursor.next_run_at,
+                "a": cursor.next_available_at,
+                "b": due_bucket(cursor.next_available_at, int(step.item["shard"])),
             }
         if step.missed:
             # MISSED is a bounded summary on the schedule, never an item per instant.
-            sets += [
-                "missed_total = if_not_exists(missed_total, :zero) + :m",
-                "last_missed_from = :mf",
-                "last_missed_to = :mt",
-            ]
-            named |= {"zero": 0, "m": len(step.missed), "mf": step.missed[0], "mt": step.missed[-1]}
-        if sets:
-            expression = (
-                f"SET {', '.join(sets)}"
-                if not expression
-                else expression.replace("SET ", f"SET {', '.join(sets)}, ", 1)
-            )
+            sets += ["missed_total = if_not_exists(missed_total, :zero) + :m", "missed_ranges = :r"]
+            named |= {
+                "zero": 0,
+                "m": len(step.missed),
+                "r": missed_ranges_after(step.item, schedule.version, step.missed),
+            }
+        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
         return {
             "Update": {
                 "TableName": self.settings.schedules_table,
@@ -306,7 +306,7 @@ class Materializer:
 
     def _commit(
         self, lease: Lease, steps: list[_Step], now: int, until: int, report: ShardReport
-    ) -> bool:
+    ) -> tuple[bool, Lease]:
         pending = list(steps)
         retries = 0
         while pending:
@@ -315,58 +315,88 @@ class Materializer:
                 # released and the watermark stays, so the next tick re-reads this bucket,
                 # where only the schedules not yet stepped are left.
                 report.out_of_time = True
-                return False
-            batch: list[_Step] = []
-            size = 1  # the fence check
-            while pending and size + len(pending[0].actions) <= self.max_actions:
-                size += len(pending[0].actions)
-                batch.append(pending.pop(0))
+                return False, lease
+            if not self._still_held(lease):
+                report.lease_lost = True
+                return False, lease
+            batch, releases = self._next_batch(pending)
             self._crash("before_commit")
-            codes = run_batch(
-                self._s.dynamodb,
-                [self.leases.still_mine(lease)] + [a for s in batch for a in s.actions],
-            )
+            actions = [self.leases.still_mine(lease, frozenset(releases))]
+            actions += [self.leases.tally_release(lease, t, a) for t, a in releases.items()]
+            codes = run_batch(self._s.dynamodb, actions + [a for s in batch for a in s.actions])
             if not codes:
+                lease = replace(lease, pending=lease.pending | releases.keys())
                 self._done(batch, now, until, report, pending)
                 self._crash("after_commit")
                 continue
             if codes[0] == "ConditionalCheckFailed":
                 report.lease_lost = True
-                return False
+                return False, lease
             retries += 1
             if retries > MAX_RETRIES:
-                return False  # the watermark stays; the next tick re-runs this bucket
-            pending[:0] = self._sort_out(batch, codes[1:], now, until, report)
-        return True
+                return False, lease  # the watermark stays; the next tick re-runs this bucket
+            pending[:0] = self._sort_out(batch, codes[len(actions) :], now, until, report)
+        return True, lease
+
+    def _next_batch(self, pending: list[_Step]) -> tuple[list[_Step], dict[str, dict[str, int]]]:
+        """The steps of the next transaction, and the quota their completions give back (per
+        tenant), within DynamoDB's action limit (the fence and one tally per tenant count)."""
+        batch: list[_Step] = []
+        counts: dict[str, int] = defaultdict(int)
+        loads: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        while pending:
+            step = pending[0]
+            tenant = step.schedule.tenant_id
+            extra = int(step.completes and tenant not in counts)
+            size = 1 + len(counts) + sum(len(s.actions) for s in batch)
+            if size + extra + len(step.actions) > self.max_actions:
+                break
+            batch.append(pending.pop(0))
+            if step.completes:
+                counts[tenant] += 1
+                for minute, load in minute_load_of(step.item).items():
+                    loads[tenant][minute] += load
+        releases = {t: released_usage(n, dict(loads[t])) for t, n in counts.items()}
+        return batch, releases
 
     def _done(
         self, batch: list[_Step], now: int, until: int, report: ShardReport, pending: list[_Step]
     ) -> None:
-        # Quota is given back after the commit, summed per tenant, outside the hot transaction:
-        # a crash in between over-counts (the safe side) until the reconciler recounts.
-        released: dict[str, dict[int, int]] = defaultdict(dict)
-        completed: dict[str, int] = defaultdict(int)
         for step in batch:
             report.occurrences += len(step.occurrences)
             report.missed += len(step.missed)
-            if step.next_run_at is None:
+            if step.completes:
                 report.completed += 1
-                tenant = step.schedule.tenant_id
-                completed[tenant] += 1
-                for minute, load in minute_load_of(step.item).items():
-                    released[tenant][minute] = released[tenant].get(minute, 0) + load
-            elif step.next_available_at is not None and step.next_available_at <= until:
-                # The step hit STEP_LIMIT: continue from the committed cursor.
+                continue
+            assert step.plan is not None
+            cursor = step.plan.cursor
+            if cursor.next_available_at is not None and cursor.next_available_at <= until:
+                # The step hit STEP_LIMIT: continue from the committed cursor, at the same
+                # catch-up pace.
                 item = dict(
                     step.item,
-                    next_run_at=step.next_run_at,
-                    next_available_at=step.next_available_at,
+                    planned_until=cursor.planned_until,
+                    next_run_at=cursor.next_run_at,
+                    next_available_at=cursor.next_available_at,
                 )
-                follow_up = self._plan(item, now, until, step.catchup if step.catchup[0] else None)
+                follow_up = self._plan(item, now, until, step.plan.catchup)
                 if follow_up is not None:
                     pending.append(follow_up)
-        for tenant, count in completed.items():
-            self._s.tenants.release(tenant, schedules=count, load=released[tenant])
+
+    def _hand_over(self, lease: Lease) -> bool:
+        """Move every tenant's released quota from the shard's tally to the tenant's usage,
+        one transaction per tenant; False when the lease was lost."""
+        for tenant in sorted(lease.pending):
+            tally = self.leases.release_tally(lease, tenant)
+            actions = self.leases.hand_over(lease, tenant, tally)
+            if tally:
+                actions.append(self._s.tenants.release_action(tenant, tally))
+            codes = run_batch(self._s.dynamodb, actions)
+            if codes and codes[0] == "ConditionalCheckFailed":
+                return False
+            # Any other refusal (a conflict on the tenant's item): the tally stays pending,
+            # whole, for the next run.
+        return True
 
     def _sort_out(
         self, batch: list[_Step], codes: list[str], now: int, until: int, report: ShardReport
@@ -377,10 +407,7 @@ class Materializer:
         for step in batch:
             own = codes[index : index + len(step.actions)]
             index += len(step.actions)
-            if all(code in ("None", "") for code in own):
-                again.append(step)
-                continue
-            if "TransactionConflict" in own:
+            if all(code in ("None", "") for code in own) or "TransactionConflict" in own:
                 again.append(step)
                 continue
             puts, cursor = own[:-1], own[-1]
@@ -388,15 +415,12 @@ class Materializer:
                 # Only occurrence puts were refused: those occurrences exist already (the
                 # id is deterministic, so it is the same one, e.g. a repair): the step goes
                 # on without them instead of stalling the shard on them.
-                kept = [
+                step.occurrences = [
                     o
                     for o, code in zip(step.occurrences, puts, strict=True)
                     if code != "ConditionalCheckFailed"
                 ]
-                step.occurrences = kept
-                step.actions = [
-                    self._s.occurrences.put_new(o, step.schedule.payload) for o in kept
-                ] + [step.actions[-1]]
+                step.actions = self._actions(step)
                 again.append(step)
                 continue
             # A condition failed: someone else moved this schedule (an update, a cancel, another

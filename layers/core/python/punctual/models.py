@@ -202,7 +202,9 @@ class RetryPolicy(_Record):
         default=86400,
         ge=60,
         le=14 * 86400,
-        description="No attempt starts later than scheduled_for + deadline.",
+        description="No attempt starts later than available_at + deadline (when the "
+        "occurrence became receivable: a late fire released by the misfire policy counts "
+        "from its release).",
     )
 
     @model_validator(mode="after")
@@ -261,9 +263,18 @@ class Schedule(ScheduleDefinition):
     state: ScheduleState = ScheduleState.ACTIVE
     created_at: AwareDatetime
     updated_at: AwareDatetime
-    # The cursor: the next fire not yet materialized, and when it becomes receivable.
+    # The cursor (punctual.materialize): every fire due (available) by planned_until is
+    # handled; the next fire not handled yet, and the soonest one of them to be due.
+    planned_until: int | None = None
     next_run_at: int | None = None
     next_available_at: int | None = None
+
+    @property
+    def fires_after(self) -> int:
+        """This version owns the fires strictly after this instant: the first version from
+        its creation instant on (a rate anchored there fires at once), a later one strictly
+        after the change (a resumed schedule does not catch up its paused time)."""
+        return int(self.updated_at.timestamp()) - (1 if self.version == 1 else 0)
 
     def rule(self) -> Rule:
         if isinstance(self.spec, RateSpec):

@@ -31,19 +31,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from punctual.dal.common import Item, from_dynamo, run_batch, to_dynamo, translated, values
+from punctual.dal.common import (
+    Item,
+    batch_get,
+    from_dynamo,
+    run_batch,
+    to_dynamo,
+    translated,
+    values,
+)
+from punctual.dal.leases import LeaseStore
 from punctual.dal.schedules import (
-    MissedSummary,
     ScheduleVersion,
     current_version_of,
-    missed_summary_of,
+    missed_ranges_of,
     schedule_from_item,
 )
-from punctual.dal.tables import SCHEDULE_CURRENT
+from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
 from punctual.errors import Conflict, InvalidInput
-from punctual.ids import available_at, occurrence_id
-from punctual.materialize import new_occurrence
-from punctual.materializer import MAX_CATCHUP_SPREAD
+from punctual.ids import available_at, minute_of, occurrence_id
+from punctual.materialize import MAX_CATCHUP_SPREAD, new_occurrence
 from punctual.models import (
     MisfireAction,
     Occurrence,
@@ -51,6 +58,9 @@ from punctual.models import (
     Schedule,
     ScheduleState,
 )
+from punctual.observability import logger
+from punctual.redrive import REDRIVE_AFTER, overdue
+from punctual.relay import Relay, outbound
 from punctual.scheduling import Services
 
 HOUR = 3600
@@ -67,6 +77,7 @@ REPORT_PREFIX = "RECONCILE#"
 FOLLOWER_PAGE = 100  # stored occurrences read past the window to find a late-fired follower
 
 _OWNING_STATES = (ScheduleState.ACTIVE, ScheduleState.COMPLETED)
+_OPEN = (OccurrenceState.SCHEDULED, OccurrenceState.RETRY_WAIT, OccurrenceState.RUNNING)
 
 
 class Finding(StrEnum):
@@ -171,6 +182,26 @@ def _dormant(version: ScheduleVersion, since: int) -> bool:
     return schedule.state is ScheduleState.COMPLETED and schedule.rule().next_after(since) is None
 
 
+def _may_be_overdue(occurrence: Occurrence, now: int) -> bool:
+    """What the stored model already rules out (RETRY_WAIT's retry time is read anew)."""
+    if occurrence.state is OccurrenceState.SCHEDULED:
+        return occurrence.available_at + REDRIVE_AFTER < now
+    if occurrence.state is OccurrenceState.RUNNING:
+        return (occurrence.lease_expires_at or 0) + REDRIVE_AFTER < now
+    return True
+
+
+def _not_handled_yet(current: Schedule, gap: Expected) -> bool:
+    """True while the materializer's cursor has not passed the fire: it will apply the misfire
+    policy itself, and an occurrence put first would block its step."""
+    if current.next_run_at is None or gap.version != current.version:
+        return False
+    handled = current.planned_until
+    if handled is None:  # a cursor written before planned_until existed
+        return gap.scheduled_for >= current.next_run_at
+    return gap.available_at > handled
+
+
 def fired_late(occurrence: Occurrence, window_seconds: int) -> bool:
     """True for an occurrence fired by a misfire policy: the materializer (and the repair)
     make a late fire receivable from the moment it is handled, not at its jittered instant."""
@@ -191,6 +222,8 @@ class _ScheduleOutcome:
     recorded_missed: list[str] = field(default_factory=list)
     deferred: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    stalled: list[Occurrence] = field(default_factory=list)  # open, and may be overdue
+    redriven: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +255,8 @@ class ReconcileReport(BaseModel):
     repaired_missed: int  # MISSING ones recorded MISSED (policy, or a superseded version)
     deferred: int  # MISSING ones the materializer has not passed yet: left to it
     repair_conflicts: int  # MISSING ones whose repair lost a race twice: next run
+    cursors_moved: int = 0  # schedules left in a due bucket the walk had passed, moved ahead
+    redriven: int = 0  # open occurrences no worker took long after they were due: re-sent
 
     @property
     def missing(self) -> int:
@@ -324,6 +359,8 @@ class ShardResult:
     fired: list[str]
     recorded_missed: list[str]
     deferred: list[str]
+    moved: list[str] = field(default_factory=list)  # schedules moved ahead of the walk
+    redriven: list[str] = field(default_factory=list)  # occurrences re-sent
 
 
 @dataclass
@@ -342,7 +379,7 @@ class _Tally:
                 kept.append(oid)
             if finding in (Finding.MISSING, Finding.UNEXPECTED):
                 self.lists.setdefault(finding.value, []).append(oid)
-        for name in ("fired", "recorded_missed", "deferred", "conflicts"):
+        for name in ("fired", "recorded_missed", "deferred", "conflicts", "redriven"):
             self.lists.setdefault(name, []).extend(getattr(outcome, name))
 
     def of(self, name: str) -> list[str]:
@@ -357,6 +394,7 @@ class Reconciler:
         repair: bool | None = None,
         out_of_time: Callable[[], bool] | None = None,
         workers: int = WORKERS,
+        relay: Relay | None = None,
     ) -> None:
         self._s = services
         self.settings = services.settings
@@ -366,9 +404,12 @@ class Reconciler:
         self.schedules = services.schedules
         self.occurrences = services.occurrences
         self.reports = ReportStore(services.dynamodb, self.settings.leases_table)
+        self.leases = LeaseStore(services.dynamodb, self.settings.leases_table)
+        self.relay = relay or Relay(services)
         # How far past a version change its predecessor can have been planned: the API plans
-        # lookahead + tick ahead, the materializer to the end of the minute after lookahead.
-        self.horizon = self.settings.planned_horizon_seconds + 60
+        # its horizon ahead (two minutes past a walk that overtook it), the materializer to
+        # the end of the minute after lookahead.
+        self.horizon = self.settings.planned_horizon_seconds + 180
 
     def _now(self) -> int:
         return int(self._s.now())
@@ -403,6 +444,7 @@ class Reconciler:
         run_at = self._now()
         tally = _Tally()
         complete = True
+        moved = self._unstick(shard, start, end) if self.repair else []
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             for page in self.schedules.list_for_shard(shard, created_before=_iso(end)):
                 if self._out_of_time():
@@ -415,6 +457,8 @@ class Reconciler:
                         continue
                     if outcome.missing and self.repair:
                         self._repair(outcome)
+                    if outcome.stalled and self.repair:
+                        self._redrive(outcome)
                     tally.add(outcome)
         report = ReconcileReport(
             shard=shard,
@@ -430,6 +474,8 @@ class Reconciler:
             repaired_missed=len(tally.of("recorded_missed")),
             deferred=len(tally.of("deferred")),
             repair_conflicts=len(tally.of("conflicts")),
+            cursors_moved=len(moved),
+            redriven=len(tally.of("redriven")),
         )
         self.reports.put(report, purge_at=end + self.settings.retention_days * 86400)
         return ShardResult(
@@ -439,7 +485,39 @@ class Reconciler:
             fired=tally.of("fired"),
             recorded_missed=tally.of("recorded_missed"),
             deferred=tally.of("deferred"),
+            moved=moved,
+            redriven=tally.of("redriven"),
         )
+
+    # --- cursors left behind ------------------------------------------------------------
+
+    def _unstick(self, shard: int, start: int, end: int) -> list[str]:
+        """Schedules still in a due bucket of the window that the shard's walk has passed:
+        their cursor was placed behind the watermark (a due index that lagged behind a
+        change, past every margin), so no walk would read it again. Each is moved to a bucket
+        ahead of the walk, where the materializer takes it up under its misfire policy."""
+        shard_item = self.leases.read(shard)
+        if shard_item is None:
+            return []
+        walked = int(shard_item["watermark"])
+        moved = []
+        for minute in range(start - start % 60, min(end, walked), 60):
+            for seen in self.schedules.due_in(minute, shard):
+                item = self.schedules.get_item(seen["schedule_id"])  # the index may be stale
+                if item is None or item.get("due_bucket") != seen.get("due_bucket"):
+                    continue
+                ahead = max(walked, minute_of(self._now())) + 2 * 60
+                actions = [
+                    self.schedules.move_due(item, ahead),
+                    self.leases.not_walked(shard, ahead),
+                ]
+                if not run_batch(self._s.dynamodb, actions):
+                    moved.append(str(item["schedule_id"]))
+                    logger.warning(
+                        "moved a schedule left behind the walk",
+                        extra={"schedule_id": item["schedule_id"], "shard": shard},
+                    )
+        return moved
 
     # --- one schedule -------------------------------------------------------------------
 
@@ -486,6 +564,8 @@ class Reconciler:
             else:
                 finding = Finding.SUPERSEDED
             outcome.findings.append((finding, occurrence.occurrence_id))
+            if occurrence.state in _OPEN:
+                outcome.stalled.append(occurrence)
         present = {o.occurrence_id for o in stored}
         return [e for e in expected if e.required and e.occurrence_id not in present]
 
@@ -499,21 +579,19 @@ class Reconciler:
     ) -> set[str]:
         """Gaps the materializer left on purpose: MISSED by the misfire policy.
 
-        Two traces: the summary on the CURRENT item (its last range, current version only),
-        and the next stored occurrence of the same version having been fired late (FIRE_ONCE
-        and CATCHUP fire the latest late instants and leave the ones before them). A gap
+        Two traces: the MISSED episodes recorded on the CURRENT item (the latest
+        MISSED_RANGES, every version), and the next stored occurrence of the same version
+        having been fired late (FIRE_ONCE and CATCHUP fire the latest late instants and
+        leave the ones before them). A gap
         that was materialized, then lost, right before an outage is taken for MISSED too:
         nothing stored tells those two apart.
         """
-        missed: set[str] = set()
-        summary: MissedSummary | None = missed_summary_of(item)
-        current_version = int(item["version"])
-        if summary is not None:
-            missed |= {
-                g.occurrence_id
-                for g in gaps
-                if g.version == current_version and summary.first <= g.scheduled_for <= summary.last
-            }
+        ranges = missed_ranges_of(item)
+        missed = {
+            g.occurrence_id
+            for g in gaps
+            if any(r.covers(g.version, g.scheduled_for) for r in ranges)
+        }
         schedules = {v.schedule.version: v.schedule for v in versions}
         later: dict[int, Occurrence | None] = {}  # per version: its first occurrence after end
         in_order = sorted(stored, key=lambda o: o.scheduled_for)
@@ -541,6 +619,26 @@ class Reconciler:
         """The version's first stored occurrence after ``after`` (read one page ahead)."""
         found = self.occurrences.first_after(schedule_id, after=after, limit=FOLLOWER_PAGE)
         return next((o for o in found if o.schedule_version == version), None)
+
+    # --- re-drive -----------------------------------------------------------------------
+
+    def _redrive(self, outcome: _ScheduleOutcome) -> None:
+        """Re-send the schedule's open occurrences that no worker took long after they were
+        due (punctual.redrive). Read again, consistently: the decision needs the state as it
+        is now (a worker may have just taken one), and the message needs the payload."""
+        now = self._now()
+        keys = [occurrence_key(o.occurrence_id) for o in outcome.stalled if _may_be_overdue(o, now)]
+        items = batch_get(self._s.dynamodb, self.settings.occurrences_table, keys)
+        late = [outbound(str(i["occurrence_id"]), i) for i in items if overdue(i, now)]
+        if not late:
+            return
+        report = self.relay.send(late)
+        sent = [o.occurrence.occurrence_id for o in late if o.record_id not in report.failures]
+        outcome.redriven += sent
+        logger.warning(
+            "re-sent occurrences no worker took",
+            extra={"schedule_id": outcome.schedule_id, "occurrences": sent[:EXAMPLES]},
+        )
 
     # --- repair -------------------------------------------------------------------------
 
@@ -578,16 +676,15 @@ class Reconciler:
                 # The worker refuses a superseded version's occurrence: it can only be missed.
                 reason = f"missing; version {gap.version} was superseded by {current.version}"
                 decisions.append(_Decision(gap, fire=False, reason=reason))
-            elif current.state is ScheduleState.ACTIVE and (
-                current.next_run_at is not None and gap.scheduled_for >= current.next_run_at
-            ):
+            elif current.state is ScheduleState.ACTIVE and _not_handled_yet(current, gap):
                 # The materializer has not got here yet: it will apply the misfire policy
                 # itself, and an occurrence put here first would block its step.
                 deferred.append(gap)
             else:
                 candidates.append(gap)
         policy = current.misfire
-        late = [g for g in candidates if now - g.scheduled_for > policy.max_lateness_seconds]
+        # Late as the materializer judges it: by when the fire was due to become receivable.
+        late = [g for g in candidates if g.available_at < now - policy.max_lateness_seconds]
         keep = min(len(late), policy.effective_catchup_limit)
         fired_late_ones = late[len(late) - keep :]
         pace = self._catchup_pace(current, keep)
@@ -648,13 +745,13 @@ class Reconciler:
         return self.occurrences.put_new(missed, {})
 
     def _schedule_check(self, current: Schedule, chunk: list[_Decision]) -> dict[str, Any]:
-        own = [d.expected.scheduled_for for d in chunk if d.expected.version == current.version]
+        own = [d.expected.available_at for d in chunk if d.expected.version == current.version]
         condition = "version = :v"
         named: dict[str, Any] = {"v": current.version}
         if own:
             condition += (
                 " AND #state IN (:active, :completed)"
-                " AND (attribute_not_exists(next_run_at) OR next_run_at > :last)"
+                " AND (attribute_not_exists(next_run_at) OR planned_until >= :last)"
             )
             named |= {
                 "active": ScheduleState.ACTIVE.value,
@@ -686,6 +783,8 @@ def metric_values(results: Iterable[ShardResult]) -> dict[str, int]:
         "ReconcileRepairConflicts": 0,
         "ReconcileSchedules": 0,
         "ReconcileIncomplete": 0,
+        "ReconcileCursorsMoved": 0,
+        "ReconcileRedriven": 0,
     }
     for result in results:
         report = result.report
@@ -698,6 +797,8 @@ def metric_values(results: Iterable[ShardResult]) -> dict[str, int]:
         totals["ReconcileRepairConflicts"] += report.repair_conflicts
         totals["ReconcileSchedules"] += report.schedules
         totals["ReconcileIncomplete"] += int(not report.complete)
+        totals["ReconcileCursorsMoved"] += report.cursors_moved
+        totals["ReconcileRedriven"] += report.redriven
     return totals
 
 

@@ -5,6 +5,11 @@ SQS; anything else is reported as a batch item failure and comes back. The send
 is not written back: the occurrence stays SCHEDULED until a worker claims it
 (one write unit per occurrence saved, docs/decisions.md 2026-11-30), so a retried
 batch sends the same occurrence id again, which the worker dedupes.
+
+The relay reads nothing before sending: every occurrence inserted SCHEDULED is sent,
+even if a change canceled it since (the worker drops a canceled occurrence's message
+before the handler runs). A read could only save such rare messages, and an eventually
+consistent one that misses a fresh item would drop the occurrence for good.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from punctual.dal.common import batch_get, from_dynamo
-from punctual.dal.tables import OCCURRENCE_PREFIX, occurrence_key
+from botocore.exceptions import BotoCoreError, ClientError
+
+from punctual.dal.common import Item, from_dynamo
+from punctual.dal.occurrences import occurrence_from_item
+from punctual.dal.tables import OCCURRENCE_PREFIX
 from punctual.models import Occurrence, OccurrenceState
 from punctual.scheduling import Services
 from punctual.timing import utc_text
@@ -30,6 +38,7 @@ SEND_ATTEMPTS = 3
 MESSAGE_VERSION = 1
 QUEUE_CACHE_SIZE = 10_000
 QUEUE_CACHE_SECONDS = 300
+STRICT_SLO_SECONDS = 5  # strict lag above this is late (docs/operations.md)
 
 CrashHook = Callable[[str], None]
 
@@ -84,13 +93,33 @@ class _Outbound:
 class RelayReport:
     failures: dict[str, Exception] = field(default_factory=dict)  # record id -> why
     sent: int = 0
-    skipped: int = 0  # no longer SCHEDULED (canceled, or already enqueued)
     dead: int = 0  # unknown target
     lags: list[tuple[bool, float]] = field(default_factory=list)  # (strict, seconds)
 
+    @property
+    def late_strict(self) -> int:
+        """Strict occurrences made receivable later than the SLO allows."""
+        return sum(1 for strict, lag in self.lags if strict and lag > STRICT_SLO_SECONDS)
+
+
+def outbound(record_id: str, item: Item) -> _Outbound:
+    """An occurrence item (with its payload) as something to send."""
+    occurrence = occurrence_from_item(item)
+    return _Outbound(
+        record_id=record_id,
+        occurrence=occurrence,
+        payload=item.get("payload", {}),
+        # Receivable at its scheduled instant: strict (or a late one due now) goes first.
+        strict=occurrence.available_at == occurrence.scheduled_for,
+    )
+
 
 class QueueDirectory:
-    """(tenant, target) -> queue URL, bounded in size and age; None for an unknown target."""
+    """(tenant, target) -> queue URL, bounded in size and age; None for an unknown target.
+
+    Only found targets are cached: a miss is read again, strongly consistent, before the
+    target counts as unknown (a target created a moment ago may not show in an eventually
+    consistent read, and "unknown" makes the occurrence DEAD)."""
 
     def __init__(self, services: Services, size: int = QUEUE_CACHE_SIZE) -> None:
         self._s = services
@@ -106,14 +135,17 @@ class QueueDirectory:
             if found and now - found[0] < QUEUE_CACHE_SECONDS:
                 self._entries.move_to_end(key)
                 return found[1]
-        resolved = self._s.tenants.get_target(tenant_id, target)
-        url = resolved.queue_url if resolved else None
+        resolved = self._s.tenants.get_target(tenant_id, target) or self._s.tenants.get_target(
+            tenant_id, target, consistent=True
+        )
+        if resolved is None:
+            return None
         with self._lock:
-            self._entries[key] = (now, url)
+            self._entries[key] = (now, resolved.queue_url)
             self._entries.move_to_end(key)
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
-        return url
+        return resolved.queue_url
 
 
 class Relay:
@@ -124,16 +156,21 @@ class Relay:
         *,
         crash: CrashHook | None = None,
         workers: int = 8,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._s = services
         self.queues = queues or QueueDirectory(services)
         self._crash = crash or (lambda point: None)
         self.workers = workers
+        self._sleep = sleep
 
     def relay(self, records: Iterable[dict[str, Any]]) -> RelayReport:
-        report = RelayReport()
         outbound = [o for r in records if (o := self._parse(r)) is not None]
-        outbound = self._still_scheduled(outbound, report)
+        return self.send(outbound)
+
+    def send(self, outbound: list[_Outbound]) -> RelayReport:
+        """Send occurrences (from stream records, or re-sent) to their queues."""
+        report = RelayReport()
         by_queue: dict[str, list[_Outbound]] = {}
         now = self._s.now()
         for item in outbound:
@@ -165,33 +202,9 @@ class Relay:
         image = from_dynamo(record["dynamodb"].get("NewImage", {}))
         if not str(image.get("sk", "")).startswith(OCCURRENCE_PREFIX):
             return None
-        occurrence = Occurrence(**{k: v for k, v in image.items() if k in Occurrence.model_fields})
-        return _Outbound(
-            record_id=str(record["dynamodb"]["SequenceNumber"]),
-            occurrence=occurrence,
-            payload=image.get("payload", {}),
-            # Receivable at its scheduled instant: strict (or a late one due now) goes first.
-            strict=occurrence.available_at == occurrence.scheduled_for,
-        )
-
-    def _still_scheduled(self, outbound: list[_Outbound], report: RelayReport) -> list[_Outbound]:
-        """Drop what was canceled (or already taken by a worker, after a re-sent batch) since
-        the insert: one read per 100."""
-        found = batch_get(
-            self._s.dynamodb,
-            self._s.settings.occurrences_table,
-            [occurrence_key(o.occurrence.occurrence_id) for o in outbound],
-            consistent=False,
-            attributes=["occurrence_id", "state"],
-        )
-        states = {item["occurrence_id"]: item["state"] for item in found}
-        keep = []
-        for item in outbound:
-            if states.get(item.occurrence.occurrence_id) == OccurrenceState.SCHEDULED.value:
-                keep.append(item)
-            else:
-                report.skipped += 1
-        return keep
+        if image.get("state") != OccurrenceState.SCHEDULED.value:
+            return None  # inserted final (MISSED by a repair): nothing to deliver
+        return outbound(str(record["dynamodb"]["SequenceNumber"]), image)
 
     # --- sending ------------------------------------------------------------------------
 
@@ -200,7 +213,12 @@ class Relay:
         ordered = sorted(items, key=lambda o: (not o.strict, o.occurrence.available_at))
         for start in range(0, len(ordered), 10):
             chunk = ordered[start : start + 10]
-            sent, failed = self._send_batch(chunk)
+            try:
+                sent, failed = self._send_batch(chunk)
+            except (ClientError, BotoCoreError) as problem:
+                # Throttled, or no answer (the messages may have gone in): these records come
+                # back and are sent again; the other queues and chunks go on.
+                sent, failed = [], [(item, SendFailed(str(problem))) for item in chunk]
             for item, error in failed:
                 report.failures[item.record_id] = error
             sent_at = self._s.now()
@@ -216,12 +234,13 @@ class Relay:
     ) -> tuple[list[_Outbound], list[tuple[_Outbound, Exception]]]:
         pending = {str(i): item for i, item in enumerate(chunk)}
         sent: list[_Outbound] = []
+        refused: dict[str, _Outbound] = {}  # the sender's fault: the same entry fails again
         last_error: dict[str, str] = {}
         for attempt in range(SEND_ATTEMPTS):
             if not pending:
                 break
             if attempt:
-                time.sleep(0.05 * 2**attempt)
+                self._sleep(0.05 * 2**attempt)
             answer = self._s.sqs.send_message_batch(
                 QueueUrl=chunk[0].queue_url,
                 Entries=[self._entry(key, item) for key, item in pending.items()],
@@ -231,9 +250,10 @@ class Relay:
             for bad in answer.get("Failed", []):
                 last_error[bad["Id"]] = f"{bad.get('Code')}: {bad.get('Message', '')}"
                 if bad.get("SenderFault"):
-                    break  # the same entry will fail again: report it now
+                    refused[bad["Id"]] = pending.pop(bad["Id"])
         failed: list[tuple[_Outbound, Exception]] = [
-            (item, SendFailed(last_error.get(key, "not accepted"))) for key, item in pending.items()
+            (item, SendFailed(last_error.get(key, "not accepted")))
+            for key, item in (refused | pending).items()
         ]
         return sent, failed
 

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from punctual.dal.common import ConditionFailed, Item, run_transaction
+from punctual.dal.leases import LeaseStore
 from punctual.dal.occurrences import OccurrenceStore
 from punctual.dal.schedules import (
     ScheduleStore,
@@ -26,8 +27,8 @@ from punctual.dal.schedules import (
     version_to_item,
 )
 from punctual.dal.tenants import TenantStore, usage_update
-from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
-from punctual.ids import new_schedule_id, shard_of
+from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
+from punctual.ids import minute_of, new_schedule_id, shard_of
 from punctual.integrations.queues import QueueAdmin, TargetQueues
 from punctual.materialize import plan
 from punctual.models import (
@@ -47,6 +48,8 @@ from punctual.timing import Preview, get_zone, preview
 Clock = Callable[[], float]
 
 PREVIEW_COUNT = 5
+# Plans re-made when the materializer's walk overtakes a change before it commits.
+WALK_RETRIES = 3
 _LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
 
 _AFFECTED_NOTES = {
@@ -113,6 +116,18 @@ class Services:
         return TenantStore(self.dynamodb, self.settings.tenants_table)
 
 
+class _StateMoved(Exception):
+    """The schedule's state changed under a change at the same version (the materializer
+    completed it): the change is decided again from a fresh read."""
+
+
+def _after_completion_race(change: Callable[[], Saved]) -> Saved:
+    try:
+        return change()
+    except _StateMoved:
+        return change()  # a schedule completes once: the second read sees it final
+
+
 class ControlPlane:
     def __init__(self, services: Services) -> None:
         self._s = services
@@ -120,6 +135,7 @@ class ControlPlane:
         self.schedules = services.schedules
         self.occurrences = services.occurrences
         self.tenants = services.tenants
+        self.leases = LeaseStore(services.dynamodb, services.settings.leases_table)
         self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix)
 
     def _now(self) -> int:
@@ -153,7 +169,7 @@ class ControlPlane:
             }
         )
         # A fire exactly at the creation instant still fires (a rate anchored at creation).
-        return self._save(None, schedule, after=now - 1, now=now, require_fire=True)
+        return self._save(None, schedule, now=now, require_fire=True)
 
     def get(self, tenant_id: str, schedule_id: str) -> Schedule:
         return schedule_from_item(self._owned(tenant_id, schedule_id))
@@ -170,6 +186,13 @@ class ControlPlane:
         return preview(schedule.rule(), schedule.next_run_at - 1, count, zone)
 
     def update(
+        self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]
+    ) -> Saved:
+        return _after_completion_race(
+            lambda: self._update(tenant_id, schedule_id, if_match=if_match, changes=changes)
+        )
+
+    def _update(
         self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]
     ) -> Saved:
         item = self._owned(tenant_id, schedule_id)
@@ -194,7 +217,7 @@ class ControlPlane:
             ScheduleState.PAUSED if current.state is ScheduleState.PAUSED else ScheduleState.ACTIVE
         )
         updated = self._next_version(current, now, state, definition)
-        return self._save(item, updated, after=now, now=now, require_fire=True)
+        return self._save(item, updated, now=now, require_fire=True)
 
     def pause(self, tenant_id: str, schedule_id: str) -> Saved:
         return self._transition(
@@ -222,6 +245,17 @@ class ControlPlane:
         state: ScheduleState,
         allowed_from: set[ScheduleState],
     ) -> Saved:
+        return _after_completion_race(
+            lambda: self._transition_once(tenant_id, schedule_id, state, allowed_from)
+        )
+
+    def _transition_once(
+        self,
+        tenant_id: str,
+        schedule_id: str,
+        state: ScheduleState,
+        allowed_from: set[ScheduleState],
+    ) -> Saved:
         item = self._owned(tenant_id, schedule_id)
         current = schedule_from_item(item)
         if current.state not in allowed_from:
@@ -230,7 +264,7 @@ class ControlPlane:
                 state=current.state.value,
             )
         now = self._now()
-        return self._save(item, self._next_version(current, now, state), after=now, now=now)
+        return self._save(item, self._next_version(current, now, state), now=now)
 
     @staticmethod
     def _next_version(
@@ -259,20 +293,51 @@ class ControlPlane:
         old_item: Item | None,
         schedule: Schedule,
         *,
-        after: int,
         now: int,
         require_fire: bool = False,
     ) -> Saved:
+        shard = shard_of(schedule.schedule_id, self.settings.shard_count)
+        until = now + self.settings.planned_horizon_seconds
+        for _ in range(WALK_RETRIES):
+            try:
+                return self._write(
+                    old_item, schedule, shard=shard, until=until, now=now, require_fire=require_fire
+                )
+            except ConditionFailed as refused:
+                if refused.label != "shard":
+                    raise
+                # The walk got to the cursor's bucket first (this commit was slow, or our
+                # clock is behind the ticker's): plan directly past where it stands now.
+                walked = int((refused.old_item or {}).get("watermark", 0))
+                until = max(until, walked + 2 * 60 - 1)
+        raise Retryable("the materializer kept overtaking this change; retry")
+
+    def _write(
+        self,
+        old_item: Item | None,
+        schedule: Schedule,
+        *,
+        shard: int,
+        until: int,
+        now: int,
+        require_fire: bool,
+    ) -> Saved:
+        """Plan, then commit the change in one transaction; ConditionFailed("shard") when the
+        materializer's walk has already passed the bucket the cursor would go to."""
         materialized: list[Occurrence] = []
         if schedule.state is ScheduleState.ACTIVE:
+            # Every fire receivable by ``until`` is made here: the materializer may already
+            # have planned past it. The rest waits for it in the due index.
             planned = plan(
                 schedule,
-                after=after,
-                materialize_until=now + self.settings.planned_horizon_seconds,
+                planned_until=None,
+                until=until,
+                now=now,
                 retention_seconds=self.settings.retention_days * 86400,
             )
             materialized = planned.occurrences
-            if planned.next_run_at is None and not materialized:
+            cursor = planned.cursor
+            if cursor.next_run_at is None and not materialized:
                 if require_fire:
                     raise InvalidInput(
                         "the schedule would never fire",
@@ -283,23 +348,19 @@ class ControlPlane:
                 # With every fire already materialized, the schedule still waits in the due
                 # index: the materializer completes it there and gives its quota back, so
                 # even a one-shot due in seconds is admission-controlled. It waits past the
-                # planned horizon, in a minute no tick has walked yet (its last occurrence's
-                # minute may have been walked already: that is why the API made it).
-                waiting = max(
-                    materialized[-1].available_at if materialized else now,
-                    now + self.settings.planned_horizon_seconds,
-                )
+                # planned horizon, in a minute no tick has walked yet.
+                waiting = max(materialized[-1].available_at if materialized else now, until)
                 schedule = schedule.model_copy(
                     update={
-                        "next_run_at": planned.next_run_at,
-                        "next_available_at": planned.next_available_at or waiting,
+                        "planned_until": cursor.planned_until,
+                        "next_run_at": cursor.next_run_at,
+                        "next_available_at": cursor.next_available_at or waiting,
                     }
                 )
         load = strict_minute_load(schedule, schedule.created_at) if schedule.state in _LIVE else {}
-        shard = shard_of(schedule.schedule_id, self.settings.shard_count)
         current_item = schedule_to_item(schedule, shard=shard, minute_load=load)
         # The materializer's MISSED summary belongs to the schedule, not to one version.
-        for kept in ("missed_total", "last_missed_from", "last_missed_to"):
+        for kept in ("missed_total", "missed_ranges"):
             if old_item is not None and kept in old_item:
                 current_item[kept] = old_item[kept]
 
@@ -309,11 +370,17 @@ class ControlPlane:
                 self.schedules.put_new(current_item)
                 if old_item is None
                 else self.schedules.replace_current(
-                    current_item, expected_version=old_item["version"]
+                    current_item,
+                    expected_version=old_item["version"],
+                    expected_state=old_item["state"],
                 ),
             ),
             ("version", self.schedules.put_version(version_to_item(schedule, effective_from=now))),
         ]
+        if "due_at" in current_item:
+            actions.append(
+                ("shard", self.leases.not_walked(shard, minute_of(current_item["due_at"])))
+            )
         tenant = self.tenants.get(schedule.tenant_id)
         usage = self._usage_action(tenant, old_item, schedule, load)
         if usage:
@@ -324,6 +391,13 @@ class ControlPlane:
         try:
             run_transaction(self._s.dynamodb, actions)
         except ConditionFailed as refused:
+            if refused.label == "shard":
+                raise
+            same_version = (
+                old_item and (refused.old_item or {}).get("version") == old_item["version"]
+            )
+            if refused.label == "schedule" and same_version:
+                raise _StateMoved from None
             raise self._refusal(refused, tenant, load) from None
         affected = self._invalidate(old_item, schedule, now) if old_item else []
         return Saved(schedule, self.next_fires(schedule), materialized, affected)
@@ -420,7 +494,7 @@ class ControlPlane:
     # --- targets and tenants ----------------------------------------------------------
 
     def create_target(self, tenant_id: str, name: str) -> Target:
-        if self.tenants.get_target(tenant_id, name):
+        if self.tenants.get_target(tenant_id, name, consistent=True):
             raise Conflict(f"target {name} already exists")
         queues = self.queues.create(tenant_id, name, self.tenants.get(tenant_id).principals)
         target = Target(
@@ -463,7 +537,8 @@ class ControlPlane:
         return item
 
     def _require_target(self, tenant_id: str, name: str) -> None:
-        if self.tenants.get_target(tenant_id, name) is None:
+        # Consistent: a target created a moment ago must be usable at once.
+        if self.tenants.get_target(tenant_id, name, consistent=True) is None:
             raise InvalidInput(
                 f"unknown target {name}",
                 [{"field": "target", "reason": f"no target named {name!r}; create it first"}],

@@ -8,6 +8,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+INDEX_MARGIN_SECONDS = 60
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PUNCTUAL_", frozen=True)
@@ -40,10 +42,13 @@ class Settings(BaseSettings):
 
     @property
     def planned_horizon_seconds(self) -> int:
-        """Fires due within this much of now may already be past the materializer's watermark."""
+        """How far ahead the API makes a change's fires itself: fires due within it may
+        already be past the materializer's watermark, and the cursor goes after it."""
         # A tick walks whole minutes: up to the end of the minute holding tick + lookahead,
-        # so up to 59 s past it, whatever the tick interval.
-        return self.lookahead_seconds + max(self.tick_seconds, 60)
+        # so up to 59 s past it, whatever the tick interval. The margin keeps the cursor a
+        # minute clear of the next walk: the due index is eventually consistent, and a
+        # cursor the walk reads before the index shows it would be left behind.
+        return self.lookahead_seconds + max(self.tick_seconds, 60) + INDEX_MARGIN_SECONDS
 
 
 @cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
@@ -123,11 +124,19 @@ class ConditionFailed(Exception):
         self.old_item = old_item
 
 
+def transact(client: Any, actions: list[dict[str, Any]]) -> None:
+    """TransactWriteItems with an idempotency token. A call whose response is lost after it
+    committed is sent again by the SDK; without the token the repeat meets its own write and
+    is refused (a create answering 409 for the schedule it made), with it DynamoDB answers
+    the repeat as the first call succeeded."""
+    client.transact_write_items(TransactItems=actions, ClientRequestToken=uuid.uuid4().hex)
+
+
 def run_transaction(client: Any, actions: list[tuple[str, dict[str, Any]]]) -> None:
     """TransactWriteItems over labelled actions; a failed condition names its action."""
     try:
         with translated():
-            client.transact_write_items(TransactItems=[action for _, action in actions])
+            transact(client, [action for _, action in actions])
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
             raise
@@ -148,7 +157,7 @@ def run_batch(client: Any, actions: list[dict[str, Any]]) -> list[str]:
     """TransactWriteItems; [] when it committed, else the per-action cancellation codes."""
     try:
         with translated():
-            client.transact_write_items(TransactItems=actions)
+            transact(client, actions)
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
             raise

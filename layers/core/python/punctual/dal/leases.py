@@ -1,12 +1,15 @@
-"""The leases table: one item per shard with its lease, fencing token and watermark."""
+"""The leases table: one item per shard with its lease, fencing token and watermark, and
+the shard's pending quota releases (one item per shard and tenant)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from punctual.dal.common import from_dynamo, to_dynamo, translated, values
+from punctual.dal.common import Item, from_dynamo, to_dynamo, translated, values
 from punctual.errors import Conflict
+
+PENDING = "pending_releases"  # on the shard item: tenants with a release not yet handed over
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,10 +19,17 @@ class Lease:
     fence: int  # grows by one with every claim: a later claim always has a larger token
     expires_at: int
     watermark: int  # the first minute bucket not yet fully processed (epoch seconds)
+    pending: frozenset[str] = frozenset()  # tenants whose released quota waits on this shard
 
 
 def shard_key(shard: int) -> dict[str, Any]:
     return to_dynamo({"pk": f"SHARD#{shard:04d}"})
+
+
+def release_key(shard: int, tenant_id: str) -> dict[str, Any]:
+    """The shard's tally of quota released by completed schedules of one tenant, not yet
+    handed over to the tenant's usage."""
+    return to_dynamo({"pk": f"RELEASE#{shard:04d}#{tenant_id}"})
 
 
 class LeaseStore:
@@ -52,33 +62,128 @@ class LeaseStore:
         except Conflict:
             return None
         item = from_dynamo(answer["Attributes"])
-        return Lease(shard, holder, item["fence"], item["expires_at"], item["watermark"])
+        return Lease(
+            shard,
+            holder,
+            item["fence"],
+            item["expires_at"],
+            item["watermark"],
+            frozenset(item.get(PENDING, ())),
+        )
 
-    def still_mine(self, lease: Lease) -> dict[str, Any]:
-        """A transaction action that fails once another materializer has claimed the shard."""
+    def read(self, shard: int) -> Item | None:
+        """The shard's item, strongly consistent: what a writer placing a schedule in the due
+        index must compare its bucket with (the watermark moves every minute)."""
+        found = self._client.get_item(
+            TableName=self.table, Key=shard_key(shard), ConsistentRead=True
+        ).get("Item")
+        return from_dynamo(found) if found else None
+
+    def not_walked(self, shard: int, minute: int) -> dict[str, Any]:
+        """A transaction action that fails once the shard's walk has reached ``minute``."""
         return {
             "ConditionCheck": {
                 "TableName": self.table,
-                "Key": shard_key(lease.shard),
-                # Race: a holder that stalled past its lease (GC pause, slow network) and was
-                # taken over must not commit anything afterwards: the fence has moved on.
-                "ConditionExpression": "fence = :fence",
-                "ExpressionAttributeValues": values(fence=lease.fence),
+                "Key": shard_key(shard),
+                # Race: a schedule placed in a due bucket that the materializer has already
+                # walked (a slow or retried commit, a skewed clock) would never be read again.
+                # The walk reads bucket W only once the watermark is W, so a bucket after the
+                # stored watermark is still ahead of it.
+                "ConditionExpression": "attribute_not_exists(watermark) OR watermark < :m",
+                "ExpressionAttributeValues": values(m=minute),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
         }
 
-    def advance(self, lease: Lease, watermark: int) -> bool:
-        """Move the watermark forward; False when the lease was lost (nothing written)."""
+    def still_mine(self, lease: Lease, pending: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """A transaction action that fails once another materializer has claimed the shard;
+        with ``pending``, it also records those tenants' releases as waiting on the shard."""
+        # Race: a holder that stalled past its lease (GC pause, slow network) and was taken
+        # over must not commit anything afterwards: the fence has moved on.
+        fenced: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": shard_key(lease.shard),
+            "ConditionExpression": "fence = :fence",
+            "ExpressionAttributeValues": values(fence=lease.fence),
+        }
+        if not pending:
+            return {"ConditionCheck": fenced}
+        fenced["UpdateExpression"] = f"ADD {PENDING} :p"
+        fenced["ExpressionAttributeValues"][":p"] = {"SS": sorted(pending)}
+        return {"Update": fenced}
+
+    def tally_release(self, lease: Lease, tenant_id: str, adds: dict[str, int]) -> dict[str, Any]:
+        """A transaction action adding to the shard's tally of one tenant's released usage
+        (usage attribute -> amount). Only the fenced holder writes it, in the transaction
+        that completes the schedules; ``hand_over`` moves it to the tenant."""
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": release_key(lease.shard, tenant_id),
+                "UpdateExpression": "ADD " + ", ".join(f"{k} :d{k}" for k in adds),
+                "ExpressionAttributeValues": values(**{f"d{k}": v for k, v in adds.items()}),
+            }
+        }
+
+    def release_tally(self, lease: Lease, tenant_id: str) -> dict[str, int]:
+        """The tally waiting for one tenant, strongly consistent (it is handed over whole)."""
+        found = self._client.get_item(
+            TableName=self.table, Key=release_key(lease.shard, tenant_id), ConsistentRead=True
+        ).get("Item")
+        item = from_dynamo(found) if found else {}
+        return {k: int(v) for k, v in item.items() if k != "pk" and int(v) != 0}
+
+    def hand_over(
+        self, lease: Lease, tenant_id: str, tally: dict[str, int]
+    ) -> list[dict[str, Any]]:
+        """Transaction actions emptying the tenant's tally (the caller adds the same amounts to
+        the tenant's usage in the same transaction) and taking it off the pending set."""
+        done = {
+            "Update": {
+                "TableName": self.table,
+                "Key": shard_key(lease.shard),
+                "UpdateExpression": f"DELETE {PENDING} :t",
+                # Race: a holder taken over meanwhile; the new holder hands the tally over,
+                # so exactly one transfer happens.
+                "ConditionExpression": "fence = :fence",
+                "ExpressionAttributeValues": values(fence=lease.fence)
+                | {":t": {"SS": [tenant_id]}},
+            }
+        }
+        if not tally:
+            return [done]
+        return [done, self.tally_release(lease, tenant_id, {k: -v for k, v in tally.items()})]
+
+    def advance(self, lease: Lease, watermark: int, *, expires_at: int) -> bool:
+        """Move the watermark forward and renew the lease; False when the lease was lost."""
         try:
             with translated():
                 self._client.update_item(
                     TableName=self.table,
                     Key=shard_key(lease.shard),
-                    UpdateExpression="SET watermark = :w",
+                    UpdateExpression="SET watermark = :w, expires_at = :until",
                     # Race: a stale holder moving the watermark backwards (or at all) after a
                     # takeover; only the current fence may move it, and only forward.
                     ConditionExpression="fence = :fence AND watermark <= :w",
-                    ExpressionAttributeValues=values(fence=lease.fence, w=watermark),
+                    ExpressionAttributeValues=values(
+                        fence=lease.fence, w=watermark, until=expires_at
+                    ),
+                )
+        except Conflict:
+            return False
+        return True
+
+    def renew(self, lease: Lease, *, expires_at: int) -> bool:
+        """Extend the lease (a long bucket); False when it was lost."""
+        try:
+            with translated():
+                self._client.update_item(
+                    TableName=self.table,
+                    Key=shard_key(lease.shard),
+                    UpdateExpression="SET expires_at = :until",
+                    # Race: extending a lease another materializer has taken over meanwhile.
+                    ConditionExpression="fence = :fence",
+                    ExpressionAttributeValues=values(fence=lease.fence, until=expires_at),
                 )
         except Conflict:
             return False

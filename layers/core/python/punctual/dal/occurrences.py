@@ -138,8 +138,10 @@ class OccurrenceStore:
         return occurrence_from_item(from_dynamo(found)) if found else None
 
     def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
-        """Occurrences not yet finished, scheduled at or after ``since``."""
-        found = self._query_all(**_between(schedule_id, since, _LAST))
+        """Occurrences not yet finished, scheduled at or after ``since``. Strongly consistent:
+        a change answers the real state of every occurrence it affects, including one the
+        materializer wrote just before the change committed."""
+        found = self._query_all(**_between(schedule_id, since, _LAST), ConsistentRead=True)
         return [o for o in found if o.state in _OPEN]
 
     def settle_scheduled(self, occurrence_id: str, state: OccurrenceState, reason: str) -> bool:

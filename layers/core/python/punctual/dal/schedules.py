@@ -16,7 +16,7 @@ from punctual.dal.common import (
     to_dynamo,
     values,
 )
-from punctual.dal.tables import SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
+from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
 from punctual.models import Schedule, ScheduleDefinition, ScheduleState
 from punctual.timing import to_epoch
 
@@ -51,6 +51,7 @@ def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, i
         "updated_at": schedule.updated_at.isoformat(),
         "shard": shard,
         "minute_load": {str(m): n for m, n in minute_load.items()},
+        "planned_until": schedule.planned_until,
         "next_run_at": schedule.next_run_at,
         "next_available_at": schedule.next_available_at,
     }
@@ -83,6 +84,7 @@ def schedule_from_item(item: Item) -> Schedule:
         state=item["state"],
         created_at=item["created_at"],
         updated_at=item["updated_at"],
+        planned_until=item.get("planned_until"),
         next_run_at=item.get("next_run_at"),
         next_available_at=item.get("next_available_at"),
     )
@@ -118,21 +120,37 @@ def current_version_of(item: Item) -> ScheduleVersion:
     return ScheduleVersion(schedule, to_epoch(schedule.updated_at))
 
 
+MISSED_RANGES = 16  # MISSED episodes kept on a schedule (older ones are only counted)
+
+
 @dataclass(frozen=True, slots=True)
-class MissedSummary:
-    """The materializer's bounded MISSED record on the CURRENT item (current version only)."""
+class MissedRange:
+    """One misfire episode: fires of one version the policy recorded MISSED."""
 
-    total: int
-    first: int  # the earliest instant of the last range recorded MISSED
+    version: int
+    first: int  # scheduled_for of the earliest and the latest one
     last: int
+    count: int
+
+    def covers(self, version: int, scheduled_for: int) -> bool:
+        return version == self.version and self.first <= scheduled_for <= self.last
 
 
-def missed_summary_of(item: Item) -> MissedSummary | None:
-    if "last_missed_from" not in item or "last_missed_to" not in item:
-        return None
-    return MissedSummary(
-        int(item.get("missed_total", 0)), int(item["last_missed_from"]), int(item["last_missed_to"])
+def missed_ranges_of(item: Item) -> list[MissedRange]:
+    """The MISSED episodes recorded on a CURRENT item, oldest first (at most MISSED_RANGES)."""
+    return [
+        MissedRange(int(r["version"]), int(r["first"]), int(r["last"]), int(r["count"]))
+        for r in item.get("missed_ranges", [])
+    ]
+
+
+def missed_ranges_after(item: Item, version: int, missed: list[int]) -> list[dict[str, int]]:
+    """The item's MISSED episodes with one more (``missed``: sorted instants), bounded."""
+    ranges = [*item.get("missed_ranges", [])]
+    ranges.append(
+        {"version": version, "first": missed[0], "last": missed[-1], "count": len(missed)}
     )
+    return ranges[-MISSED_RANGES:]
 
 
 def minute_load_of(item: Item) -> dict[int, int]:
@@ -189,6 +207,19 @@ class ScheduleStore:
             if not start or len(found) >= limit:
                 return found, encode_token(start)
 
+    def due_in(self, minute: int, shard: int) -> Iterator[Item]:
+        """The schedules in one due bucket, read from the due index: eventually consistent
+        (an index cannot be read otherwise), so a schedule moved here a moment ago may be
+        missing and one that left may still show (its cursor condition then refuses it)."""
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table,
+            IndexName=DUE_INDEX,
+            KeyConditionExpression="due_bucket = :b",
+            ExpressionAttributeValues=values(b=due_bucket(minute, shard)),
+        )
+        for page in pages:
+            yield from (from_dynamo(raw) for raw in page["Items"])
+
     def list_for_shard(self, shard: int, *, created_before: str) -> Iterator[list[Item]]:
         """Pages of the shard's CURRENT items (stable attributes only, see SHARD_INDEX) whose
         ``created_key`` sorts before ``created_before`` (an ISO instant): one Query, no scan."""
@@ -235,6 +266,24 @@ class ScheduleStore:
             }
         }
 
+    def move_due(self, item: Item, minute: int) -> dict[str, Any]:
+        """A transaction action moving a schedule to another due bucket, cursor unchanged."""
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.key(item["schedule_id"]),
+                "UpdateExpression": "SET due_bucket = :to",
+                # Race: the materializer stepped the schedule, or a change replaced it, since
+                # it was found stuck: then it is no longer stuck, and must not be moved.
+                "ConditionExpression": "version = :v AND due_bucket = :from",
+                "ExpressionAttributeValues": values(
+                    v=item["version"],
+                    to=due_bucket(minute, int(item["shard"])),
+                    **{"from": item["due_bucket"]},
+                ),
+            }
+        }
+
     def put_version(self, item: Item) -> dict[str, Any]:
         return {
             "Put": {
@@ -245,15 +294,20 @@ class ScheduleStore:
             }
         }
 
-    def replace_current(self, item: Item, *, expected_version: int) -> dict[str, Any]:
+    def replace_current(
+        self, item: Item, *, expected_version: int, expected_state: str
+    ) -> dict[str, Any]:
         return {
             "Put": {
                 "TableName": self.table,
                 "Item": to_dynamo(item),
-                # Race: a concurrent update, pause, cancel or materializer step moved the
-                # version first; the loser must re-read instead of overwriting it.
-                "ConditionExpression": "version = :v",
-                "ExpressionAttributeValues": values(v=expected_version),
+                # Race: a concurrent update, pause or cancel moved the version first, or the
+                # materializer completed the schedule (same version, state COMPLETED, quota
+                # given back): the loser must re-read instead of overwriting it, or the
+                # tenant's usage would count a live schedule as released.
+                "ConditionExpression": "version = :v AND #state = :s",
+                "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": values(v=expected_version, s=expected_state),
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
         }

@@ -27,8 +27,7 @@ SHARD_INDEX_ATTRIBUTES = (
     "created_at",
     "updated_at",
     "missed_total",
-    "last_missed_from",
-    "last_missed_to",
+    "missed_ranges",
 )
 
 

@@ -139,16 +139,17 @@ class TenantStore:
         ).get("Item")
         return str(from_dynamo(found)["tenant_id"]) if found else None
 
-    def release(self, tenant_id: str, *, schedules: int, load: dict[int, int]) -> None:
-        """Give usage back (completed schedules): never refused, so no quota condition."""
-        adds = _usage_adds(-schedules, {m: -n for m, n in load.items()})
-        if adds:
-            self._client.update_item(
-                TableName=self.table,
-                Key=tenant_key(tenant_id),
-                UpdateExpression="ADD " + ", ".join(f"{k} :d{k}" for k in adds),
-                ExpressionAttributeValues=values(**{f"d{k}": v for k, v in adds.items()}),
-            )
+    def release_action(self, tenant_id: str, released: dict[str, int]) -> dict[str, Any]:
+        """A transaction action giving usage back (``released``: usage attributes -> amounts,
+        from ``released_usage``): never refused, so no quota condition."""
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": tenant_key(tenant_id),
+                "UpdateExpression": "ADD " + ", ".join(f"{k} :d{k}" for k in released),
+                "ExpressionAttributeValues": values(**{f"d{k}": -v for k, v in released.items()}),
+            }
+        }
 
     def put_target(self, target: Target) -> None:
         with translated(f"target {target.name} already exists"):
@@ -159,10 +160,13 @@ class TenantStore:
                 ConditionExpression="attribute_not_exists(pk)",
             )
 
-    def get_target(self, tenant_id: str, name: str) -> Target | None:
+    def get_target(self, tenant_id: str, name: str, *, consistent: bool = False) -> Target | None:
+        """Eventually consistent unless asked: a miss is then only "not seen yet" for a target
+        created a moment ago; callers that act on a miss read again consistently."""
         found = self._client.get_item(
             TableName=self.table,
             Key=to_dynamo({"pk": f"T#{tenant_id}", "sk": f"TARGET#{name}"}),
+            ConsistentRead=consistent,
         ).get("Item")
         return target_from_item(from_dynamo(found)) if found else None
 
@@ -173,6 +177,11 @@ class TenantStore:
             ExpressionAttributeValues=values(pk=f"T#{tenant_id}", prefix="TARGET#"),
         )
         return [target_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
+
+
+def released_usage(schedules: int, load: dict[int, int]) -> dict[str, int]:
+    """What completed schedules give back, by usage attribute (positive amounts)."""
+    return _usage_adds(schedules, load)
 
 
 def _usage_adds(schedules_delta: int, load_delta: dict[int, int]) -> dict[str, int]:

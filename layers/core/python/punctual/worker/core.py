@@ -313,8 +313,10 @@ class Worker:
         assert schedule is not None
         definition = schedule.get("definition", {})
         policy = RetryPolicy.model_validate(definition.get("retry", {}))
-        scheduled_for = int(occurrence["scheduled_for"])
-        over = _exhausted(seen.attempt_count, policy, scheduled_for, now)
+        # The deadline runs from when the occurrence became receivable: a late fire that a
+        # misfire policy released hours after its instant gets its whole deadline too.
+        released = int(occurrence["available_at"])
+        over = _exhausted(seen.attempt_count, policy, released, now)
         if over is not None:
             refused = self._refuse(message, seen, _S.DEAD, over, Outcome.DEAD, now)
             if refused is not None:
@@ -351,7 +353,7 @@ class Worker:
             return None  # the occurrence, the schedule or the slot moved: read again
         except Retryable:
             return None
-        return lease, policy, scheduled_for
+        return lease, policy, released
 
     def _refuse(
         self,
@@ -567,12 +569,12 @@ def _staleness(occurrence: Item, schedule: Item | None) -> str | None:
     return None
 
 
-def _exhausted(attempts: int, policy: RetryPolicy, scheduled_for: int, start: int) -> str | None:
-    """Why no further attempt may start at ``start``, or None."""
+def _exhausted(attempts: int, policy: RetryPolicy, released: int, start: int) -> str | None:
+    """Why no further attempt may start at ``start``, or None (``released``: available_at)."""
     if attempts >= policy.max_attempts:
         return f"retries exhausted: {attempts} of {policy.max_attempts} attempts made"
-    if start > scheduled_for + policy.deadline_seconds:
+    if start > released + policy.deadline_seconds:
         return (
-            f"deadline passed: no attempt starts after scheduled_for + {policy.deadline_seconds} s"
+            f"deadline passed: no attempt starts after available_at + {policy.deadline_seconds} s"
         )
     return None

@@ -10,7 +10,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from punctual.dal.common import to_dynamo
+from punctual.dal.common import to_dynamo, transact
 
 
 class EffectLedger:
@@ -61,9 +61,7 @@ class EffectLedger:
         """Commit ``writes`` (TransactWriteItems actions, at most 99) with the record. True if
         they were applied now, False if this occurrence's effect was applied before."""
         try:
-            self._client.transact_write_items(
-                TransactItems=[*writes, self.record(occurrence_id, effect)]
-            )
+            transact(self._client, [*writes, self.record(occurrence_id, effect)])
         except ClientError as error:
             reasons = error.response.get("CancellationReasons") or []
             if len(reasons) == len(writes) + 1 and reasons[-1].get("Code") == (

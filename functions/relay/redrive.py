@@ -1,0 +1,54 @@
+"""Re-drive Lambda: the relay's on-failure queue (stream batches the mapping discarded) ->
+the records read back from the stream -> the relay again (punctual.redrive)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+import boto3
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from punctual.observability import logger, metrics
+from punctual.redrive import StreamRedrive, Trimmed
+from punctual.relay import Relay
+from punctual.scheduling import Services
+
+processor = BatchProcessor(event_type=EventType.SQS)
+
+
+@cache
+def redrive() -> StreamRedrive:
+    return StreamRedrive(boto3.client("dynamodbstreams"), Relay(Services.from_environment()))
+
+
+def record_handler(record: SQSRecord) -> None:
+    failure = json.loads(record.body)
+    try:
+        report = redrive().redrive(failure)
+    except Trimmed:
+        # Past the stream's 24 hours: the reconciler re-sends what no worker took, once it
+        # checks that hour. Counted (alarmed), and the message is done.
+        logger.error("discarded stream batch expired before its re-drive", extra=failure)
+        metrics.add_metric(name="RedriveExpired", unit=MetricUnit.Count, value=1)
+        return
+    # Anything not sent raises SendFailed: the message comes back and is tried again.
+    metrics.add_metric(name="Redriven", unit=MetricUnit.Count, value=report.sent)
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return dict(
+        process_partial_response(
+            event=event, record_handler=record_handler, processor=processor, context=context
+        )
+    )

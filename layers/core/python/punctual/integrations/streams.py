@@ -1,0 +1,70 @@
+"""DynamoDB Streams records as the relay's event source mapping hands them over.
+
+Shared by the on-failure re-drive (which reads a discarded batch back from the stream) and
+the local stream poller (which stands in for the mapping)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from punctual.dal.tables import OCCURRENCE_PREFIX
+
+PAGE = 1000  # records per GetRecords call (DynamoDB Streams' maximum)
+
+
+def wanted(record: dict[str, Any]) -> bool:
+    """The mapping's filter: eventName INSERT and NewImage.sk starting with OCC#."""
+    image = record.get("dynamodb", {}).get("NewImage", {})
+    sk = image.get("sk", {}).get("S", "")
+    return record.get("eventName") == "INSERT" and sk.startswith(OCCURRENCE_PREFIX)
+
+
+def _typed(value: Any) -> Any:
+    """DynamoDB Local's streams write an empty map as {} instead of {"M": {}}: repair it
+    (and inside maps and lists), so records look like DynamoDB's."""
+    if value == {}:
+        return {"M": {}}
+    if "M" in value:
+        return {"M": {k: _typed(v) for k, v in value["M"].items()}}
+    if "L" in value:
+        return {"L": [_typed(v) for v in value["L"]]}
+    return value
+
+
+def event_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
+    """A GetRecords record as a Lambda event record (the mapping's shape)."""
+    dynamodb = dict(record["dynamodb"])
+    for image in ("NewImage", "OldImage", "Keys"):
+        if image in dynamodb:
+            dynamodb[image] = {k: _typed(v) for k, v in dynamodb[image].items()}
+    created = dynamodb.get("ApproximateCreationDateTime")
+    if isinstance(created, datetime):
+        dynamodb["ApproximateCreationDateTime"] = created.timestamp()
+    return {**record, "dynamodb": dynamodb, "eventSourceARN": stream_arn}
+
+
+def read_range(
+    streams: Any, stream_arn: str, shard_id: str, first: str, last: str
+) -> Iterator[dict[str, Any]]:
+    """The records of one shard from sequence number ``first`` to ``last`` (inclusive), as
+    event records. Raises the client's TrimmedDataAccessException once the stream no longer
+    holds them (24 hours)."""
+    iterator = streams.get_shard_iterator(
+        StreamArn=stream_arn,
+        ShardId=shard_id,
+        ShardIteratorType="AT_SEQUENCE_NUMBER",
+        SequenceNumber=first,
+    ).get("ShardIterator")
+    end = int(last)
+    while iterator:
+        page = streams.get_records(ShardIterator=iterator, Limit=PAGE)
+        records = page.get("Records", [])
+        for record in records:
+            if int(record["dynamodb"]["SequenceNumber"]) > end:
+                return
+            yield event_record(record, stream_arn)
+        if not records:
+            return  # the range was read once already, so it is all there: nothing after it yet
+        iterator = page.get("NextShardIterator")

@@ -1,0 +1,81 @@
+"""Re-driving deliveries that were lost: two nets under the relay's at-least-once send.
+
+1. **Batches the stream mapping gave up on.** After its retries (or the records' maximum
+   age) the relay's event source mapping discards a batch and puts its position (shard,
+   first and last sequence number) in the on-failure queue. ``StreamRedrive`` reads those
+   records back from the stream, which keeps them 24 hours, and relays them again: a batch
+   is re-driven within minutes, and the queue's message stays until it was.
+2. **Occurrences no worker took long after they became receivable.** Whatever lost them
+   (a message dropped after the send, a stream trimmed before the re-drive, a purged
+   queue), the hourly reconciler re-sends every occurrence of the hour it checks that is
+   still open ``REDRIVE_AFTER`` past the moment it should have been taken (``overdue``),
+   same occurrence id, and counts it.
+
+Both send through the relay, so a re-sent message is the same message; the worker's claim
+makes a duplicate harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from punctual.dal.common import Item
+from punctual.integrations.streams import read_range, wanted
+from punctual.models import OccurrenceState
+from punctual.relay import Relay, RelayReport, SendFailed
+
+# An open occurrence this long past when a worker should have taken it is re-sent. Far
+# above a healthy consumer's delay; the reconciler checks an hour only after it ended.
+REDRIVE_AFTER = 15 * 60
+
+
+def overdue(item: Item, now: int) -> bool:
+    """An occurrence no worker holds or will hold without a new message: SCHEDULED since its
+    available_at, waiting on a retry since its retry_at, RUNNING under a lease long expired."""
+    state = item.get("state")
+    if state == OccurrenceState.SCHEDULED.value:
+        since = item.get("available_at")
+    elif state == OccurrenceState.RETRY_WAIT.value:
+        since = item.get("retry_at", item.get("available_at"))
+    elif state == OccurrenceState.RUNNING.value:
+        since = item.get("lease_expires_at")
+    else:
+        return False
+    return since is not None and int(since) + REDRIVE_AFTER < now
+
+
+class Trimmed(Exception):
+    """The stream no longer holds a discarded batch: only the reconciler can re-send it."""
+
+
+class StreamRedrive:
+    """Replays one discarded stream batch (the on-failure queue's message) through the relay."""
+
+    def __init__(self, streams: Any, relay: Relay) -> None:
+        self._streams = streams
+        self._relay = relay
+
+    def redrive(self, failure: dict[str, Any]) -> RelayReport:
+        """Relay the batch again; SendFailed if some of it still could not be sent (the
+        message is then kept and comes back), Trimmed if the stream dropped it."""
+        info = failure["DDBStreamBatchInfo"]
+        try:
+            records = list(
+                read_range(
+                    self._streams,
+                    info["streamArn"],
+                    info["shardId"],
+                    info["startSequenceNumber"],
+                    info["endSequenceNumber"],
+                )
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "TrimmedDataAccessException":
+                raise Trimmed(f"stream records {info['startSequenceNumber']}.. expired") from error
+            raise
+        report = self._relay.relay([r for r in records if wanted(r)])
+        if report.failures:
+            raise SendFailed(f"{len(report.failures)} of the batch not sent again yet")
+        return report

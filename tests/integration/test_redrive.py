@@ -1,0 +1,205 @@
+"""Re-driving lost deliveries: the reconciler re-sends what no worker took long after it was
+due, and the on-failure queue's stream batches are read back and relayed again."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
+from botocore.exceptions import ClientError
+
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import occurrence_key
+from punctual.ids import shard_of
+from punctual.models import ScheduleDefinition
+from punctual.reconciler import Reconciler
+from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed
+from punctual.relay import Relay
+from punctual.scheduling import ControlPlane, Services
+from tests.integration.conftest import Api, Clock, LambdaContextStub
+from tests.integration.helpers import set_occurrence_state
+from tests.integration.test_relay import messages
+
+HOUR = 3600
+
+
+def _one_shot(aws: Services, clock: Clock, seconds: int = 30) -> str:
+    at = datetime.fromtimestamp(int(clock.now) + seconds).astimezone().isoformat()
+    definition = ScheduleDefinition.model_validate(
+        {"target": "default", "spec": {"kind": "at", "at": at}}
+    )
+    return ControlPlane(aws).create("alice", definition).materialized[0].occurrence_id
+
+
+def _window_of(instant: int) -> tuple[int, int]:
+    return instant - instant % HOUR, instant - instant % HOUR + HOUR
+
+
+def test_reconciler_resends_an_occurrence_no_worker_took_and_counts_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN three occurrences of one hour: one whose message never reached the queue (the
+    # relay never saw it), one a worker finished, one a worker holds under a live lease
+    lost, done, running = (_one_shot(aws, clock, 30 + i) for i in range(3))
+    set_occurrence_state(aws, done, "SUCCEEDED")
+    set_occurrence_state(aws, running, "RUNNING")
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(running)),
+        UpdateExpression="SET lease_expires_at = :far",
+        ExpressionAttributeValues={":far": {"N": str(int(clock.now) + 10 * HOUR)}},
+    )
+    # WHEN the reconciler checks that hour, an hour after it ended
+    start, end = _window_of(int(clock.now) + 30)
+    clock.now = end + HOUR + 60
+    results = Reconciler(aws).run(list(range(aws.settings.shard_count)), start, end)
+    # THEN exactly the lost one is re-sent, same id, and the run says so
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [lost]
+    assert sum(r.report.redriven for r in results) == 1
+    assert [o for r in results for o in r.redriven] == [lost]
+
+
+def test_reconciler_resends_a_retry_whose_message_was_lost(alice: Api, aws: Services, clock: Clock):
+    # GIVEN an occurrence waiting for a retry at T + 60, whose message never came back
+    occ = _one_shot(aws, clock)
+    set_occurrence_state(aws, occ, "RETRY_WAIT")
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(occ)),
+        UpdateExpression="SET retry_at = :at",
+        ExpressionAttributeValues={":at": {"N": str(int(clock.now) + 60)}},
+    )
+    start, end = _window_of(int(clock.now) + 30)
+    # WHEN the reconciler runs, first too early to call it lost, then an hour after the hour
+    clock.now = int(clock.now) + 60 + REDRIVE_AFTER - 1
+    assert (
+        Reconciler(aws).run_shard(_shard(aws, occ), start, min(end, int(clock.now))).redriven == []
+    )
+    clock.now = end + HOUR
+    result = Reconciler(aws).run_shard(_shard(aws, occ), start, end)
+    # THEN only the second one re-sends it
+    assert result.redriven == [occ]
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [occ]
+
+
+def _shard(aws: Services, occurrence_id: str) -> int:
+    schedule_id = occurrence_key(occurrence_id)["schedule_id"]
+    return shard_of(schedule_id, aws.settings.shard_count)
+
+
+# --- the on-failure queue ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def streams(local_aws: Services, dynamodb_local: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    # DynamoDB Streams through boto3 against a local endpoint.
+    monkeypatch.setenv("AWS_ACCOUNT_ID_ENDPOINT_MODE", "disabled")
+    return boto3.client(
+        "dynamodbstreams",
+        endpoint_url=dynamodb_local.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+
+
+def _discarded_batch(aws: Services, streams: Any) -> dict[str, Any]:
+    """What the event source mapping puts in the on-failure queue for the whole stream so far."""
+    arn = aws.dynamodb.describe_table(TableName=aws.settings.occurrences_table)["Table"][
+        "LatestStreamArn"
+    ]
+    [shard] = streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]
+    iterator = streams.get_shard_iterator(
+        StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+    )["ShardIterator"]
+    records = streams.get_records(ShardIterator=iterator, Limit=1000)["Records"]
+    return {
+        "requestContext": {"condition": "RetryAttemptsExhausted", "approximateInvokeCount": 11},
+        "version": "1.0",
+        "DDBStreamBatchInfo": {
+            "shardId": shard["ShardId"],
+            "startSequenceNumber": records[0]["dynamodb"]["SequenceNumber"],
+            "endSequenceNumber": records[-1]["dynamodb"]["SequenceNumber"],
+            "batchSize": len(records),
+            "streamArn": arn,
+        },
+    }
+
+
+def test_stream_redrive_relays_a_discarded_batch_again(
+    local_aws: Services, streams: Any, clock: Clock
+):
+    # GIVEN a tenant whose two occurrences' stream batch the relay's mapping gave up on
+    from tests.integration.conftest import ALICE, bootstrap
+
+    bootstrap("alice", ALICE)
+    made = [_one_shot(local_aws, clock, 30 + i) for i in range(2)]
+    failure = _discarded_batch(local_aws, streams)
+    clock.advance(40)
+    # WHEN the re-drive handles the on-failure queue's message
+    report = StreamRedrive(streams, Relay(local_aws)).redrive(failure)
+    # THEN both occurrences are in the tenant's queue, once each
+    assert report.sent == 2
+    assert sorted(m["occurrence_id"] for m in messages(local_aws, "alice")) == sorted(made)
+
+
+def test_stream_redrive_handler_keeps_the_message_until_the_batch_is_sent(
+    local_aws: Services, streams: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a discarded batch, and SQS refusing every send for now
+    from relay import redrive as handler
+
+    from tests.integration.conftest import ALICE, bootstrap
+
+    bootstrap("alice", ALICE)
+    _one_shot(local_aws, clock)
+    failure = _discarded_batch(local_aws, streams)
+
+    class Refusing:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(local_aws.sqs, name)
+
+        def send_message_batch(self, **request: Any) -> Any:
+            raise ClientError({"Error": {"Code": "ServiceUnavailable"}}, "SendMessageBatch")
+
+    refusing = Services(local_aws.dynamodb, Refusing(), local_aws.settings, local_aws.now)
+    monkeypatch.setattr(handler, "redrive", lambda: StreamRedrive(streams, Relay(refusing)))
+    event = {
+        "Records": [
+            {
+                "messageId": "m1",
+                "receiptHandle": "r1",
+                "body": json.dumps(failure),
+                "attributes": {},
+                "messageAttributes": {},
+                "eventSource": "aws:sqs",
+            }
+        ]
+    }
+    # WHEN the handler runs; THEN the invocation fails (every record of the batch failed),
+    # so SQS keeps the message and delivers it again: the batch is not dropped
+    with pytest.raises(BatchProcessingError, match="All records failed"):
+        handler.lambda_handler(event, LambdaContextStub())
+
+
+def test_stream_redrive_says_trimmed_when_the_stream_dropped_the_batch():
+    # GIVEN a stream that no longer holds the batch (older than 24 hours)
+    class Trimming:
+        def get_shard_iterator(self, **_: Any) -> Any:
+            raise ClientError({"Error": {"Code": "TrimmedDataAccessException"}}, "GetShardIterator")
+
+    failure = {
+        "DDBStreamBatchInfo": {
+            "shardId": "s",
+            "startSequenceNumber": "1",
+            "endSequenceNumber": "2",
+            "streamArn": "arn",
+        }
+    }
+    # WHEN it is re-driven; THEN Trimmed (the handler counts it; the reconciler re-sends)
+    with pytest.raises(Trimmed):
+        StreamRedrive(Trimming(), Relay.__new__(Relay)).redrive(failure)
