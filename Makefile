@@ -82,6 +82,14 @@ bench-materializer: install tools ## occurrences materialized per second per sha
 bench-relay: install ## relay fairness: a small tenant's messages next to a big tenant's batch
 	$(BIN)/python scripts/bench_relay.py
 
+.PHONY: simulate
+SEED ?= 1
+TRIALS ?= 3
+DAYS ?= 2
+SCHEDULES ?= 200
+simulate: install tools ## seeded fault-injecting simulations (SEED= TRIALS= DAYS= SCHEDULES=): violations of the contract
+	$(BIN)/python -m scripts.simulate --seed $(SEED) --trials $(TRIALS) --days $(DAYS) --schedules $(SCHEDULES)
+
 .PHONY: capacity
 capacity: install ## the 500k top-of-hour simulated at AWS scale, N and L, cost per million (docs/capacity.md)
 	$(BIN)/python -m scripts.capacity

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import random
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +56,8 @@ class FaultPlan:
     lost_response: float = 0.0  # committed, response lost, no retry left: the caller errs
     stale: float = 0.0  # an eventually consistent read is served stale
     stale_seconds: float = 0.0
+    index_lag: float = 0.0  # a query on a global secondary index is served far behind
+    index_lag_seconds: float = 0.0
     send_failure: float = 0.0  # an SQS batch entry fails (not sent)
     send_timeout: float = 0.0  # an SQS batch went in but the call errs
 
@@ -94,8 +96,10 @@ class FaultyDynamoDB:
         self._real = real
         self._faults = faults
         self._keys: dict[str, list[str]] = {}  # table -> key attribute names
-        # table|key -> [(written_at, image before that write or None)], oldest first
+        # table|key -> [(written_at, image before that write or None)], oldest first; only
+        # writes younger than stale_seconds are kept (older ones no read can be served from)
         self._history: dict[str, list[tuple[float, dict[str, Any] | None]]] = {}
+        self._recent: deque[tuple[float, str]] = deque()
         self._tokens: dict[str, Any] = {}
 
     @property
@@ -135,9 +139,12 @@ class FaultyDynamoDB:
     def query(self, **request: Any) -> Any:
         self._before("query", request)
         answer = self._real.query(**request)
-        if request.get("ConsistentRead") or not self._stale():
+        lag = self._faults.plan.stale_seconds
+        if "IndexName" in request and self._faults.roll(self._faults.plan.index_lag, "index_lag"):
+            lag = self._faults.plan.index_lag_seconds  # an index's propagation, far behind
+        elif request.get("ConsistentRead") or not self._stale():
             return answer
-        answer["Items"] = self._stale_page(request, answer["Items"])
+        answer["Items"] = self._stale_page(request, answer["Items"], lag)
         answer["Count"] = len(answer["Items"])
         return answer
 
@@ -185,13 +192,16 @@ class FaultyDynamoDB:
 
     def _write(self, operation: str, request: dict[str, Any], keys: list[tuple[str, Any]]) -> Any:
         self._before(operation, request)
-        tracking = self._faults.plan.stale > 0
+        tracking = self._faults.plan.stale > 0 or self._faults.plan.index_lag > 0
         olds = self._images(keys) if tracking else []
         answer = getattr(self._real, operation)(**request)
         if tracking:
             now = self._faults.clock()
+            self._forget(now)
             for (table, key), old in zip(keys, olds, strict=True):
-                self._history.setdefault(_key_text(table, key), []).append((now, old))
+                text = _key_text(table, key)
+                self._history.setdefault(text, []).append((now, old))
+                self._recent.append((now, text))
         if self._faults.roll(self._faults.plan.replayed, "replayed_after_commit"):
             # The response was lost and the SDK sent the same request again: it now meets
             # its own write (conditions fail) unless a ClientRequestToken answers for it.
@@ -202,6 +212,17 @@ class FaultyDynamoDB:
         if self._faults.roll(self._faults.plan.lost_response, "lost_response"):
             raise _timeout()
         return answer
+
+    def _forget(self, now: float) -> None:
+        plan = self._faults.plan
+        horizon = now - max(plan.stale_seconds, plan.index_lag_seconds)
+        while self._recent and self._recent[0][0] <= horizon:
+            written_at, text = self._recent.popleft()
+            history = self._history.get(text, [])
+            while history and history[0][0] <= written_at:
+                history.pop(0)
+            if not history:
+                self._history.pop(text, None)
 
     def _cancelled(self, actions: int) -> ClientError:
         error = client_error("TransactionCanceledException", "TransactWriteItems")
@@ -221,23 +242,43 @@ class FaultyDynamoDB:
         return {k: body["Item"][k] for k in self._key_names(body["TableName"])}
 
     def _images(self, keys: list[tuple[str, Any]]) -> list[dict[str, Any] | None]:
-        images = []
+        """The items as they are before a write, one consistent BatchGetItem."""
+        if len(keys) == 1:
+            table, key = keys[0]
+            return [self._real.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")]
+        request: dict[str, Any] = {}
         for table, key in keys:
-            found = self._real.get_item(TableName=table, Key=key, ConsistentRead=True)
-            images.append(found.get("Item"))
-        return images
+            part = request.setdefault(table, {"Keys": [], "ConsistentRead": True})
+            if key not in part["Keys"]:
+                part["Keys"].append(key)
+        found: dict[str, dict[str, Any]] = {}
+        while request:
+            answer = self._real.batch_get_item(RequestItems=request)
+            for table, items in answer["Responses"].items():
+                names = self._key_names(table)
+                for item in items:
+                    found[_key_text(table, {k: item[k] for k in names})] = item
+            request = answer.get("UnprocessedKeys") or {}
+        return [found.get(_key_text(table, key)) for table, key in keys]
 
     def _as_of(
-        self, table: str, key: dict[str, Any], current: dict[str, Any] | None
+        self,
+        table: str,
+        key: dict[str, Any],
+        current: dict[str, Any] | None,
+        lag: float | None = None,
     ) -> dict[str, Any] | None:
-        """The item as a replica ``stale_seconds`` behind would serve it."""
-        horizon = self._faults.clock() - self._faults.plan.stale_seconds
+        """The item as a replica ``lag`` (default stale_seconds) behind would serve it."""
+        lag = self._faults.plan.stale_seconds if lag is None else lag
+        horizon = self._faults.clock() - lag
         for written_at, before in self._history.get(_key_text(table, key), []):
             if written_at > horizon:
                 return copy.deepcopy(before)
         return current
 
-    def _stale_page(self, request: dict[str, Any], items: list[dict[str, Any]]) -> list[Any]:
+    def _stale_page(
+        self, request: dict[str, Any], items: list[dict[str, Any]], lag: float
+    ) -> list[Any]:
         """A page as a lagging table or index shows it: recent items at their old images,
         dropped where the old image does not belong to the queried partition, and items
         that recently left the partition still in it."""
@@ -249,11 +290,11 @@ class FaultyDynamoDB:
         for item in items:
             text = _key_text(table, {k: item[k] for k in keys})
             seen.add(text)
-            image = self._as_of(table, {k: item[k] for k in keys}, item)
+            image = self._as_of(table, {k: item[k] for k in keys}, item, lag)
             if image is not None and (partition is None or image.get(partition[0]) == partition[1]):
                 served.append(self._project(image, request))
         if partition is not None and "ExclusiveStartKey" not in request:
-            horizon = self._faults.clock() - self._faults.plan.stale_seconds
+            horizon = self._faults.clock() - lag
             for text, history in self._history.items():
                 if not text.startswith(table + "|") or text in seen:
                     continue

@@ -12,7 +12,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from punctual.errors import InvalidInput
 from punctual.models import field_errors
 from punctual.observability import logger, metrics
-from punctual.reconciler import Reconciler, default_window, metric_values
+from punctual.reconciler import Reconciler, metric_values
 from punctual.scheduling import Services
 from punctual.timing import to_epoch
 
@@ -42,10 +42,11 @@ class ReconcileRequest(BaseModel):
             raise ValueError("give both window_start and window_end, or neither")
         return self
 
-    def window(self) -> tuple[int, int]:
+    def window(self) -> tuple[int, int] | None:
+        """The window asked for (an operator's re-run), or None: the scheduled run."""
         if self.window_start is not None and self.window_end is not None:
             return to_epoch(self.window_start), to_epoch(self.window_end)
-        return default_window(to_epoch(self.time))
+        return None
 
 
 def parse(event: dict[str, Any]) -> ReconcileRequest:
@@ -61,12 +62,16 @@ def parse(event: dict[str, Any]) -> ReconcileRequest:
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = parse(event)
-    start, end = request.window()
+    window = request.window()
     reconciler = Reconciler(
         _services or Services.from_environment(),
         out_of_time=lambda: context.get_remaining_time_in_millis() < SAFETY_MILLIS,
     )
-    results = reconciler.run(request.shards, start, end)
+    if window is None:
+        # The hourly run: the hour that ended an hour ago, and any earlier one left unchecked.
+        results = reconciler.catch_up(request.shards, to_epoch(request.time))
+    else:
+        results = reconciler.run(request.shards, *window)
     for name, value in metric_values(results).items():
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     for result in results:
@@ -79,8 +84,4 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
                     "unexpected": result.unexpected[:20],
                 },
             )
-    return {
-        "window_start": start,
-        "window_end": end,
-        "shards": [r.report.model_dump(mode="json", exclude={"examples"}) for r in results],
-    }
+    return {"shards": [r.report.model_dump(mode="json", exclude={"examples"}) for r in results]}

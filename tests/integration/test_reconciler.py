@@ -641,15 +641,29 @@ def test_reconciler_handler_validates_the_event_and_emits_metrics(
             {"time": f"{DAY}T12:03:00Z", "shards": list(range(aws.settings.shard_count))},
             FifteenMinutes(),
         )
-        # THEN it reconciled the hour that ended an hour ago and emitted the counts
-        assert (answer["window_start"], answer["window_end"]) == (at("10:00"), at("11:00"))
+        # THEN it reconciled the hour that ended an hour ago, and the 24 before it (none had a
+        # report yet), and emitted the counts: 09:40-09:55 and 10:00-10:55 in flight but the
+        # one dropped, found missing and repaired
+        windows = [(s["window_start"], s["window_end"]) for s in answer["shards"]]
+        assert windows[-1] == (at("10:00"), at("11:00"))
+        assert len(windows) == 25 * aws.settings.shard_count
         emitted = _emitted_metrics(capsys.readouterr().out)
         assert emitted["ReconcileMissing"] == 1
         assert emitted["ReconcileRepaired"] == 1
         assert emitted["ReconcileRepairFired"] == 1
         assert emitted["ReconcileUnexpected"] == 0
-        assert emitted["ReconcileInFlight"] == 11
+        assert emitted["ReconcileInFlight"] == 11 + 4
         assert emitted["ReconcileIncomplete"] == 0
+        # WHEN the next hourly run comes: only its own hour is new
+        clock.now = at("13:05")
+        answer = handler.lambda_handler(
+            {"time": f"{DAY}T13:03:00Z", "shards": list(range(aws.settings.shard_count))},
+            FifteenMinutes(),
+        )
+        assert {(s["window_start"], s["window_end"]) for s in answer["shards"]} == {
+            (at("11:00"), at("12:00"))
+        }
+        capsys.readouterr()
         # WHEN an operator re-runs that window explicitly
         handler.lambda_handler(
             {
@@ -740,3 +754,30 @@ def test_reconciler_reads_every_missed_episode_of_the_hour(alice: Api, aws: Serv
     assert [r["count"] for r in aws.schedules.get_item(sid)["missed_ranges"]] == [4, 2]  # type: ignore[index]
     assert total(results, Finding.MISSED) == 6
     assert total(results, Finding.MISSING) == 0
+
+
+def test_reconciler_catches_up_the_hours_an_outage_left_unchecked(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule whose occurrence at 10:25 was dropped, and a reconciler that was
+    # down for the runs of 11:05 and 12:05 (the [09:00, 10:00) and [10:00, 11:00) hours)
+    clock.now = at("09:40")
+    sid = create(aws, spec=cron("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
+    materialize_until(
+        aws, clock, at("12:00"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:25")
+    )
+    number = shard_of(sid, aws.settings.shard_count)
+    reconciler = Reconciler(aws, workers=2)
+    clock.now = at("10:05")
+    reconciler.catch_up([number], int(clock.now))  # the last run before the outage
+    # WHEN it is back for the 13:05 run
+    clock.now = at("13:05")
+    results = reconciler.catch_up([number], int(clock.now))
+    # THEN it checks the three hours since its last complete run, and repairs the gap
+    assert [(r.report.window_start, r.report.window_end) for r in results] == [
+        (at("09:00"), at("10:00")),
+        (at("10:00"), at("11:00")),
+        (at("11:00"), at("12:00")),
+    ]
+    assert ids(results, "missing") == {occurrence_id(sid, 1, at("10:25"))}
+    assert ids(results, "fired") == {occurrence_id(sid, 1, at("10:25"))}

@@ -335,3 +335,79 @@ def test_relay_does_not_take_a_target_created_a_moment_ago_for_unknown(
     # THEN it is sent both times, never declared DEAD for an unknown target
     assert (first.sent, first.dead, second.sent, second.dead) == (1, 0, 1, 0)
     assert state(aws, occ) == "SCHEDULED"
+
+
+def test_relay_never_makes_a_message_receivable_early_on_a_fractional_clock(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN occurrences due 30, 31.x and 33 s ahead, and a clock with fractions, as Lambda's
+    made = []
+    for step in (0.0, 1.3, 2.0):
+        clock.now = 1_795_000_000 + step
+        made.append(one_shot(aws, clock))
+    clock.now = 1_795_000_000.7
+    spy = SpySQS(aws.sqs)
+    # WHEN the relay sends them
+    report = Relay(Services(aws.dynamodb, spy, aws.settings, aws.now)).relay(
+        [record(aws, occ, n) for n, occ in enumerate(made, 1)]
+    )
+    # THEN each is held at least until its available_at: sent_at + DelaySeconds >= it
+    assert report.sent == 3
+    due = {
+        o: aws.occurrences.get(o).available_at  # type: ignore[union-attr]
+        for o in made
+    }
+    for entry in spy.batches[0]["Entries"]:
+        occ = entry["MessageAttributes"]["occurrence_id"]["StringValue"]
+        assert clock.now + entry["DelaySeconds"] >= due[occ]
+        assert clock.now + entry["DelaySeconds"] < due[occ] + 1
+
+
+class SenderFaults(SpySQS):
+    """Answers chosen entries with a sender fault (always), others with a transient failure
+    (first try only)."""
+
+    def __init__(self, real: Any, sender: set[str], transient: set[str]) -> None:
+        super().__init__(real)
+        self.sender, self.transient = sender, set(transient)
+
+    def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> Any:
+        self.batches.append({"QueueUrl": QueueUrl, "Entries": Entries})
+        failed, passed = [], []
+        for entry in Entries:
+            occ = entry["MessageAttributes"]["occurrence_id"]["StringValue"]
+            if occ in self.sender:
+                failed.append(
+                    {"Id": entry["Id"], "SenderFault": True, "Code": "InvalidParameterValue"}
+                )
+            elif occ in self.transient:
+                self.transient.discard(occ)
+                failed.append({"Id": entry["Id"], "SenderFault": False, "Code": "InternalError"})
+            else:
+                passed.append(entry)
+        answer = self.real.send_message_batch(QueueUrl=QueueUrl, Entries=passed) if passed else {}
+        return {"Successful": answer.get("Successful", []), "Failed": failed}
+
+
+def test_relay_reports_a_senders_fault_at_once_and_retries_the_other_failures(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a batch of three in which SQS refuses the first as the sender's fault and the
+    # other two once, transiently
+    made = [one_shot(aws, clock) for _ in range(3)]
+    clock.advance(30)
+    sqs = SenderFaults(aws.sqs, sender={made[0]}, transient={made[1], made[2]})
+    # WHEN the relay sends them
+    report = Relay(Services(aws.dynamodb, sqs, aws.settings, aws.now), sleep=lambda _: None).relay(
+        [record(aws, occ, n) for n, occ in enumerate(made, 1)]
+    )
+    # THEN only the sender's fault is a failure, reported without a second try; the two
+    # transient failures were both retried and sent
+    assert set(report.failures) == {"1"}
+    assert "InvalidParameterValue" in str(report.failures["1"])
+    tries = [
+        [e["MessageAttributes"]["occurrence_id"]["StringValue"] for e in batch["Entries"]]
+        for batch in sqs.batches
+    ]
+    assert tries == [made, made[1:]]
+    assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted(made[1:])

@@ -496,6 +496,51 @@ def test_worker_lease_expiry_b_takes_over_and_a_late_completion_is_rejected(
     assert stored(aws, occ) == seen["after_b"]
 
 
+def test_worker_stale_completion_while_the_new_holder_still_runs_is_fenced_by_the_token(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN worker A stalled past its lease, worker B took the occurrence over, and A returns
+    # while B's handler is still running (the occurrence is RUNNING, only the token differs)
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    b_started, a_finished = threading.Event(), threading.Event()
+
+    def b_runs(job: Job) -> None:
+        b_started.set()
+        assert a_finished.wait(10)
+
+    b = worker(aws, b_runs, rng=random.Random(8))
+    box: dict[str, Any] = {}
+
+    def a_stalls(job: Job) -> None:
+        clock.advance(61)
+        box["b"] = threading.Thread(
+            target=lambda: box.__setitem__("b_result", b.process(redeliver(aws, delivery)))
+        )
+        box["b"].start()
+        assert b_started.wait(10)
+
+    # WHEN A's handler returns and A completes
+    late = worker(aws, a_stalls).process(delivery)
+    during = stored(aws, occ)
+    a_finished.set()
+    box["b"].join(10)
+    # THEN A's completion is refused (LEASE_LOST): the occurrence stays RUNNING under B's
+    # token, attempt 1 LOST and attempt 2 still running
+    assert late.outcome is Outcome.LEASE_LOST
+    occurrence, attempts = during
+    assert occurrence.state is S.RUNNING
+    assert occurrence.lease_token == attempts[1].lease_token != attempts[0].lease_token
+    assert [(x.attempt_no, x.outcome) for x in attempts] == [
+        (1, AttemptOutcome.LOST),
+        (2, AttemptOutcome.RUNNING),
+    ]
+    # AND B finishes it SUCCEEDED
+    assert box["b_result"].outcome is Outcome.SUCCEEDED
+    assert outcomes(aws, occ) == [AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
+    assert stored(aws, occ)[0].state is S.SUCCEEDED
+
+
 def test_worker_late_permanent_failure_after_a_takeover_leaves_the_dlq_alone(
     alice: Api, aws: Services, clock: Clock
 ):

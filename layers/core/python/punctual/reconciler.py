@@ -69,6 +69,7 @@ HOUR = 3600
 # at most 960 s with the settings' limits), so a version that ended earlier owns nothing here.
 HISTORY_MARGIN = HOUR
 MAX_WINDOW_SECONDS = 24 * HOUR
+CATCHUP_WINDOWS = 24  # earlier hours a scheduled run checks for a missing report
 EXAMPLES = 20  # ids kept per class in a report
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
 REPAIR_ROUNDS = 2
@@ -312,10 +313,21 @@ class ReportStore:
             return False
         return True
 
+    def complete_windows(
+        self, shard: int, windows: Sequence[tuple[int, int]]
+    ) -> set[tuple[int, int]]:
+        """Which of the shard's ``windows`` have a complete report (consistent read: a run
+        that just finished must not be repeated)."""
+        keys = [to_dynamo({"pk": report_key(start, end, shard)}) for start, end in windows]
+        return {(r.window_start, r.window_end) for r in self._get(keys) if r.complete}
+
     def get_many(
         self, window_start: int, window_end: int, shards: Iterable[int]
     ) -> list[ReconcileReport]:
         keys = [to_dynamo({"pk": report_key(window_start, window_end, s)}) for s in shards]
+        return sorted(self._get(keys), key=lambda r: r.shard)
+
+    def _get(self, keys: list[dict[str, Any]]) -> list[ReconcileReport]:
         found: list[ReconcileReport] = []
         for first in range(0, len(keys), 100):
             request: dict[str, Any] = {
@@ -328,7 +340,7 @@ class ReportStore:
                     for raw in answer["Responses"].get(self.table, [])
                 ]
                 request = answer.get("UnprocessedKeys") or {}
-        return sorted(found, key=lambda r: r.shard)
+        return found
 
 
 def read_reports(
@@ -417,6 +429,25 @@ class Reconciler:
     def run(self, shards: Sequence[int], start: int, end: int) -> list[ShardResult]:
         self._check(shards, start, end)
         return [self.run_shard(shard, start, end) for shard in shards]
+
+    def catch_up(self, shards: Sequence[int], at: int) -> list[ShardResult]:
+        """The scheduled run: each shard's default window (the hour that ended an hour before
+        ``at``), and before it every one of the CATCHUP_WINDOWS hours before that which has
+        no complete report (a run that failed, timed out or never ran), oldest first. So a
+        reconciler outage is made up for, not skipped, and its re-drive bound holds."""
+        start, end = default_window(at)
+        self._check(shards, start, end)
+        windows = [(start - k * HOUR, end - k * HOUR) for k in range(CATCHUP_WINDOWS, -1, -1)]
+        results = []
+        for shard in shards:
+            done = self.reports.complete_windows(shard, windows[:-1])
+            for window in windows[:-1]:
+                if window not in done and not self._out_of_time():
+                    results.append(self.run_shard(shard, *window))
+            # Always run (out of time, it stores an incomplete report: alarmed, and caught
+            # up by a later run).
+            results.append(self.run_shard(shard, start, end))
+        return results
 
     def _check(self, shards: Sequence[int], start: int, end: int) -> None:
         problems = []
