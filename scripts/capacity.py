@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from punctual.materializer import LEASE_SECONDS
+
 MINUTE = 60
 PAGE_BYTES = 1024 * 1024  # a Query page returns at most 1 MB
 KB = 1024
@@ -191,7 +193,7 @@ class Platform:
     cold_start: float = 1.0  # a retry lands on a new environment
     lambda_timeout: float = 55.0  # infra/materializer.py
     out_of_time: float = 10.0  # the handler's SAFETY_MILLIS
-    lease_seconds: float = 120.0  # punctual.materializer.LEASE_SECONDS
+    lease_seconds: float = LEASE_SECONDS  # renewed while the walk goes on
     retry_intervals: tuple[float, ...] = (2.0, 4.0)  # Step Functions retry: 2 s, backoff 2
     execution_timeout: float = 90.0  # the Express state machine's timeout
     item_bytes: int = 750  # a schedule in the due index (ALL projection)
@@ -537,6 +539,7 @@ class Simulation:
             pages = max(1, math.ceil(remaining * p.item_bytes / PAGE_BYTES))
             t += pages * p.page_seconds
             if t >= kill:
+                shard.expires = kill + p.lease_seconds  # renewed up to the kill
                 self.die(kill, invocation)
                 return
             steps = math.ceil(remaining / d.per_transaction)
@@ -546,6 +549,7 @@ class Simulation:
                 if t + started * self.step > kill:  # the failure (or the timeout) came first
                     whole = math.floor((kill - t) / self.step) * d.per_transaction
                     self.commit(shard_id, bucket, whole, t)
+                    shard.expires = kill + p.lease_seconds  # renewed up to the kill
                     self.die(kill, invocation)
                     return
                 self.commit(shard_id, bucket, min(remaining, started * d.per_transaction), t)

@@ -42,6 +42,11 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="Relayed", unit=MetricUnit.Count, value=report.sent)
     metrics.add_metric(name="RelaySendFailures", unit=MetricUnit.Count, value=len(report.failures))
     metrics.add_metric(name="DeadUnknownTarget", unit=MetricUnit.Count, value=report.dead)
+    metrics.add_metric(name="StrictLate", unit=MetricUnit.Count, value=report.late_strict)
+    if report.late_strict:
+        logger.warning(
+            "strict occurrences receivable past the SLO", extra={"late": report.late_strict}
+        )
 
     def record_handler(record: DynamoDBRecord) -> None:
         failure = report.failures.get(

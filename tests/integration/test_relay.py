@@ -411,3 +411,20 @@ def test_relay_reports_a_senders_fault_at_once_and_retries_the_other_failures(
     ]
     assert tries == [made, made[1:]]
     assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted(made[1:])
+
+
+def test_relay_counts_strict_occurrences_made_receivable_past_the_slo(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two strict occurrences whose time has passed: one by 4 s, one by 14 s (say a
+    # materializer killed holding its lease)
+    on_time = one_shot(aws, clock)
+    clock.advance(10)
+    late = one_shot(aws, clock)
+    clock.advance(30 + 4)
+    # WHEN the relay sends both now
+    report = Relay(aws).relay([record(aws, on_time, 1), record(aws, late, 2)])
+    # THEN only the one past the 5 s SLO counts as late (the StrictLate metric)
+    assert report.sent == 2
+    assert sorted(round(lag) for _, lag in report.lags) == [4, 14]
+    assert report.late_strict == 1

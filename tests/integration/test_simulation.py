@@ -70,8 +70,8 @@ def test_simulation_short_run_under_every_fault_keeps_the_contract(
     # THEN every kind was injected, the system did real work ...
     assert set(run.injected) >= EVERY_KIND, run.injected
     assert run.counts["materializer_killed"] > 0
-    assert verdict.fires_checked > 200
-    assert verdict.runs > 100
+    assert verdict.fires_checked > 100
+    assert verdict.runs > 50
     # AND no invariant is violated
     assert not verdict.violations, dict(verdict.examples)
 
@@ -81,11 +81,19 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
     run, _ = simulated
     table = run.settings.occurrences_table
     dynamodb = run.services.dynamodb
+    plain = {  # schedules never changed and never missing a fire: every fire required
+        i["schedule_id"]["S"]
+        for page in dynamodb.get_paginator("scan").paginate(TableName=run.settings.schedules_table)
+        for i in page["Items"]
+        if i["sk"]["S"] == "CURRENT" and i["version"]["N"] == "1" and "missed_ranges" not in i
+    }
     done = next(
         i
         for page in dynamodb.get_paginator("scan").paginate(TableName=table)
         for i in page["Items"]
-        if i["sk"]["S"].startswith("OCC#") and i["state"]["S"] == "SUCCEEDED"
+        if i["sk"]["S"].startswith("OCC#")
+        and i["state"]["S"] == "SUCCEEDED"
+        and i["schedule_id"]["S"] in plain
     )
     key = occurrence_key(done["occurrence_id"]["S"])
     # WHEN an occurrence goes missing, another is left open, one is planted in a wrong
