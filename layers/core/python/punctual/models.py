@@ -8,14 +8,18 @@ delivery/processing try of an occurrence.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from decimal import Context, Decimal, DecimalException, Inexact, Rounded
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
@@ -34,6 +38,7 @@ from punctual.timing import (
     ResolvedAt,
     Rule,
     get_zone,
+    in_calendar,
     parse_cron,
     parse_rate,
     resolve_at,
@@ -42,6 +47,13 @@ from punctual.timing import (
 
 MAX_PAYLOAD_BYTES = 32 * 1024
 DEFAULT_CATCHUP_LIMIT = 10
+# The payload is stored as a map in the occurrence item (DynamoDB nests at most 32 levels)
+# and travels in every message: 16 levels is plenty and leaves the item room.
+MAX_PAYLOAD_DEPTH = 16
+# What DynamoDB stores as a number: at most 38 significant digits (boto3 refuses to round
+# more away, boto3.dynamodb.types.DYNAMODB_CONTEXT), magnitude 1e-130 to below 1e126.
+_DYNAMODB_DIGITS = Context(prec=38, traps=[Inexact, Rounded])
+_DYNAMODB_MAGNITUDE = (Decimal("1e-130"), Decimal("1e126"))
 # Target names become part of SQS queue names (80 characters, no dots): keep them short.
 TARGET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
@@ -50,14 +62,40 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _text_or_datetime(value: Any) -> Any:
+    # Pydantic would read a number, or a string holding one, as seconds since the epoch.
+    number = isinstance(value, int | float)
+    if isinstance(value, str):
+        try:
+            float(value)
+            number = True
+        except ValueError:
+            pass
+    if number:
+        raise ValueError("an instant is an ISO-8601 date-time with an offset, not a number")
+    return value
+
+
+def _in_calendar(moment: datetime) -> datetime:
+    in_calendar(to_epoch(moment))
+    return moment
+
+
+Instant = Annotated[AwareDatetime, BeforeValidator(_text_or_datetime), AfterValidator(_in_calendar)]
+"""An aware date-time within the calendar the time engine computes in."""
+
+# A number is a number: no "60" or true where an integer is due.
+StrictCount = Annotated[int, Field(strict=True)]
+
+
 # --- timing specs -------------------------------------------------------------------
 
 
 class _SpecBase(_Record):
-    start_at: AwareDatetime | None = Field(
+    start_at: Instant | None = Field(
         default=None, description="No fire before this instant (inclusive)."
     )
-    end_at: AwareDatetime | None = Field(
+    end_at: Instant | None = Field(
         default=None, description="No fire after this instant (inclusive)."
     )
 
@@ -103,7 +141,7 @@ class RateSpec(_SpecBase):
 
     kind: Literal["rate"] = "rate"
     expression: str = Field(examples=["rate(15 minutes)"], max_length=64)
-    anchor: AwareDatetime | None = Field(
+    anchor: Instant | None = Field(
         default=None,
         description="Fires are anchor + k * interval; defaults to start_at, else creation time.",
     )
@@ -165,10 +203,10 @@ class MisfireAction(StrEnum):
 
 class MisfirePolicy(_Record):
     action: MisfireAction = MisfireAction.FIRE_ONCE
-    max_lateness_seconds: int = Field(
+    max_lateness_seconds: StrictCount = Field(
         default=300, ge=0, le=7 * 86400, description="Later than this counts as a misfire."
     )
-    catchup_limit: int | None = Field(
+    catchup_limit: StrictCount | None = Field(
         default=None, ge=1, le=1000, description="Only for CATCHUP; default 10."
     )
 
@@ -195,10 +233,10 @@ class RetryPolicy(_Record):
     """Transient failures back off exponentially with full jitter within these bounds."""
 
     # At most 20, below the target queue's redrive count (25): see integrations/queues.py.
-    max_attempts: int = Field(default=3, ge=1, le=20)
-    backoff_base_seconds: int = Field(default=10, ge=1, le=3600)
-    backoff_max_seconds: int = Field(default=900, ge=1, le=43200)
-    deadline_seconds: int = Field(
+    max_attempts: StrictCount = Field(default=3, ge=1, le=20)
+    backoff_base_seconds: StrictCount = Field(default=10, ge=1, le=3600)
+    backoff_max_seconds: StrictCount = Field(default=900, ge=1, le=43200)
+    deadline_seconds: StrictCount = Field(
         default=86400,
         ge=60,
         le=14 * 86400,
@@ -225,13 +263,43 @@ class ScheduleState(StrEnum):
 class ScheduleDefinition(_Record):
     """What a tenant writes: when, where to, what, and how to behave when things go wrong."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "nightly report",
+                    "spec": {
+                        "kind": "cron",
+                        "expression": "30 2 * * *",
+                        "timezone": "Europe/Berlin",
+                    },
+                    "target": "default",
+                    "payload": {"report": "daily"},
+                },
+                {
+                    "spec": {"kind": "rate", "expression": "rate(15 minutes)"},
+                    "target": "default",
+                    "flexible_window_seconds": 300,
+                    "misfire": {"action": "CATCHUP", "catchup_limit": 3},
+                },
+                {
+                    "spec": {"kind": "at", "at": "2027-01-15T09:00:00", "timezone": "Asia/Tokyo"},
+                    "target": "default",
+                    "retry": {"max_attempts": 5},
+                },
+            ]
+        }
+    )
+
     name: str | None = Field(default=None, max_length=128)
     spec: ScheduleSpec
     target: str = Field(
-        pattern=TARGET_NAME_PATTERN, description="Name of one of the tenant's targets."
+        pattern=TARGET_NAME_PATTERN,
+        description="Name of one of the tenant's targets.",
+        examples=["default"],
     )
     payload: dict[str, JsonValue] = Field(default_factory=dict)
-    flexible_window_seconds: int = Field(
+    flexible_window_seconds: StrictCount = Field(
         default=0,
         ge=0,
         le=MAX_WINDOW_SECONDS,
@@ -243,7 +311,8 @@ class ScheduleDefinition(_Record):
 
     @field_validator("payload")
     @classmethod
-    def _payload_size(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    def _payload_storable(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        _check_storable(value)
         size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
         if size > MAX_PAYLOAD_BYTES:
             raise ValueError(f"payload is {size} bytes; at most {MAX_PAYLOAD_BYTES} allowed")
@@ -252,6 +321,41 @@ class ScheduleDefinition(_Record):
     @property
     def strict(self) -> bool:
         return self.flexible_window_seconds == 0
+
+
+def _check_storable(payload: dict[str, JsonValue]) -> None:
+    """ValueError naming the first part of ``payload`` that DynamoDB cannot store: nesting
+    deeper than MAX_PAYLOAD_DEPTH, an empty key, a number it cannot hold. Iterative, so
+    that no nesting makes it recurse."""
+    pending: list[tuple[str, JsonValue, int]] = [("payload", payload, 1)]
+    while pending:
+        path, value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_PAYLOAD_DEPTH:
+                raise ValueError(f"{path} nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+            if "" in value and isinstance(value, dict):
+                raise ValueError(f"{path} has an empty key")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            pending.extend((f"{path}.{key}", item, depth + 1) for key, item in items)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            _check_number(path, value)
+
+
+def _check_number(path: str, value: float) -> None:
+    problem = ValueError(
+        f"{path}: {value!r} is not a number DynamoDB stores (at most 38 significant digits, "
+        "magnitude 1e-130 to below 1e126)"
+    )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise problem
+    number = Decimal(repr(value))
+    low, high = _DYNAMODB_MAGNITUDE
+    if number and not low <= abs(number) < high:
+        raise problem
+    try:
+        _DYNAMODB_DIGITS.create_decimal(number)
+    except DecimalException:
+        raise problem from None
 
 
 class Schedule(ScheduleDefinition):
@@ -367,14 +471,15 @@ def field_errors(errors: ValidationError | Sequence[Mapping[str, Any]]) -> list[
         loc = list(item["loc"])
         if loc and loc[0] in _REQUEST_PARTS:
             loc = loc[1:]
+        reason = str(item["msg"]).removeprefix("Value error, ")
         if item.get("type") == "json_invalid":
             loc = []  # its location is a character position in the body, not a field
+            reason = f"not valid JSON: {item.get('ctx', {}).get('error', 'unreadable')}"
         # A discriminated union puts its tag after the field ('spec', 'cron', ...): drop it.
         parts = [
             str(part)
             for i, part in enumerate(loc)
             if not (i > 0 and loc[i - 1] == "spec" and part in _UNION_TAGS)
         ]
-        reason = str(item["msg"]).removeprefix("Value error, ")
         result.append({"field": ".".join(parts) or "(body)", "reason": reason})
     return result

@@ -27,7 +27,7 @@ from punctual.dal.schedules import (
 )
 from punctual.dal.tenants import TenantStore, usage_update
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
-from punctual.ids import new_schedule_id, shard_of
+from punctual.ids import available_at, new_schedule_id, occurrence_id, shard_of
 from punctual.integrations.queues import QueueAdmin, TargetQueues
 from punctual.materialize import plan
 from punctual.models import (
@@ -42,7 +42,7 @@ from punctual.models import (
 )
 from punctual.settings import Settings, get_settings
 from punctual.tenancy import Quotas, Target, Tenant, normalize_principal, strict_minute_load
-from punctual.timing import Preview, get_zone, preview
+from punctual.timing import Fire, get_zone, preview, to_epoch
 
 Clock = Callable[[], float]
 
@@ -65,9 +65,25 @@ class Affected:
 
 
 @dataclass(frozen=True, slots=True)
+class NextFire:
+    """A fire still ahead: when it is due, when it becomes receivable (later within a
+    flexible window), and its occurrence's id once made (None while only planned)."""
+
+    fire: Fire
+    available_at: int
+    occurrence_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NextFires:
+    fires: list[NextFire] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # DST-affected dates among them
+
+
+@dataclass(frozen=True, slots=True)
 class Saved:
     schedule: Schedule
-    next_fires: Preview
+    next_fires: NextFires
     materialized: list[Occurrence] = field(default_factory=list)
     affected: list[Affected] = field(default_factory=list)
 
@@ -163,11 +179,30 @@ class ControlPlane:
     ) -> tuple[list[Schedule], str | None]:
         return self.schedules.list_for_tenant(tenant_id, state=state, limit=limit, token=token)
 
-    def next_fires(self, schedule: Schedule, count: int = PREVIEW_COUNT) -> Preview:
-        if schedule.state is not ScheduleState.ACTIVE or schedule.next_run_at is None:
-            return Preview()
+    def next_fires(self, schedule: Schedule, count: int = PREVIEW_COUNT) -> NextFires:
+        """What will happen next: the version's fires not yet receivable, in order, those
+        already made as occurrences (every fire before the cursor) included and named."""
+        if schedule.state is not ScheduleState.ACTIVE:
+            return NextFires()
+        now = self._now()
+        # Version 1 owns a fire at its creation instant (create plans from now - 1); a later
+        # version starts strictly after the change that made it (update and resume).
+        start = to_epoch(schedule.updated_at) - (1 if schedule.version == 1 else 0)
+        # A flexible fire due up to its window ago may not be receivable yet.
+        after = max(start, now - 1 - schedule.flexible_window_seconds)
+        rule = schedule.rule()
+        passed = len(rule.fires(after, now - 1))
         zone = get_zone(getattr(schedule.spec, "timezone", None) or "UTC")
-        return preview(schedule.rule(), schedule.next_run_at - 1, count, zone)
+        ahead = preview(rule, after, passed + count, zone)
+        fires = []
+        for fire in ahead.fires:
+            occ_id = occurrence_id(schedule.schedule_id, schedule.version, fire.instant)
+            due = available_at(occ_id, fire.instant, schedule.flexible_window_seconds)
+            if due < now:
+                continue
+            made = schedule.next_run_at is None or fire.instant < schedule.next_run_at
+            fires.append(NextFire(fire, due, occ_id if made else None))
+        return NextFires(fires[:count], ahead.notes)
 
     def update(
         self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]
