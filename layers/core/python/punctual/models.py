@@ -50,10 +50,12 @@ DEFAULT_CATCHUP_LIMIT = 10
 # The payload is stored as a map in the occurrence item (DynamoDB nests at most 32 levels)
 # and travels in every message: 16 levels is plenty and leaves the item room.
 MAX_PAYLOAD_DEPTH = 16
-# What DynamoDB stores as a number: at most 38 significant digits (boto3 refuses to round
-# more away, boto3.dynamodb.types.DYNAMODB_CONTEXT), magnitude 1e-130 to below 1e126.
+# Numbers a payload can hold: what DynamoDB stores (at most 38 significant digits, boto3
+# refusing to round more away; magnitude from 1e-130) and can be written again as read back.
+# DynamoDB returns integral numbers as integers (1e40 comes back as 10**40), which boto3
+# writes with all their digits: below 1e38 they fit in 38.
 _DYNAMODB_DIGITS = Context(prec=38, traps=[Inexact, Rounded])
-_DYNAMODB_MAGNITUDE = (Decimal("1e-130"), Decimal("1e126"))
+_NUMBER_MAGNITUDE = (Decimal("1e-130"), Decimal("1e38"))
 # Target names become part of SQS queue names (80 characters, no dots): keep them short.
 TARGET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
@@ -253,6 +255,49 @@ class RetryPolicy(_Record):
 # --- schedule -----------------------------------------------------------------------
 
 
+def _storable(payload: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """The payload if DynamoDB can store it and it fits; else ValueError naming the first
+    part that cannot: nesting deeper than MAX_PAYLOAD_DEPTH, an empty key, a number it
+    cannot hold. Iterative, so that no nesting makes it recurse."""
+    pending: list[tuple[str, JsonValue, int]] = [("payload", payload, 1)]
+    while pending:
+        path, value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_PAYLOAD_DEPTH:
+                raise ValueError(f"{path} nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+            if isinstance(value, dict) and "" in value:
+                raise ValueError(f"{path} has an empty key")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            pending.extend((f"{path}.{key}", item, depth + 1) for key, item in items)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            _check_number(path, value)
+    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload is {size} bytes; at most {MAX_PAYLOAD_BYTES} allowed")
+    return payload
+
+
+def _check_number(path: str, value: float) -> None:
+    problem = ValueError(
+        f"{path}: {value!r} is not a number a payload can hold (at most 38 significant "
+        "digits, magnitude 1e-130 to below 1e38)"
+    )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise problem
+    number = Decimal(repr(value))
+    low, high = _NUMBER_MAGNITUDE
+    if number and not low <= number.copy_abs() < high:  # abs() would round to 28 digits
+        raise problem
+    try:
+        _DYNAMODB_DIGITS.create_decimal(number)
+    except DecimalException:
+        raise problem from None
+
+
+Payload = Annotated[dict[str, JsonValue], AfterValidator(_storable)]
+"""A payload as a tenant writes it: stored with the schedule and each occurrence."""
+
+
 class ScheduleState(StrEnum):
     ACTIVE = "ACTIVE"
     PAUSED = "PAUSED"
@@ -298,7 +343,7 @@ class ScheduleDefinition(_Record):
         description="Name of one of the tenant's targets.",
         examples=["default"],
     )
-    payload: dict[str, JsonValue] = Field(default_factory=dict)
+    payload: Payload = Field(default_factory=dict)
     flexible_window_seconds: StrictCount = Field(
         default=0,
         ge=0,
@@ -309,56 +354,14 @@ class ScheduleDefinition(_Record):
     overlap: OverlapPolicy = OverlapPolicy.ALLOW
     retry: RetryPolicy = RetryPolicy()
 
-    @field_validator("payload")
-    @classmethod
-    def _payload_storable(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
-        _check_storable(value)
-        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-        if size > MAX_PAYLOAD_BYTES:
-            raise ValueError(f"payload is {size} bytes; at most {MAX_PAYLOAD_BYTES} allowed")
-        return value
-
     @property
     def strict(self) -> bool:
         return self.flexible_window_seconds == 0
 
 
-def _check_storable(payload: dict[str, JsonValue]) -> None:
-    """ValueError naming the first part of ``payload`` that DynamoDB cannot store: nesting
-    deeper than MAX_PAYLOAD_DEPTH, an empty key, a number it cannot hold. Iterative, so
-    that no nesting makes it recurse."""
-    pending: list[tuple[str, JsonValue, int]] = [("payload", payload, 1)]
-    while pending:
-        path, value, depth = pending.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_PAYLOAD_DEPTH:
-                raise ValueError(f"{path} nests deeper than {MAX_PAYLOAD_DEPTH} levels")
-            if "" in value and isinstance(value, dict):
-                raise ValueError(f"{path} has an empty key")
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            pending.extend((f"{path}.{key}", item, depth + 1) for key, item in items)
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            _check_number(path, value)
-
-
-def _check_number(path: str, value: float) -> None:
-    problem = ValueError(
-        f"{path}: {value!r} is not a number DynamoDB stores (at most 38 significant digits, "
-        "magnitude 1e-130 to below 1e126)"
-    )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise problem
-    number = Decimal(repr(value))
-    low, high = _DYNAMODB_MAGNITUDE
-    if number and not low <= abs(number) < high:
-        raise problem
-    try:
-        _DYNAMODB_DIGITS.create_decimal(number)
-    except DecimalException:
-        raise problem from None
-
-
 class Schedule(ScheduleDefinition):
+    # As stored: judged by the input rules when it was written, not again on every read.
+    payload: dict[str, JsonValue] = Field(default_factory=dict)
     tenant_id: str
     schedule_id: str
     version: int = Field(ge=1)

@@ -178,10 +178,7 @@ class Gateway:
                 if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
                     raise _Refused(411, "send the body with a Content-Length")
                 length = _content_length(self.headers.get("Content-Length"))
-                try:
-                    body = self.rfile.read(length) if length else None
-                except TimeoutError:
-                    body = b""
+                body = self._read(length) if length else None
                 if body is not None and len(body) < length:
                     raise _Refused(400, f"the body ended after {len(body)} of {length} bytes")
                 url = urlsplit(self.path)
@@ -193,6 +190,22 @@ class Gateway:
                     parse_qs(url.query, keep_blank_values=True),
                     dict(self.headers.items()),
                 )
+
+            def _read(self, length: int) -> bytes:
+                """Up to ``length`` bytes: fewer when the client stops sending (closes, or
+                goes quiet for the read timeout)."""
+                chunks: list[bytes] = []
+                received = 0
+                try:
+                    while received < length:
+                        chunk = self.rfile.read1(length - received)
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                        received += len(chunk)
+                except TimeoutError:
+                    pass
+                return b"".join(chunks)
 
             def _answer(self, answer: dict[str, Any]) -> None:
                 payload = (answer.get("body") or "").encode("utf-8")
