@@ -187,10 +187,6 @@ class SchedulePatch(BaseModel):
 _IF_MATCH_PATTERN = r'^(W/)?("[0-9]{1,9}"|[0-9]{1,9})$'
 
 
-def _version(if_match: str) -> int:
-    return int(if_match.removeprefix("W/").strip('"'))
-
-
 @router.patch(
     "/v1/schedules/<schedule_id>",
     summary="Update a schedule (a new version)",
@@ -221,7 +217,7 @@ def update_schedule(
         ),
     ],
 ) -> SavedOut:
-    version = _version(if_match)
+    version = int(if_match.removeprefix("W/").strip('"'))
     changes = patch.model_dump(mode="json", exclude_unset=True)
     if not changes:
         raise InvalidInput(
@@ -246,11 +242,7 @@ def pause_schedule(schedule_id: ScheduleId) -> SavedOut:
     "/v1/schedules/<schedule_id>/resume",
     summary="Resume: next fire after now",
     responses=answers(
-        errors={
-            400: "The schedule has no fire left after now",
-            **_NO_SCHEDULE,
-            409: "Not PAUSED (details.state), or it changed meanwhile",
-        }
+        errors={**_NO_SCHEDULE, 409: "Not PAUSED (details.state), or it changed meanwhile"}
     ),
 )
 def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
