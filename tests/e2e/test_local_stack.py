@@ -551,9 +551,15 @@ def test_api_refuses_unsigned_and_unbound_callers_with_403(stack: Stack):
     # WHEN the API is called
     with pytest.raises(urllib.error.HTTPError) as unsigned:
         urllib.request.urlopen(stack.url + "/v1/schedules", timeout=30)
-    # THEN 403, as API Gateway with IAM auth answers
+    # THEN 403, as API Gateway with IAM auth answers (in the one error shape, as the
+    # deployed API's gateway responses are)
     assert unsigned.value.code == 403
-    assert json.loads(unsigned.value.read()) == {"message": "Missing Authentication Token"}
+    refused = json.loads(unsigned.value.read())["error"]
+    assert set(refused) == ERROR_KEYS
+    assert (refused["code"], refused["message"]) == (
+        "MISSING_AUTHENTICATION_TOKEN",
+        "Missing Authentication Token",
+    )
     # GIVEN a signature of a principal bound to no tenant
     # WHEN the API is called
     status, body = signed(stack, "GET", "/v1/schedules", None, key="stranger")

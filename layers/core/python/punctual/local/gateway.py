@@ -98,7 +98,8 @@ def gateway_error(status: int, code: str, message: str, field: str | None = None
     """An answer the gateway gives itself, in the API's one error shape (as the deployed
     API's gateway responses are, infra/api.py)."""
     fields = [{"field": field, "reason": message}] if field else []
-    error = {"code": code, "message": message, "fields": fields, "details": {}}
+    details = {"request_id": str(uuid.uuid4())}
+    error = {"code": code, "message": message, "fields": fields, "details": details}
     return {"statusCode": status, "body": json.dumps({"error": error})}
 
 
