@@ -37,7 +37,7 @@ def document() -> str:
         security_schemes={"sigv4": sigv4},
         security=[{"sigv4": []}],
     )
-    return json.dumps(_without_422(json.loads(raw)), indent=2) + "\n"
+    return json.dumps(_with_links(_without_422(json.loads(raw))), indent=2) + "\n"
 
 
 def _without_422(doc: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +49,50 @@ def _without_422(doc: dict[str, Any]) -> dict[str, Any]:
     schemas = doc.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+    return doc
+
+
+_SCHEDULE = {"schedule_id": "$response.body#/schedule/schedule_id"}
+# If-Match as HTTP writes an entity tag, quoted ("3"): the header is a string, not a number.
+_AT_ITS_VERSION = {**_SCHEDULE, "if-match": '"{$response.body#/schedule/version}"'}
+_ON_THE_SCHEDULE = {
+    "GetSchedule": ("get", "/v1/schedules/{schedule_id}", _SCHEDULE),
+    "UpdateSchedule": ("patch", "/v1/schedules/{schedule_id}", _AT_ITS_VERSION),
+    "PauseSchedule": ("post", "/v1/schedules/{schedule_id}/pause", _SCHEDULE),
+    "ResumeSchedule": ("post", "/v1/schedules/{schedule_id}/resume", _SCHEDULE),
+    "CancelSchedule": ("delete", "/v1/schedules/{schedule_id}", _SCHEDULE),
+    "ListOccurrences": ("get", "/v1/schedules/{schedule_id}/occurrences", _SCHEDULE),
+    "GetFirstOccurrence": (
+        "get",
+        "/v1/occurrences/{occurrence_id}",
+        {"occurrence_id": "$response.body#/materialized/0/occurrence_id"},
+    ),
+}
+_TENANT = {"tenant_id": "$response.body#/tenant_id"}
+_ON_THE_TENANT = {
+    "GetTenant": ("get", "/v1/admin/tenants/{tenant_id}", _TENANT),
+    "SetQuotas": ("put", "/v1/admin/tenants/{tenant_id}/quotas", _TENANT),
+    "BindPrincipal": ("post", "/v1/admin/tenants/{tenant_id}/principals", _TENANT),
+}
+# Where each answer leads (OpenAPI links): from a created schedule to the operations on it,
+# from a tenant to the operator's. Clients, and schemathesis's stateful tests, follow them.
+_LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, dict[str, str]]]] = {
+    ("post", "/v1/schedules", "201"): _ON_THE_SCHEDULE,
+    ("get", "/v1/schedules/{schedule_id}", "200"): _ON_THE_SCHEDULE,
+    ("patch", "/v1/schedules/{schedule_id}", "200"): _ON_THE_SCHEDULE,
+    ("post", "/v1/schedules/{schedule_id}/pause", "200"): _ON_THE_SCHEDULE,
+    ("post", "/v1/schedules/{schedule_id}/resume", "200"): _ON_THE_SCHEDULE,
+    ("post", "/v1/admin/tenants", "201"): _ON_THE_TENANT,
+}
+
+
+def _with_links(doc: dict[str, Any]) -> dict[str, Any]:
+    paths = doc["paths"]
+    for (method, path, status), links in _LINKS.items():
+        paths[path][method]["responses"][status]["links"] = {
+            name: {"operationId": paths[to_path][to_method]["operationId"], "parameters": params}
+            for name, (to_method, to_path, params) in links.items()
+        }
     return doc
 
 

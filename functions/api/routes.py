@@ -6,7 +6,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from api import context
 from api.views import (
@@ -24,6 +24,7 @@ from api.views import (
     TargetOut,
     TenantOut,
     fires_out,
+    next_fires_out,
     occurrence_detail_out,
     occurrence_out,
     saved_out,
@@ -31,9 +32,10 @@ from api.views import (
     target_out,
     tenant_out,
 )
-from punctual.errors import InvalidInput, PreconditionRequired
+from punctual.errors import InvalidInput
 from punctual.models import (
     AtSpec,
+    Instant,
     MisfirePolicy,
     OverlapPolicy,
     RateSpec,
@@ -41,6 +43,7 @@ from punctual.models import (
     ScheduleDefinition,
     ScheduleSpec,
     ScheduleState,
+    StrictCount,
 )
 from punctual.observability import logger
 from punctual.reconciler import ReconcileReport, default_window, read_reports
@@ -50,26 +53,34 @@ from punctual.timing import get_zone, preview, to_epoch, tzdata_version, utc_tex
 router = Router()
 
 
-def answers(success: int = 200) -> dict[int, OpenAPIResponse]:
-    """The success answer (schema from the return type) and every error answer."""
-    return {success: {"description": "Created" if success == 201 else "OK"}, **_ERRORS}
+def answers(
+    success: int = 200, errors: dict[int, str] | None = None, *, body: bool = False
+) -> dict[int, OpenAPIResponse]:
+    """The success answer (its schema from the return type) and every error answer the
+    route gives, each described for this route; those every route can give are added."""
+    meanings = {
+        400: "Invalid input: each bad field is named with its reason",
+        403: "Not signed with IAM credentials, or the principal is bound to no tenant",
+        **({415: "The body is not application/json"} if body else {}),
+        **(errors or {}),
+        500: "Unexpected error: details.request_id finds it in the logs",
+        503: "DynamoDB is busy (throttled): retry with back-off",
+    }
+    return {
+        success: {"description": "Created" if success == 201 else "OK"},
+        **{
+            status: {**_ERROR_CONTENT, "description": f"{meaning}. {_ERROR_CONTENT['description']}"}
+            for status, meaning in sorted(meanings.items())
+        },
+    }
 
 
 _ERROR_CONTENT: OpenAPIResponse = {
     "description": "The one error shape: code, message, fields (field and reason), details",
     "content": {"application/json": {"model": ErrorOut}},
 }
-_ERRORS: dict[int, OpenAPIResponse] = {
-    status: {**_ERROR_CONTENT, "description": f"{meaning}. {_ERROR_CONTENT['description']}"}
-    for status, meaning in [
-        (400, "Invalid input"),
-        (403, "Not signed, unknown principal, or not an operator"),
-        (404, "No such record for this tenant"),
-        (409, "Conflict: stale version, duplicate, or wrong state"),
-        (428, "If-Match missing"),
-        (429, "Over quota"),
-    ]
-}
+_NO_SCHEDULE = {404: "No such schedule for this tenant (another tenant's answers the same)"}
+_OPERATOR = {403: "Not signed with IAM credentials, or the caller is not an operator"}
 
 Limit = Annotated[int, Query(ge=1, le=100)]
 Token = Annotated[str | None, Query(max_length=2048)]
@@ -85,7 +96,23 @@ def _tenant() -> str:
 # --- schedules ------------------------------------------------------------------------
 
 
-@router.post("/v1/schedules", summary="Create a schedule", responses=answers(201), status_code=201)
+@router.post(
+    "/v1/schedules",
+    summary="Create a schedule",
+    responses=answers(
+        201,
+        {
+            400: "Invalid input (each bad field named with its reason), an unknown target, "
+            "or a schedule that would never fire",
+            409: "The Idempotency-Key was used with another body, or its first request is "
+            "still in progress",
+            429: "Over quota (max_schedules or max_strict_fires_per_minute): details give the "
+            "quota, its limit and the usage",
+        },
+        body=True,
+    ),
+    status_code=201,
+)
 def create_schedule(
     definition: ScheduleDefinition,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=128)] = None,
@@ -93,15 +120,21 @@ def create_schedule(
     tenant = _tenant()
     if idempotency_key is None:
         return saved_out(context.plane().create(tenant, definition))
+    # The fingerprint is the definition as understood, defaults filled in: the same request
+    # with a default spelled out is the same request.
     request = {
         "key": f"{tenant}#{idempotency_key}",
         "tenant": tenant,
-        "body": definition.model_dump(mode="json", exclude_unset=True),
+        "body": definition.model_dump(mode="json"),
     }
     return SavedOut.model_validate(context.idempotent_create()(request=request))
 
 
-@router.get("/v1/schedules", summary="List the tenant's schedules", responses=answers())
+@router.get(
+    "/v1/schedules",
+    summary="List the tenant's schedules",
+    responses=answers(errors={400: "Invalid state, limit or next_token"}),
+)
 def list_schedules(
     state: Annotated[ScheduleState | None, Query()] = None,
     limit: Limit = 50,
@@ -113,54 +146,83 @@ def list_schedules(
 
 
 @router.get(
-    "/v1/schedules/<schedule_id>", summary="Get a schedule and its next fires", responses=answers()
+    "/v1/schedules/<schedule_id>",
+    summary="Get a schedule and its next fires",
+    responses=answers(errors=_NO_SCHEDULE),
 )
 def get_schedule(schedule_id: ScheduleId) -> ScheduleDetailOut:
     plane = context.plane()
     schedule = plane.get(_tenant(), schedule_id)
     fires = plane.next_fires(schedule)
     return ScheduleDetailOut(
-        schedule=schedule_out(schedule), next_fires=fires_out(fires), notes=fires.notes
+        schedule=schedule_out(schedule), next_fires=next_fires_out(fires), notes=fires.notes
     )
 
 
 class SchedulePatch(BaseModel):
     """Fields to change; each replaces the current value whole (``spec`` included)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"name": "renamed"},
+                {"spec": {"kind": "cron", "expression": "*/10 * * * *", "timezone": "UTC"}},
+                {"flexible_window_seconds": 60, "overlap": "SKIP_IF_RUNNING"},
+            ]
+        },
+    )
 
     name: str | None = Field(default=None, max_length=128)
     spec: ScheduleSpec | None = None
     target: str | None = None
     payload: dict[str, Any] | None = None
-    flexible_window_seconds: int | None = None
+    flexible_window_seconds: StrictCount | None = None
     misfire: MisfirePolicy | None = None
     overlap: OverlapPolicy | None = None
     retry: RetryPolicy | None = None
 
 
-def _version(if_match: str | None) -> int:
-    if if_match is None:
-        raise PreconditionRequired("If-Match with the schedule's current version is required")
-    text = if_match.strip().removeprefix("W/").strip('"')
-    if not text.isascii() or not text.isdigit():
-        raise InvalidInput(
-            "If-Match must be the schedule's version number",
-            [{"field": "If-Match", "reason": f"{if_match!r} is not a version number"}],
-        )
-    return int(text)
+# The version as an entity tag: 3, "3" or W/"3".
+_IF_MATCH_PATTERN = r'^(W/)?("[0-9]{1,9}"|[0-9]{1,9})$'
 
 
 @router.patch(
-    "/v1/schedules/<schedule_id>", summary="Update a schedule (a new version)", responses=answers()
+    "/v1/schedules/<schedule_id>",
+    summary="Update a schedule (a new version)",
+    responses=answers(
+        errors={
+            400: "Invalid input (each bad field named with its reason), no field to change, "
+            "an If-Match that is not a version, an unknown target, or a schedule that would "
+            "never fire",
+            **_NO_SCHEDULE,
+            409: "If-Match names an older version (details.current_version), the schedule "
+            "changed meanwhile, or it is CANCELED",
+            428: "If-Match is missing",
+            429: "Over quota (max_strict_fires_per_minute): details give the limit and usage",
+        },
+        body=True,
+    ),
 )
 def update_schedule(
     schedule_id: ScheduleId,
     patch: SchedulePatch,
-    if_match: Annotated[str | None, Header(alias="If-Match", max_length=32)] = None,
+    if_match: Annotated[
+        str,
+        Header(
+            alias="If-Match",
+            pattern=_IF_MATCH_PATTERN,
+            description='The version the change is based on, e.g. 3 or "3" (428 when '
+            "missing, 409 when stale).",
+        ),
+    ],
 ) -> SavedOut:
-    version = _version(if_match)
+    version = int(if_match.removeprefix("W/").strip('"'))
     changes = patch.model_dump(mode="json", exclude_unset=True)
+    if not changes:
+        raise InvalidInput(
+            "nothing to change", [{"field": "(body)", "reason": "give at least one field"}]
+        )
     saved = context.plane().update(_tenant(), schedule_id, if_match=version, changes=changes)
     return saved_out(saved)
 
@@ -168,14 +230,20 @@ def update_schedule(
 @router.post(
     "/v1/schedules/<schedule_id>/pause",
     summary="Pause: no fires until resumed",
-    responses=answers(),
+    responses=answers(
+        errors={**_NO_SCHEDULE, 409: "Not ACTIVE (details.state), or it changed meanwhile"}
+    ),
 )
 def pause_schedule(schedule_id: ScheduleId) -> SavedOut:
     return saved_out(context.plane().pause(_tenant(), schedule_id))
 
 
 @router.post(
-    "/v1/schedules/<schedule_id>/resume", summary="Resume: next fire after now", responses=answers()
+    "/v1/schedules/<schedule_id>/resume",
+    summary="Resume: next fire after now",
+    responses=answers(
+        errors={**_NO_SCHEDULE, 409: "Not PAUSED (details.state), or it changed meanwhile"}
+    ),
 )
 def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
     return saved_out(context.plane().resume(_tenant(), schedule_id))
@@ -184,7 +252,9 @@ def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
 @router.delete(
     "/v1/schedules/<schedule_id>",
     summary="Cancel (stays readable as CANCELED)",
-    responses=answers(),
+    responses=answers(
+        errors={**_NO_SCHEDULE, 409: "Already CANCELED (details.state), or it changed meanwhile"}
+    ),
 )
 def cancel_schedule(schedule_id: ScheduleId) -> SavedOut:
     return saved_out(context.plane().cancel(_tenant(), schedule_id))
@@ -200,12 +270,14 @@ def _instant(value: datetime | None, default: int) -> int:
 @router.get(
     "/v1/schedules/<schedule_id>/occurrences",
     summary="A schedule's occurrences",
-    responses=answers(),
+    responses=answers(
+        errors={400: "Invalid from, to (or to before from), limit or next_token", **_NO_SCHEDULE}
+    ),
 )
 def list_occurrences(
     schedule_id: ScheduleId,
-    since: Annotated[AwareDatetime | None, Query(alias="from")] = None,
-    until: Annotated[AwareDatetime | None, Query(alias="to")] = None,
+    since: Annotated[Instant | None, Query(alias="from")] = None,
+    until: Annotated[Instant | None, Query(alias="to")] = None,
     limit: Limit = 50,
     next_token: Token = None,
 ) -> OccurrenceListOut:
@@ -224,7 +296,9 @@ def list_occurrences(
 @router.get(
     "/v1/occurrences/<occurrence_id>",
     summary="One occurrence with its attempts",
-    responses=answers(),
+    responses=answers(
+        errors={404: "No such occurrence for this tenant (another tenant's answers the same)"}
+    ),
 )
 def get_occurrence(occurrence_id: Annotated[str, Path(max_length=64)]) -> OccurrenceDetailOut:
     occurrence, attempts = context.plane().occurrence(_tenant(), occurrence_id)
@@ -235,14 +309,35 @@ def get_occurrence(occurrence_id: Annotated[str, Path(max_length=64)]) -> Occurr
 
 
 class PreviewIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "spec": {
+                        "kind": "cron",
+                        "expression": "30 2 * * *",
+                        "timezone": "America/New_York",
+                    },
+                    "after": "2027-03-13T00:00:00Z",
+                    "count": 3,
+                }
+            ]
+        },
+    )
 
     spec: ScheduleSpec
-    count: int = Field(default=10, ge=1, le=100)
-    after: AwareDatetime | None = Field(default=None, description="Default: now.")
+    count: StrictCount = Field(default=10, ge=1, le=100)
+    after: Instant | None = Field(default=None, description="Default: now.")
 
 
-@router.post("/v1/preview", summary="Next fires of a spec, nothing saved", responses=answers())
+@router.post(
+    "/v1/preview",
+    summary="Next fires of a spec, nothing saved",
+    responses=answers(
+        errors={400: "Invalid spec, count or after (each named with its reason)"}, body=True
+    ),
+)
 def preview_spec(body: PreviewIn) -> PreviewOut:
     _tenant()
     after = _instant(body.after, int(context.services().now()))
@@ -261,7 +356,11 @@ def preview_spec(body: PreviewIn) -> PreviewOut:
 @router.post(
     "/v1/targets",
     summary="Create a target: an SQS queue with its DLQ",
-    responses=answers(201),
+    responses=answers(
+        201,
+        {400: "Invalid name", 409: "The tenant already has a target of this name"},
+        body=True,
+    ),
     status_code=201,
 )
 def create_target(body: TargetIn) -> TargetOut:
@@ -289,11 +388,17 @@ def meta() -> MetaOut:
 # --- operators ------------------------------------------------------------------------
 
 
+class StrictQuotas(Quotas):
+    """Quotas as a request gives them: a number is a number ("100" is refused)."""
+
+    model_config = ConfigDict(strict=True)
+
+
 class TenantIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant_id: str = Field(pattern=TENANT_ID_PATTERN)
-    quotas: Quotas = Quotas()
+    quotas: StrictQuotas = StrictQuotas()
 
 
 class PrincipalIn(BaseModel):
@@ -308,7 +413,11 @@ TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN)]
 @router.post(
     "/v1/admin/tenants",
     summary="Operator: create a tenant",
-    responses=answers(201),
+    responses=answers(
+        201,
+        {400: "Invalid tenant_id or quotas", **_OPERATOR, 409: "The tenant exists already"},
+        body=True,
+    ),
     status_code=201,
 )
 def create_tenant(body: TenantIn) -> TenantOut:
@@ -319,7 +428,7 @@ def create_tenant(body: TenantIn) -> TenantOut:
 @router.get(
     "/v1/admin/tenants/<tenant_id>",
     summary="Operator: a tenant's quotas and usage",
-    responses=answers(),
+    responses=answers(errors={400: "Invalid tenant_id", **_OPERATOR, 404: "No such tenant"}),
 )
 def admin_get_tenant(tenant_id: TenantId) -> TenantOut:
     context.require_operator(router)
@@ -328,20 +437,39 @@ def admin_get_tenant(tenant_id: TenantId) -> TenantOut:
 
 @router.put(
     "/v1/admin/tenants/<tenant_id>/quotas",
-    summary="Operator: set a tenant's quotas",
-    responses=answers(),
+    summary="Operator: set a tenant's quotas (those given; the others keep their value)",
+    responses=answers(
+        errors={
+            400: "Invalid tenant_id or quotas, or no quota given",
+            **_OPERATOR,
+            404: "No such tenant",
+        },
+        body=True,
+    ),
 )
-def set_quotas(tenant_id: TenantId, quotas: Quotas) -> TenantOut:
+def set_quotas(tenant_id: TenantId, quotas: StrictQuotas) -> TenantOut:
     context.require_operator(router)
+    # Only what the body names: an empty body once reset every quota to its default.
+    given = quotas.model_dump(include=quotas.model_fields_set)
+    if not given:
+        raise InvalidInput("no quota to set", [{"field": "(body)", "reason": "give a quota"}])
     tenants = context.plane().tenants
-    tenants.set_quotas(tenant_id, quotas)
+    tenants.set_quotas(tenant_id, tenants.get(tenant_id).quotas.model_copy(update=given))
     return tenant_out(tenants.get(tenant_id))
 
 
 @router.post(
     "/v1/admin/tenants/<tenant_id>/principals",
     summary="Operator: bind a principal to a tenant",
-    responses=answers(),
+    responses=answers(
+        errors={
+            400: "Invalid tenant_id or principal_arn",
+            **_OPERATOR,
+            404: "No such tenant",
+            409: "The principal is bound to another tenant",
+        },
+        body=True,
+    ),
 )
 def bind_principal(tenant_id: TenantId, body: PrincipalIn) -> TenantOut:
     context.require_operator(router)
@@ -359,11 +487,11 @@ class ReconcileReportsOut(BaseModel):
 @router.get(
     "/v1/admin/reconcile",
     summary="Operator: the reconciler's reports of one window (default: the last one)",
-    responses=answers(),
+    responses=answers(errors={400: "Invalid from or to, or to not after from", **_OPERATOR}),
 )
 def reconcile_reports(
-    window_start: Annotated[AwareDatetime | None, Query(alias="from")] = None,
-    window_end: Annotated[AwareDatetime | None, Query(alias="to")] = None,
+    window_start: Annotated[Instant | None, Query(alias="from")] = None,
+    window_end: Annotated[Instant | None, Query(alias="to")] = None,
 ) -> ReconcileReportsOut:
     context.require_operator(router)
     services = context.services()

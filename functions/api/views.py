@@ -17,7 +17,7 @@ from punctual.models import (
     ScheduleDefinition,
     ScheduleSpec,
 )
-from punctual.scheduling import Affected, Saved
+from punctual.scheduling import Affected, NextFires, Saved
 from punctual.tenancy import Quotas, Target, Tenant
 from punctual.timing import Preview, utc_text
 
@@ -40,6 +40,17 @@ class ErrorOut(BaseModel):
 class FireOut(BaseModel):
     utc: str
     local: str
+
+
+class NextFireOut(FireOut):
+    available_at: str = Field(
+        description="When its message becomes receivable (UTC): the fire itself for strict "
+        "schedules, later within a flexible window."
+    )
+    occurrence_id: str | None = Field(
+        description="Set when the occurrence is already made (GET /v1/occurrences/{id} reads "
+        "it); null while the fire is only planned."
+    )
 
 
 class ScheduleOut(BaseModel):
@@ -82,9 +93,12 @@ class AffectedOut(OccurrenceOut):
     note: str
 
 
+_NEXT_FIRES = "What happens next: the next fires not yet receivable, made or not."
+
+
 class SavedOut(BaseModel):
     schedule: ScheduleOut
-    next_fires: list[FireOut]
+    next_fires: list[NextFireOut] = Field(description=_NEXT_FIRES)
     notes: list[str]
     materialized: list[OccurrenceOut] = Field(
         description="Occurrences due so soon that they were created with this change."
@@ -96,7 +110,7 @@ class SavedOut(BaseModel):
 
 class ScheduleDetailOut(BaseModel):
     schedule: ScheduleOut
-    next_fires: list[FireOut]
+    next_fires: list[NextFireOut] = Field(description=_NEXT_FIRES)
     notes: list[str]
 
 
@@ -196,10 +210,22 @@ def fires_out(fires: Preview) -> list[FireOut]:
     return [FireOut(utc=f.utc, local=f.local) for f in fires.fires]
 
 
+def next_fires_out(fires: NextFires) -> list[NextFireOut]:
+    return [
+        NextFireOut(
+            utc=f.fire.utc,
+            local=f.fire.local,
+            available_at=utc_text(f.available_at),
+            occurrence_id=f.occurrence_id,
+        )
+        for f in fires.fires
+    ]
+
+
 def saved_out(saved: Saved) -> SavedOut:
     return SavedOut(
         schedule=schedule_out(saved.schedule),
-        next_fires=fires_out(saved.next_fires),
+        next_fires=next_fires_out(saved.next_fires),
         notes=saved.notes,
         materialized=[OccurrenceOut(**occurrence_out(o)) for o in saved.materialized],
         affected=[affected_out(a) for a in saved.affected],

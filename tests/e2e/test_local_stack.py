@@ -187,10 +187,12 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
     sqs = stack.aws("sqs")
     due = int(time.time()) + 5
     created = one_shot(stack, "oneshot", due, job="e2e")
-    assert (created["state"], created["version"], created["next_fires"]) == ("ACTIVE", 1, [])
+    assert (created["state"], created["version"]) == ("ACTIVE", 1)
     [made] = created["materialized"]
     assert made["available_at"] == iso(due)  # strict: no flexible window
     occ_id = made["occurrence_id"]
+    # (its next fire is that occurrence, made already)
+    assert [(f["utc"], f["occurrence_id"]) for f in created["next_fires"]] == [(iso(due), occ_id)]
 
     # WHEN the relay has sent it ahead of its time (SQS holds it back with a delay; the
     # occurrence stays SCHEDULED, the send is not written back)
@@ -549,9 +551,15 @@ def test_api_refuses_unsigned_and_unbound_callers_with_403(stack: Stack):
     # WHEN the API is called
     with pytest.raises(urllib.error.HTTPError) as unsigned:
         urllib.request.urlopen(stack.url + "/v1/schedules", timeout=30)
-    # THEN 403, as API Gateway with IAM auth answers
+    # THEN 403, as API Gateway with IAM auth answers (in the one error shape, as the
+    # deployed API's gateway responses are)
     assert unsigned.value.code == 403
-    assert json.loads(unsigned.value.read()) == {"message": "Missing Authentication Token"}
+    refused = json.loads(unsigned.value.read())["error"]
+    assert set(refused) == ERROR_KEYS
+    assert (refused["code"], refused["message"]) == (
+        "MISSING_AUTHENTICATION_TOKEN",
+        "Missing Authentication Token",
+    )
     # GIVEN a signature of a principal bound to no tenant
     # WHEN the API is called
     status, body = signed(stack, "GET", "/v1/schedules", None, key="stranger")
@@ -600,6 +608,9 @@ def test_cli_list_get_and_occurrences_print_tables_and_json(stack: Stack):
     due = int(time.time()) + 20
     shot = one_shot(stack, "default", due)
     occ_id = shot["materialized"][0]["occurrence_id"]
+    # (`get` prints the one-shot's next fire with the occurrence already made for it)
+    shot_fires = stack.cli("get", shot["schedule_id"]).out.splitlines()[1:]
+    assert shot_fires == [f"  next  {iso(due)}  ({iso(due)[:-1]}+00:00)  made as {occ_id}"]
 
     # WHEN `get` prints for people
     got = stack.cli("get", cron["schedule_id"])

@@ -69,16 +69,24 @@ def test_create_cron_returns_schedule_next_fires_and_materialized(alice: Api) ->
     assert schedule["flexible_window_seconds"] == 0
     assert schedule["created_at"] == "2026-11-18T11:06:40+00:00"
     assert schedule["next_run_at"] == "2026-11-18T11:15:00Z"
+    # AND the next fires are what will happen next: 11:10, made already, then the planned ones
     assert [f["utc"] for f in answer.body["next_fires"]] == [
+        "2026-11-18T11:10:00Z",
         "2026-11-18T11:15:00Z",
         "2026-11-18T11:20:00Z",
         "2026-11-18T11:25:00Z",
         "2026-11-18T11:30:00Z",
-        "2026-11-18T11:35:00Z",
+    ]
+    [occurrence] = answer.body["materialized"]
+    assert [f["occurrence_id"] for f in answer.body["next_fires"]] == [
+        occurrence["occurrence_id"],
+        None,
+        None,
+        None,
+        None,
     ]
     assert answer.body["notes"] == []
     assert answer.body["affected"] == []
-    [occurrence] = answer.body["materialized"]
     assert occurrence["scheduled_for"] == "2026-11-18T11:10:00Z"
     assert occurrence["available_at"] == "2026-11-18T11:10:00Z"
     assert occurrence["state"] == "SCHEDULED"
@@ -95,7 +103,12 @@ def test_create_cron_in_a_zone_shows_local_and_utc_times(alice: Api) -> None:
 
     # THEN the fires are 08:00 UTC / 09:00 local and nothing is due inside the horizon
     first = saved["next_fires"][0]
-    assert first == {"utc": "2026-11-19T08:00:00Z", "local": "2026-11-19T09:00:00+01:00"}
+    assert first == {
+        "utc": "2026-11-19T08:00:00Z",
+        "local": "2026-11-19T09:00:00+01:00",
+        "available_at": "2026-11-19T08:00:00Z",
+        "occurrence_id": None,
+    }
     assert saved["schedule"]["next_run_at"] == "2026-11-19T08:00:00Z"
     assert saved["materialized"] == []
 
@@ -112,7 +125,11 @@ def test_create_rate_fires_from_the_creation_instant(alice: Api) -> None:
         iso(START + 4 * MINUTE),
     ]
     assert saved["schedule"]["next_run_at"] == iso(START + 6 * MINUTE)
-    assert saved["next_fires"][0]["utc"] == iso(START + 6 * MINUTE)
+    # AND the next fires start with the made ones, the creation instant's included
+    made = [(f["utc"], f["occurrence_id"]) for f in saved["next_fires"][:3]]
+    assert made == [(o["scheduled_for"], o["occurrence_id"]) for o in saved["materialized"]]
+    assert saved["next_fires"][3]["utc"] == iso(START + 6 * MINUTE)
+    assert saved["next_fires"][3]["occurrence_id"] is None
 
 
 def test_create_one_shot_far_ahead_is_active_with_one_fire(alice: Api) -> None:
@@ -124,7 +141,12 @@ def test_create_one_shot_far_ahead_is_active_with_one_fire(alice: Api) -> None:
     assert saved["schedule"]["state"] == "ACTIVE"
     assert saved["schedule"]["next_run_at"] == "2026-12-24T17:00:00Z"
     assert saved["next_fires"] == [
-        {"utc": "2026-12-24T17:00:00Z", "local": "2026-12-24T18:00:00+01:00"}
+        {
+            "utc": "2026-12-24T17:00:00Z",
+            "local": "2026-12-24T18:00:00+01:00",
+            "available_at": "2026-12-24T17:00:00Z",
+            "occurrence_id": None,
+        }
     ]
     assert saved["materialized"] == []
 
@@ -319,9 +341,9 @@ def test_update_schedule_if_match_is_required_and_must_be_a_version_number(
             # WHEN If-Match is not a version number
             answer = patch(alice, schedule_id, {"name": "renamed"}, if_match)
 
-            # THEN 400 naming the header, and nothing changed
+            # THEN 400 naming the header (as the document spells it), and nothing changed
             error = assert_error(answer, 400, "invalid_input")
-            assert error["fields"][0]["field"] == "If-Match"
+            assert error["fields"][0]["field"] == "if-match"
             assert alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]["name"] is None
 
 

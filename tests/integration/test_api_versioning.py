@@ -63,7 +63,9 @@ def test_materialize_one_shot_inside_the_horizon_is_created_by_the_api(
     assert occurrence["schedule_version"] == 1
     schedule = saved["schedule"]
     assert schedule["next_run_at"] is None
-    assert saved["next_fires"] == []
+    # AND its next fire is that occurrence, made already
+    [fire] = saved["next_fires"]
+    assert (fire["utc"], fire["occurrence_id"]) == (when, occurrence["occurrence_id"])
     assert _occurrence(alice, occurrence["occurrence_id"]) == {**occurrence, "attempts": []}
     # AND the payload was copied into the occurrence, so the relay needs no schedule read
     item = _stored_item(aws, occurrence["occurrence_id"])

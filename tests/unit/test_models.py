@@ -26,7 +26,7 @@ from punctual.models import (
     can_transition,
     field_errors,
 )
-from punctual.timing import CronRule, OneShotRule, RateRule, utc_text
+from punctual.timing import MAX_INSTANT, CronRule, OneShotRule, RateRule, utc_text
 
 CRON: dict[str, Any] = {
     "kind": "cron",
@@ -549,3 +549,85 @@ def test_occurrence_random_walk_ends_terminal_or_keeps_moving(choices: list[int]
         state = target
     # THEN the walk ended terminal, or can still move on
     assert state in EXPECTED_TERMINAL or TRANSITIONS[state]
+
+
+# --- input rules: numbers are numbers, instants within the calendar, storable payloads ---
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"flexible_window_seconds": "60"}, "flexible_window_seconds"),
+        ({"flexible_window_seconds": True}, "flexible_window_seconds"),
+        ({"flexible_window_seconds": 60.0}, "flexible_window_seconds"),
+        ({"retry": {"deadline_seconds": "3600"}}, "retry.deadline_seconds"),
+        ({"misfire": {"action": "CATCHUP", "catchup_limit": True}}, "misfire.catchup_limit"),
+        ({"spec": {**RATE, "anchor": 1_795_000_000}}, "spec.anchor"),
+        ({"spec": {**RATE, "anchor": "1795000000.5"}}, "spec.anchor"),
+        ({"spec": {**RATE, "anchor": "9999-01-01T00:00:00Z"}}, "spec.anchor"),
+        ({"spec": {**CRON, "start_at": "0001-12-31T23:59:59Z"}}, "spec.start_at"),
+        ({"spec": {**AT, "at": "9999-06-01T00:00:00"}}, "spec.at"),
+    ],
+)
+def test_schedule_definition_refuses_lax_numbers_and_instants_off_the_calendar(
+    overrides: dict[str, Any], field: str
+):
+    # WHEN a number is given as text or a boolean, an instant as a number or past the calendar
+    with pytest.raises(ValidationError) as refused:
+        ScheduleDefinition.model_validate(_definition(**overrides))
+    # THEN the field is named
+    assert field_errors(refused.value)[0]["field"] == field
+
+
+def test_schedule_definition_takes_the_calendar_s_first_and_last_second():
+    # GIVEN start and end at the calendar's edges; THEN both are accepted
+    spec = {**CRON, "start_at": "0002-01-01T00:00:00Z", "end_at": "9998-12-31T23:59:59Z"}
+    definition = ScheduleDefinition.model_validate(_definition(spec=spec))
+    assert definition.spec.bounds().end == MAX_INSTANT
+
+
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ({"a": _nested(15)}, None),
+        ({"a": _nested(16)}, "payload.a" + ".0" * 15 + " nests deeper than 16 levels"),
+        ({"big": 10**38 - 1, "small": -1e-130, "zero": 0.0}, None),
+        ({"n": 10**38}, "payload.n: 100000000000000000000000000000000000000 is not a number"),
+        ({"n": 1e38}, "payload.n: 1e+38 is not a number"),
+        ({"n": 5e-324}, "payload.n: 5e-324 is not a number"),
+        ({"n": float("nan")}, "payload.n: nan is not a number"),
+        ({"m": {"": 1}}, "payload.m has an empty key"),
+    ],
+)
+def test_schedule_definition_payload_must_be_storable(payload: dict[str, Any], reason: str | None):
+    # WHEN a payload is checked; THEN it is accepted, or refused naming the part and why
+    if reason is None:
+        assert ScheduleDefinition.model_validate(_definition(payload=payload)).payload == payload
+        return
+    with pytest.raises(ValidationError) as refused:
+        ScheduleDefinition.model_validate(_definition(payload=payload))
+    [error] = field_errors(refused.value)
+    assert error["field"] == "payload"
+    assert error["reason"].startswith(reason), error
+
+
+def test_stored_schedule_payload_is_not_judged_again_on_read():
+    # GIVEN a stored schedule whose payload DynamoDB gave back with a large integral number
+    # (1e40 is written as 1E+40 and read back as the integer 10**40)
+    stored = {
+        **_definition(payload={"n": 10**40}),
+        "tenant_id": "acme",
+        "schedule_id": "sch_a",
+        "version": 1,
+        "created_at": datetime(2026, 11, 18, tzinfo=UTC),
+        "updated_at": datetime(2026, 11, 18, tzinfo=UTC),
+    }
+    # WHEN it is loaded; THEN it loads (the input rules judged it when it was written)
+    assert Schedule.model_validate(stored).payload == {"n": 10**40}

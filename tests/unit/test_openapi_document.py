@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 from api.openapi import DOCUMENT, document
 
@@ -25,3 +27,53 @@ def test_openapi_document_every_operation_is_sigv4_and_documents_the_error_shape
             assert "422" not in responses, (path, method)
             error = responses["400"]["content"]["application/json"]["schema"]["$ref"]
             assert error == "#/components/schemas/ErrorOut", (path, method)
+
+
+def _operation(doc: dict[str, Any], method: str, path: str) -> dict[str, Any]:
+    operation: dict[str, Any] = doc["paths"][path][method]
+    return operation
+
+
+def test_openapi_document_if_match_is_required_as_the_server_requires_it():
+    # GIVEN the document; THEN PATCH declares If-Match required (the server answers 428
+    # without it) with the entity-tag form it accepts, and lists 428
+    patch = _operation(json.loads(document()), "patch", "/v1/schedules/{schedule_id}")
+    [if_match] = [p for p in patch["parameters"] if p["name"] == "if-match"]
+    assert (if_match["in"], if_match["required"]) == ("header", True)
+    assert re.fullmatch(if_match["schema"]["pattern"], 'W/"3"')
+    assert not re.fullmatch(if_match["schema"]["pattern"], "three")
+    assert "If-Match is missing" in patch["responses"]["428"]["description"]
+
+
+def test_openapi_document_describes_each_error_per_route():
+    # GIVEN the document
+    doc = json.loads(document())
+    # THEN every operation lists 403, 500 and 503, and 415 exactly when it takes a body
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            listed = set(operation["responses"])
+            assert {"400", "403", "500", "503"} <= listed, (path, method)
+            assert ("415" in listed) == ("requestBody" in operation), (path, method)
+    # AND the descriptions are the route's own: what a 409 or 404 means differs per route
+    create = _operation(doc, "post", "/v1/schedules")["responses"]
+    assert "Idempotency-Key" in create["409"]["description"]
+    assert "max_schedules" in create["429"]["description"]
+    cancel = _operation(doc, "delete", "/v1/schedules/{schedule_id}")["responses"]
+    assert "Already CANCELED" in cancel["409"]["description"]
+    assert "No such schedule" in cancel["404"]["description"]
+    quotas = _operation(doc, "put", "/v1/admin/tenants/{tenant_id}/quotas")["responses"]
+    assert "not an operator" in quotas["403"]["description"]
+
+
+def test_openapi_document_links_lead_from_a_created_schedule_to_its_operations():
+    # GIVEN the document; THEN the created schedule's answer links to the operations on it,
+    # each link naming an operation that exists, with the id (and version) taken from it
+    doc = json.loads(document())
+    operation_ids = {op["operationId"] for ops in doc["paths"].values() for op in ops.values()}
+    links = _operation(doc, "post", "/v1/schedules")["responses"]["201"]["links"]
+    assert {"GetSchedule", "UpdateSchedule", "PauseSchedule", "CancelSchedule"} <= set(links)
+    assert all(link["operationId"] in operation_ids for link in links.values())
+    assert links["UpdateSchedule"]["parameters"] == {
+        "schedule_id": "$response.body#/schedule/schedule_id",
+        "if-match": '"{$response.body#/schedule/version}"',
+    }

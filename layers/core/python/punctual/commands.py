@@ -205,7 +205,8 @@ def _print_schedule(found: dict[str, Any]) -> None:
         f"{when!r} {zone}  -> {found['target']}"
     )
     for fire in found.get("next_fires", []):
-        print(f"  next  {fire['utc']}  ({fire['local']})")
+        made = f"  made as {fire['occurrence_id']}" if fire.get("occurrence_id") else ""
+        print(f"  next  {fire['utc']}  ({fire['local']}){made}")
     for note in found.get("notes", []):
         print(f"  note  {note}")
     for occurrence in found.get("materialized", []):

@@ -8,14 +8,18 @@ delivery/processing try of an occurrence.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from decimal import Context, Decimal, DecimalException, Inexact, Rounded
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
@@ -34,6 +38,7 @@ from punctual.timing import (
     ResolvedAt,
     Rule,
     get_zone,
+    in_calendar,
     parse_cron,
     parse_rate,
     resolve_at,
@@ -42,6 +47,15 @@ from punctual.timing import (
 
 MAX_PAYLOAD_BYTES = 32 * 1024
 DEFAULT_CATCHUP_LIMIT = 10
+# The payload is stored as a map in the occurrence item (DynamoDB nests at most 32 levels)
+# and travels in every message: 16 levels is plenty and leaves the item room.
+MAX_PAYLOAD_DEPTH = 16
+# Numbers a payload can hold: what DynamoDB stores (at most 38 significant digits, boto3
+# refusing to round more away; magnitude from 1e-130) and can be written again as read back.
+# DynamoDB returns integral numbers as integers (1e40 comes back as 10**40), which boto3
+# writes with all their digits: below 1e38 they fit in 38.
+_DYNAMODB_DIGITS = Context(prec=38, traps=[Inexact, Rounded])
+_NUMBER_MAGNITUDE = (Decimal("1e-130"), Decimal("1e38"))
 # Target names become part of SQS queue names (80 characters, no dots): keep them short.
 TARGET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
@@ -50,14 +64,40 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _text_or_datetime(value: Any) -> Any:
+    # Pydantic would read a number, or a string holding one, as seconds since the epoch.
+    number = isinstance(value, int | float)
+    if isinstance(value, str):
+        try:
+            float(value)
+            number = True
+        except ValueError:
+            pass
+    if number:
+        raise ValueError("an instant is an ISO-8601 date-time with an offset, not a number")
+    return value
+
+
+def _in_calendar(moment: datetime) -> datetime:
+    in_calendar(to_epoch(moment))
+    return moment
+
+
+Instant = Annotated[AwareDatetime, BeforeValidator(_text_or_datetime), AfterValidator(_in_calendar)]
+"""An aware date-time within the calendar the time engine computes in."""
+
+# A number is a number: no "60" or true where an integer is due.
+StrictCount = Annotated[int, Field(strict=True)]
+
+
 # --- timing specs -------------------------------------------------------------------
 
 
 class _SpecBase(_Record):
-    start_at: AwareDatetime | None = Field(
+    start_at: Instant | None = Field(
         default=None, description="No fire before this instant (inclusive)."
     )
-    end_at: AwareDatetime | None = Field(
+    end_at: Instant | None = Field(
         default=None, description="No fire after this instant (inclusive)."
     )
 
@@ -103,7 +143,7 @@ class RateSpec(_SpecBase):
 
     kind: Literal["rate"] = "rate"
     expression: str = Field(examples=["rate(15 minutes)"], max_length=64)
-    anchor: AwareDatetime | None = Field(
+    anchor: Instant | None = Field(
         default=None,
         description="Fires are anchor + k * interval; defaults to start_at, else creation time.",
     )
@@ -165,10 +205,10 @@ class MisfireAction(StrEnum):
 
 class MisfirePolicy(_Record):
     action: MisfireAction = MisfireAction.FIRE_ONCE
-    max_lateness_seconds: int = Field(
+    max_lateness_seconds: StrictCount = Field(
         default=300, ge=0, le=7 * 86400, description="Later than this counts as a misfire."
     )
-    catchup_limit: int | None = Field(
+    catchup_limit: StrictCount | None = Field(
         default=None, ge=1, le=1000, description="Only for CATCHUP; default 10."
     )
 
@@ -195,10 +235,10 @@ class RetryPolicy(_Record):
     """Transient failures back off exponentially with full jitter within these bounds."""
 
     # At most 20, below the target queue's redrive count (25): see integrations/queues.py.
-    max_attempts: int = Field(default=3, ge=1, le=20)
-    backoff_base_seconds: int = Field(default=10, ge=1, le=3600)
-    backoff_max_seconds: int = Field(default=900, ge=1, le=43200)
-    deadline_seconds: int = Field(
+    max_attempts: StrictCount = Field(default=3, ge=1, le=20)
+    backoff_base_seconds: StrictCount = Field(default=10, ge=1, le=3600)
+    backoff_max_seconds: StrictCount = Field(default=900, ge=1, le=43200)
+    deadline_seconds: StrictCount = Field(
         default=86400,
         ge=60,
         le=14 * 86400,
@@ -217,6 +257,49 @@ class RetryPolicy(_Record):
 # --- schedule -----------------------------------------------------------------------
 
 
+def _storable(payload: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """The payload if DynamoDB can store it and it fits; else ValueError naming the first
+    part that cannot: nesting deeper than MAX_PAYLOAD_DEPTH, an empty key, a number it
+    cannot hold. Iterative, so that no nesting makes it recurse."""
+    pending: list[tuple[str, JsonValue, int]] = [("payload", payload, 1)]
+    while pending:
+        path, value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_PAYLOAD_DEPTH:
+                raise ValueError(f"{path} nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+            if isinstance(value, dict) and "" in value:
+                raise ValueError(f"{path} has an empty key")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            pending.extend((f"{path}.{key}", item, depth + 1) for key, item in items)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            _check_number(path, value)
+    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload is {size} bytes; at most {MAX_PAYLOAD_BYTES} allowed")
+    return payload
+
+
+def _check_number(path: str, value: float) -> None:
+    problem = ValueError(
+        f"{path}: {value!r} is not a number a payload can hold (at most 38 significant "
+        "digits, magnitude 1e-130 to below 1e38)"
+    )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise problem
+    number = Decimal(repr(value))
+    low, high = _NUMBER_MAGNITUDE
+    if number and not low <= number.copy_abs() < high:  # abs() would round to 28 digits
+        raise problem
+    try:
+        _DYNAMODB_DIGITS.create_decimal(number)
+    except DecimalException:
+        raise problem from None
+
+
+Payload = Annotated[dict[str, JsonValue], AfterValidator(_storable)]
+"""A payload as a tenant writes it: stored with the schedule and each occurrence."""
+
+
 class ScheduleState(StrEnum):
     ACTIVE = "ACTIVE"
     PAUSED = "PAUSED"
@@ -227,13 +310,43 @@ class ScheduleState(StrEnum):
 class ScheduleDefinition(_Record):
     """What a tenant writes: when, where to, what, and how to behave when things go wrong."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "nightly report",
+                    "spec": {
+                        "kind": "cron",
+                        "expression": "30 2 * * *",
+                        "timezone": "Europe/Berlin",
+                    },
+                    "target": "default",
+                    "payload": {"report": "daily"},
+                },
+                {
+                    "spec": {"kind": "rate", "expression": "rate(15 minutes)"},
+                    "target": "default",
+                    "flexible_window_seconds": 300,
+                    "misfire": {"action": "CATCHUP", "catchup_limit": 3},
+                },
+                {
+                    "spec": {"kind": "at", "at": "2027-01-15T09:00:00", "timezone": "Asia/Tokyo"},
+                    "target": "default",
+                    "retry": {"max_attempts": 5},
+                },
+            ]
+        }
+    )
+
     name: str | None = Field(default=None, max_length=128)
     spec: ScheduleSpec
     target: str = Field(
-        pattern=TARGET_NAME_PATTERN, description="Name of one of the tenant's targets."
+        pattern=TARGET_NAME_PATTERN,
+        description="Name of one of the tenant's targets.",
+        examples=["default"],
     )
-    payload: dict[str, JsonValue] = Field(default_factory=dict)
-    flexible_window_seconds: int = Field(
+    payload: Payload = Field(default_factory=dict)
+    flexible_window_seconds: StrictCount = Field(
         default=0,
         ge=0,
         le=MAX_WINDOW_SECONDS,
@@ -243,20 +356,14 @@ class ScheduleDefinition(_Record):
     overlap: OverlapPolicy = OverlapPolicy.ALLOW
     retry: RetryPolicy = RetryPolicy()
 
-    @field_validator("payload")
-    @classmethod
-    def _payload_size(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
-        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-        if size > MAX_PAYLOAD_BYTES:
-            raise ValueError(f"payload is {size} bytes; at most {MAX_PAYLOAD_BYTES} allowed")
-        return value
-
     @property
     def strict(self) -> bool:
         return self.flexible_window_seconds == 0
 
 
 class Schedule(ScheduleDefinition):
+    # As stored: judged by the input rules when it was written, not again on every read.
+    payload: dict[str, JsonValue] = Field(default_factory=dict)
     tenant_id: str
     schedule_id: str
     version: int = Field(ge=1)
@@ -378,14 +485,15 @@ def field_errors(errors: ValidationError | Sequence[Mapping[str, Any]]) -> list[
         loc = list(item["loc"])
         if loc and loc[0] in _REQUEST_PARTS:
             loc = loc[1:]
+        reason = str(item["msg"]).removeprefix("Value error, ")
         if item.get("type") == "json_invalid":
             loc = []  # its location is a character position in the body, not a field
+            reason = f"not valid JSON: {item.get('ctx', {}).get('error', 'unreadable')}"
         # A discriminated union puts its tag after the field ('spec', 'cron', ...): drop it.
         parts = [
             str(part)
             for i, part in enumerate(loc)
             if not (i > 0 and loc[i - 1] == "spec" and part in _UNION_TAGS)
         ]
-        reason = str(item["msg"]).removeprefix("Value error, ")
         result.append({"field": ".".join(parts) or "(body)", "reason": reason})
     return result

@@ -28,7 +28,7 @@ from punctual.dal.schedules import (
 )
 from punctual.dal.tenants import TenantStore, usage_update
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
-from punctual.ids import minute_of, new_schedule_id, shard_of
+from punctual.ids import available_at, minute_of, new_schedule_id, occurrence_id, shard_of
 from punctual.integrations.queues import QueueAdmin, TargetQueues
 from punctual.materialize import plan
 from punctual.models import (
@@ -43,7 +43,7 @@ from punctual.models import (
 )
 from punctual.settings import Settings, get_settings
 from punctual.tenancy import Quotas, Target, Tenant, normalize_principal, strict_minute_load
-from punctual.timing import Preview, get_zone, preview
+from punctual.timing import Fire, get_zone, preview
 
 Clock = Callable[[], float]
 
@@ -68,9 +68,25 @@ class Affected:
 
 
 @dataclass(frozen=True, slots=True)
+class NextFire:
+    """A fire still ahead: when it is due, when it becomes receivable (later within a
+    flexible window), and its occurrence's id once made (None while only planned)."""
+
+    fire: Fire
+    available_at: int
+    occurrence_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NextFires:
+    fires: list[NextFire] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # DST-affected dates among them
+
+
+@dataclass(frozen=True, slots=True)
 class Saved:
     schedule: Schedule
-    next_fires: Preview
+    next_fires: NextFires
     materialized: list[Occurrence] = field(default_factory=list)
     affected: list[Affected] = field(default_factory=list)
 
@@ -114,6 +130,14 @@ class Services:
     @property
     def tenants(self) -> TenantStore:
         return TenantStore(self.dynamodb, self.settings.tenants_table)
+
+
+def _handled_until(schedule: Schedule) -> int:
+    """Every fire due (available) by this instant has been made (punctual.materialize)."""
+    if schedule.planned_until is not None:
+        return schedule.planned_until
+    # A cursor written before planned_until existed: every fire before next_run_at.
+    return (schedule.next_run_at or 0) - 1
 
 
 class _StateMoved(Exception):
@@ -179,11 +203,27 @@ class ControlPlane:
     ) -> tuple[list[Schedule], str | None]:
         return self.schedules.list_for_tenant(tenant_id, state=state, limit=limit, token=token)
 
-    def next_fires(self, schedule: Schedule, count: int = PREVIEW_COUNT) -> Preview:
-        if schedule.state is not ScheduleState.ACTIVE or schedule.next_run_at is None:
-            return Preview()
+    def next_fires(self, schedule: Schedule, count: int = PREVIEW_COUNT) -> NextFires:
+        """What will happen next: the version's fires not yet receivable, in order, those
+        already made as occurrences (every fire before the cursor) included and named."""
+        if schedule.state is not ScheduleState.ACTIVE:
+            return NextFires()
+        now = self._now()
+        # A flexible fire due up to its window ago may not be receivable yet.
+        after = max(schedule.fires_after, now - 1 - schedule.flexible_window_seconds)
+        rule = schedule.rule()
+        passed = len(rule.fires(after, now - 1))
         zone = get_zone(getattr(schedule.spec, "timezone", None) or "UTC")
-        return preview(schedule.rule(), schedule.next_run_at - 1, count, zone)
+        ahead = preview(rule, after, passed + count, zone)
+        fires = []
+        for fire in ahead.fires:
+            occ_id = occurrence_id(schedule.schedule_id, schedule.version, fire.instant)
+            due = available_at(occ_id, fire.instant, schedule.flexible_window_seconds)
+            if due < now:
+                continue
+            made = schedule.next_run_at is None or due <= _handled_until(schedule)
+            fires.append(NextFire(fire, due, occ_id if made else None))
+        return NextFires(fires[:count], ahead.notes)
 
     def update(
         self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]

@@ -13,10 +13,13 @@ from punctual.timing.rules import (
     resolve_at,
 )
 from punctual.timing.zones import (
+    MAX_INSTANT,
+    MIN_INSTANT,
     Resolution,
     ZoneError,
     from_epoch,
     get_zone,
+    in_calendar,
     local_text,
     resolve_wall,
     to_epoch,
@@ -26,6 +29,8 @@ from punctual.timing.zones import (
 
 __all__ = [
     "MACROS",
+    "MAX_INSTANT",
+    "MIN_INSTANT",
     "Bounds",
     "CronError",
     "CronExpr",
@@ -40,6 +45,7 @@ __all__ = [
     "ZoneError",
     "from_epoch",
     "get_zone",
+    "in_calendar",
     "local_text",
     "parse_cron",
     "parse_rate",

@@ -62,7 +62,7 @@ def _preview_cron(rule: CronRule, after: int, count: int) -> Preview:
         if step.instant is None:
             pending.append(step.wall)
             continue
-        if hi is not None and step.instant > hi:
+        if step.instant > hi:
             break
         for wall in pending:
             skipped[wall.date()].append(wall)

@@ -24,8 +24,10 @@ from zoneinfo import ZoneInfo
 
 from punctual.timing.cron import CronExpr, days_in_month, parse_cron
 from punctual.timing.zones import (
+    MAX_INSTANT,
     Resolution,
     get_zone,
+    in_calendar,
     instants_of,
     local_wall,
     resolve_wall,
@@ -60,12 +62,15 @@ class Bounds:
     start: int | None = None
     end: int | None = None
 
-    def clip(self, after: int, until: int | None) -> tuple[int, int | None]:
+    def clip(self, after: int, until: int | None) -> tuple[int, int]:
+        """The window ``(after, until]`` within these bounds and the calendar: no rule fires
+        past its end (MAX_INSTANT)."""
         if self.start is not None:
             after = max(after, self.start - 1)
-        if self.end is not None:
-            until = self.end if until is None else min(until, self.end)
-        return after, until
+        return after, min(
+            MAX_INSTANT if until is None else until,
+            MAX_INSTANT if self.end is None else self.end,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,19 +162,19 @@ class CronRule:
         return str(self.zone.key)
 
     def fires(self, after: int, until: int) -> tuple[int, ...]:
-        window = _cron_window(self.expr.source, self.zone_name, after, until)
-        if self.bounds.start is None and self.bounds.end is None:
-            return window
         lo, hi = self.bounds.clip(after, until)
-        assert hi is not None
-        return _clip_sorted(window, lo, hi) if lo < hi else ()
+        if lo >= hi:
+            return ()
+        # The unbounded window is what every schedule of this expression and zone shares.
+        window = _cron_window(self.expr.source, self.zone_name, after, min(until, MAX_INSTANT))
+        return _clip_sorted(window, lo, hi)
 
     def next_after(self, after: int) -> int | None:
         lo, hi = self.bounds.clip(after, None)
         for step in cron_steps(self.expr, self.zone, lo):
             if step.instant is None:
                 continue
-            return step.instant if hi is None or step.instant <= hi else None
+            return step.instant if step.instant <= hi else None
         return None
 
 
@@ -208,7 +213,6 @@ class RateRule:
 
     def fires(self, after: int, until: int) -> tuple[int, ...]:
         lo, hi = self.bounds.clip(after, until)
-        assert hi is not None
         k = self._first_index_after(lo)
         first = self.anchor + k * self.interval
         if first > hi:
@@ -218,7 +222,7 @@ class RateRule:
     def next_after(self, after: int) -> int | None:
         lo, hi = self.bounds.clip(after, None)
         instant = self.anchor + self._first_index_after(lo) * self.interval
-        return instant if hi is None or instant <= hi else None
+        return instant if instant <= hi else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,14 +232,11 @@ class OneShotRule:
 
     def fires(self, after: int, until: int) -> tuple[int, ...]:
         lo, hi = self.bounds.clip(after, until)
-        assert hi is not None
         return (self.instant,) if lo < self.instant <= hi else ()
 
     def next_after(self, after: int) -> int | None:
         lo, hi = self.bounds.clip(after, None)
-        if self.instant > lo and (hi is None or self.instant <= hi):
-            return self.instant
-        return None
+        return self.instant if lo < self.instant <= hi else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +260,7 @@ def resolve_at(text: str, zone_name: str | None) -> ResolvedAt:
     if moment.tzinfo is not None:
         if zone_name is not None:
             get_zone(zone_name)  # still reject a bad zone name
-        return ResolvedAt(to_epoch(moment), None)
+        return ResolvedAt(in_calendar(to_epoch(moment)), None)
     if zone_name is None:
         raise ValueError(f"{text!r} has no UTC offset; give one or a time zone")
     zone = get_zone(zone_name)
@@ -270,6 +271,7 @@ def resolve_at(text: str, zone_name: str | None) -> ResolvedAt:
             f"{wall.isoformat()} does not exist in {zone_name} "
             "(the clocks skip it at a daylight-saving or zone change); pick another time"
         )
+    in_calendar(instant)
     note = None
     if resolution is Resolution.REPEATED:
         later = instants_of(wall, zone)[-1]

@@ -17,6 +17,13 @@ import tzdata
 
 _UNIX_EPOCH_ORDINAL = datetime(1970, 1, 1).toordinal()
 
+# The calendar Punctual computes in: Python's datetime spans years 1 to 9999 of local time,
+# so a year of room on each side lets every instant in it show in every zone (UTC-12 to
+# UTC+14) and leaves the cron walk's slack inside the range. Instants outside are refused
+# as input, and fires past the end do not exist.
+MIN_INSTANT = int(datetime(2, 1, 1, tzinfo=UTC).timestamp())
+MAX_INSTANT = int(datetime(9998, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp())
+
 
 class ZoneError(ValueError):
     """An unknown or unusable time zone name."""
@@ -102,13 +109,22 @@ def to_epoch(moment: datetime) -> int:
     return int(moment.timestamp() // 1)
 
 
+def in_calendar(instant: int) -> int:
+    """``instant`` if it lies in Punctual's calendar; ValueError with the range otherwise."""
+    if not MIN_INSTANT <= instant <= MAX_INSTANT:
+        raise ValueError(
+            f"must lie between {utc_text(MIN_INSTANT)} and {utc_text(MAX_INSTANT)} (UTC)"
+        )
+    return instant
+
+
 def from_epoch(instant: int) -> datetime:
     return datetime.fromtimestamp(instant, UTC)
 
 
 def utc_text(instant: int) -> str:
-    """'2026-03-09T06:30:00Z'"""
-    return from_epoch(instant).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """'2026-03-09T06:30:00Z' (four-digit years also before 1000, unlike strftime's %Y)"""
+    return from_epoch(instant).replace(tzinfo=None).isoformat() + "Z"
 
 
 def local_text(instant: int, zone: ZoneInfo) -> str:

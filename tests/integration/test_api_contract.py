@@ -1,0 +1,271 @@
+"""The API contract, held by an independent client: schemathesis over docs/openapi.json.
+
+Requests go over HTTP through the local gateway (the API handler in this process, one
+event at a time as on Lambda) to DynamoDB Local and moto's SQS, signed with SigV4: tenant
+operations as tenant ``acme``, ``/v1/admin`` operations as the operator. Every answer must
+- not be a 5xx;
+- have a status the document lists for the operation, and a body its schema allows;
+- take the one error shape when it is an error;
+and a request that breaks the document's schema (negative data) must be refused.
+
+Stateless phases first (the document's examples, the coverage phase's boundary and
+invalid values, fuzzing), then a stateful run that follows the document's links from a
+created schedule to the operations on it. A fixed seed and bounded example counts keep it
+deterministic and under two minutes; the last test checks that every operation was reached
+past authentication, so that the run cannot pass by being refused everywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import hypothesis
+import hypothesis.errors
+import pytest
+import requests
+import schemathesis
+from api import context, handler
+from api.openapi import DOCUMENT
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from moto import mock_aws
+from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from punctual.dal.tables import ALL_TABLES, create_tables
+from punctual.local.dynamodb import LocalDynamoDB
+from punctual.local.gateway import Gateway
+from punctual.models import ScheduleDefinition
+from punctual.scheduling import Services
+from punctual.settings import Settings
+from tests.integration.conftest import START
+from tests.integration.helpers import ERROR_KEYS
+
+Case = schemathesis.Case[Any]
+SEED = 18
+FUZZ_EXAMPLES = 15  # per operation, in the fuzzing phase (examples and coverage are fixed)
+STATEFUL_SCENARIOS = 50
+STATEFUL_RUNS = 5  # at most, each with a new seed (see the stateful test)
+OPERATOR_KEY, TENANT_KEY = "operator", "acme"
+
+schema = schemathesis.openapi.from_path(DOCUMENT)
+schema.config.seed = SEED
+# Requests are signed by SigV4 below; schemathesis does not generate the Authorization header
+# (unsigned requests are the gateway's to refuse: tests/unit/test_local_gateway.py).
+schema.config.generation.update(
+    max_examples=FUZZ_EXAMPLES,
+    deterministic=True,
+    database="none",
+    with_security_parameters=False,
+)
+# parametrize() runs the first three; the stateful one is the state machine below.
+schema.config.phases.update(phases=["examples", "coverage", "fuzzing", "stateful"])
+
+
+class SigV4(requests.auth.AuthBase):
+    """Signs as the local stack's callers do: the access key id names the principal."""
+
+    def __init__(self, access_key_id: str) -> None:
+        self.credentials = Credentials(access_key_id, "contract-secret")
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        signed = AWSRequest(
+            method=request.method, url=request.url, data=request.body, headers=request.headers
+        )
+        SigV4Auth(self.credentials, "execute-api", "us-east-1").add_auth(signed)
+        request.headers.update(dict(signed.headers.items()))
+        return request
+
+
+# Every answer seen, per operation ("POST /v1/schedules") and status, and per phase and status.
+ANSWERS: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+PHASES: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+_answers_lock = threading.Lock()
+
+
+def _caller(case: Case) -> SigV4:
+    admin = case.operation.path.startswith("/v1/admin/")
+    return SigV4(OPERATOR_KEY if admin else TENANT_KEY)
+
+
+def _record(case: Case, response: schemathesis.Response) -> None:
+    phase = case.meta.phase.name.value if case.meta else "unknown"
+    with _answers_lock:
+        ANSWERS[case.operation.label][response.status_code] += 1
+        PHASES[phase][response.status_code] += 1
+
+
+@schemathesis.check
+def one_error_shape(
+    ctx: schemathesis.CheckContext, response: schemathesis.Response, case: Case
+) -> bool | None:
+    """Every error answer: {"error": {"code", "message", "fields", "details"}}."""
+    if response.status_code < 400:
+        return None
+    body = response.json()
+    assert isinstance(body, dict), f"not an object: {body!r}"
+    assert set(body) == {"error"}, f"not the one error shape: {body!r}"
+    error = body["error"]
+    assert set(error) == ERROR_KEYS, f"not the one error shape: {body!r}"
+    assert isinstance(error["code"], str), body
+    assert isinstance(error["message"], str), body
+    assert error["message"], body
+    assert isinstance(error["details"], dict), body
+    assert all(set(f) == {"field", "reason"} for f in error["fields"]), body
+    return True
+
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+    one_error_shape,
+]
+
+
+@pytest.fixture(scope="module")
+def gateway(dynamodb_local: LocalDynamoDB) -> Iterator[Gateway]:
+    """The local gateway over fresh tables, with tenant acme (target default) and the operator."""
+    with pytest.MonkeyPatch.context() as env, mock_aws():
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+        prefix = f"c{uuid.uuid4().hex[:10]}"
+        settings = Settings(
+            operator_principals=frozenset({f"arn:aws:iam::000000000000:user/{OPERATOR_KEY}"}),
+            shard_count=8,
+        ).model_copy(update={spec.setting: f"{prefix}-{spec.setting}" for spec in ALL_TABLES})
+        dynamodb = dynamodb_local.client()
+        create_tables(dynamodb, settings)
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        context.configure(Services(dynamodb, sqs, settings, now=lambda: START))
+        server = Gateway(handler.lambda_handler, 0, lambda: START)
+        server.start()
+        try:
+            _bootstrap(server.url)
+            yield server
+        finally:
+            server.stop()
+            context.configure(None)
+
+
+def _bootstrap(url: str) -> None:
+    operator = requests.Session()
+    operator.auth = SigV4(OPERATOR_KEY)
+    made = operator.post(f"{url}/v1/admin/tenants", json={"tenant_id": TENANT_KEY})
+    assert made.status_code == 201, made.text
+    principal = {"principal_arn": f"arn:aws:iam::000000000000:user/{TENANT_KEY}"}
+    bound = operator.post(f"{url}/v1/admin/tenants/{TENANT_KEY}/principals", json=principal)
+    assert bound.status_code == 200, bound.text
+    tenant = requests.Session()
+    tenant.auth = SigV4(TENANT_KEY)
+    target = tenant.post(f"{url}/v1/targets", json={"name": "default"})
+    assert target.status_code == 201, target.text
+    # Schedules of every kind, so that listings have items whose ids the stateful run uses.
+    for example in ScheduleDefinition.model_json_schema()["examples"]:
+        created = tenant.post(f"{url}/v1/schedules", json=example)
+        assert created.status_code == 201, created.text
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[requests.Session]:
+    with requests.Session() as http:
+        yield http
+
+
+@schema.parametrize()
+@hypothesis.settings(deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+def test_api_contract_every_operation(
+    case: Case, gateway: Gateway, session: requests.Session
+) -> None:
+    # GIVEN a generated request (valid or not) for one operation, signed as its caller
+    # WHEN it is sent through the gateway
+    response = case.call(base_url=gateway.url, session=session, auth=_caller(case), timeout=30)
+    _record(case, response)
+    # THEN the answer keeps the contract
+    case.validate_response(response, checks=CHECKS)
+
+
+class _Scenarios(schema.as_state_machine()):  # type: ignore[misc]
+    """Chains of calls along the document's links, each signed as its caller."""
+
+    base_url: str
+    http: requests.Session
+    completed = 0
+
+    def get_call_kwargs(self, case: Case) -> dict[str, Any]:
+        return {
+            "base_url": self.base_url,
+            "session": self.http,
+            "auth": _caller(case),
+            "timeout": 30,
+        }
+
+    def after_call(self, response: schemathesis.Response, case: Case) -> None:
+        _record(case, response)
+
+    def validate_response(self, response: schemathesis.Response, case: Case, **kwargs: Any) -> None:
+        case.validate_response(response, checks=CHECKS)
+
+    def teardown(self) -> None:
+        type(self).completed += 1
+        super().teardown()
+
+
+def test_api_contract_stateful_scenarios(gateway: Gateway, session: requests.Session) -> None:
+    # GIVEN the links of the document (create -> get, update, pause, resume, cancel, ...)
+    _Scenarios.base_url = gateway.url
+    _Scenarios.http = session
+    # WHEN schemathesis follows them with generated data, THEN every answer keeps the contract
+    for run in range(STATEFUL_RUNS):
+        if _Scenarios.completed >= STATEFUL_SCENARIOS:
+            break
+        settings = hypothesis.settings(
+            # No shrinking: a scenario cannot be replayed against a server whose state moved on.
+            phases=[hypothesis.Phase.generate],
+            max_examples=STATEFUL_SCENARIOS - _Scenarios.completed,
+            stateful_step_count=8,
+            database=None,
+            deadline=None,
+            suppress_health_check=list(hypothesis.HealthCheck),
+        )
+        try:
+            hypothesis.seed(SEED + run)(_Scenarios).run(settings=settings)
+        except hypothesis.errors.Flaky:
+            # Hypothesis met a choice sequence again and the server answered differently (its
+            # state moved on): not a contract failure. schemathesis's own runner starts a new
+            # suite here too; so does this loop, with the next seed.
+            continue
+        break
+    # AND the scenarios did run (a run cut short by the above cannot pass unnoticed)
+    assert _Scenarios.completed >= STATEFUL_SCENARIOS, _Scenarios.completed
+
+
+def test_api_contract_reached_every_operation() -> None:
+    # GIVEN the answers of the runs above (this test runs after them)
+    operations = {r.ok().label for r in schema.get_all_operations() if isinstance(r, Ok)}
+    # THEN every operation was reached past authentication (the contract was not held by
+    # refusing every caller) ...
+    reached = {label for label, statuses in ANSWERS.items() if set(statuses) - {403}}
+    assert operations <= reached, sorted(operations - reached)
+    # AND the stateful run acted on real schedules: successes along the links
+    stateful = PHASES["stateful"]
+    assert sum(count for status, count in stateful.items() if status < 300) >= 10, dict(stateful)
+    total = sum(sum(statuses.values()) for statuses in ANSWERS.values())
+    phases = {phase: sum(statuses.values()) for phase, statuses in PHASES.items()}
+    print(f"\nschemathesis: {len(operations)} operations, {total} requests by phase {phases}")
