@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check --progress-bar o
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay openapi clean
+.PHONY: help install tools lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-sqs openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -93,6 +93,9 @@ bench-materializer: install tools ## occurrences materialized per second per sha
 
 bench-relay: install ## relay fairness: a small tenant's messages next to a big tenant's batch
 	$(BIN)/python scripts/bench_relay.py
+
+bench-sqs: $(RUN_STAMP) ## the local SQS engine: send/receive rates, kill -9 and restart
+	$(BIN)/python -m scripts.bench_sqs_engine
 
 .PHONY: capacity
 capacity: install ## the 500k top-of-hour simulated at AWS scale, N and L, cost per million (docs/capacity.md)
