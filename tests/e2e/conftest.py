@@ -191,14 +191,14 @@ class Stack:
         settings = Settings.model_construct(shard_count=LOCAL_SHARDS)
         return Services(self.aws("dynamodb"), self.aws("sqs"), settings, time.time)
 
-    def consumer(self, queue_url: str, handled: list[str]) -> QueueConsumer:
+    def consumer(self, queue_url: str, handled: list[str], threads: int = 2) -> QueueConsumer:
         """An in-process worker of tenant demo whose handler records each occurrence id."""
 
         def record(job: Job) -> None:
             handled.append(job.occurrence_id)
 
         worker = Worker(self.services(), "demo", record)
-        return QueueConsumer(worker, queue_url, wait_seconds=1, threads=2)
+        return QueueConsumer(worker, queue_url, wait_seconds=1, threads=threads)
 
     def watermarks(self) -> list[int]:
         """Each shard's materializer watermark: the first minute bucket it has not walked."""
@@ -238,8 +238,9 @@ def _env_exports(stack: Stack) -> dict[str, str]:
     return dict(line.removeprefix("export ").split("=", 1) for line in lines)
 
 
-def launch(data: Path, port: int | None = None) -> Stack:
-    """Start `punctual local up` on ``data`` (its output in a log there); not waited for."""
+def launch(data: Path, port: int | None = None, *flags: str) -> Stack:
+    """Start `punctual local up FLAGS` on ``data`` (its output in a log there); not waited
+    for."""
     port = port or free_port()
     log = data / f"stack-{port}-{time.monotonic_ns()}.log"
     with log.open("wb") as sink:
@@ -247,6 +248,7 @@ def launch(data: Path, port: int | None = None) -> Stack:
             punctual(
                 *("local", "up", "--port", str(port), "--data", str(data)),
                 *("--tick", str(TICK_SECONDS), "--lookahead", str(LOOKAHEAD_SECONDS)),
+                *flags,
             ),
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -31,7 +31,7 @@ from tests.e2e.conftest import (
 
 pytestmark = pytest.mark.e2e
 
-BATCH = 10  # one-shots made before each kill
+BATCH = 6  # one-shots made before each kill
 DELAY_SECONDS = 25  # how far ahead each batch is due: still delayed when the kill comes
 RESTART_SECONDS = 90  # DynamoDB Local is a JVM: slow to start on a busy machine
 
@@ -111,7 +111,7 @@ def stacks(data: Path) -> Iterator[list[Stack]]:
 def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp_path: Path):
     with stacks(tmp_path) as launched:
         port = free_port()
-        launched.append(ready(launch(tmp_path, port)))
+        launched.append(ready(launch(tmp_path, port, "--demo")))
         stack = launched[-1]
         # GIVEN a target for one-shots, and a rate(1 minute) schedule on another, whose next
         # fire the materializer (not the API) makes while processes are being killed
@@ -154,7 +154,7 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         stack.process.kill()
         stack.process.wait()
         # THEN `local up` again reattaches to the engines, which kept running
-        launched.append(ready(launch(tmp_path, port)))
+        launched.append(ready(launch(tmp_path, port, "--demo")))
         stack = launched[-1]
         assert {n: e.pid for n, e in recorded(tmp_path).items()} == {
             n: e.pid for n, e in engines.items()
@@ -166,9 +166,15 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         stack.process.send_signal(signal.SIGINT)
         assert stack.process.wait(timeout=STOP_SECONDS) == 0
         assert not any(e.alive() for e in recorded(tmp_path).values())
+        # ... cleanly: the demo worker and the drivers stopped before the engines
+        said = output(stack)
+        assert said.endswith(
+            f"stopped; everything is kept in {tmp_path}: `local up` carries on from it\n"
+        )
+        assert " ERROR " not in said
         # THEN `local up` again starts on the same data (this failed before: the SQS engine
         # had lost its queues) and every message is still there
-        launched.append(ready(launch(tmp_path, port)))
+        launched.append(ready(launch(tmp_path, port, "--demo")))
         stack = launched[-1]
         assert sum(queue_counts(stack, queue).values()) == len(expected)
 
@@ -177,7 +183,7 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         last_due = int(time.time()) + DELAY_SECONDS
         fires = [utc_text(t) for t in range(first_fire, max(last_due, first_fire + 60) + 1, 60)]
         handled: list[str] = []
-        workers = [stack.consumer(queue, handled), stack.consumer(rate_queue, handled)]
+        workers = [stack.consumer(queue, handled, threads=6), stack.consumer(rate_queue, handled)]
 
         def rate_states() -> dict[str, str]:
             found = stack.client().pages(f"/v1/schedules/{rate_id}/occurrences", "occurrences")
@@ -207,7 +213,7 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         stack.process.wait()
         kill(recorded(tmp_path)["sqs"])
         shutil.rmtree(tmp_path / "sqs")
-        launched.append(ready(launch(tmp_path, port)))
+        launched.append(ready(launch(tmp_path, port, "--demo")))
         stack = launched[-1]
         # THEN it re-created every target's queues under their names, says so, and serves
         restored = "re-created the missing queues of demo/default, demo/durable, demo/durable-rate"
@@ -221,6 +227,14 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
             return got == late
 
         wait_for(arrived, 30, "a one-shot through the re-created queue", every=0)
+
+        # ... and across its four starts the demo kept its recurring schedules: one of each
+        active = stack.client().pages("/v1/schedules", "schedules", state="ACTIVE")
+        names = [s["name"] for s in active]
+        assert (
+            names.count("every minute, Asia/Kolkata"),
+            names.count("every 2 minutes, flexible 60 s"),
+        ) == (1, 1)
 
         # WHEN `local down` runs beside the running stack
         refused = run_punctual("local", "down", "--data", str(tmp_path))

@@ -45,12 +45,14 @@ DEMO_SCHEDULES = (
 
 def demo_schedules(client: Client) -> list[tuple[str, dict[str, Any]]]:
     """The demo's schedules: the ones a previous start made that are still ACTIVE (so a
-    restart adds none beside them), the others made now. A one-shot that fired is
-    COMPLETED, so every start has a fresh one a few seconds ahead."""
+    restart adds none beside them), the others made now. A one-shot whose time has passed
+    is done (ACTIVE until the materializer completes it), so every start has a fresh one
+    a few seconds ahead."""
+    now = time.time()
     active = {
         s["name"]: s
         for s in client.pages("/v1/schedules", "schedules", state="ACTIVE")
-        if s.get("payload", {}).get("demo") == s.get("name")
+        if s.get("payload", {}).get("demo") == s.get("name") and not _fired(s["spec"], now)
     }
     found: list[tuple[str, dict[str, Any]]] = []
     for name, spec, flex in DEMO_SCHEDULES:
@@ -71,6 +73,10 @@ def demo_schedules(client: Client) -> list[tuple[str, dict[str, Any]]]:
         )
         found.append(("created", saved["schedule"] | {"next_fires": saved["next_fires"]}))
     return found
+
+
+def _fired(spec: dict[str, Any], now: float) -> bool:
+    return spec["kind"] == "at" and datetime.fromisoformat(spec["at"]).timestamp() <= now
 
 
 def run_demo(api_url: str, stop: threading.Event) -> None:
