@@ -280,12 +280,13 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
             10,
             "the worker to delete the message",
         )
-        # WHEN it is stopped with Ctrl-C
+        # WHEN it is stopped with Ctrl-C while idle
         code, seconds = worker.interrupt()
-        # THEN it exits 0 within its 2 s poll (and a second to spare), having printed only
-        # its own lines for people: the log records are plain lines too, on stderr
+        # THEN it exits 0 after its current 2 s poll (with room for a busy machine; a 20 s
+        # poll took up to 20 s), having printed only its own lines for people: the log
+        # records are plain lines too, on stderr
         assert code == 0
-        assert seconds < 3
+        assert seconds < 6
         lines = worker.output().splitlines()
         assert lines[0].startswith("worker for demo/oneshot on ")
         assert lines[-1] == "worker stopped"
@@ -298,9 +299,10 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
 def test_pause_keeps_the_pending_occurrence_from_running_and_resume_brings_the_fire_back(
     stack: Stack,
 ):
-    # GIVEN a one-shot 8 s ahead on a target of its own, its occurrence made at once
+    # GIVEN a one-shot 15 s ahead (past a pause and a resume through the CLI, on a busy
+    # machine) on a target of its own, its occurrence made at once
     queue = queue_of(stack, "pausing")
-    due = int(time.time()) + 8
+    due = int(time.time()) + 15
     created = one_shot(stack, "pausing", due)
     schedule_id = created["schedule_id"]
     [first] = created["materialized"]

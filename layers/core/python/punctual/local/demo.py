@@ -86,11 +86,10 @@ def run_demo(api_url: str, stop: threading.Event) -> None:
 
     client = Client(api_url, access_key_id=DEMO_KEY)
     for how, schedule in demo_schedules(client):
-        fires = ", ".join(f["utc"] for f in schedule.get("next_fires", [])[:2])
-        fires = fires or schedule.get("next_run_at") or ""
+        fires = [f["utc"] for f in schedule.get("next_fires", [])[:2]]
+        fires = fires or [schedule.get("next_run_at") or "materialized now"]
         print(
-            f"demo: {how} {schedule['schedule_id']} ({schedule['name']}); "
-            f"next {fires or 'materialized now'}",
+            f"demo: {how} {schedule['schedule_id']} ({schedule['name']}); next {', '.join(fires)}",
             flush=True,
         )
     queue = client.get("/v1/targets")["targets"][0]["queue_url"]

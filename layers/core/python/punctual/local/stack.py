@@ -308,10 +308,11 @@ class LocalStack:
         self.stop_event.set()
         for thread in self.threads:
             thread.join(timeout=70)
-        if self._serving:
-            self.gateway.stop()  # type: ignore[union-attr]
-        elif self.gateway is not None:
-            self.gateway.server.server_close()  # bound, never served
+        if self.gateway is not None:
+            if self._serving:
+                self.gateway.stop()
+            else:
+                self.gateway.server.server_close()  # bound, never served
         if self.engines is not None:
             self.engines.stop()
         if self._lock is not None:
