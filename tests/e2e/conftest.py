@@ -224,17 +224,12 @@ def answering(stack: Stack) -> bool:
 
 def _env_exports(stack: Stack) -> dict[str, str]:
     """`punctual local env`: the export lines, parsed."""
-    done = subprocess.run(
-        punctual("local", "env", "--data", str(stack.data), "--port", stack.url.rsplit(":", 1)[1]),
-        capture_output=True,
-        text=True,
-        env=_hermetic_environment(),
-        cwd=REPO,
-        timeout=CLI_SECONDS,
-        check=True,
+    done = run_punctual(
+        "local", "env", "--data", str(stack.data), "--port", stack.url.rsplit(":", 1)[1]
     )
-    lines = done.stdout.splitlines()
-    assert all(line.startswith("export ") for line in lines), done.stdout
+    assert (done.code, done.err) == (0, ""), done.err
+    lines = done.out.splitlines()
+    assert all(line.startswith("export ") for line in lines), done.out
     return dict(line.removeprefix("export ").split("=", 1) for line in lines)
 
 

@@ -1,7 +1,9 @@
 """Local mode keeps what AWS would keep. One stack of its own, on its own data folder:
 each of its processes is killed in turn (kill -9 of the SQS engine, of DynamoDB Local, of
 the foreground `local up`, then a Ctrl-C and `local up` again) while occurrences wait in
-the queue with a delay, and every expected occurrence still arrives, once."""
+the queue with a delay, and every expected occurrence still arrives, once. Then the SQS
+engine's data is lost (a data folder from before it kept any), and `local up` re-creates
+the queues; and `local down` stops what a killed `local up` left running."""
 
 from __future__ import annotations
 
@@ -63,14 +65,12 @@ def one_shots(stack: Stack, target: str, count: int, ahead: int = DELAY_SECONDS)
 
 def all_delayed(stack: Stack, queue: str, expected: int) -> None:
     """Until the relay has sent every one-shot so far, and the newest wait delayed."""
-    wait_for(
-        lambda: (
-            sum(queue_counts(stack, queue).values()) == expected
-            and queue_counts(stack, queue)["MessagesDelayed"] >= BATCH
-        ),
-        30,
-        f"{expected} messages in the queue, the last {BATCH} delayed",
-    )
+
+    def sent() -> bool:
+        counts = queue_counts(stack, queue)
+        return sum(counts.values()) == expected and counts["MessagesDelayed"] >= BATCH
+
+    wait_for(sent, 30, f"{expected} messages in the queue, the last {BATCH} delayed")
 
 
 def epoch(text: str) -> int:
