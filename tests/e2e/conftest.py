@@ -91,6 +91,20 @@ class Run:
         return json.loads(self.out)
 
 
+def run_punctual(*args: str, env: dict[str, str] | None = None) -> Run:
+    """`punctual ARGS` to its end (the hermetic environment unless ``env``)."""
+    done = subprocess.run(
+        punctual(*args),
+        capture_output=True,
+        text=True,
+        env=_hermetic_environment() if env is None else env,
+        cwd=REPO,
+        timeout=CLI_SECONDS,
+        check=False,
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
 @dataclass
 class WorkerProcess:
     """`punctual worker` running in a subprocess; its output goes to a file."""
@@ -100,6 +114,14 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def interrupt(self) -> tuple[int | None, float]:
+        """Ctrl-C: its exit code and how long it took to exit (None: not within 10 s)."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        return self.process.poll(), time.monotonic() - started
 
 
 @dataclass
@@ -126,16 +148,7 @@ class Stack:
         )
 
     def cli(self, *args: str, key: str = "demo") -> Run:
-        done = subprocess.run(
-            punctual(*args, "--endpoint", self.url),
-            capture_output=True,
-            text=True,
-            env=self.environment(key),
-            cwd=REPO,
-            timeout=CLI_SECONDS,
-            check=False,
-        )
-        return Run(done.returncode, done.stdout, done.stderr)
+        return run_punctual(*args, "--endpoint", self.url, env=self.environment(key))
 
     def cli_json(self, *args: str, key: str = "demo") -> Any:
         return self.cli(*args, "--json", key=key).json()
@@ -151,14 +164,11 @@ class Stack:
                 env=self.environment(key) | {"PYTHONUNBUFFERED": "1"},
                 cwd=REPO,
             )
+        worker = WorkerProcess(process, log)
         try:
-            yield WorkerProcess(process, log)
+            yield worker
         finally:
-            # SIGINT stops it after its current long poll (up to 20 s): do not wait for that.
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=1)
-            except subprocess.TimeoutExpired:
+            if process.poll() is None and worker.interrupt()[0] is None:
                 process.kill()
                 process.wait()
 
@@ -181,14 +191,14 @@ class Stack:
         settings = Settings.model_construct(shard_count=LOCAL_SHARDS)
         return Services(self.aws("dynamodb"), self.aws("sqs"), settings, time.time)
 
-    def consumer(self, queue_url: str, handled: list[str]) -> QueueConsumer:
+    def consumer(self, queue_url: str, handled: list[str], threads: int = 2) -> QueueConsumer:
         """An in-process worker of tenant demo whose handler records each occurrence id."""
 
         def record(job: Job) -> None:
             handled.append(job.occurrence_id)
 
         worker = Worker(self.services(), "demo", record)
-        return QueueConsumer(worker, queue_url, wait_seconds=1, threads=2)
+        return QueueConsumer(worker, queue_url, wait_seconds=1, threads=threads)
 
     def watermarks(self) -> list[int]:
         """Each shard's materializer watermark: the first minute bucket it has not walked."""
@@ -197,7 +207,7 @@ class Stack:
         return [int(item["watermark"]["N"]) for item in items if "watermark" in item]
 
     def engine_pids(self) -> list[int]:
-        return [engine.pid for engine in recorded(self.data)]
+        return [engine.pid for engine in recorded(self.data).values()]
 
 
 class StackFailed(Exception):
@@ -214,29 +224,26 @@ def answering(stack: Stack) -> bool:
 
 def _env_exports(stack: Stack) -> dict[str, str]:
     """`punctual local env`: the export lines, parsed."""
-    done = subprocess.run(
-        punctual("local", "env", "--data", str(stack.data), "--port", stack.url.rsplit(":", 1)[1]),
-        capture_output=True,
-        text=True,
-        env=_hermetic_environment(),
-        cwd=REPO,
-        timeout=CLI_SECONDS,
-        check=True,
+    done = run_punctual(
+        "local", "env", "--data", str(stack.data), "--port", stack.url.rsplit(":", 1)[1]
     )
-    lines = done.stdout.splitlines()
-    assert all(line.startswith("export ") for line in lines), done.stdout
+    assert (done.code, done.err) == (0, ""), done.err
+    lines = done.out.splitlines()
+    assert all(line.startswith("export ") for line in lines), done.out
     return dict(line.removeprefix("export ").split("=", 1) for line in lines)
 
 
-def launch(data: Path, port: int | None = None) -> Stack:
-    """Start `punctual local up` on ``data`` (its output in a log there); not waited for."""
+def launch(data: Path, port: int | None = None, *flags: str) -> Stack:
+    """Start `punctual local up FLAGS` on ``data`` (its output in a log there); not waited
+    for."""
     port = port or free_port()
-    log = data / f"stack-{port}.log"
+    log = data / f"stack-{port}-{time.monotonic_ns()}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             punctual(
                 *("local", "up", "--port", str(port), "--data", str(data)),
                 *("--tick", str(TICK_SECONDS), "--lookahead", str(LOOKAHEAD_SECONDS)),
+                *flags,
             ),
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -261,14 +268,19 @@ def wait_until_answering(stack: Stack) -> None:
         time.sleep(0.25)
 
 
+def ready(stack: Stack) -> Stack:
+    """Once its API answers, with the exports `local env` prints for it."""
+    wait_until_answering(stack)
+    stack.exports = _env_exports(stack)
+    return stack
+
+
 @contextlib.contextmanager
 def local_stack(data: Path) -> Iterator[Stack]:
     """A stack on ``data`` until the API answers; stopped and cleaned up after."""
     stack = launch(data)
     try:
-        wait_until_answering(stack)
-        stack.exports = _env_exports(stack)
-        yield stack
+        yield ready(stack)
     finally:
         stack.stopped = stop(stack)
 
@@ -283,7 +295,7 @@ def stop(stack: Stack) -> tuple[int | None, list[int]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    leftovers = [engine.pid for engine in recorded(stack.data) if engine.alive()]
+    leftovers = [engine.pid for engine in recorded(stack.data).values() if engine.alive()]
     for pid in leftovers:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +26,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from punctual.client import ApiError
-from punctual.local.engines import LOCAL_SHARDS
+from punctual.local.dynamodb import free_port
+from punctual.local.engines import LOCAL_SHARDS, recorded
 from punctual.timing import utc_text
 from punctual.worker import QueueConsumer
 from tests.e2e.conftest import (
@@ -36,10 +38,9 @@ from tests.e2e.conftest import (
     Stack,
     answering,
     eventually,
-    launch,
     local_principal,
+    run_punctual,
     wait_for,
-    wait_until_answering,
 )
 
 pytestmark = pytest.mark.e2e
@@ -281,6 +282,17 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
             10,
             "the worker to delete the message",
         )
+        # WHEN it is stopped with Ctrl-C while idle
+        code, seconds = worker.interrupt()
+        # THEN it exits 0 after its current 2 s poll (with room for a busy machine; a 20 s
+        # poll took up to 20 s), having printed only its own lines for people: the log
+        # records are plain lines too, on stderr
+        assert code == 0
+        assert seconds < 6
+        lines = worker.output().splitlines()
+        assert lines[0].startswith("worker for demo/oneshot on ")
+        assert lines[-1] == "worker stopped"
+        assert not [line for line in lines if line.startswith("{")]
 
 
 # --- pause, resume, update, cancel ------------------------------------------------------
@@ -289,9 +301,10 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
 def test_pause_keeps_the_pending_occurrence_from_running_and_resume_brings_the_fire_back(
     stack: Stack,
 ):
-    # GIVEN a one-shot 8 s ahead on a target of its own, its occurrence made at once
+    # GIVEN a one-shot 15 s ahead (past a pause and a resume through the CLI, on a busy
+    # machine) on a target of its own, its occurrence made at once
     queue = queue_of(stack, "pausing")
-    due = int(time.time()) + 8
+    due = int(time.time()) + 15
     created = one_shot(stack, "pausing", due)
     schedule_id = created["schedule_id"]
     [first] = created["materialized"]
@@ -635,6 +648,8 @@ def test_cli_list_get_and_occurrences_print_tables_and_json(stack: Stack):
     # WHEN `list` prints for people and as JSON
     listed = stack.cli("list")
     listed_json = stack.cli_json("list")
+    # ... with --json before the command too, as the AWS CLI takes its global options
+    assert stack.cli("--json", "list").json() == listed_json
     # THEN both schedules are there, one line each
     assert listed.code == 0
     lines = listed.out.splitlines()
@@ -665,30 +680,33 @@ def test_cli_list_get_and_occurrences_print_tables_and_json(stack: Stack):
     assert {"available_at", "state", "enqueued_at", "attempt_count"} <= set(only)
 
 
-# --- `local up` again on the same data ------------------------------------------------------
+# --- `local up` beside a running stack --------------------------------------------------
 
 
-def test_local_up_again_on_the_same_data_reattaches_to_the_running_engines(
-    stack: Stack, minute_crons: MinuteCrons
+def test_local_up_beside_a_running_stack_names_it_or_the_port_and_starts_nothing(
+    stack: Stack, tmp_path: Path
 ):
-    # GIVEN the session's data folder with its engines running (as after a crash of the
-    # Punctual process: the engines are processes of their own)
+    # GIVEN the session's stack running on its data folder and port
     engines = stack.engine_pids()
-    # WHEN `local up` runs again on that folder
-    again = launch(stack.data)
-    try:
-        wait_until_answering(again)
-        # THEN it reattached to the same engines and serves the same schedules
-        # (the API answers a moment before `local up` prints how it found its engines)
-        wait_for(lambda: "engines " in again.log.read_text(), 10, "the engines line")
-        assert "engines reattached to" in again.log.read_text()
-        assert stack.engine_pids() == engines
-        ids = {s["schedule_id"] for s in again.client().pages("/v1/schedules", "schedules")}
-        assert minute_crons.kolkata["schedule_id"] in ids
-    finally:
-        # kill -9: no cleanup, so the engines the session's stack uses stay up
-        again.process.kill()
-        again.process.wait()
+    port = stack.url.rsplit(":", 1)[1]
+    # WHEN `local up` runs again on that data folder (on another port)
+    same_data = run_punctual("local", "up", "--data", str(stack.data), "--port", str(free_port()))
+    # THEN exit 1 with one line naming the running stack: its pid and API
+    assert (same_data.code, same_data.out) == (1, "")
+    assert same_data.err == (
+        f"punctual: failed: a local stack is already running on {stack.data} "
+        f"(pid {stack.process.pid}, API {stack.url}); stop it with Ctrl-C where it runs, "
+        "or use it as it is\n"
+    )
+    # WHEN `local up` runs on another data folder but the same port
+    same_port = run_punctual("local", "up", "--data", str(tmp_path), "--port", port)
+    # THEN exit 1 with one line naming the port, and no engine was started for it
+    assert (same_port.code, same_port.out) == (1, "")
+    assert same_port.err.startswith(f"punctual: failed: port {port} is already in use ")
+    assert same_port.err.count("\n") == 1
+    assert recorded(tmp_path) == {}
+    # ... and the running stack is untouched
+    assert stack.engine_pids() == engines
     assert answering(stack)
 
 

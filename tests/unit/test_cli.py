@@ -1,4 +1,5 @@
-"""The ``punctual preview`` command: output formats, the injected clock, and usage errors."""
+"""The ``punctual`` command: preview's output formats, the injected clock and usage errors;
+global options anywhere, and the line for an API that does not answer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from punctual.cli import EXIT_USAGE, main
+from punctual.cli import EXIT_FAILURE, EXIT_USAGE, main
+from punctual.client import Unreachable
+from punctual.local.dynamodb import free_port
 
 NOW = 1_772_841_600  # 2026-03-07T00:00:00Z
 
@@ -339,3 +342,54 @@ def test_cli_console_script_success_exit_0():
     # THEN it exits 0 and prints the fire line, with nothing on stderr
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == ["2026-03-07T07:30:00Z  2026-03-07T02:30:00-05:00"]
+
+
+# --- global options and an API that does not answer ----------------------------------
+
+
+def test_cli_json_before_the_command_is_the_same_as_after_it(capsys: pytest.CaptureFixture[str]):
+    # GIVEN a preview with --json after the command, as the command's own flag
+    argv = ["preview", "--cron", "@hourly", "--tz", "UTC", "--count", "2"]
+    after = _json(argv, capsys)
+    # WHEN --json is given before the command instead, as the AWS CLI allows
+    code, out, err = _run(["--json", *argv], capsys)
+    # THEN the output is the same JSON
+    assert (code, err) == (0, "")
+    assert json.loads(out) == after
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--endpoint", "{url}", "--json", "list"], id="before"),
+        pytest.param(["list", "--json", "--endpoint", "{url}"], id="after"),
+        pytest.param(["--json", "targets", "list", "--endpoint", "{url}"], id="around"),
+    ],
+)
+def test_cli_global_options_anywhere_reach_the_client(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN an endpoint where nothing listens (a free loopback port), and credentials
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "demo")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.delenv("PUNCTUAL_ENDPOINT", raising=False)
+    # WHEN a client command runs with --endpoint and --json before, after or around it
+    code, out, err = _run([a.replace("{url}", url) for a in argv], capsys)
+    # THEN that endpoint was called (not the default): exit 1 with one line that names it,
+    # says why, and what to do when it is the local stack
+    assert (code, out) == (EXIT_FAILURE, "")
+    assert err == (
+        f"punctual: failed: cannot reach the Punctual API at {url} (connection refused): "
+        "is the local stack running? Start it with `make run` (or `punctual local up`)\n"
+    )
+
+
+def test_unreachable_api_elsewhere_points_at_the_endpoint_setting():
+    # GIVEN a deployed stage's URL that did not answer
+    error = Unreachable("https://abc.execute-api.eu-west-1.amazonaws.com/prod", "timed out")
+    # THEN the message names it and the settings that choose it, not the local stack
+    assert str(error) == (
+        "cannot reach the Punctual API at https://abc.execute-api.eu-west-1.amazonaws.com/prod "
+        "(timed out): check --endpoint or PUNCTUAL_ENDPOINT, and the network"
+    )

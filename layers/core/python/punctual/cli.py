@@ -13,7 +13,13 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from punctual.client import ApiError, NoCredentials
-from punctual.commands import UsageError, add_client_commands, main_for, spec_flags
+from punctual.commands import (
+    CommandFailed,
+    UsageError,
+    add_client_commands,
+    main_for,
+    spec_flags,
+)
 from punctual.models import AtSpec, CronSpec, RateSpec, field_errors
 from punctual.timing import (
     Rule,
@@ -35,8 +41,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+ENDPOINT_HELP = "the API (default: $PUNCTUAL_ENDPOINT, else the local stack)"
+
+
 def _parser() -> argparse.ArgumentParser:
+    """Global options (--json, --endpoint) go anywhere, as the AWS CLI's do: the top level
+    holds their defaults, and a command's copy sets them only when given (SUPPRESS), so
+    it never overwrites one given before the command."""
     parser = _Parser(prog="punctual", description="Punctual scheduler tools.")
+    parser.add_argument("--endpoint", metavar="URL", help=ENDPOINT_HELP)
+    parser.add_argument("--json", action="store_true", help="print JSON")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     show = commands.add_parser(
         "preview",
@@ -46,12 +60,14 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--after", metavar="ISO", help="show fires strictly after this (now)")
     show.add_argument("--count", type=int, default=10, help=f"how many, 1..{MAX_PREVIEW}")
     show.add_argument("--anchor", metavar="ISO", help="rate anchor (default: --start or --after)")
-    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     endpoint = _Parser(add_help=False)
     endpoint.add_argument(
-        "--endpoint", metavar="URL", help="the API (default: $PUNCTUAL_ENDPOINT, else local)"
+        "--endpoint", metavar="URL", default=argparse.SUPPRESS, help=ENDPOINT_HELP
     )
-    endpoint.add_argument("--json", action="store_true", help="print the API's JSON")
+    endpoint.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
+    )
     add_client_commands(commands, endpoint)
     return parser
 
@@ -133,7 +149,7 @@ def main(argv: Sequence[str] | None = None, now: Callable[[], float] = time.time
     except UsageError as exc:
         print(f"punctual: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (ApiError, NoCredentials, OSError) as exc:
+    except (ApiError, NoCredentials, CommandFailed, OSError) as exc:
         print(f"punctual: failed: {exc}", file=sys.stderr)
         return EXIT_FAILURE
 

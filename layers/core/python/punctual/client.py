@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 DEFAULT_LOCAL_ENDPOINT = "http://127.0.0.1:8766"
 
@@ -31,6 +31,19 @@ class ApiError(Exception):
 
 class NoCredentials(Exception):
     pass
+
+
+class Unreachable(ConnectionError):
+    """Nothing answered at the endpoint; the message says where and what to check."""
+
+    def __init__(self, endpoint: str, reason: object) -> None:
+        host = urlsplit(endpoint).hostname or ""
+        hint = (
+            "is the local stack running? Start it with `make run` (or `punctual local up`)"
+            if host in ("127.0.0.1", "localhost", "::1")
+            else "check --endpoint or PUNCTUAL_ENDPOINT, and the network"
+        )
+        super().__init__(f"cannot reach the Punctual API at {endpoint} ({reason}): {hint}")
 
 
 @dataclass
@@ -94,6 +107,8 @@ class Client:
             except ValueError:
                 parsed = raw.decode("utf-8", "replace")
             raise ApiError(error.code, parsed) from None
+        except urllib.error.URLError as error:
+            raise Unreachable(self.endpoint, _reason(error.reason)) from None
 
     def get(self, path: str, **query: Any) -> Any:
         return self.call("GET", path, query=query)
@@ -111,3 +126,9 @@ class Client:
             token = page.get("next_token")
             if not token:
                 return items
+
+
+def _reason(reason: object) -> str:
+    """``connection refused`` rather than ``[Errno 111] Connection refused``."""
+    text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+    return text[:1].lower() + text[1:]

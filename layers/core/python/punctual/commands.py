@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -18,6 +19,15 @@ from punctual.client import ApiError, Client
 
 class UsageError(Exception):
     """Bad input: reported as one line on stderr with exit code 2."""
+
+
+class CommandFailed(Exception):
+    """Anything else that stops a command: one line on stderr, exit code 1."""
+
+
+# `punctual worker` polls this long: Ctrl-C stops it within that (and its handlers' time).
+WORKER_POLL_SECONDS = 2
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 
 
 # --- parser -----------------------------------------------------------------------------
@@ -100,7 +110,7 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     report.add_argument("--to", dest="window_to", metavar="ISO", help="window end")
 
     stats = commands.add_parser("stats", help="operations figures of the local stack")
-    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     stats.add_argument("--minutes", type=int, default=60, help="occurrences of the last N (60)")
 
     worker = add("worker", "run a worker on one of your targets' queue")
@@ -127,6 +137,10 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     )
     env.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
     env.add_argument("--port", type=int, default=8766, help="the API's port (8766)")
+    down = local_commands.add_parser(
+        "down", help="stop the engines a killed `local up` left running (data is kept)"
+    )
+    down.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
 
 
 # --- running them -----------------------------------------------------------------------
@@ -339,76 +353,116 @@ def _handler(spec: str) -> Callable[[Any], None]:
     return found  # type: ignore[no-any-return]
 
 
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for number in STOP_SIGNALS:
+        signal.signal(number, lambda *_: stop.set())
+    return stop
+
+
 def _worker(client: Client, args: argparse.Namespace) -> int:
+    from punctual.local.logs import plain_logs
     from punctual.scheduling import Services
     from punctual.worker import QueueConsumer, Worker
 
+    plain_logs(os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"))
     handler = _handler(args.handler)
     tenant = client.get("/v1/tenant")["tenant_id"]
     targets = {t["name"]: t for t in client.get("/v1/targets")["targets"]}
     if args.target not in targets:
         raise UsageError(f"--target: no target named {args.target}")
+    queue = targets[args.target]["queue_url"]
     worker = Worker(Services.from_environment(), tenant, handler, heartbeat_seconds=20)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"worker for {tenant}/{args.target} on {targets[args.target]['queue_url']}", flush=True)
-    QueueConsumer(worker, targets[args.target]["queue_url"], threads=args.threads).run(stop)
+    stop = _stop_on_signals()
+    print(f"worker for {tenant}/{args.target} on {queue} (Ctrl-C stops)", flush=True)
+    consumer = QueueConsumer(worker, queue, threads=args.threads, wait_seconds=WORKER_POLL_SECONDS)
+    consumer.run(stop)
+    print("worker stopped", flush=True)
     return 0
 
 
 def run_local(args: argparse.Namespace) -> int:
-    from punctual.dal.tables import SchemaMismatch
-    from punctual.local.stack import DATA, LocalStack, StackOptions
+    from punctual.local.stack import DATA
 
+    data = args.data or DATA
     if args.action == "env":
         from punctual.local.engines import running_environment
 
-        found = running_environment(args.data or DATA)
+        found = running_environment(data)
         if found is None:
             raise UsageError("no local engines are running; start them with `punctual local up`")
         for name, value in {**found, "PUNCTUAL_ENDPOINT": f"http://127.0.0.1:{args.port}"}.items():
             print(f"export {name}={value}")
         return 0
+    if args.action == "down":
+        return _local_down(data)
+    return _local_up(args, data)
+
+
+def _local_up(args: argparse.Namespace, data: Path) -> int:
+    from punctual.dal.tables import SchemaMismatch
+    from punctual.local.dynamodb import EngineMissing
+    from punctual.local.stack import LocalStack, StackError, StackOptions
 
     options = StackOptions(
         port=args.port,
-        data=args.data or DATA,
+        data=data,
         tick_seconds=args.tick,
         lookahead_seconds=args.lookahead,
         reconcile_seconds=args.reconcile_every,
     )
     stack = LocalStack(options)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = _stop_on_signals()
     try:
         stack.start()
     except SchemaMismatch as error:
-        stack.stop()
-        raise UsageError(f"{error} (--data {options.data})") from None
+        raise UsageError(f"{error} (--data {data})") from None
+    except (StackError, EngineMissing) as error:
+        raise CommandFailed(str(error)) from None
     assert stack.engines is not None
     assert stack.gateway is not None
-    state = "reattached to" if stack.engines.reattached else "started"
-    print(f"Punctual local: API {stack.gateway.url}", flush=True)
+    engines = stack.engines
+    state = "reattached to" if engines.reattached else "started"
+    print(f"Punctual local: API {stack.gateway.url} (data in {data})", flush=True)
     print(
-        f"  engines {state}: DynamoDB {stack.engines.dynamodb.endpoint}, "
-        f"SQS {stack.engines.sqs.endpoint} (data in {options.data})",
+        f"  engines {state}: DynamoDB {engines.dynamodb.endpoint}, SQS {engines.sqs.endpoint}",
         flush=True,
     )
+    if stack.restored:
+        print(
+            f"  re-created the missing queues of {', '.join(stack.restored)} (a data folder "
+            "from before the SQS engine kept its data: messages sent before are gone)",
+            flush=True,
+        )
     print(
         "  sign requests with access key id 'demo' (tenant demo) or 'operator'; "
         "signatures are not verified (loopback only)",
         flush=True,
     )
     if args.demo:
-        from punctual.local.demo import run_demo
-
-        threading.Thread(target=run_demo, args=(stack, stop), daemon=True).start()
+        stack.start_demo()
     while not stop.wait(0.5):
         pass
-    print("stopping...", flush=True)
+    print("stopping: drivers, then engines...", flush=True)
     stack.stop()
+    print(f"stopped; everything is kept in {data}: `local up` carries on from it", flush=True)
+    return 0
+
+
+def _local_down(data: Path) -> int:
+    from punctual.local.engines import recorded
+    from punctual.local.stack import StackError, claim
+
+    try:
+        lock = claim(data, "`local down`")
+    except StackError as error:
+        raise CommandFailed(str(error)) from None  # its Ctrl-C stops its engines
+    with lock:
+        running = [engine for engine in recorded(data).values() if engine.alive()]
+        for engine in running:
+            engine.stop()
+    names = ", ".join(f"{e.name} (pid {e.pid})" for e in running) or "no engine was running"
+    print(f"stopped: {names}; data kept in {data}", flush=True)
     return 0
 
 

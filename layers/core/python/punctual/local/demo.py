@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from punctual.client import Client
+from punctual.local.stack import DEMO_KEY, DEMO_TENANT
 from punctual.timing import utc_text
 
 if TYPE_CHECKING:
-    from punctual.local.stack import LocalStack
     from punctual.worker import Job
 
 
@@ -31,8 +31,9 @@ def print_occurrence(job: Job) -> None:
     )
 
 
+ONE_SHOT_SECONDS = 10
 DEMO_SCHEDULES = (
-    ("one-shot in 10 s", {"kind": "at"}, 0),
+    (f"one-shot in {ONE_SHOT_SECONDS} s", {"kind": "at"}, 0),
     (
         "every minute, Asia/Kolkata",
         {"kind": "cron", "expression": "* * * * *", "timezone": "Asia/Kolkata"},
@@ -42,15 +43,24 @@ DEMO_SCHEDULES = (
 )
 
 
-def run_demo(stack: LocalStack, stop: threading.Event) -> None:
-    from punctual.scheduling import Services
-    from punctual.worker import QueueConsumer, Worker
-
-    assert stack.gateway is not None
-    client = Client(stack.gateway.url, access_key_id="demo")
+def demo_schedules(client: Client) -> list[tuple[str, dict[str, Any]]]:
+    """The demo's schedules: the ones a previous start made that are still ACTIVE (so a
+    restart adds none beside them), the others made now. A one-shot whose time has passed
+    is done (ACTIVE until the materializer completes it), so every start has a fresh one
+    a few seconds ahead."""
+    now = time.time()
+    active = {
+        s["name"]: s
+        for s in client.pages("/v1/schedules", "schedules", state="ACTIVE")
+        if s.get("payload", {}).get("demo") == s.get("name") and not _fired(s["spec"], now)
+    }
+    found: list[tuple[str, dict[str, Any]]] = []
     for name, spec, flex in DEMO_SCHEDULES:
+        if name in active:
+            found.append(("kept", active[name]))
+            continue
         if spec["kind"] == "at":
-            spec = spec | {"at": utc_text(int(time.time()) + 10)}
+            spec = spec | {"at": utc_text(int(time.time()) + ONE_SHOT_SECONDS)}
         saved = client.post(
             "/v1/schedules",
             {
@@ -61,11 +71,31 @@ def run_demo(stack: LocalStack, stop: threading.Event) -> None:
                 "flexible_window_seconds": flex,
             },
         )
-        fires = ", ".join(f["utc"] for f in saved["next_fires"][:2]) or "materialized now"
+        found.append(("created", saved["schedule"] | {"next_fires": saved["next_fires"]}))
+    return found
+
+
+def _fired(spec: dict[str, Any], now: float) -> bool:
+    return spec["kind"] == "at" and datetime.fromisoformat(spec["at"]).timestamp() <= now
+
+
+def run_demo(api_url: str, stop: threading.Event) -> None:
+    """The demo's schedules, then a worker printing what arrives until ``stop``."""
+    from punctual.scheduling import Services
+    from punctual.worker import QueueConsumer, Worker
+
+    client = Client(api_url, access_key_id=DEMO_KEY)
+    for how, schedule in demo_schedules(client):
+        fires = [f["utc"] for f in schedule.get("next_fires", [])[:2]]
+        fires = fires or [schedule.get("next_run_at") or "materialized now"]
         print(
-            f"demo: created {saved['schedule']['schedule_id']} ({name}); next {fires}", flush=True
+            f"demo: {how} {schedule['schedule_id']} ({schedule['name']}); next {', '.join(fires)}",
+            flush=True,
         )
     queue = client.get("/v1/targets")["targets"][0]["queue_url"]
-    worker = Worker(Services.from_environment(), "demo", print_occurrence, heartbeat_seconds=20)
+    worker = Worker(
+        Services.from_environment(), DEMO_TENANT, print_occurrence, heartbeat_seconds=20
+    )
     print(f"demo: worker polling {queue}", flush=True)
-    QueueConsumer(worker, queue, wait_seconds=5).run(stop)
+    # Short polls: Ctrl-C stops the worker (and then the engines) within a second.
+    QueueConsumer(worker, queue, wait_seconds=1).run(stop)

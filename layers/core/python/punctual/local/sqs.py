@@ -1,108 +1,72 @@
-"""The local SQS engine: moto's server in a process of its own, with one narrow fix.
+"""The local SQS engine: roto (PyPI ``roto-aws``, a Rust binary with no Python code, MIT).
 
-moto 5.2.5 builds every queue attribute, including three counts that scan all of the
-queue's messages, whenever it reads a single one: ``send_message`` reads
-ContentBasedDeduplication and ``receive_message`` reads MessageRetentionPeriod per
-message. A queue holding thousands of delayed messages (which pre-staging creates)
-then slows sends from about 100 to 15 per second. The fix makes ``Queue.attributes``
-a lazy mapping: the same keys and values, each computed only when read. It is pinned
-to the moto version and source it was written against (tests/unit/test_local_sqs.py
-fails when moto changes that code). Run: ``python -m punctual.local.sqs --port N``.
+It keeps queues, their attributes and policies, and every message (visible, in flight or
+delayed) in SQLite under its data folder, so a restart, Ctrl-C or a kill -9 of the
+engine loses nothing SQS would have kept. ``--durable`` also fsyncs every call, as SQS
+survives a machine's crash too. Two differences from SQS that callers meet: a missing
+queue answers the query-protocol code ``AWS.SimpleQueueService.NonExistentQueue`` (botocore
+does not map it to ``QueueDoesNotExist``; ``queue_exists`` accepts both), and
+ListDeadLetterSourceQueues is not implemented (Punctual does not call it).
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import inspect
-import json
-import logging
-import signal
-import threading
-from collections.abc import Iterator, Mapping
-from typing import Any
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import IO, Any
 
-MOTO_VERSION = "5.2.5"
-# sha256 of moto.sqs.models.Queue.attributes' source, the code the fix replaces.
-ATTRIBUTES_SOURCE_SHA256 = "40cb990b121628d535cecbcd0e0d333984024633b70a097489ae8611e1a59338"
+from botocore.exceptions import ClientError
 
+from punctual.local.dynamodb import EngineMissing
 
-def attributes_source_digest() -> str:
-    from moto.sqs.models import Queue
-
-    source = inspect.getsource(Queue.attributes.fget)  # type: ignore[attr-defined]
-    return hashlib.sha256(source.encode()).hexdigest()
+ROTO_VERSION = "0.10.1"  # pinned in pyproject.toml's `local` extra; the engine record says it
+MISSING_QUEUE = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
 
 
-class LazyAttributes(Mapping[str, Any]):
-    """moto's Queue.attributes, computed per key instead of all at once."""
-
-    def __init__(self, queue: Any) -> None:
-        self._queue = queue
-
-    def _names(self) -> list[str]:
-        queue = self._queue
-        names = list(queue.BASE_ATTRIBUTES)
-        if queue.fifo_queue:
-            names += queue.FIFO_ATTRIBUTES
-        if queue.kms_master_key_id:
-            names += queue.KMS_ATTRIBUTES
-        return names
-
-    def __getitem__(self, name: str) -> Any:
-        from moto.core.utils import camelcase_to_underscores
-
-        if name not in self._names():
-            raise KeyError(name)
-        queue = self._queue
-        if name == "RedrivePolicy" and queue.redrive_policy:
-            value: Any = json.dumps(queue.redrive_policy)
-        else:
-            value = getattr(queue, camelcase_to_underscores(name))
-        return str(value).lower() if isinstance(value, bool) else value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __len__(self) -> int:
-        return len(self._names())
+def roto_binary() -> Path:
+    """``roto-server`` from this interpreter's environment (where pip put it), else PATH."""
+    for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
+        if (folder / "roto-server").is_file():
+            return folder / "roto-server"
+    found = shutil.which("roto-server")
+    if found is None:
+        raise EngineMissing("the SQS engine roto-server is not installed; run `make install`")
+    return Path(found)
 
 
-def install_lazy_attributes() -> None:
-    import moto
-    from moto.sqs.models import Queue
-
-    if moto.__version__ != MOTO_VERSION:
-        raise RuntimeError(
-            f"the SQS attribute fix is written for moto {MOTO_VERSION}, not {moto.__version__}"
-        )
-    if attributes_source_digest() != ATTRIBUTES_SOURCE_SHA256:
-        raise RuntimeError("moto's Queue.attributes changed: review the SQS attribute fix")
-    Queue.attributes = property(LazyAttributes)  # type: ignore[assignment,method-assign]
+def sqs_command(port: int, data_dir: Path | None, account: str) -> list[str]:
+    """The engine's command line: on loopback, our account id, and never its default data
+    folder (``./roto-data`` in the working directory)."""
+    storage = ["--ephemeral"] if data_dir is None else ["--data-dir", str(data_dir), "--durable"]
+    command = [str(roto_binary()), "--host", "127.0.0.1", "--port", str(port)]
+    return [*command, "--account-id", account, *storage]
 
 
-def serve(port: int, host: str = "127.0.0.1") -> None:
-    """Run moto's SQS server in the foreground until SIGTERM or SIGINT."""
-    install_lazy_attributes()
-    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-
-    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
-    server.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
-    server.stop()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m punctual.local.sqs")
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    serve(args.port)
+def launch_sqs(
+    port: int, data_dir: Path | None, account: str, log: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """Start the engine in a session of its own, so that it outlives the caller (the local
+    stack reattaches to it) and a Ctrl-C in the terminal does not reach it."""
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        sqs_command(port, data_dir, account),
+        stdout=log,
+        stderr=log,
+        cwd=data_dir or tempfile.gettempdir(),  # whatever it writes, never into the repo
+        start_new_session=True,
+    )
 
 
-if __name__ == "__main__":
-    main()
+def queue_exists(sqs: Any, queue_url: str) -> bool:
+    try:
+        sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in MISSING_QUEUE:
+            return False
+        raise
+    return True

@@ -1,15 +1,19 @@
 """`punctual local up`: the whole system on one machine, the same handler code.
 
-Engines (own processes): DynamoDB Local and moto's SQS. Drivers (threads here): the
-HTTP gateway (API Gateway), the ticker (EventBridge + the Step Functions Map over shard
-groups), the stream poller (the relay's event source mapping) and the reconciler on its
-schedule. Everything AWS would keep lives in the engines, so a crash of this process
-loses nothing: `local up` again reattaches and carries on from the watermarks.
+Engines (own processes, data on disk): DynamoDB Local and roto's SQS. Drivers (threads
+here): the HTTP gateway (API Gateway), the ticker (EventBridge + the Step Functions Map
+over shard groups), the stream poller (the relay's event source mapping), the reconciler
+on its schedule, and a watch that starts a dead engine again on its data. Everything AWS
+would keep lives in the engines, so a crash of this process or of an engine loses
+nothing: the stack (or `local up` again) carries on from the engines' data and the
+materializer's watermarks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import importlib
 import os
 import sys
@@ -19,10 +23,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from punctual.local.engines import ACCOUNT, LOCAL_SHARDS, Engines, ensure_engines
 from punctual.local.gateway import Gateway, LambdaContext
+from punctual.local.logs import plain_logs
+from punctual.local.sqs import queue_exists
 from punctual.local.streams import StreamPoller
 from punctual.observability import logger
 from punctual.timing import utc_text
@@ -33,6 +39,11 @@ OPERATOR_KEY = "operator"
 DEMO_KEY = "demo"
 DEMO_TENANT = "demo"
 GROUP_SIZE = 4
+WATCH_SECONDS = 1.0  # how soon a dead engine is started again
+
+
+class StackError(Exception):
+    """The stack cannot start; the message says why and what to do, in one line."""
 
 
 def local_principal(access_key_id: str) -> str:
@@ -47,8 +58,6 @@ class StackOptions:
     lookahead_seconds: int = 180
     reconcile_seconds: int = 3600
     poll_seconds: float = 0.5
-    dynamodb_port: int | None = None
-    sqs_port: int | None = None
 
 
 def _handler(module: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
@@ -77,14 +86,51 @@ def configure_environment(engines: Engines, options: StackOptions) -> None:
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
     )
-    logger.setLevel(os.environ["POWERTOOLS_LOG_LEVEL"])  # created before the variable was set
+    plain_logs(os.environ["POWERTOOLS_LOG_LEVEL"])
 
 
-def bootstrap(services: Any) -> None:
-    """Tables, the operator's tenant-free principal, and the demo tenant with `default`."""
+def restore_queues(services: Any) -> list[str]:
+    """Queues the tables name but the SQS engine lacks (a data folder from before the SQS
+    engine kept its data), made again by the control plane's own queue admin under their
+    stored names. Runs before anything grants on them. Returns the targets restored."""
     from punctual.dal.common import from_dynamo, values
-    from punctual.dal.tables import create_tables
     from punctual.dal.tenants import target_from_item
+    from punctual.scheduling import ControlPlane
+
+    plane = ControlPlane(services)
+    # A scan: the local tenants table is small, and this runs once per start.
+    pages = services.dynamodb.get_paginator("scan").paginate(
+        TableName=services.settings.tenants_table,
+        FilterExpression="begins_with(sk, :t)",
+        ExpressionAttributeValues=values(t="TARGET#"),
+    )
+    restored = []
+    for page in pages:
+        for item in page["Items"]:
+            target = target_from_item(from_dynamo(item))
+            stored = (target.queue_url, target.dlq_url)
+            if all(queue_exists(services.sqs, url) for url in stored):
+                continue
+            principals = plane.tenants.get(target.tenant_id).principals
+            made = plane.queues.create(target.tenant_id, target.name, principals)
+            if [_name(made.queue_url), _name(made.dlq_url)] != [_name(url) for url in stored]:
+                raise StackError(
+                    f"target {target.tenant_id}/{target.name}: its queue {_name(stored[0])} is "
+                    f"missing and would now be named {_name(made.queue_url)}; start on a new "
+                    "data folder (--data) or remove this one"
+                )
+            restored.append(f"{target.tenant_id}/{target.name}")
+    return restored
+
+
+def _name(queue_url: str) -> str:
+    return queue_url.rsplit("/", 1)[-1]
+
+
+def bootstrap(services: Any) -> list[str]:
+    """Tables, lost queues restored, the operator's tenant-free principal, and the demo
+    tenant with `default`; idempotent, so every start runs it on the same data."""
+    from punctual.dal.tables import create_tables
     from punctual.errors import Conflict
     from punctual.scheduling import ControlPlane
     from punctual.tenancy import Quotas
@@ -93,22 +139,48 @@ def bootstrap(services: Any) -> None:
     plane = ControlPlane(services)
     with contextlib.suppress(Conflict):
         plane.create_tenant(DEMO_TENANT, Quotas())
+    restored = restore_queues(services)
     plane.bind_principal(local_principal(DEMO_KEY), DEMO_TENANT)
     with contextlib.suppress(Conflict):  # a restart on the same data
         plane.create_target(DEMO_TENANT, "default")
-    # An SQS engine restarted without its data: re-create every known target's queues
-    # (a scan: the local tenants table is small, and this runs once per start).
-    pages = services.dynamodb.get_paginator("scan").paginate(
-        TableName=services.settings.tenants_table,
-        FilterExpression="begins_with(sk, :t)",
-        ExpressionAttributeValues=values(t="TARGET#"),
-    )
-    for page in pages:
-        for item in page["Items"]:
-            target = target_from_item(from_dynamo(item))
-            plane.queues.create(
-                target.tenant_id, target.name, plane.tenants.get(target.tenant_id).principals
-            )
+    return restored
+
+
+def claim(data: Path, holder: str) -> IO[str]:
+    """One stack per data folder: an exclusive lock held as long as this process lives (the
+    system drops it when the process dies, kill -9 included). The open file is the lock."""
+    data.mkdir(parents=True, exist_ok=True)
+    handle = (data / "stack.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise StackError(
+            f"a local stack is already running on {data} ({holder}); stop it with Ctrl-C "
+            "where it runs, or use it as it is"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}, {holder}")
+    handle.flush()
+    return handle
+
+
+def bind_gateway(port: int) -> Gateway:
+    """The API's port, taken before any engine starts, so that a busy port costs nothing."""
+    try:
+        return Gateway(
+            lambda event, context: _handler("api.handler")(event, context), port, time.time
+        )
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        raise StackError(
+            f"port {port} is already in use (another program, or a local stack on another "
+            "data folder); choose another with --port"
+        ) from None
 
 
 @dataclass
@@ -116,24 +188,36 @@ class LocalStack:
     options: StackOptions
     engines: Engines | None = None
     gateway: Gateway | None = None
+    restored: list[str] = field(default_factory=list)
     stop_event: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     ticks: int = 0
+    _lock: IO[str] | None = None
+    _serving: bool = False
 
     def start(self) -> None:
+        """Everything, or nothing left running: a failed start stops what it started."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         options = self.options
-        self.engines = ensure_engines(
-            options.data, dynamodb_port=options.dynamodb_port, sqs_port=options.sqs_port
-        )
+        self._lock = claim(options.data, f"API http://127.0.0.1:{options.port}")
+        self.gateway = bind_gateway(options.port)
+        self.engines = ensure_engines(options.data)
         configure_environment(self.engines, options)
         from punctual.scheduling import Services
         from punctual.settings import get_settings
 
         get_settings.cache_clear()
         services = Services.from_environment()
-        bootstrap(services)
-        self.gateway = Gateway(_handler("api.handler"), options.port, time.time)
+        self.restored = bootstrap(services)
         self.gateway.start()
+        self._serving = True
+        self._loop("engine-watch", self._revive, WATCH_SECONDS)
         self._loop("ticker", self._tick, options.tick_seconds, aligned=True)
         poller = StreamPoller(
             services.dynamodb,
@@ -145,6 +229,25 @@ class LocalStack:
         self._loop("stream-poller", poller.poll_once, options.poll_seconds)
         if _has_reconciler():
             self._loop("reconciler", self._reconcile, options.reconcile_seconds, aligned=True)
+
+    def start_demo(self) -> None:
+        """The demo's schedules and worker, in a thread that ``stop`` ends first."""
+        from punctual.local.demo import run_demo
+
+        assert self.gateway is not None
+        url = self.gateway.url
+        self._thread("demo", lambda: run_demo(url, self.stop_event))
+
+    def _thread(self, name: str, run: Callable[[], None]) -> None:
+        def guarded() -> None:
+            try:
+                run()
+            except Exception:
+                logger.exception(f"{name} stopped")
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
 
     def _loop(
         self, name: str, work: Callable[[], Any], every: float, aligned: bool = False
@@ -161,9 +264,15 @@ class LocalStack:
                 )
                 self.stop_event.wait(max(0.05, pause))
 
-        thread = threading.Thread(target=run, name=name, daemon=True)
-        thread.start()
-        self.threads.append(thread)
+        self._thread(name, run)
+
+    def _revive(self) -> None:
+        assert self.engines is not None
+        for engine in self.engines.revive():
+            logger.warning(
+                f"the {engine.name} engine had stopped; started again on its data "
+                f"({engine.endpoint}, pid {engine.pid})"
+            )
 
     def _groups(self) -> list[list[int]]:
         return [
@@ -194,14 +303,20 @@ class LocalStack:
         for shards in self._groups():
             handler({"time": now, "shards": shards}, LambdaContext("reconciler", 900, time.time))
 
-    def stop(self, engines: bool = True) -> None:
+    def stop(self) -> None:
+        """Drivers and the demo worker first (they use the engines), then the engines."""
         self.stop_event.set()
         for thread in self.threads:
             thread.join(timeout=70)
         if self.gateway is not None:
-            self.gateway.stop()
-        if engines and self.engines is not None:
+            if self._serving:
+                self.gateway.stop()
+            else:
+                self.gateway.server.server_close()  # bound, never served
+        if self.engines is not None:
             self.engines.stop()
+        if self._lock is not None:
+            self._lock.close()
 
 
 def _has_reconciler() -> bool:

@@ -1,0 +1,252 @@
+"""Local mode keeps what AWS would keep. One stack of its own, on its own data folder:
+each of its processes is killed in turn (kill -9 of the SQS engine, of DynamoDB Local, of
+the foreground `local up`, then a Ctrl-C and `local up` again) while occurrences wait in
+the queue with a delay, and every expected occurrence still arrives, once. Then the SQS
+engine's data is lost (a data folder from before it kept any), and `local up` re-creates
+the queues; and `local down` stops what a killed `local up` left running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from punctual.local.dynamodb import free_port
+from punctual.local.engines import Engine, recorded
+from punctual.timing import utc_text
+from tests.e2e.conftest import (
+    STOP_SECONDS,
+    Stack,
+    launch,
+    ready,
+    run_punctual,
+    stop,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+BATCH = 6  # one-shots made before each kill
+DELAY_SECONDS = 25  # how far ahead each batch is due: still delayed when the kill comes
+RESTART_SECONDS = 90  # DynamoDB Local is a JVM: slow to start on a busy machine
+
+
+def queue_counts(stack: Stack, queue: str) -> dict[str, int]:
+    attributes = stack.aws("sqs").get_queue_attributes(
+        QueueUrl=queue,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesDelayed",
+            "ApproximateNumberOfMessagesNotVisible",
+        ],
+    )["Attributes"]
+    return {name.removeprefix("ApproximateNumberOf"): int(n) for name, n in attributes.items()}
+
+
+def one_shots(stack: Stack, target: str, count: int, ahead: int = DELAY_SECONDS) -> list[str]:
+    """``count`` one-shots due ``ahead`` seconds from now; their occurrence ids (the API
+    makes them at once: they are within its horizon)."""
+    due = utc_text(int(time.time()) + ahead)
+    client = stack.client()
+    return [
+        client.post("/v1/schedules", {"spec": {"kind": "at", "at": due}, "target": target})[
+            "materialized"
+        ][0]["occurrence_id"]
+        for _ in range(count)
+    ]
+
+
+def all_delayed(stack: Stack, queue: str, expected: int) -> None:
+    """Until the relay has sent every one-shot so far, and the newest wait delayed."""
+
+    def sent() -> bool:
+        counts = queue_counts(stack, queue)
+        return sum(counts.values()) == expected and counts["MessagesDelayed"] >= BATCH
+
+    wait_for(sent, 30, f"{expected} messages in the queue, the last {BATCH} delayed")
+
+
+def epoch(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def output(stack: Stack) -> str:
+    return stack.log.read_text(errors="replace")
+
+
+def kill(engine: Engine) -> None:
+    os.kill(engine.pid, signal.SIGKILL)
+
+
+def revived(stack: Stack, name: str, old: Engine) -> Engine:
+    """The engine the stack started again in place of ``old``: a new process, same port."""
+
+    def found() -> Engine | None:
+        engine = recorded(stack.data).get(name)
+        return engine if engine and engine.pid != old.pid and engine.running() else None
+
+    engine: Engine = wait_for(found, RESTART_SECONDS, f"the stack to start {name} again")
+    assert engine.port == old.port
+    return engine
+
+
+@contextlib.contextmanager
+def stacks(data: Path) -> Iterator[list[Stack]]:
+    """The stacks a test launches on ``data``; whatever is left is stopped at the end."""
+    launched: list[Stack] = []
+    try:
+        yield launched
+    finally:
+        if launched:
+            stop(launched[-1])
+
+
+def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp_path: Path):
+    with stacks(tmp_path) as launched:
+        port = free_port()
+        launched.append(ready(launch(tmp_path, port, "--demo")))
+        stack = launched[-1]
+        # GIVEN a target for one-shots, and a rate(1 minute) schedule on another, whose next
+        # fire the materializer (not the API) makes while processes are being killed
+        queue = stack.cli_json("targets", "create", "durable")["queue_url"]
+        rate_queue = stack.cli_json("targets", "create", "durable-rate")["queue_url"]
+        rate = stack.client().post(
+            "/v1/schedules",
+            {"spec": {"kind": "rate", "expression": "rate(1 minute)"}, "target": "durable-rate"},
+        )
+        rate_id = rate["schedule"]["schedule_id"]
+        first_fire = epoch(rate["materialized"][0]["scheduled_for"])
+        expected: list[str] = []
+
+        # WHEN the SQS engine is killed with a batch waiting delayed
+        expected += one_shots(stack, "durable", BATCH)
+        all_delayed(stack, queue, len(expected))
+        engines = recorded(tmp_path)
+        kill(engines["sqs"])
+        # THEN the stack starts it again on its data (and says so), every message still there
+        revived(stack, "sqs", engines["sqs"])
+        wait_for(
+            lambda: "the sqs engine had stopped; started again on its data" in output(stack),
+            10,
+            "the stack's line about the SQS engine",
+        )
+        assert sum(queue_counts(stack, queue).values()) == len(expected)
+
+        # WHEN DynamoDB Local is killed with the next batch waiting delayed
+        expected += one_shots(stack, "durable", BATCH)
+        all_delayed(stack, queue, len(expected))
+        kill(engines["dynamodb"])
+        # THEN the stack starts it again on its tables, which still hold the occurrences
+        revived(stack, "dynamodb", engines["dynamodb"])
+        assert stack.client().get(f"/v1/occurrences/{expected[-1]}")["state"] == "SCHEDULED"
+
+        # WHEN the foreground `local up` is killed with the next batch waiting delayed
+        expected += one_shots(stack, "durable", BATCH)
+        all_delayed(stack, queue, len(expected))
+        engines = recorded(tmp_path)
+        stack.process.kill()
+        stack.process.wait()
+        # THEN `local up` again reattaches to the engines, which kept running
+        launched.append(ready(launch(tmp_path, port, "--demo")))
+        stack = launched[-1]
+        assert {n: e.pid for n, e in recorded(tmp_path).items()} == {
+            n: e.pid for n, e in engines.items()
+        }
+
+        # WHEN the next batch waits delayed and the stack is stopped with Ctrl-C (engines too)
+        expected += one_shots(stack, "durable", BATCH)
+        all_delayed(stack, queue, len(expected))
+        stack.process.send_signal(signal.SIGINT)
+        assert stack.process.wait(timeout=STOP_SECONDS) == 0
+        assert not any(e.alive() for e in recorded(tmp_path).values())
+        # ... cleanly: the demo worker and the drivers stopped before the engines
+        said = output(stack)
+        assert said.endswith(
+            f"stopped; everything is kept in {tmp_path}: `local up` carries on from it\n"
+        )
+        assert " ERROR " not in said
+        # THEN `local up` again starts on the same data (this failed before: the SQS engine
+        # had lost its queues) and every message is still there
+        launched.append(ready(launch(tmp_path, port, "--demo")))
+        stack = launched[-1]
+        assert sum(queue_counts(stack, queue).values()) == len(expected)
+
+        # WHEN a worker takes what arrives until every one-shot is done, and every fire of
+        # the rate schedule until then (the second made by the materializer during the kills)
+        last_due = int(time.time()) + DELAY_SECONDS
+        fires = [utc_text(t) for t in range(first_fire, max(last_due, first_fire + 60) + 1, 60)]
+        handled: list[str] = []
+        workers = [stack.consumer(queue, handled, threads=6), stack.consumer(rate_queue, handled)]
+
+        def rate_states() -> dict[str, str]:
+            found = stack.client().pages(f"/v1/schedules/{rate_id}/occurrences", "occurrences")
+            return {o["scheduled_for"]: o["state"] for o in found}
+
+        def everything() -> bool:
+            for worker in workers:
+                worker.poll_once()
+            states = rate_states()
+            return set(expected) <= set(handled) and all(
+                states.get(fire) == "SUCCEEDED" for fire in fires
+            )
+
+        wait_for(everything, DELAY_SECONDS + 90, "every occurrence to be handled", every=0)
+        # THEN each one-shot was handled exactly once, and is SUCCEEDED, as is every fire of
+        # the rate schedule
+        assert len(set(expected)) == 4 * BATCH
+        assert sorted(o for o in handled if o in expected) == sorted(expected)
+        assert {stack.client().get(f"/v1/occurrences/{o}")["state"] for o in expected} == {
+            "SUCCEEDED"
+        }
+        assert len(fires) >= 2
+
+        # WHEN the stack and the SQS engine are killed, the engine's data is lost (as in a
+        # data folder from before the engine kept its data), and `local up` runs again
+        stack.process.kill()
+        stack.process.wait()
+        kill(recorded(tmp_path)["sqs"])
+        shutil.rmtree(tmp_path / "sqs")
+        launched.append(ready(launch(tmp_path, port, "--demo")))
+        stack = launched[-1]
+        # THEN it re-created every target's queues under their names, says so, and serves
+        restored = "re-created the missing queues of demo/default, demo/durable, demo/durable-rate"
+        wait_for(lambda: restored in output(stack), 10, "the line about re-created queues")
+        late = one_shots(stack, "durable", 1, ahead=2)
+        got: list[str] = []
+        consumer = stack.consumer(queue, got)
+
+        def arrived() -> bool:
+            consumer.poll_once()
+            return got == late
+
+        wait_for(arrived, 30, "a one-shot through the re-created queue", every=0)
+
+        # ... and across its four starts the demo kept its recurring schedules: one of each
+        active = stack.client().pages("/v1/schedules", "schedules", state="ACTIVE")
+        names = [s["name"] for s in active]
+        assert (
+            names.count("every minute, Asia/Kolkata"),
+            names.count("every 2 minutes, flexible 60 s"),
+        ) == (1, 1)
+
+        # WHEN `local down` runs beside the running stack
+        refused = run_punctual("local", "down", "--data", str(tmp_path))
+        # THEN it refuses, naming the stack, and stops nothing
+        assert refused.code == 1
+        assert refused.err.startswith("punctual: failed: a local stack is already running on ")
+        assert all(e.running() for e in recorded(tmp_path).values())
+        # WHEN the stack is killed (its engines keep running) and `local down` runs
+        stack.process.kill()
+        stack.process.wait()
+        down = run_punctual("local", "down", "--data", str(tmp_path))
+        # THEN the engines are stopped, their data kept
+        assert down.code == 0
+        assert down.out.startswith("stopped: ")
+        assert not any(e.alive() for e in recorded(tmp_path).values())

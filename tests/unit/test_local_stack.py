@@ -1,0 +1,55 @@
+"""The local stack's guards: one stack per data folder, a busy port named, and recorded
+engine pids never taken for another program."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from punctual.local.engines import KINDS, Engine
+from punctual.local.stack import StackError, bind_gateway, claim
+
+
+def test_claim_refuses_a_second_stack_on_the_same_data_naming_the_first(tmp_path: Path):
+    # GIVEN a stack holding the data folder
+    first = claim(tmp_path, "API http://127.0.0.1:8766")
+    # WHEN another one claims it
+    with pytest.raises(StackError) as refused:
+        claim(tmp_path, "API http://127.0.0.1:9999")
+    # THEN it is refused, naming the running one (pid and API)
+    assert str(refused.value) == (
+        f"a local stack is already running on {tmp_path} (pid {os.getpid()}, API "
+        "http://127.0.0.1:8766); stop it with Ctrl-C where it runs, or use it as it is"
+    )
+    # WHEN the first one ends (its process dies or it stops): THEN the folder is free again
+    first.close()
+    claim(tmp_path, "API http://127.0.0.1:9999").close()
+
+
+def test_bind_gateway_on_a_busy_port_names_the_port():
+    # GIVEN a port something else listens on
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        # WHEN the stack's API binds it
+        with pytest.raises(StackError) as refused:
+            bind_gateway(port)
+    # THEN the error names the port and what to do
+    assert str(refused.value) == (
+        f"port {port} is already in use (another program, or a local stack on another data "
+        "folder); choose another with --port"
+    )
+
+
+@pytest.mark.parametrize("name", ["sqs", "dynamodb"])
+def test_a_recorded_pid_that_another_program_has_now_is_no_engine(name: str):
+    # GIVEN an engine record whose pid now belongs to another program (this test process)
+    engine = Engine(name, 1, os.getpid(), KINDS[name])
+    # WHEN asked whether the engine is alive, and told to stop
+    # THEN it is not taken for the engine, and nothing is signalled
+    assert not engine.alive()
+    engine.stop()
