@@ -130,7 +130,7 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     up.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
     up.add_argument("--tick", type=int, default=60, help="seconds between ticks (60)")
     up.add_argument("--lookahead", type=int, default=180, help="materializer lookahead (180)")
-    up.add_argument("--reconcile-every", type=int, default=3600, help="seconds (3600)")
+    up.add_argument("--reconcile-every", type=int, default=600, help="seconds (600)")
     up.add_argument("--demo", action="store_true", help="create demo schedules, run a worker")
     env = local_commands.add_parser(
         "env", help="print the exports that point AWS SDKs and workers at the local engines"

@@ -528,7 +528,7 @@ class Reconciler:
         change, past every margin), so no walk would read it again. Each is moved to a bucket
         ahead of the walk, where the materializer takes it up under its misfire policy."""
         shard_item = self.leases.read(shard)
-        if shard_item is None:
+        if shard_item is None or not self.schedules.any_in_shard(shard, created_before=_iso(end)):
             return []
         walked = int(shard_item["watermark"])
         moved = []

@@ -233,6 +233,19 @@ class ScheduleStore:
         for page in pages:
             yield [from_dynamo(i) for i in page["Items"]]
 
+    def any_in_shard(self, shard: int, *, created_before: str) -> bool:
+        """Whether the shard holds any schedule created before ``created_before`` (one item
+        read)."""
+        page = self._client.query(
+            TableName=self.table,
+            IndexName=SHARD_INDEX,
+            KeyConditionExpression="#shard = :s AND created_key < :c",
+            ExpressionAttributeNames={"#shard": "shard"},
+            ExpressionAttributeValues=values(s=shard, c=created_before),
+            Limit=1,
+        )
+        return bool(page["Items"])
+
     def versions_since(self, schedule_id: str, since: int) -> list[ScheduleVersion]:
         """The history from the version in effect at ``since`` on, oldest first. Read newest
         first, so a long history costs only the versions that matter."""

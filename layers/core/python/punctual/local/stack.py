@@ -39,6 +39,7 @@ OPERATOR_KEY = "operator"
 DEMO_KEY = "demo"
 DEMO_TENANT = "demo"
 GROUP_SIZE = 4
+RECENT_WINDOW = 600  # seconds: the local reconciler's short windows, and how often it runs
 WATCH_SECONDS = 1.0  # how soon a dead engine is started again
 
 
@@ -56,7 +57,7 @@ class StackOptions:
     data: Path = DATA
     tick_seconds: int = 60
     lookahead_seconds: int = 180
-    reconcile_seconds: int = 3600
+    reconcile_seconds: int = RECENT_WINDOW
     poll_seconds: float = 0.5
 
 
@@ -298,10 +299,17 @@ class LocalStack:
         self.ticks += 1
 
     def _reconcile(self) -> None:
+        """The hourly run as on AWS (its hour, and any earlier one without a report), and,
+        since a local run is short-lived, the ten minutes that ended ten minutes ago: recent
+        fires are checked, and what no worker took is re-sent, within about half an hour."""
         handler = _handler("reconciler.handler")
-        now = utc_text(int(time.time()))
+        now = int(time.time())
+        end = now - now % RECENT_WINDOW - RECENT_WINDOW
+        recent = {"window_start": utc_text(end - RECENT_WINDOW), "window_end": utc_text(end)}
         for shards in self._groups():
-            handler({"time": now, "shards": shards}, LambdaContext("reconciler", 900, time.time))
+            for event in ({}, recent):
+                context = LambdaContext("reconciler", 900, time.time)
+                handler({"time": utc_text(now), "shards": shards, **event}, context)
 
     def stop(self) -> None:
         """Drivers and the demo worker first (they use the engines), then the engines."""

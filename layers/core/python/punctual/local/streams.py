@@ -13,48 +13,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from punctual.dal.tables import OCCURRENCE_PREFIX
+from punctual.integrations.streams import event_record, wanted
 from punctual.observability import logger
 
 BatchHandler = Callable[[dict[str, Any]], dict[str, Any]]
 BATCH_SIZE = 500  # as the CDK event source mapping
 RETRY_PAUSE_SECONDS = 1.0
-
-
-def wanted(record: dict[str, Any]) -> bool:
-    """The mapping's filter: eventName INSERT and NewImage.sk starting with OCC#."""
-    image = record.get("dynamodb", {}).get("NewImage", {})
-    sk = image.get("sk", {}).get("S", "")
-    return record.get("eventName") == "INSERT" and sk.startswith(OCCURRENCE_PREFIX)
-
-
-def _typed(value: Any) -> Any:
-    """DynamoDB Local's streams write an empty map as {} instead of {"M": {}}: repair it
-    (and inside maps and lists), so records look like DynamoDB's."""
-    if value == {}:
-        return {"M": {}}
-    if "M" in value:
-        return {"M": {k: _typed(v) for k, v in value["M"].items()}}
-    if "L" in value:
-        return {"L": [_typed(v) for v in value["L"]]}
-    return value
-
-
-def _as_event_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
-    dynamodb = dict(record["dynamodb"])
-    for image in ("NewImage", "OldImage", "Keys"):
-        if image in dynamodb:
-            dynamodb[image] = {k: _typed(v) for k, v in dynamodb[image].items()}
-    created = dynamodb.get("ApproximateCreationDateTime")
-    if isinstance(created, datetime):
-        dynamodb["ApproximateCreationDateTime"] = created.timestamp()
-    return {**record, "dynamodb": dynamodb, "eventSourceARN": stream_arn}
 
 
 class StreamPoller:
@@ -149,7 +118,7 @@ class StreamPoller:
     def _deliver(self, records: list[dict[str, Any]]) -> int | None:
         """Hand the wanted records to the relay; the first failed sequence number, if any."""
         assert self._stream_arn is not None
-        batch = [_as_event_record(r, self._stream_arn) for r in records if wanted(r)]
+        batch = [event_record(r, self._stream_arn) for r in records if wanted(r)]
         for start in range(0, len(batch), BATCH_SIZE):
             part = batch[start : start + BATCH_SIZE]
             try:
