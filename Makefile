@@ -82,6 +82,10 @@ bench-materializer: install tools ## occurrences materialized per second per sha
 bench-relay: install ## relay fairness: a small tenant's messages next to a big tenant's batch
 	$(BIN)/python scripts/bench_relay.py
 
+.PHONY: inventory
+inventory: install tools ## record the functions' AWS calls and metrics in the integration tests (tests/infrastructure/inventory.txt)
+	PUNCTUAL_WRITE_INVENTORY=1 $(BIN)/pytest tests/integration -q
+
 .PHONY: capacity
 capacity: install ## the 500k top-of-hour simulated at AWS scale, N and L, cost per million (docs/capacity.md)
 	$(BIN)/python -m scripts.capacity
