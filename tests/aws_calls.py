@@ -329,8 +329,8 @@ def record_aws_calls() -> Iterator[Recorder]:
         RECORDER.on_serialized(dict(blob))
         return blob
 
-    AmazonCloudWatchEMFProvider.add_metric = adding  # type: ignore[method-assign]
-    AmazonCloudWatchEMFProvider.serialize_metric_set = serializing  # type: ignore[method-assign]
+    AmazonCloudWatchEMFProvider.add_metric = adding  # type: ignore[method-assign,assignment]
+    AmazonCloudWatchEMFProvider.serialize_metric_set = serializing  # type: ignore[method-assign,assignment]
     ThreadPoolExecutor.submit = _submit_keeping_attribution(submit)  # type: ignore[method-assign]
     RECORDER.active = True
     try:

@@ -66,7 +66,7 @@ def test_materializer_and_relay_handlers_carry_a_flexible_schedule_to_its_queue(
     schedule_id = create(alice, rate("rate(5 minutes)", flexible_window_seconds=120))["schedule"][
         "schedule_id"
     ]
-    monkeypatch.setattr(materializer_handler.Services, "from_environment", lambda: aws)
+    monkeypatch.setattr(Services, "from_environment", lambda: aws)
     monkeypatch.setattr(relay_handler, "relay", lambda: Relay(aws))
     shards = list(range(aws.settings.shard_count))
     capsys.readouterr()

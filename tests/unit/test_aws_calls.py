@@ -58,7 +58,8 @@ def test_aws_calls_a_test_callback_inside_a_function_starts_over():
     )
 
     def hook() -> str | None:
-        return plane["ControlPlane"]().cancel(probe)
+        attributed: str | None = plane["ControlPlane"]().cancel(probe)
+        return attributed
 
     # THEN the control plane's call is the API's, not the materializer's
     assert materializer["Materializer"]().run(hook) == "api"
