@@ -229,6 +229,11 @@ def _current_test() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
 
 
+def _recording() -> bool:
+    """Only the integration tests' calls: `make inventory` runs those alone."""
+    return _current_test().startswith("tests/integration/")
+
+
 @dataclass
 class Recorder:
     calls: set[Call] = field(default_factory=set)
@@ -244,6 +249,8 @@ class Recorder:
     complete: bool = False
 
     def on_call(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        if not _recording():
+            return
         function = function_of(sys._getframe(), xform_name(model.name))
         if function is None:
             return
@@ -257,6 +264,8 @@ class Recorder:
             self.witnesses.setdefault(entry, _current_test())
 
     def on_add_metric(self, name: str) -> None:
+        if not _recording():
+            return
         function = function_of(sys._getframe())
         if function is not None:
             self._adding[name.strip()] = function
