@@ -56,7 +56,7 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
 )
 FUNCTIONS = ("api", "materializer", "relay", "reconciler")
 
-_DEFAULTS = Settings()
+_DEFAULTS = Settings.model_construct()  # the deployed defaults, whatever the environment says
 TABLE_NAMES = {spec.setting: spec.name(_DEFAULTS) for spec in ALL_TABLES}
 QUEUES = f"{_DEFAULTS.queue_prefix}-*"  # every tenant queue, as the roles name them
 
