@@ -36,7 +36,6 @@ MATERIALIZER_RETRY = Retry(interval_seconds=2, backoff_rate=2, max_attempts=2)
 TICKER_TIMEOUT_SECONDS = (
     math.ceil(MATERIALIZER_RETRY.worst_case_seconds(MATERIALIZER_TIMEOUT_SECONDS)) + 10
 )
-EXPRESS_LIMIT_SECONDS = 300
 # The reconciler: Lambda's whole 15 minutes per group, one retry, and a run ends within its
 # hour so that runs never pile up.
 RECONCILER_TIMEOUT_SECONDS = 900
