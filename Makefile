@@ -105,6 +105,10 @@ SCHEDULES ?= 200
 simulate: install tools ## seeded fault-injecting simulations (SEED= TRIALS= DAYS= SCHEDULES=): violations of the contract
 	$(BIN)/python -m scripts.simulate --seed $(SEED) --trials $(TRIALS) --days $(DAYS) --schedules $(SCHEDULES)
 
+.PHONY: inventory
+inventory: install tools ## record the functions' AWS calls and metrics in the integration tests (tests/infrastructure/inventory.txt)
+	PUNCTUAL_WRITE_INVENTORY=1 $(BIN)/pytest tests/integration -q
+
 .PHONY: capacity
 capacity: install ## the 500k top-of-hour simulated at AWS scale, N and L, cost per million (docs/capacity.md)
 	$(BIN)/python -m scripts.capacity

@@ -13,16 +13,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.checks import acknowledge
-from infra.data import Access, DataReferences
+from infra.data import DataReferences
 from infra.functions import FunctionDefaults, log_group, python_function
 from infra.layer import ROOT
 from infra.queues import TargetQueueAccess
+from punctual.dal.tables import TENANT_INDEX
 
 OPENAPI_DOCUMENT = ROOT / "docs" / "openapi.json"
 STAGE = "prod"
@@ -132,21 +133,30 @@ class Api(Construct):
             memory_mb=1024,
             description="Punctual's HTTPS API (control plane)",
         )
-        # Leases are the materializer's alone.
+        # Exactly what the API's code calls (tests/infrastructure/inventory.txt).
         data.grant(
             self.function,
-            Access.READ_WRITE,
-            "schedules_table",
-            "occurrences_table",
-            "tenants_table",
-            "idempotency_table",
+            {
+                ("schedules_table", None): ("GetItem", "BatchGetItem", "PutItem"),
+                ("schedules_table", TENANT_INDEX): ("Query",),
+                ("occurrences_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),
+                ("tenants_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),
+                # Powertools' idempotent create; GetItem is its fallback when a refused put
+                # returns no item, which the tests cannot provoke (test_inventory.py).
+                ("idempotency_table", None): ("GetItem", "PutItem", "UpdateItem", "DeleteItem"),
+                # GET /v1/admin/reconcile reads the reconciler's reports.
+                ("leases_table", None): ("BatchGetItem",),
+            },
         )
-        queues.grant_admin(self.function)
+        # A target's queue and DLQ: create, read their ARNs, set the tenant's queue policy.
+        queues.grant(self.function, "CreateQueue", "GetQueueAttributes", "SetQueueAttributes")
 
         access_logs = log_group(self, "AccessLogs", defaults.log_retention)
         self.rest_api = apigw.RestApi(
             self,
             "Rest",
+            # The name the console lists and the alarms' ApiName dimension: the stack's.
+            rest_api_name=Stack.of(self).stack_name,
             description="Punctual: schedules, occurrences, targets (SigV4)",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             # API Gateway writes access and execution logs through one account-wide role.

@@ -1,12 +1,65 @@
-"""Deployment knobs from CDK context (cdk.json or -c key=value), validated."""
+"""Deployment knobs from CDK context (cdk.json or -c key=value), validated: each knob on its
+own, then together against the fixed limits below, which the constructs use too."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import json
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from punctual.settings import Settings
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a shard group's failed invocation is retried (a Step Functions retrier on
+    States.ALL, the only one: its worst case must be known)."""
+
+    interval_seconds: int
+    backoff_rate: float
+    max_attempts: int
+
+    def worst_case_seconds(self, timeout_seconds: int) -> float:
+        """Every attempt running into the function's timeout, with the waits between."""
+        waits = sum(self.interval_seconds * self.backoff_rate**n for n in range(self.max_attempts))
+        return (self.max_attempts + 1) * timeout_seconds + waits
+
+
+# The materializer: a tick is one minute; a group that fails fast is retried within it.
+MATERIALIZER_TIMEOUT_SECONDS = 55
+MATERIALIZER_RETRY = Retry(interval_seconds=2, backoff_rate=2, max_attempts=2)
+# The Express ticker outlives its groups' whole retry chain (plus the Map's own steps), so
+# that a retried group ends as retried or caught, never cut off as a timed-out tick.
+TICKER_TIMEOUT_SECONDS = (
+    math.ceil(MATERIALIZER_RETRY.worst_case_seconds(MATERIALIZER_TIMEOUT_SECONDS)) + 10
+)
+# The reconciler: Lambda's whole 15 minutes per group, one retry, and a run ends within its
+# hour so that runs never pile up.
+RECONCILER_TIMEOUT_SECONDS = 900
+RECONCILER_RETRY = Retry(interval_seconds=30, backoff_rate=2, max_attempts=1)
+RECONCILE_RUN_TIMEOUT_SECONDS = 55 * 60
+# Step Functions runs at most this many iterations of an inline Map at once.
+MAX_CONCURRENCY = 40
+# EventBridge's limit on a target's input (InputTemplate) in characters.
+EVENTBRIDGE_INPUT_LIMIT = 8192
+
+
+def shard_groups(shard_count: int, group_size: int) -> list[list[int]]:
+    return [
+        list(range(start, min(start + group_size, shard_count)))
+        for start in range(0, shard_count, group_size)
+    ]
+
+
+def rule_input_text(time_key: str, shard_count: int, group_size: int) -> str:
+    """The InputTemplate the CDK renders for a rule handing a state machine the event's time
+    and every shard group (``<time>`` is EventBridge's placeholder)."""
+    groups = json.dumps(shard_groups(shard_count, group_size), separators=(",", ":"))
+    return f'{{"{time_key}":<time>,"groups":{groups}}}'
+
 
 # The principal ARNs the operator API accepts (the same rule as its principal binding).
 PrincipalArn = Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:.+$")]
@@ -42,11 +95,10 @@ class DeployConfig(BaseModel):
     shard_count: int = Field(default=64, ge=1, le=4096)
     lookahead_seconds: int = Field(default=180, ge=0, le=600)
     shard_group_size: int = Field(default=8, ge=1, le=256)
-    map_concurrency: int = Field(default=40, ge=1, le=40)
+    map_concurrency: int = Field(default=40, ge=1, le=MAX_CONCURRENCY)
     relay_parallelization_factor: int = Field(default=10, ge=1, le=10)
-    # Groups reconciled at once; each scans its shards' schedules, so fewer than the
-    # materializer's to leave read capacity to the hot path.
-    reconcile_concurrency: int = Field(default=8, ge=1, le=40)
+    # Groups reconciled at once: the hourly run's groups must fit its 55 minutes.
+    reconcile_concurrency: int = Field(default=32, ge=1, le=MAX_CONCURRENCY)
     # Shards per reconciler invocation: each reads every schedule of its shards (about
     # 312k per shard at 20 M schedules and 64 shards), so 1-2 fit in 15 minutes.
     reconcile_group_size: int = Field(default=2, ge=1, le=256)
@@ -54,6 +106,9 @@ class DeployConfig(BaseModel):
     reconcile_minute: int = Field(default=20, ge=0, le=59)
     # The reconciler materializes what it finds missing; off: it only reports.
     reconcile_repair: bool = True
+    # The stack creates an operator role (output OperatorRoleArn) that principals of the
+    # deploying account may assume; without it, operator_principals must name someone.
+    operator_role: bool = True
     operator_principals: list[PrincipalArn] = Field(default_factory=list)
     # Other AWS accounts whose principals may call the API (an API resource policy);
     # principals of the deploying account need only an identity policy.
@@ -69,6 +124,83 @@ class DeployConfig(BaseModel):
     alarm_emails: list[Email] = Field(default_factory=list)
     alarms: AlarmThresholds = AlarmThresholds()
 
+    @model_validator(mode="after")
+    def _fits_the_limits(self) -> Self:
+        """What each knob allows alone but cannot work together, with the arithmetic."""
+        problems = [
+            *self._operators(),
+            *self._ticks(),
+            *self._hourly_run(),
+            *self._rule_inputs(),
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _operators(self) -> list[str]:
+        if self.operator_role or self.operator_principals:
+            return []
+        return [
+            "punctual.operator_principals: empty while operator_role is false: nobody could call "
+            "/v1/admin after the deploy, so no tenant could ever be created; name an IAM role "
+            "or user ARN, or keep operator_role (docs/deploy.md, first deploy)"
+        ]
+
+    def _ticks(self) -> list[str]:
+        groups = math.ceil(self.shard_count / self.shard_group_size)
+        if groups <= self.map_concurrency:
+            return []
+        return [
+            f"punctual.map_concurrency: a tick has {groups} shard groups "
+            f"({self.shard_count} shards / shard_group_size {self.shard_group_size}) but runs "
+            f"{self.map_concurrency} at once: the rest would start only as the first end, up to "
+            f"{MATERIALIZER_TIMEOUT_SECONDS} s later, past the one-minute tick; "
+            f"map_concurrency >= {groups} (at most {MAX_CONCURRENCY}) or shard_group_size >= "
+            f"{math.ceil(self.shard_count / self.map_concurrency)}"
+        ]
+
+    def _hourly_run(self) -> list[str]:
+        groups = math.ceil(self.shard_count / self.reconcile_group_size)
+        waves = math.ceil(groups / self.reconcile_concurrency)
+        retry = RECONCILER_RETRY.worst_case_seconds(RECONCILER_TIMEOUT_SECONDS)
+        retry -= RECONCILER_TIMEOUT_SECONDS
+        longest = waves * RECONCILER_TIMEOUT_SECONDS + retry
+        if longest <= RECONCILE_RUN_TIMEOUT_SECONDS:
+            return []
+        fitting = int((RECONCILE_RUN_TIMEOUT_SECONDS - retry) // RECONCILER_TIMEOUT_SECONDS)
+        return [
+            f"punctual.reconcile_concurrency: the hourly run has {groups} shard groups "
+            f"({self.shard_count} shards / reconcile_group_size {self.reconcile_group_size}), "
+            f"{self.reconcile_concurrency} at a time: {waves} waves x "
+            f"{RECONCILER_TIMEOUT_SECONDS} s + {retry:.0f} s for one retried group = "
+            f"{longest:.0f} s, past the run's {RECONCILE_RUN_TIMEOUT_SECONDS} s timeout; at "
+            f"most {fitting} waves fit: reconcile_concurrency >= {math.ceil(groups / fitting)} "
+            f"(at most {MAX_CONCURRENCY}) or reconcile_group_size >= "
+            f"{math.ceil(self.shard_count / (self.reconcile_concurrency * fitting))}"
+        ]
+
+    def _rule_inputs(self) -> list[str]:
+        problems = []
+        for knob, key, rule, size in (
+            ("shard_group_size", "tick", "ticker", self.shard_group_size),
+            ("reconcile_group_size", "time", "hourly run", self.reconcile_group_size),
+        ):
+            length = len(rule_input_text(key, self.shard_count, size))
+            if length <= EVENTBRIDGE_INPUT_LIMIT:
+                continue
+            most = max(
+                n
+                for n in range(1, self.shard_count)
+                if len(rule_input_text(key, n, size)) <= EVENTBRIDGE_INPUT_LIMIT
+            )
+            problems.append(
+                f"punctual.shard_count: the rule starting the {rule} lists every shard group "
+                f"in its input: {length:,} characters for "
+                f"{self.shard_count} shards in groups of {size} ({knob}), over EventBridge's "
+                f"{EVENTBRIDGE_INPUT_LIMIT:,}; at most {most} shards fit in groups of {size}"
+            )
+        return problems
+
     @classmethod
     def from_context(cls, context: dict[str, Any] | str) -> DeployConfig:
         """``context``: the "punctual" object, or its JSON text (from ``-c punctual=...``)."""
@@ -78,7 +210,11 @@ class DeployConfig(BaseModel):
             return cls.model_validate(context)
         except ValidationError as error:
             problems = "; ".join(
-                f"punctual.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
+                f"punctual.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                if e["loc"]
+                # A check across knobs names its knobs in its own message.
+                else e["msg"].removeprefix("Value error, ")
+                for e in error.errors()
             )
             raise ValueError(f"invalid CDK context: {problems}") from None
 

@@ -16,6 +16,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from infra.checks import acknowledge
+from infra.config import Retry
 from infra.functions import log_group
 
 
@@ -31,13 +32,6 @@ def map_over_groups(scope: Construct, time_key: str, max_concurrency: int) -> sf
             "shards": sfn.JsonPath.string_at("$$.Map.Item.Value"),
         },
     )
-
-
-def shard_groups(shard_count: int, group_size: int) -> list[list[int]]:
-    return [
-        list(range(start, min(start + group_size, shard_count)))
-        for start in range(0, shard_count, group_size)
-    ]
 
 
 def acknowledge_state_machine(machine: sfn.StateMachine, function: lambda_.IFunction) -> None:
@@ -67,10 +61,17 @@ def acknowledge_state_machine(machine: sfn.StateMachine, function: lambda_.IFunc
 
 
 def group_invoke(
-    scope: Construct, construct_id: str, function: lambda_.IFunction, time_key: str, **options: Any
+    scope: Construct,
+    construct_id: str,
+    function: lambda_.IFunction,
+    time_key: str,
+    retry: Retry,
+    **options: Any,
 ) -> tasks.LambdaInvoke:
-    """One Map iteration's call: the function gets the run's time and its shard group."""
-    return tasks.LambdaInvoke(
+    """One Map iteration's call: the function gets the run's time and its shard group.
+    ``retry`` is the only retrier (Lambda's service errors included), so its worst case is
+    the whole chain the state machine's timeout must cover (infra/config.py)."""
+    invoke = tasks.LambdaInvoke(
         scope,
         construct_id,
         lambda_function=function,
@@ -80,9 +81,16 @@ def group_invoke(
                 "shards": sfn.JsonPath.list_at("$.shards"),
             }
         ),
-        retry_on_service_exceptions=True,
+        retry_on_service_exceptions=False,
         **options,
     )
+    invoke.add_retry(
+        errors=["States.ALL"],
+        interval=Duration.seconds(retry.interval_seconds),
+        backoff_rate=retry.backoff_rate,
+        max_attempts=retry.max_attempts,
+    )
+    return invoke
 
 
 def scheduled_over_groups(

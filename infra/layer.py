@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,15 +17,52 @@ from constructs import Construct
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYER_SOURCE = ROOT / "layers" / "core"
+PACKAGE = LAYER_SOURCE / "python" / "punctual"
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
 PIP_PLATFORM = "manylinux2014_aarch64"
 
 
 def runtime_requirements() -> list[str]:
-    """The [project] dependencies of pyproject.toml: one list for dev and for Lambda."""
+    """The [project] dependencies of pyproject.toml: one list for dev and for Lambda, every
+    one pinned exactly (the layer is rebuilt at each synthesis)."""
     with (ROOT / "pyproject.toml").open("rb") as handle:
         return list(tomllib.load(handle)["project"]["dependencies"])
+
+
+def pip_install(target: str) -> list[str]:
+    """pip's arguments installing the requirements as Lambda-platform wheels, uncompiled."""
+    return [
+        "install",
+        "--quiet",
+        "--no-compile",
+        "--target",
+        target,
+        "--platform",
+        PIP_PLATFORM,
+        "--implementation",
+        "cp",
+        "--python-version",
+        RUNTIME.name.removeprefix("python"),
+        "--only-binary=:all:",
+        *runtime_requirements(),
+    ]
+
+
+def copy_package(target: Path, source: Path = PACKAGE) -> None:
+    """The ``punctual`` package into ``target`` (the layer's python/), without bytecode of
+    whichever Python ran the build and without the local stack (engines, drivers, demo),
+    which no function imports."""
+
+    def excluded(directory: str, names: list[str]) -> set[str]:
+        at_top = Path(directory) == source
+        return {
+            name
+            for name in names
+            if name == "__pycache__" or name.endswith(".pyc") or (at_top and name == "local")
+        }
+
+    shutil.copytree(source, target / "punctual", ignore=excluded)
 
 
 @jsii.implements(ILocalBundling)
@@ -33,32 +71,21 @@ class _PipBundler:
 
     def try_bundle(self, output_dir: str, _options: Any) -> bool:
         target = Path(output_dir) / "python"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--target",
-                str(target),
-                "--platform",
-                PIP_PLATFORM,
-                "--implementation",
-                "cp",
-                "--python-version",
-                RUNTIME.name.removeprefix("python"),
-                "--only-binary=:all:",
-                *runtime_requirements(),
-            ],
-            check=True,
-        )
-        shutil.copytree(
-            LAYER_SOURCE / "python" / "punctual",
-            target / "punctual",
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
+        subprocess.run([sys.executable, "-m", "pip", *pip_install(str(target))], check=True)
+        copy_package(target)
         return True
+
+
+def docker_command() -> list[str]:
+    """The same build in the SAM image, where local bundling is impossible."""
+    excludes = ("--exclude=__pycache__", "--exclude=*.pyc", "--exclude=punctual/local")
+    return [
+        "bash",
+        "-c",
+        f"pip {shlex.join(pip_install('/asset-output/python'))} "
+        f"&& tar -C python {shlex.join(excludes)} -cf - punctual "
+        "| tar -C /asset-output/python -xf -",
+    ]
 
 
 class CoreLayer(Construct):
@@ -66,7 +93,6 @@ class CoreLayer(Construct):
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
-        requirements = " ".join(f"'{r}'" for r in runtime_requirements())
         self.layer = lambda_.LayerVersion(
             self,
             "Layer",
@@ -79,12 +105,7 @@ class CoreLayer(Construct):
                     local=cast(ILocalBundling, _PipBundler()),
                     # Used only where local bundling is impossible.
                     image=DockerImage.from_registry(f"public.ecr.aws/sam/build-{RUNTIME.name}"),
-                    command=[
-                        "bash",
-                        "-c",
-                        f"pip install -t /asset-output/python {requirements} "
-                        "&& cp -r python/punctual /asset-output/python/",
-                    ],
+                    command=docker_command(),
                 ),
             ),
         )

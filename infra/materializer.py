@@ -8,9 +8,16 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from infra.data import Access, DataReferences
+from infra.config import (
+    MATERIALIZER_RETRY,
+    MATERIALIZER_TIMEOUT_SECONDS,
+    TICKER_TIMEOUT_SECONDS,
+    shard_groups,
+)
+from infra.data import DataReferences
 from infra.functions import FunctionDefaults, python_function
-from infra.groups import group_invoke, map_over_groups, scheduled_over_groups, shard_groups
+from infra.groups import group_invoke, map_over_groups, scheduled_over_groups
+from punctual.dal.tables import DUE_INDEX
 
 
 class Materialization(Construct):
@@ -33,24 +40,34 @@ class Materialization(Construct):
             defaults=defaults,
             # A tick is one minute; a group that runs out of time leaves its watermark
             # where it stopped and the next tick continues from there.
-            timeout=Duration.seconds(55),
+            timeout=Duration.seconds(MATERIALIZER_TIMEOUT_SECONDS),
             # CPU scales with memory: planning fires and building transactions is Python
             # work, and one group must plan its shards' whole minute inside the tick.
             memory_mb=1024,
             description="Turns due schedules of a shard group into occurrences",
         )
-        data.grant(self.function, Access.READ_WRITE, "schedules_table", "leases_table")
-        data.grant(self.function, Access.READ_WRITE, "tenants_table")
-        data.grant(self.function, Access.WRITE, "occurrences_table")
-
-        invoke = group_invoke(
-            self, "MaterializeGroup", self.function, "tick", payload_response_only=True
+        # Exactly what the materializer's code calls (tests/infrastructure/inventory.txt).
+        data.grant(
+            self.function,
+            {
+                # Shard leases and watermarks; the fence check in every transaction.
+                ("leases_table", None): ("UpdateItem", "ConditionCheckItem"),
+                ("schedules_table", DUE_INDEX): ("Query",),
+                ("schedules_table", None): ("GetItem", "UpdateItem"),
+                ("tenants_table", None): ("GetItem", "UpdateItem"),
+                # Occurrences are only put, in the step's transaction.
+                ("occurrences_table", None): ("PutItem",),
+            },
         )
-        invoke.add_retry(
-            errors=["States.ALL"],
-            interval=Duration.seconds(2),
-            backoff_rate=2,
-            max_attempts=2,
+
+        # A group that fails fast (throttling, an error) is retried within the tick.
+        invoke = group_invoke(
+            self,
+            "MaterializeGroup",
+            self.function,
+            "tick",
+            MATERIALIZER_RETRY,
+            payload_response_only=True,
         )
         # A group that still fails is given up for this tick only: its watermark did not
         # move, so the next tick starts where it stopped. Nothing is lost.
@@ -66,7 +83,7 @@ class Materialization(Construct):
             name="Ticker",
             machine_type=sfn.StateMachineType.EXPRESS,
             definition=each_group,
-            timeout=Duration.seconds(90),
+            timeout=Duration.seconds(TICKER_TIMEOUT_SECONDS),
             function=self.function,
             log_retention=defaults.log_retention,
             rule_id="EveryMinute",

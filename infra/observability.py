@@ -1,8 +1,10 @@
 """What an operator watches: one dashboard and the alarms, which notify an SNS topic.
 
 Punctual's own metrics are EMF metrics in namespace "Punctual" with the dimension
-service=punctual (Powertools adds it to every metric): the materializer's, the relay's,
-the worker SDK's (from workers that run in this account) and the reconciler's.
+service=punctual (Powertools adds it to every metric), from the materializer, the relay and
+the reconciler. The worker SDK's metrics are emitted where each worker runs, normally a
+tenant's account: the dashboard shows what this account measures, and the reconciler's
+hourly counts stand in for the workers' outcomes (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Duration, Stack
+from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
@@ -30,6 +33,9 @@ NAMESPACE = "Punctual"
 DIMENSIONS = {"service": "punctual"}
 MINUTE = Duration.minutes(1)
 FIVE_MINUTES = Duration.minutes(5)
+# For alarms on filled sums: FILL gives the latest period a 0 even when a datapoint is only
+# late, so a failure counts in either of the last two periods (docs: FILL in alarms).
+LATE_FAILURES = {"evaluation_periods": 2, "datapoints": 1}
 
 
 def punctual_metric(
@@ -43,6 +49,18 @@ def punctual_metric(
         period=period,
         # A label would make an alarm on the metric a metric-math alarm; graphs only.
         label=label,
+    )
+
+
+def filled_sum(metrics: dict[str, cw.IMetric], label: str, period: Duration) -> cw.MathExpression:
+    """The sum of metrics that publish nothing while nothing happens (errors, throttles):
+    each is filled with 0, since a sum with a term that has no datapoint may have none
+    either and then never alarms (tests/infrastructure/cloudwatch.py evaluates it so)."""
+    return cw.MathExpression(
+        expression=" + ".join(f"FILL({key}, 0)" for key in metrics),
+        using_metrics=metrics,
+        label=label,
+        period=period,
     )
 
 
@@ -65,12 +83,7 @@ def _table_throttles(spec: TableSpec, settings: Settings, period: Duration) -> c
                 statistic="Sum",
                 period=period,
             )
-    return cw.MathExpression(
-        expression=f"SUM([{', '.join(metrics)}])",
-        using_metrics=metrics,
-        label=f"{table} throttles",
-        period=period,
-    )
+    return filled_sum(metrics, f"{table} throttles", period)
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,29 @@ class Observability(Construct):
             "CloudWatch alarms cannot publish to a topic encrypted with the AWS managed SNS "
             "key, and the notifications carry only alarm names and states, no tenant data.",
         )
+        # The topic's policy replaces SNS's default one, so CloudWatch needs its own grant:
+        # this account's alarms of this stack only (the alarms are named after the stack).
+        stack = Stack.of(self)
+        self.alarm_prefix = f"{stack.stack_name}-"
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {
+                        "aws:SourceArn": stack.format_arn(
+                            service="cloudwatch",
+                            resource="alarm",
+                            resource_name=f"{self.alarm_prefix}*",
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                        )
+                    },
+                },
+            )
+        )
         for email in emails:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
         self.alarms: list[cw.Alarm] = []
@@ -127,6 +163,7 @@ class Observability(Construct):
         alarm = cw.Alarm(
             self,
             name,
+            alarm_name=f"{self.alarm_prefix}{name}",
             metric=metric,
             alarm_description=description,
             threshold=threshold,
@@ -175,19 +212,19 @@ class Observability(Construct):
         )
         self._alarm(
             "MaterializerFailures",
-            cw.MathExpression(
-                expression="failed + timedOut + errors",
-                using_metrics={
+            filled_sum(
+                {
                     "failed": w.ticker.metric_failed(period=FIVE_MINUTES),
                     "timedOut": w.ticker.metric_timed_out(period=FIVE_MINUTES),
                     "errors": w.materializer.metric_errors(period=FIVE_MINUTES),
                 },
-                label="materializer failures",
-                period=FIVE_MINUTES,
+                "materializer failures",
+                FIVE_MINUTES,
             ),
             t.materializer_failures,
             "Materializer ticks failed or timed out, or a group's invocation failed; its "
             "watermark holds, the next tick retries.",
+            **LATE_FAILURES,
         )
         self._alarm(
             "ReconcileMissing",
@@ -215,17 +252,17 @@ class Observability(Construct):
             )
         self._alarm(
             "ReconcilerFailures",
-            cw.MathExpression(
-                expression="failed + timedOut",
-                using_metrics={
+            filled_sum(
+                {
                     "failed": w.reconciler_machine.metric_failed(period=Duration.hours(1)),
                     "timedOut": w.reconciler_machine.metric_timed_out(period=Duration.hours(1)),
                 },
-                label="reconciler failures",
-                period=Duration.hours(1),
+                "reconciler failures",
+                Duration.hours(1),
             ),
             0,
             "An hourly reconciliation run failed or timed out (some shard groups unchecked).",
+            **LATE_FAILURES,
         )
         for spec in ALL_TABLES:
             name = spec.name(settings)
@@ -234,6 +271,7 @@ class Observability(Construct):
                 _table_throttles(spec, settings, FIVE_MINUTES),
                 t.dynamodb_throttles,
                 f"DynamoDB throttled requests to {name} or its indexes (hot partition).",
+                **LATE_FAILURES,
             )
         self._alarm(
             "Api5xx",
@@ -289,11 +327,10 @@ class Observability(Construct):
                 ],
             ),
             graph(
-                "Per minute: materialized, enqueued, succeeded",
+                "Per minute: materialized, enqueued",
                 [
                     punctual_metric("Occurrences", label="materialized"),
                     punctual_metric("Relayed", label="enqueued"),
-                    punctual_metric("Succeeded", label="succeeded"),
                 ],
             ),
             graph(
@@ -319,25 +356,17 @@ class Observability(Construct):
                 ],
             ),
             graph(
-                "Dead letters and dead occurrences",
+                "Undelivered and misfired",
                 [
                     w.relay_failures.metric_approximate_number_of_messages_visible(
                         period=MINUTE, statistic="Maximum", label="relay on-failure queue"
                     ),
-                    punctual_metric("Dead", label="dead (worker)"),
                     punctual_metric("DeadUnknownTarget", label="dead (unknown target)"),
+                    punctual_metric("Missed", label="missed (misfire policy)"),
                 ],
             ),
         )
         dashboard.add_widgets(
-            graph(
-                "Misfires and overlap",
-                [
-                    punctual_metric("Missed", label="missed"),
-                    punctual_metric("SkippedOverlap", label="skipped (overlap)"),
-                    punctual_metric("StaleRefused", label="stale refused"),
-                ],
-            ),
             graph(
                 "Throttles",
                 [
@@ -345,7 +374,6 @@ class Observability(Construct):
                         fn.metric_throttles(period=MINUTE, label=f"{name} Lambda throttles")
                         for name, fn in functions.items()
                     ),
-                    punctual_metric("ConcurrencyThrottled", label="tenant concurrency"),
                     *(_table_throttles(spec, settings, MINUTE) for spec in ALL_TABLES),
                 ],
             ),
@@ -358,8 +386,6 @@ class Observability(Construct):
                 ],
                 right=[w.api.metric_latency(period=MINUTE, statistic="p99", label="p99 ms")],
             ),
-        )
-        dashboard.add_widgets(
             graph(
                 "Materializer internals",
                 [
@@ -367,12 +393,26 @@ class Observability(Construct):
                     for name in ("CursorConflicts", "ShardsBusy", "LeasesLost", "ShardsOutOfTime")
                 ],
             ),
+        )
+        dashboard.add_widgets(
+            # What became of the last hour's occurrences, as the reconciler counts them in
+            # the tables: the workers' own metrics are in the accounts where workers run.
             graph(
-                "Workers",
-                [punctual_metric(name) for name in ("Retried", "DuplicateClaims")],
+                "Outcomes per hour (reconciler)",
+                [
+                    punctual_metric(f"Reconcile{name}", period=Duration.hours(1), label=label)
+                    for name, label in (
+                        ("Succeeded", "succeeded"),
+                        ("Dead", "dead"),
+                        ("Missed", "missed"),
+                        ("SkippedOverlap", "skipped (overlap)"),
+                        ("Canceled", "canceled"),
+                        ("InFlight", "in flight"),
+                    )
+                ],
             ),
             graph(
-                "Reconciler (per hour)",
+                "Reconciler findings (per hour)",
                 [
                     punctual_metric(name, period=Duration.hours(1))
                     for name in (
@@ -382,6 +422,17 @@ class Observability(Construct):
                         "ReconcileIncomplete",
                     )
                 ],
+            ),
+            cw.TextWidget(
+                markdown=(
+                    "**Workers** emit their own metrics (namespace `Punctual`: Succeeded, "
+                    "Retried, Dead, StaleRefused, SkippedOverlap, ConcurrencyThrottled, "
+                    "DuplicateClaims, Rejected) in the account where each worker runs. "
+                    "This account sees their outcomes in the reconciler's hourly counts. "
+                    "See docs/deploy.md, *Watching workers*."
+                ),
+                width=8,
+                height=6,
             ),
         )
         dashboard.add_widgets(

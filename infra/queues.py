@@ -11,18 +11,6 @@ from constructs import Construct
 from infra.checks import acknowledge
 from infra.functions import role_of
 
-# What punctual.integrations.queues.QueueAdmin calls, plus tagging and attribute updates
-# for queues it creates with tags or re-configures.
-ADMIN_ACTIONS = (
-    "sqs:CreateQueue",
-    "sqs:GetQueueAttributes",
-    "sqs:GetQueueUrl",
-    "sqs:SetQueueAttributes",
-    "sqs:TagQueue",
-)
-# SendMessageBatch is authorized as sqs:SendMessage.
-SEND_ACTIONS = ("sqs:SendMessage",)
-
 
 class TargetQueueAccess(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, prefix: str) -> None:
@@ -31,9 +19,13 @@ class TargetQueueAccess(Construct):
         # This account and region only: a queue of the same name elsewhere is not ours.
         self.queue_arns = Stack.of(self).format_arn(service="sqs", resource=f"{prefix}-*")
 
-    def _grant(self, function: lambda_.Function, actions: tuple[str, ...]) -> None:
+    def grant(self, function: lambda_.Function, *actions: str) -> None:
+        """``actions`` without the "sqs:" prefix, exactly those the function calls (as
+        DynamoDB grants, tests/infrastructure/test_inventory.py holds them to the calls)."""
         function.add_to_role_policy(
-            iam.PolicyStatement(actions=list(actions), resources=[self.queue_arns])
+            iam.PolicyStatement(
+                actions=[f"sqs:{action}" for action in actions], resources=[self.queue_arns]
+            )
         )
         acknowledge(
             role_of(function),
@@ -43,11 +35,3 @@ class TargetQueueAccess(Construct):
             f"time; the pattern admits only queues under the '{self.prefix}-' prefix in this "
             "account and region, the ones Punctual creates.",
         )
-
-    def grant_send(self, function: lambda_.Function) -> None:
-        """The relay: send to tenant queues, nothing else."""
-        self._grant(function, SEND_ACTIONS)
-
-    def grant_admin(self, function: lambda_.Function) -> None:
-        """The API: create a target's queue and DLQ, read their ARNs; never read messages."""
-        self._grant(function, ADMIN_ACTIONS)

@@ -8,11 +8,16 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from infra.data import Access, DataReferences
+from infra.config import (
+    RECONCILE_RUN_TIMEOUT_SECONDS,
+    RECONCILER_RETRY,
+    RECONCILER_TIMEOUT_SECONDS,
+    shard_groups,
+)
+from infra.data import DataReferences
 from infra.functions import FunctionDefaults, python_function
-from infra.groups import group_invoke, map_over_groups, scheduled_over_groups, shard_groups
-
-RECONCILE_TIMEOUT = Duration.minutes(15)
+from infra.groups import group_invoke, map_over_groups, scheduled_over_groups
+from punctual.dal.tables import SHARD_INDEX
 
 
 class Reconciliation(Construct):
@@ -35,31 +40,33 @@ class Reconciliation(Construct):
             defaults=defaults,
             # Recomputing an hour of expected fires for every schedule of a shard group is
             # the longest job in the system: Lambda's whole 15 minutes.
-            timeout=RECONCILE_TIMEOUT,
+            timeout=Duration.seconds(RECONCILER_TIMEOUT_SECONDS),
             # The recomputation is single-threaded Python: 1,769 MB is one full vCPU, the
             # most that code can use.
             memory_mb=1769,
             description="Recomputes expected occurrences of a shard group and repairs gaps",
         )
-        # It reads schedule versions and stored occurrences, the materializer's
-        # watermarks (what is already planned), and repairs occurrences and usage.
+        # Exactly what the reconciler's code calls (tests/infrastructure/inventory.txt): it
+        # reads schedule versions and stored occurrences, repairs a gap in one transaction
+        # (the occurrence put, a check on the schedule) and saves its reports.
         data.grant(
             self.function,
-            Access.READ_WRITE,
-            "schedules_table",
-            "occurrences_table",
-            "tenants_table",
-            "leases_table",
+            {
+                ("schedules_table", SHARD_INDEX): ("Query",),
+                ("schedules_table", None): ("GetItem", "Query", "ConditionCheckItem"),
+                ("occurrences_table", None): ("Query", "PutItem"),
+                ("tenants_table", None): ("GetItem",),
+                ("leases_table", None): ("PutItem",),
+            },
         )
 
         invoke = group_invoke(
-            self, "ReconcileGroup", self.function, "time", result_path=sfn.JsonPath.DISCARD
-        )
-        invoke.add_retry(
-            errors=["States.ALL"],
-            interval=Duration.seconds(30),
-            backoff_rate=2,
-            max_attempts=1,
+            self,
+            "ReconcileGroup",
+            self.function,
+            "time",
+            RECONCILER_RETRY,
+            result_path=sfn.JsonPath.DISCARD,
         )
         # A group that fails is recorded and the others go on; the run then fails as a
         # whole, so that its failure is an execution metric the alarms see.
@@ -98,7 +105,7 @@ class Reconciliation(Construct):
             machine_type=sfn.StateMachineType.STANDARD,
             definition=each_group.next(outcome).next(verdict),
             # Within the hour, so that runs never pile up behind a slow one.
-            timeout=Duration.minutes(55),
+            timeout=Duration.seconds(RECONCILE_RUN_TIMEOUT_SECONDS),
             function=self.function,
             log_retention=defaults.log_retention,
             rule_id="EveryHour",

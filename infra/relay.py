@@ -10,7 +10,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.checks import acknowledge
-from infra.data import Access, DataReferences
+from infra.data import DataReferences
 from infra.functions import FunctionDefaults, python_function
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import OCCURRENCE_PREFIX
@@ -45,9 +45,18 @@ class Relaying(Construct):
                 "dynamodb:ListStreams (the event source mapping) has no resource-level permission.",
             ),
         )
-        data.grant(self.function, Access.READ_WRITE, "occurrences_table")
-        data.grant(self.function, Access.READ, "tenants_table")
-        queues.grant_send(self.function)
+        # Exactly what the relay's code calls (tests/infrastructure/inventory.txt): it reads
+        # the batch's occurrences and the targets' queue URLs, settles an occurrence whose
+        # target is gone as DEAD, and sends (SendMessageBatch is authorized as SendMessage).
+        # The event source mapping adds its stream reads below.
+        data.grant(
+            self.function,
+            {
+                ("occurrences_table", None): ("BatchGetItem", "UpdateItem"),
+                ("tenants_table", None): ("GetItem",),
+            },
+        )
+        queues.grant(self.function, "SendMessage")
         self.failures = sqs.Queue(
             self,
             "UndeliveredBatches",

@@ -21,6 +21,7 @@ from infra.functions import FunctionDefaults
 from infra.layer import CoreLayer
 from infra.materializer import Materialization
 from infra.observability import Observability, Watched
+from infra.operators import OperatorRole
 from infra.queues import TargetQueueAccess
 from infra.reconciler import Reconciliation
 from infra.relay import Relaying
@@ -48,10 +49,13 @@ class PunctualStack(cdk.Stack):
         settings = config.settings()
         data = DataReferences(self, "Data", settings=settings)
         queues = TargetQueueAccess(self, "TargetQueues", prefix=settings.queue_prefix)
-        defaults = FunctionDefaults(
-            layer=CoreLayer(self, "Core").layer,
-            environment={**data.environment(), **config.environment()},
-        )
+        environment = {**data.environment(), **config.environment()}
+        operator = OperatorRole(self, "Operator") if config.operator_role else None
+        if operator is not None:
+            environment["PUNCTUAL_OPERATOR_PRINCIPALS"] = ",".join(
+                [operator.role.role_arn, *sorted(config.operator_principals)]
+            )
+        defaults = FunctionDefaults(layer=CoreLayer(self, "Core").layer, environment=environment)
         self.api = Api(
             self,
             "Api",
@@ -105,6 +109,14 @@ class PunctualStack(cdk.Stack):
             emails=config.alarm_emails,
         )
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="Base URL")
+        if operator is not None:
+            operator.allow(self.api.rest_api)
+            cdk.CfnOutput(
+                self,
+                "OperatorRoleArn",
+                value=operator.role.role_arn,
+                description="Assume it to onboard tenants (/v1/admin)",
+            )
         cdk.CfnOutput(
             self,
             "AlarmTopicArn",

@@ -1,5 +1,6 @@
 """One offline synthesis (no bundling, no network) of both stacks, shared by every
-infrastructure test: a synthesis takes seconds and most of a gigabyte, so it runs once."""
+infrastructure test: a synthesis takes seconds and most of a gigabyte, so it runs once.
+The check of the call inventory against what the tests recorded runs last (hooks below)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,23 @@ from aws_cdk.assertions import Template
 
 from infra.config import DeployConfig
 from infra.offline import cdk_json_context, synthesize
+from tests.aws_calls import RECORDER, whole_integration_suite
+
+# Compares the inventory with what this session's integration tests recorded: after them.
+RECORDED_CHECK = "test_inventory_is_what_the_integration_tests_recorded"
+_deselected: list[pytest.Item] = []
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _deselected.extend(items)
+
+
+@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect have chosen
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    last = [item for item in items if item.name == RECORDED_CHECK]
+    items[:] = [item for item in items if item.name != RECORDED_CHECK] + last
+    RECORDER.complete = whole_integration_suite(config, items, _deselected)
+
 
 # Differs from cdk.json's defaults wherever a test must see the value flow through.
 TEST_CONTEXT: dict[str, Any] = {

@@ -12,7 +12,6 @@ from aws_cdk.assertions import Match, Template
 from infra.api import STAGE, operations
 from infra.config import DeployConfig
 from infra.offline import NO_BUNDLING
-from infra.queues import ADMIN_ACTIONS
 from infra.stack import PunctualStack
 
 from .conftest import actions_of, render, resources_of, role_statements
@@ -166,27 +165,32 @@ def test_api_gateway_errors_use_the_one_error_shape(service: Template):
 
 
 def test_api_function_manages_queues_only_under_the_prefix(service: Template):
-    # THEN the API function's SQS permissions are the queue administration actions, on
-    # queues named punctual-* in this account and region only; it cannot read messages
+    # THEN the API function's SQS permissions create a target's queues, read their ARNs and
+    # set their policies, on queues named punctual-* in this account and region only; it
+    # can neither read nor send messages
     sqs = [s for s in role_statements(service, HANDLER) if actions_of(s)[0].startswith("sqs:")]
     assert len(sqs) == 1
-    assert sorted(actions_of(sqs[0])) == sorted(ADMIN_ACTIONS)
+    assert sorted(actions_of(sqs[0])) == [
+        "sqs:CreateQueue",
+        "sqs:GetQueueAttributes",
+        "sqs:SetQueueAttributes",
+    ]
     assert [render(r) for r in resources_of(sqs[0])] == [
         "arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:punctual-*"
     ]
 
 
-def test_api_function_uses_its_tables_but_not_the_leases(service: Template):
-    # THEN the API reaches schedules, occurrences, tenants and idempotency, never leases
-    resources = " ".join(
-        render(r)
-        for s in role_statements(service, HANDLER)
-        if actions_of(s)[0].startswith("dynamodb:")
-        for r in resources_of(s)
-    )
+def test_api_function_only_reads_the_reconcilers_reports_from_the_leases(service: Template):
+    # THEN the API reaches schedules, occurrences, tenants and idempotency, and of the
+    # leases table only batch reads (GET /v1/admin/reconcile): it never takes a shard lease
+    statements = [
+        s for s in role_statements(service, HANDLER) if actions_of(s)[0].startswith("dynamodb:")
+    ]
+    resources = " ".join(render(r) for s in statements for r in resources_of(s))
     for table in ("schedules", "occurrences", "tenants", "idempotency"):
         assert f"table/punctual-{table}" in resources
-    assert "punctual-leases" not in resources
+    leases = [s for s in statements if "punctual-leases" in render(resources_of(s)[0])]
+    assert [actions_of(s) for s in leases] == [["dynamodb:BatchGetItem"]]
 
 
 def test_api_function_answers_before_api_gateway_gives_up(service: Template):

@@ -6,8 +6,15 @@ from typing import Any
 
 import pytest
 
-from infra.config import AlarmThresholds, DeployConfig
+from infra.config import (
+    EVENTBRIDGE_INPUT_LIMIT,
+    AlarmThresholds,
+    DeployConfig,
+    rule_input_text,
+)
 from infra.offline import cdk_json_context
+
+from .conftest import Synthesized
 
 
 def test_config_committed_cdk_json_is_valid():
@@ -17,6 +24,9 @@ def test_config_committed_cdk_json_is_valid():
     # THEN it is the documented default deployment: the shard count and lookahead the
     # capacity model chose for the 500k top-of-hour peak (docs/capacity.md)
     assert (config.shard_count, config.lookahead_seconds) == (128, 420)
+    # AND an operator role, and an hourly run that fits its hour (64 pairs, 32 at a time)
+    assert config.operator_role
+    assert (config.reconcile_group_size, config.reconcile_concurrency) == (2, 32)
     assert config.retain_data
     assert config.deletion_protection
     assert config.alarms == AlarmThresholds()
@@ -76,3 +86,73 @@ def test_config_accepts_the_context_as_json_text_from_the_command_line():
     assert config.alarms.api_5xx == 1
     with pytest.raises(ValueError, match=r"punctual\.shard_count"):
         DeployConfig.from_context('{"shard_count": "many"}')
+
+
+@pytest.mark.parametrize(
+    ("context", "arithmetic"),
+    [
+        # cdk.json's 128 shards in pairs, 8 at a time: the hourly run cannot end in its hour
+        (
+            {"shard_count": 128, "reconcile_group_size": 2, "reconcile_concurrency": 8},
+            r"punctual\.reconcile_concurrency: the hourly run has 64 shard groups .* 8 waves x "
+            r"900 s \+ 930 s for one retried group = 8130 s, past the run's 3300 s timeout; at "
+            r"most 2 waves fit: reconcile_concurrency >= 32",
+        ),
+        # 1,900 shards: the rules' inputs list more shard groups than EventBridge takes
+        (
+            {"shard_count": 1900, "shard_group_size": 48, "reconcile_group_size": 64},
+            r"punctual\.shard_count: the rule starting the ticker lists every shard group in its"
+            r" input: 8,496 characters for 1900 shards in groups of 48 \(shard_group_size\), "
+            r"over EventBridge's 8,192; at most 1839 shards fit in groups of 48",
+        ),
+        # 50 groups a tick, 40 at once: the last ten would start after the tick
+        (
+            {"shard_count": 400},
+            r"punctual\.map_concurrency: a tick has 50 shard groups \(400 shards / "
+            r"shard_group_size 8\) but runs 40 at once.*shard_group_size >= 10",
+        ),
+        # nobody could onboard a tenant after the deploy
+        ({"operator_role": False}, r"punctual\.operator_principals: empty while operator_role"),
+    ],
+)
+def test_config_rejects_what_cannot_work_with_the_arithmetic(
+    context: dict[str, Any], arithmetic: str
+):
+    # GIVEN knobs each valid alone
+    # WHEN they are validated together
+    # THEN the error names the knob and shows the arithmetic that fails
+    with pytest.raises(ValueError, match=arithmetic):
+        DeployConfig.from_context(context)
+
+
+def test_config_accepts_the_limits_themselves():
+    # GIVEN the largest settings the checks allow: two reconcile waves, every tick's groups
+    # at once, and an operator named instead of the role
+    config = DeployConfig(
+        shard_count=1280,
+        shard_group_size=32,
+        reconcile_group_size=16,
+        reconcile_concurrency=40,
+        operator_role=False,
+        operator_principals=["arn:aws:iam::123456789012:role/ops"],
+    )
+    # THEN it validates, and its rules' inputs fit EventBridge's limit
+    assert len(rule_input_text("time", config.shard_count, 16)) <= EVENTBRIDGE_INPUT_LIMIT
+
+
+def test_config_checks_the_input_text_the_rules_really_carry(synthesized: Synthesized):
+    # GIVEN the two scheduled rules of the synthesized test stack
+    config = synthesized.config
+    texts = {
+        rule["Properties"]["ScheduleExpression"]: rule["Properties"]["Targets"][0][
+            "InputTransformer"
+        ]["InputTemplate"]
+        for rule in synthesized.service.find_resources("AWS::Events::Rule").values()
+    }
+    # THEN the text whose length the config checks is exactly each rule's input
+    assert texts["rate(1 minute)"] == rule_input_text(
+        "tick", config.shard_count, config.shard_group_size
+    )
+    assert texts["cron(25 * * * ? *)"] == rule_input_text(
+        "time", config.shard_count, config.reconcile_group_size
+    )

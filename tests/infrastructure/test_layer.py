@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from aws_cdk.assertions import Match, Template
 
-from infra.layer import runtime_requirements
+from infra.layer import (
+    copy_package,
+    docker_command,
+    pip_install,
+    runtime_requirements,
+)
 
 
 def test_layer_targets_one_python_runtime_on_arm64(service: Template):
@@ -53,3 +61,46 @@ def test_layer_every_log_group_has_a_retention(service: Template):
     for group in groups.values():
         assert group["Properties"]["RetentionInDays"] == 30
     service.has_resource("AWS::Logs::LogGroup", {"DeletionPolicy": Match.exact("Delete")})
+
+
+def test_layer_every_runtime_requirement_is_pinned_exactly():
+    # GIVEN the layer's requirements, rebuilt from PyPI at every synthesis
+    # THEN each names one release, boto3 and botocore included: two deploys of one commit
+    # ship the same code
+    requirements = runtime_requirements()
+    assert {r.split("==")[0].split("[")[0] for r in requirements} >= {"boto3", "botocore"}
+    for requirement in requirements:
+        assert re.fullmatch(r"[a-z0-9-]+(\[[a-z,]+\])?==[0-9][0-9.]*", requirement), requirement
+
+
+def test_layer_build_ships_no_bytecode_and_no_local_stack(tmp_path: Path):
+    # GIVEN a package with bytecode beside its modules and a local stack
+    source = tmp_path / "src"
+    for path in ("__init__.py", "__pycache__/x.cpython-311.pyc", "dal/a.py", "dal/b.pyc"):
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text("")
+    for path in ("local/engines.py", "dal/local/kept.py"):
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text("")
+    # WHEN it is copied into a layer, and so is the real one
+    copy_package(tmp_path / "fake", source)
+    copy_package(tmp_path / "real")
+
+    def shipped(root: Path) -> set[str]:
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+    # THEN modules are kept, compiled Python and the top-level local package are not
+    assert shipped(tmp_path / "fake") == {
+        "punctual/__init__.py",
+        "punctual/dal/a.py",
+        "punctual/dal/local/kept.py",
+    }
+    real = shipped(tmp_path / "real")
+    assert {"punctual/scheduling.py", "punctual/dal/tables.py"} <= real
+    assert not [p for p in real if p.endswith(".pyc") or p.startswith("punctual/local/")]
+    # AND pip installs the dependencies without compiling them, locally and in Docker
+    assert "--no-compile" in pip_install("/out")
+    (command,) = [part for part in docker_command() if "pip install" in part]
+    assert "--no-compile" in command
+    assert "--exclude=punctual/local" in command
+    assert "--exclude=*.pyc" in command

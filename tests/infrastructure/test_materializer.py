@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Match, Template
 
-from infra.groups import shard_groups
+from infra.config import shard_groups
 
 from .conftest import (
     Synthesized,
@@ -85,3 +85,27 @@ def test_shard_groups_cover_every_shard_once():
     # GIVEN 20 shards in groups of 8; THEN every shard is in exactly one group, in order
     assert shard_groups(20, 8) == [list(range(8)), list(range(8, 16)), list(range(16, 20))]
     assert [shard for group in shard_groups(64, 8) for shard in group] == list(range(64))
+
+
+def _function_timeout(service: Template, handler: str) -> int:
+    found = service.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": handler}})
+    return int(next(iter(found.values()))["Properties"]["Timeout"])
+
+
+def test_materializer_ticker_outlives_its_groups_whole_retry_chain(service: Template):
+    # GIVEN the ticker's one retrier (Lambda's service errors included) and the function's
+    # timeout
+    definition = machine_definition(service, "EXPRESS")
+    processor = definition["States"][definition["StartAt"]]["ItemProcessor"]
+    (retrier,) = processor["States"][processor["StartAt"]]["Retry"]
+    assert retrier["ErrorEquals"] == ["States.ALL"]
+    # WHEN every attempt runs into the timeout, with the waits between
+    attempts = retrier["MaxAttempts"] + 1
+    waits = sum(
+        retrier["IntervalSeconds"] * retrier["BackoffRate"] ** n
+        for n in range(retrier["MaxAttempts"])
+    )
+    chain = attempts * _function_timeout(service, HANDLER) + waits
+    # THEN the Express execution still runs when the last attempt ends (a retried group ends
+    # retried or caught, not as a timed-out tick), within Express's five minutes
+    assert chain < definition["TimeoutSeconds"] <= 300

@@ -74,6 +74,7 @@ def test_observability_alarm_thresholds_come_from_the_context(service: Template)
 
 def test_observability_failure_alarms_cover_executions_and_invocations(service: Template):
     # THEN the materializer alarm adds failed and timed-out ticks and function errors
+    # (test_alarms.py evaluates that it fires on any one of them)
     metrics = _alarm(service, "MaterializerFailures")["Metrics"]
     names = {m["MetricStat"]["Metric"]["MetricName"] for m in metrics if "MetricStat" in m}
     assert names == {"ExecutionsFailed", "ExecutionsTimedOut", "Errors"}
@@ -105,27 +106,30 @@ def test_observability_dashboard_shows_lag_percentiles_and_the_pipeline(service:
         assert metric in text
     for statistic in ("p50", "p95", "p99"):
         assert f'"stat": "{statistic}"' in text
-    # AND materialized / enqueued / succeeded, backlog, iterator age, dead letters,
-    # misses, overlap skips, throttles, API errors and the reconciler's findings
+    # AND materialized / enqueued, backlog, iterator age, undelivered batches, misses,
+    # throttles, API errors, and the hour's outcomes and findings as the reconciler counts
+    # them (test_inventory.py checks that a function of this stack emits each one)
     for metric in (
         "Occurrences",
         "Relayed",
-        "Succeeded",
         "DueBacklog",
         "IteratorAge",
         "ApproximateNumberOfMessagesVisible",
-        "Dead",
         "Missed",
-        "SkippedOverlap",
         "Throttles",
-        "ConcurrencyThrottled",
         "WriteThrottleEvents",
         "4XXError",
         "5XXError",
+        "ReconcileSucceeded",
+        "ReconcileDead",
+        "ReconcileSkippedOverlap",
         "ReconcileMissing",
         "ReconcileRepaired",
     ):
         assert f'"{metric}"' in text, metric
+    # AND nothing only workers emit: they run in tenants' accounts
+    for metric in ("Succeeded", "Dead", "SkippedOverlap", "StaleRefused", "Retried"):
+        assert f'"{metric}"' not in text, metric
     # AND the alarms' states
     assert any(w["type"] == "alarm" for w in widgets)
 
@@ -136,14 +140,16 @@ def test_observability_topic_is_tls_only(service: Template):
         "AWS::SNS::TopicPolicy",
         {
             "PolicyDocument": {
-                "Statement": [
-                    Match.object_like(
-                        {
-                            "Effect": "Deny",
-                            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                        }
-                    )
-                ]
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Effect": "Deny",
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        )
+                    ]
+                )
             }
         },
     )
@@ -154,3 +160,23 @@ def test_observability_stack_outputs_the_api_url_and_the_alarm_topic(service: Te
     service.has_output("ApiUrl", {"Value": Match.any_value()})
     topic = next(iter(service.find_resources("AWS::SNS::Topic")))
     service.has_output("AlarmTopicArn", {"Value": {"Ref": topic}})
+
+
+def test_observability_cloudwatch_may_publish_this_stacks_alarms_to_the_topic(
+    service: Template,
+):
+    # GIVEN the topic's policy, which replaces SNS's default one
+    (policy,) = service.find_resources("AWS::SNS::TopicPolicy").values()
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    (allow,) = [s for s in statements if s["Effect"] == "Allow"]
+    # THEN CloudWatch may publish, on behalf of this account's alarms named after the stack
+    assert allow["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    assert allow["Action"] == "sns:Publish"
+    assert allow["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    source = render(allow["Condition"]["ArnLike"]["aws:SourceArn"])
+    assert (
+        source == "arn:<AWS::Partition>:cloudwatch:<AWS::Region>:<AWS::AccountId>:alarm:Punctual-*"
+    )
+    # AND every alarm of the stack is named so (its ARN matches the condition)
+    for alarm in service.find_resources("AWS::CloudWatch::Alarm").values():
+        assert alarm["Properties"]["AlarmName"].startswith("Punctual-")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Template
 
-from infra.groups import shard_groups
+from infra.config import shard_groups
 
 from .conftest import machine_definition, rule_input
 
@@ -54,3 +54,26 @@ def test_reconciler_function_has_lambdas_full_fifteen_minutes(service: Template)
     service.has_resource_properties(
         "AWS::Lambda::Function", {"Handler": HANDLER, "Timeout": 900, "MemorySize": 1769}
     )
+
+
+def test_reconciler_run_outlives_its_groups_waves_and_one_retry(service: Template):
+    # GIVEN the hourly run's groups, its concurrency, its one retrier and the function's
+    # timeout, as synthesized
+    definition = machine_definition(service, "STANDARD")
+    each_group = definition["States"][definition["StartAt"]]
+    processor = each_group["ItemProcessor"]
+    (retrier,) = processor["States"][processor["StartAt"]]["Retry"]
+    assert retrier["ErrorEquals"] == ["States.ALL"]
+    rules = service.find_resources(
+        "AWS::Events::Rule", {"Properties": {"ScheduleExpression": "cron(25 * * * ? *)"}}
+    )
+    groups = rule_input(next(iter(rules.values()))["Properties"]["Targets"][0])["groups"]
+    functions = service.find_resources(
+        "AWS::Lambda::Function", {"Properties": {"Handler": HANDLER}}
+    )
+    timeout = next(iter(functions.values()))["Properties"]["Timeout"]
+    # WHEN every group runs its full timeout, wave after wave, and one group is retried
+    waves = -(-len(groups) // each_group["MaxConcurrency"])
+    longest = waves * timeout + retrier["IntervalSeconds"] + timeout
+    # THEN the run still ends before its state machine's timeout
+    assert longest <= definition["TimeoutSeconds"]

@@ -20,6 +20,7 @@ from punctual.local.dynamodb import LocalDynamoDB
 from punctual.local.dynamodb import start as start_dynamodb_local
 from punctual.scheduling import Services
 from punctual.settings import Settings
+from tests.aws_calls import record_aws_calls  # noqa: F401  (records every function's AWS calls)
 
 OPERATOR = "arn:aws:iam::111122223333:user/operator"
 ALICE = "arn:aws:iam::111122223333:user/alice"

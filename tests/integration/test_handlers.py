@@ -1,0 +1,107 @@
+"""The Lambda handlers driven as their triggers call them, where the other tests drive the
+logic below them: the call inventory and the alarms' metrics are taken from these runs
+(tests/aws_calls.py), so each function's real entry point must run at least once."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from materializer import handler as materializer_handler
+from relay import handler as relay_handler
+
+from punctual.reconciler import Reconciler
+from punctual.relay import Relay
+from punctual.scheduling import Services
+from tests.integration.conftest import OPERATOR, Api, Clock, LambdaContextStub
+from tests.integration.helpers import create, iso, rate, table_items
+
+
+def emitted(out: str) -> dict[str, float]:
+    """Total of each EMF metric the handlers printed."""
+    totals: dict[str, float] = {}
+    for line in out.splitlines():
+        if not line.startswith("{"):
+            continue
+        blob = json.loads(line)
+        for directive in blob.get("_aws", {}).get("CloudWatchMetrics", []):
+            for metric in directive["Metrics"]:
+                value = blob[metric["Name"]]
+                totals[metric["Name"]] = totals.get(metric["Name"], 0) + (
+                    sum(value) if isinstance(value, list) else value
+                )
+    return totals
+
+
+def test_api_handler_serves_the_reconcile_reports_to_operators_only(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN the last closed hour reconciled on every shard
+    start = int(clock.now) - int(clock.now) % 3600 - 3600
+    shards = list(range(aws.settings.shard_count))
+    Reconciler(aws).run(shards, start, start + 3600)
+    # WHEN the operator asks the API for that hour's reports
+    answer = Api(OPERATOR).call(
+        "GET", "/v1/admin/reconcile", query={"from": iso(start), "to": iso(start + 3600)}
+    )
+    # THEN every shard's report comes back (read from the leases table)
+    assert answer.status == 200, answer.body
+    assert [r["shard"] for r in answer.body["reports"]] == shards
+    assert (answer.body["missing"], answer.body["unexpected"]) == (0, 0)
+    # AND a tenant may not read them
+    denied = alice.call("GET", "/v1/admin/reconcile", query={"from": iso(start)})
+    assert denied.status == 403
+
+
+def test_materializer_and_relay_handlers_carry_a_flexible_schedule_to_its_queue(
+    alice: Api,
+    aws: Services,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    # GIVEN a flexible schedule of alice's, beyond what the API plans itself, and both
+    # handlers wired to this test's tables and clock (Lambda builds them from the environment)
+    schedule_id = create(alice, rate("rate(5 minutes)", flexible_window_seconds=120))["schedule"][
+        "schedule_id"
+    ]
+    monkeypatch.setattr(Services, "from_environment", lambda: aws)
+    monkeypatch.setattr(relay_handler, "relay", lambda: Relay(aws))
+    shards = list(range(aws.settings.shard_count))
+    capsys.readouterr()
+    # WHEN the ticker invokes the materializer each minute for ten minutes
+    materialized = 0
+    for _ in range(10):
+        clock.advance(60)
+        answer = materializer_handler.lambda_handler(
+            {"tick": iso(clock.now), "shards": shards}, LambdaContextStub()
+        )
+        materialized += sum(report["occurrences"] for report in answer["shards"])
+    # THEN it planned the schedule's fires and reported them as metrics
+    metrics = emitted(capsys.readouterr().out)
+    assert materialized >= 2
+    assert metrics["Occurrences"] == materialized
+    assert "DueBacklog" in metrics
+    # WHEN the stream delivers their inserts to the relay once they are due
+    items = [
+        item
+        for item in table_items(aws, aws.settings.occurrences_table)
+        if item["schedule_id"]["S"] == schedule_id and item["sk"]["S"].startswith("OCC#")
+    ]
+    clock.now = max(int(item["available_at"]["N"]) for item in items)
+    records: list[dict[str, Any]] = [
+        {
+            "eventID": str(n),
+            "eventName": "INSERT",
+            "eventSource": "aws:dynamodb",
+            "dynamodb": {"NewImage": item, "SequenceNumber": str(n), "Keys": {}},
+        }
+        for n, item in enumerate(items, start=1)
+    ]
+    answer = relay_handler.lambda_handler({"Records": records}, LambdaContextStub())
+    # THEN every one is sent, and the flexible lag is measured
+    assert answer == {"batchItemFailures": []}
+    metrics = emitted(capsys.readouterr().out)
+    assert metrics["Relayed"] == len(items)
+    assert "EnqueueLagFlexible" in metrics
