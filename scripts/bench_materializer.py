@@ -66,10 +66,11 @@ def seed(
     ids: list[str] = []
     batch: list[dict[str, Any]] = []
     for n in range(count):
+        owner = TENANTS[n % len(TENANTS)]
         schedule = Schedule.model_validate(
             {
-                "tenant_id": TENANTS[n % len(TENANTS)],
-                "schedule_id": new_schedule_id(),
+                "tenant_id": owner,
+                "schedule_id": new_schedule_id(owner),
                 "version": 1,
                 "spec": {"kind": "cron", "expression": expression, "timezone": "UTC"},
                 "target": "default",

@@ -23,6 +23,7 @@ from api.views import (
     TargetListOut,
     TargetOut,
     TenantOut,
+    WorkerPolicyOut,
     fires_out,
     next_fires_out,
     occurrence_detail_out,
@@ -32,6 +33,7 @@ from api.views import (
     target_out,
     tenant_out,
 )
+from punctual.access import worker_policy
 from punctual.errors import InvalidInput
 from punctual.models import (
     AtSpec,
@@ -300,7 +302,7 @@ def list_occurrences(
         errors={404: "No such occurrence for this tenant (another tenant's answers the same)"}
     ),
 )
-def get_occurrence(occurrence_id: Annotated[str, Path(max_length=64)]) -> OccurrenceDetailOut:
+def get_occurrence(occurrence_id: Annotated[str, Path(max_length=128)]) -> OccurrenceDetailOut:
     occurrence, attempts = context.plane().occurrence(_tenant(), occurrence_id)
     return occurrence_detail_out(occurrence, attempts)
 
@@ -379,6 +381,15 @@ def get_tenant() -> TenantOut:
 
 
 @router.get(
+    "/v1/tenant/worker-policy",
+    summary="The IAM policy for the role the tenant's workers run as",
+    responses=answers(),
+)
+def get_worker_policy() -> WorkerPolicyOut:
+    return WorkerPolicyOut(policy=worker_policy(_tenant(), context.plane().settings))
+
+
+@router.get(
     "/v1/meta", summary="Service version and the time zone rules in use", responses=answers()
 )
 def meta() -> MetaOut:
@@ -433,6 +444,18 @@ def create_tenant(body: TenantIn) -> TenantOut:
 def admin_get_tenant(tenant_id: TenantId) -> TenantOut:
     context.require_operator(router)
     return tenant_out(context.plane().tenants.get(tenant_id))
+
+
+@router.get(
+    "/v1/admin/tenants/<tenant_id>/worker-policy",
+    summary="Operator: the IAM policy for the role a tenant's workers run as",
+    responses=answers(errors={400: "Invalid tenant_id", **_OPERATOR, 404: "No such tenant"}),
+)
+def admin_worker_policy(tenant_id: TenantId) -> WorkerPolicyOut:
+    context.require_operator(router)
+    plane = context.plane()
+    plane.tenants.get(tenant_id)  # 404 for a tenant that does not exist
+    return WorkerPolicyOut(policy=worker_policy(tenant_id, plane.settings))
 
 
 @router.put(

@@ -162,6 +162,13 @@ class TenantOut(BaseModel):
     )
 
 
+class WorkerPolicyOut(BaseModel):
+    policy: dict[str, Any] = Field(
+        description="An IAM policy document: attach it to the role the tenant's workers run "
+        "as. Every statement is scoped to the tenant's own partition keys and queues."
+    )
+
+
 class MetaOut(BaseModel):
     version: str
     tzdata: str

@@ -43,6 +43,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="RelaySendFailures", unit=MetricUnit.Count, value=len(report.failures))
     metrics.add_metric(name="DeadUnknownTarget", unit=MetricUnit.Count, value=report.dead)
     metrics.add_metric(name="StrictLate", unit=MetricUnit.Count, value=report.late_strict)
+    metrics.add_metric(name="RelayRefused", unit=MetricUnit.Count, value=report.refused)
     if report.late_strict:
         logger.warning(
             "strict occurrences receivable past the SLO", extra={"late": report.late_strict}

@@ -336,18 +336,18 @@ def test_idempotent_create_compares_the_request_as_understood(alice: Api, clock:
 
 
 def test_next_fires_include_the_occurrences_already_made(alice: Api, clock: Clock) -> None:
-    # GIVEN it is 12:00:20 and an every-minute cron is created
+    # GIVEN it is 12:00:20 and an every-two-minutes cron is created
     clock.now = 1_795_003_220  # 2026-11-18T12:00:20Z
-    saved = create(alice, cron("* * * * *"))
+    saved = create(alice, cron("*/2 * * * *"))
     made = [o["occurrence_id"] for o in saved["materialized"]]
-    # THEN the next fires start at 12:01, not after the made ones, and name them
+    # THEN the next fires start at 12:02, not after the made ones, and name them
     fires = saved["next_fires"]
-    assert [f["utc"] for f in fires] == [iso(1_795_003_260 + 60 * n) for n in range(5)]
+    assert [f["utc"] for f in fires] == [iso(1_795_003_320 + 120 * n) for n in range(5)]
     assert [f["occurrence_id"] for f in fires][: len(made)] == made
     assert all(f["occurrence_id"] is None for f in fires[len(made) :])
     assert 1 <= len(made) < 5
-    # AND a minute later, a read starts at 12:02: 12:01 is no longer ahead
-    clock.advance(60)
+    # AND two minutes later, a read starts at 12:04: 12:02 is no longer ahead
+    clock.advance(120)
     read = alice.get(f"/v1/schedules/{saved['schedule']['schedule_id']}").body
     assert read["next_fires"][0] == fires[1]
 

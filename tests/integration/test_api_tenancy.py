@@ -338,11 +338,20 @@ def test_operator_set_quotas_of_unknown_tenant_is_404(aws: Services) -> None:
 
 
 def _policy_principals(aws: Services, queue_url: str) -> list[str]:
+    """The principals a queue policy lets in (each also under any path), checked to be
+    matched by aws:PrincipalArn under their accounts' roots."""
     attributes = aws.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["Policy"])
     policy = json.loads(attributes["Attributes"]["Policy"])
     [statement] = policy["Statement"]
     assert "sqs:ReceiveMessage" in statement["Action"]
-    return list(statement["Principal"]["AWS"])
+    patterns = statement["Condition"]["ArnLike"]["aws:PrincipalArn"]
+    exact = sorted(p for p in patterns if "/*/" not in p)
+    any_path = [f"{p.rsplit('/', 1)[0]}/*/{p.rsplit('/', 1)[1]}" for p in exact]
+    assert sorted(patterns) == sorted(exact + any_path)
+    assert statement["Principal"]["AWS"] == sorted(
+        {f"arn:aws:iam::{p.split(':')[4]}:root" for p in exact}
+    )
+    return exact
 
 
 def test_target_queues_grant_the_tenants_principals_only(alice: Api, bob: Api, aws: Services):

@@ -12,6 +12,7 @@ import pytest
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
+from punctual.integrations.queues import queue_name
 from punctual.models import OccurrenceState, ScheduleDefinition
 from punctual.relay import DelayTooLong, Relay, delay_seconds
 from punctual.scheduling import ControlPlane, Services
@@ -79,7 +80,7 @@ def state(aws: Services, occurrence_id: str) -> str:
 
 
 def messages(aws: Services, tenant: str) -> list[dict[str, Any]]:
-    url = aws.sqs.get_queue_url(QueueName=f"punctual-{tenant}-default")["QueueUrl"]
+    url = aws.sqs.get_queue_url(QueueName=queue_name("punctual", tenant, "default"))["QueueUrl"]
     got: list[dict[str, Any]] = []
     while True:
         batch = aws.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])

@@ -17,8 +17,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from punctual.dal.common import from_dynamo, to_dynamo
+from punctual.dal.runs import run_partition, run_slot_sk
 from punctual.ids import occurrence_id, shard_of
-from punctual.integrations.queues import MAX_RECEIVE_COUNT
+from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
 from punctual.materializer import Materializer
 from punctual.models import (
     Attempt,
@@ -52,9 +53,9 @@ from tests.integration.helpers import patch, table_items
 from tests.integration.test_relay import one_shot, record
 
 S = OccurrenceState
-QUEUE = "punctual-alice-default"
-DLQ = "punctual-alice-default-dlq"
-QUEUE_ARN = "arn:aws:sqs:us-east-1:123456789012:punctual-alice-default"
+QUEUE = queue_name("punctual", "alice", "default")
+DLQ = queue_name("punctual", "alice", "default", dlq=True)
+QUEUE_ARN = f"arn:aws:sqs:us-east-1:123456789012:{QUEUE}"
 EFFECTS = "alice-effects"  # a table of the tenant's own, key "pk"
 RACE_ROUNDS = 30
 
@@ -230,13 +231,13 @@ def outcomes(aws: Services, occurrence_id: str) -> list[AttemptOutcome]:
 
 def concurrency_slots(aws: Services) -> list[dict[str, Any]]:
     items = [from_dynamo(i) for i in table_items(aws, aws.settings.tenants_table)]
-    return [i for i in items if i["pk"] == "T#alice" and str(i["sk"]).startswith("RUN#")]
+    return [i for i in items if i["pk"] == "R#alice" and str(i["sk"]).startswith("RUN#")]
 
 
 def run_slot(aws: Services, schedule_id: str) -> dict[str, Any]:
     raw = aws.dynamodb.get_item(
-        TableName=aws.settings.schedules_table,
-        Key=to_dynamo({"schedule_id": schedule_id, "sk": "RUN_SLOT"}),
+        TableName=aws.settings.tenants_table,
+        Key=to_dynamo({"pk": run_partition("alice"), "sk": run_slot_sk(schedule_id)}),
         ConsistentRead=True,
     )["Item"]
     return from_dynamo(raw)
@@ -1272,7 +1273,7 @@ def test_worker_throttled_for_long_is_not_lost_to_the_dlq(aws: Services, clock: 
     assert REQUEUE_AFTER_RECEIVES - 1 <= len(results) < MAX_RECEIVE_COUNT
     assert dead_letters(aws) == []
     assert state(aws, waiting) is S.SCHEDULED
-    url = aws.sqs.get_queue_url(QueueName="punctual-alice-default")["QueueUrl"]
+    url = aws.sqs.get_queue_url(QueueName=QUEUE)["QueueUrl"]
     counts = aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert int(counts["ApproximateNumberOfMessagesDelayed"]) == 1
 
@@ -1430,7 +1431,7 @@ def _bob_body(aws: Services, clock: Clock) -> dict[str, Any]:
     occ = one_shot(aws, clock, tenant="bob")
     clock.advance(30)
     Relay(aws).relay([record(aws, occ, 1)])
-    [delivery] = receive(aws, "punctual-bob-default")
+    [delivery] = receive(aws, queue_name("punctual", "bob", "default"))
     body: dict[str, Any] = json.loads(delivery.body)
     return body
 

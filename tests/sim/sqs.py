@@ -41,6 +41,7 @@ class _Message:
 class _Queue:
     name: str
     attributes: dict[str, str]
+    tags: dict[str, str] = field(default_factory=dict)
     messages: dict[str, _Message] = field(default_factory=dict)
 
     @property
@@ -60,11 +61,16 @@ class SimSQS:
 
     # --- queues ---------------------------------------------------------------------------
 
-    def create_queue(self, QueueName: str, Attributes: dict[str, str] | None = None) -> Any:
+    def create_queue(
+        self,
+        QueueName: str,
+        Attributes: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> Any:
         for queue in self._queues.values():
             if queue.name == QueueName:
-                return {"QueueUrl": queue.url}
-        queue = _Queue(QueueName, dict(Attributes or {}))
+                return {"QueueUrl": queue.url}  # as SQS: an existing queue's tags stay
+        queue = _Queue(QueueName, dict(Attributes or {}), dict(tags or {}))
         self._queues[queue.url] = queue
         return {"QueueUrl": queue.url}
 
@@ -93,6 +99,9 @@ class SimSQS:
             else {k: every[k] for k in AttributeNames if k in every}
         )
         return {"Attributes": wanted}
+
+    def list_queue_tags(self, QueueUrl: str) -> Any:
+        return {"Tags": dict(self._queue(QueueUrl).tags)}
 
     def set_queue_attributes(self, QueueUrl: str, Attributes: dict[str, str]) -> Any:
         self._queue(QueueUrl).attributes.update(Attributes)

@@ -35,6 +35,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from punctual import scheduling
 from punctual.dal.tables import ALL_TABLES, create_tables
 from punctual.errors import PunctualError
+from punctual.ids import schedule_key_prefix
+from punctual.integrations.queues import queue_name
 from punctual.integrations.streams import event_record, wanted
 from punctual.materializer import Materializer
 from punctual.models import ScheduleDefinition, ScheduleState
@@ -153,8 +155,8 @@ class _Seeded:
             self._rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(size)
         )
 
-    def schedule_id(self) -> str:
-        return "sch_" + self.token_urlsafe(24)
+    def schedule_id(self, tenant_id: str) -> str:
+        return schedule_key_prefix(tenant_id) + self.token_urlsafe(24)
 
 
 @contextmanager
@@ -426,7 +428,9 @@ class Simulation:
                 self._handler,
                 rng=random.Random(self.rng.getrandbits(64)),
             )
-            url = self.sqs.get_queue_url(QueueName=f"punctual-{tenant}-default")["QueueUrl"]
+            url = self.sqs.get_queue_url(QueueName=queue_name("punctual", tenant, "default"))[
+                "QueueUrl"
+            ]
             consumer = QueueConsumer(worker, url, wait_seconds=0, threads=1)
             for _ in range(50):
                 try:

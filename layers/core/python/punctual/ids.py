@@ -71,6 +71,25 @@ def shard_of(schedule_id: str, shard_count: int) -> int:
     return int.from_bytes(_digest(schedule_id, 8, b"punctual-shard"), "big") % shard_count
 
 
-def new_schedule_id() -> str:
-    """A random, URL-safe schedule id."""
-    return "sch_" + base64.b32encode(secrets.token_bytes(15)).decode("ascii").lower()
+SCHEDULE_PREFIX = "sch_"
+
+
+def schedule_key_prefix(tenant_id: str) -> str:
+    """What every id of the tenant's schedules begins with, and so every partition key of
+    their items and occurrences: ``sch_<tenant>.``. A tenant id has no ``.``, so no tenant's
+    prefix is a prefix of another's (``sch_acme.`` vs ``sch_acme-eu.``). IAM policies scope
+    a tenant's workers to it (``dynamodb:LeadingKeys``), and the relay checks it."""
+    return f"{SCHEDULE_PREFIX}{tenant_id}."
+
+
+def new_schedule_id(tenant_id: str) -> str:
+    """A random, URL-safe schedule id that names its tenant."""
+    random_part = base64.b32encode(secrets.token_bytes(15)).decode("ascii").lower()
+    return schedule_key_prefix(tenant_id) + random_part
+
+
+def tenant_of_schedule(schedule_id: str) -> str | None:
+    """The tenant a schedule id names, or None if it names none."""
+    if not schedule_id.startswith(SCHEDULE_PREFIX) or "." not in schedule_id:
+        return None
+    return schedule_id[len(SCHEDULE_PREFIX) :].split(".", 1)[0] or None

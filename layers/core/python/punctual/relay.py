@@ -29,7 +29,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from punctual.dal.common import Item, from_dynamo
 from punctual.dal.occurrences import occurrence_from_item
 from punctual.dal.tables import OCCURRENCE_PREFIX
+from punctual.ids import tenant_of_schedule
 from punctual.models import Occurrence, OccurrenceState
+from punctual.observability import logger
 from punctual.scheduling import Services
 from punctual.timing import utc_text
 
@@ -94,6 +96,7 @@ class RelayReport:
     failures: dict[str, Exception] = field(default_factory=dict)  # record id -> why
     sent: int = 0
     dead: int = 0  # unknown target
+    refused: int = 0  # an item naming a tenant its key does not (forged): never sent
     lags: list[tuple[bool, float]] = field(default_factory=list)  # (strict, seconds)
 
     @property
@@ -165,8 +168,27 @@ class Relay:
         self._sleep = sleep
 
     def relay(self, records: Iterable[dict[str, Any]]) -> RelayReport:
-        outbound = [o for r in records if (o := self._parse(r)) is not None]
-        return self.send(outbound)
+        refused = 0
+        outbound = []
+        for record in records:
+            parsed = self._parse(record)
+            if parsed is None:
+                continue
+            owner = tenant_of_schedule(parsed.occurrence.schedule_id)
+            if owner != parsed.occurrence.tenant_id or owner is None:
+                # Not an occurrence Punctual wrote: a tenant's worker may write items under
+                # its own schedules' keys (IAM allows no other), and one naming another
+                # tenant would send into that tenant's queue. Dropped and counted.
+                logger.warning(
+                    "refused an occurrence whose tenant its key does not name",
+                    extra={"occurrence_id": parsed.occurrence.occurrence_id, "tenant": owner},
+                )
+                refused += 1
+                continue
+            outbound.append(parsed)
+        report = self.send(outbound)
+        report.refused = refused
+        return report
 
     def send(self, outbound: list[_Outbound]) -> RelayReport:
         """Send occurrences (from stream records, or re-sent) to their queues."""

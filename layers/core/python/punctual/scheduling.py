@@ -28,7 +28,14 @@ from punctual.dal.schedules import (
 )
 from punctual.dal.tenants import TenantStore, usage_update
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
-from punctual.ids import available_at, minute_of, new_schedule_id, occurrence_id, shard_of
+from punctual.ids import (
+    available_at,
+    minute_of,
+    new_schedule_id,
+    occurrence_id,
+    shard_of,
+    tenant_of_schedule,
+)
 from punctual.integrations.queues import QueueAdmin, TargetQueues
 from punctual.materialize import plan
 from punctual.models import (
@@ -41,8 +48,9 @@ from punctual.models import (
     ScheduleState,
     field_errors,
 )
+from punctual.principals import PrincipalError, normalize_principal
 from punctual.settings import Settings, get_settings
-from punctual.tenancy import Quotas, Target, Tenant, normalize_principal, strict_minute_load
+from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
 from punctual.timing import Fire, get_zone, preview
 
 Clock = Callable[[], float]
@@ -168,10 +176,18 @@ class ControlPlane:
     # --- callers ----------------------------------------------------------------------
 
     def is_operator(self, principal_arn: str) -> bool:
-        return normalize_principal(principal_arn) in self.settings.operator_principals
+        try:
+            caller = normalize_principal(principal_arn)
+        except PrincipalError:
+            return False
+        return caller in self.settings.operator_principals
 
     def tenant_of(self, principal_arn: str) -> str:
-        tenant_id = self.tenants.tenant_of(normalize_principal(principal_arn))
+        try:
+            caller = normalize_principal(principal_arn)
+        except PrincipalError:
+            raise Forbidden("this kind of principal cannot be bound to a tenant") from None
+        tenant_id = self.tenants.tenant_of(caller)
         if tenant_id is None:
             raise Forbidden("this principal is not bound to a tenant")
         return tenant_id
@@ -186,7 +202,7 @@ class ControlPlane:
             {
                 **definition.model_dump(),
                 "tenant_id": tenant_id,
-                "schedule_id": new_schedule_id(),
+                "schedule_id": new_schedule_id(tenant_id),
                 "version": 1,
                 "created_at": moment,
                 "updated_at": moment,
@@ -550,13 +566,22 @@ class ControlPlane:
         return target
 
     def bind_principal(self, principal_arn: str, tenant_id: str) -> Tenant:
-        """Bind what callers will present: a session ARN stands for its role."""
-        self.tenants.bind_principal(normalize_principal(principal_arn), tenant_id)
+        """Bind what callers will present: a session ARN stands for its role, a role or user
+        is bound whatever its path."""
+        try:
+            principal = normalize_principal(principal_arn)
+        except PrincipalError as error:
+            raise InvalidInput(
+                "not a principal that can be bound",
+                [{"field": "principal_arn", "reason": str(error)}],
+            ) from None
+        self.tenants.bind_principal(principal, tenant_id)
         tenant = self.tenants.get(tenant_id)
         for target in self.tenants.list_targets(tenant_id):
             self.queues.grant(
                 TargetQueues(target.queue_url, target.queue_arn, target.dlq_url, target.dlq_arn),
                 tenant.principals,
+                tenant_id=tenant_id,
             )
         return tenant
 
@@ -570,6 +595,9 @@ class ControlPlane:
     # --- helpers ----------------------------------------------------------------------
 
     def _owned(self, tenant_id: str, schedule_id: str) -> Item:
+        # Another tenant's id is not even read: the id names its tenant.
+        if tenant_of_schedule(schedule_id) != tenant_id:
+            raise NotFound(f"schedule {schedule_id} not found")
         item = self.schedules.get_item(schedule_id)
         if item is None or item["tenant_id"] != tenant_id:
             # Another tenant's schedule answers exactly like a missing one: no existence leak.

@@ -5,8 +5,10 @@ from __future__ import annotations
 from functools import cache
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from punctual.principals import normalize_principal
 
 INDEX_MARGIN_SECONDS = 60
 
@@ -29,7 +31,19 @@ class Settings(BaseSettings):
         default=True,
         description="The reconciler materializes what it finds MISSING (off: report only).",
     )
-    queue_prefix: str = "punctual"
+    queue_prefix: str = Field(
+        default="punctual",
+        pattern=r"^[A-Za-z0-9-]{1,13}$",
+        description="Begins every target queue's name (which SQS limits to 80 characters).",
+    )
+    # Where the tables and queues live, for the IAM policies Punctual writes for tenants'
+    # workers (the deployed stack sets the account; Lambda sets AWS_REGION).
+    account_id: str = Field(default="000000000000", pattern=r"^\d{12}$")
+    region: str = Field(
+        default="us-east-1",
+        validation_alias=AliasChoices("region", "PUNCTUAL_REGION", "AWS_REGION"),
+    )
+    partition: str = Field(default="aws", pattern=r"^aws[a-z-]*$")
     operator_principals: Annotated[frozenset[str], NoDecode] = frozenset()
     version: str = "0.1.0"
 
@@ -39,6 +53,14 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return frozenset(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("operator_principals")
+    @classmethod
+    def _bound_spelling(cls, value: frozenset[str]) -> frozenset[str]:
+        """Operators under the spelling callers are matched in (punctual.principals): a role
+        session or a path in an entry would otherwise never match. A bad entry fails here,
+        at start, not at the first admin call."""
+        return frozenset(normalize_principal(arn) for arn in value)
 
     @property
     def planned_horizon_seconds(self) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from math import gcd
 
@@ -12,7 +11,6 @@ from punctual.models import AtSpec, CronSpec, RateSpec, ScheduleDefinition
 from punctual.timing import get_zone, parse_cron, parse_rate
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{1,31}$"
-_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/.+$")
 
 
 class Quotas(BaseModel):
@@ -45,15 +43,6 @@ class Target(BaseModel):
     dlq_url: str
     dlq_arn: str
     created_at: datetime
-
-
-def normalize_principal(arn: str) -> str:
-    """An assumed-role session ARN stands for its role: sessions come and go, roles are bound."""
-    match = _ASSUMED_ROLE.match(arn)
-    if match:
-        partition, account, role = match.groups()
-        return f"arn:{partition}:iam::{account}:role/{role}"
-    return arn
 
 
 def strict_minute_load(definition: ScheduleDefinition, created_at: datetime) -> dict[int, int]:

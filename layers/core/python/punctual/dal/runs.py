@@ -1,9 +1,12 @@
 """The worker side of an occurrence: claim, heartbeat and completion, fenced by a lease token.
 
 Two kinds of slot items limit what runs at once, both leased with the same token as the
-occurrence so that a crashed worker's slots free themselves when its lease expires:
-- the schedule's run slot (schedules table, sk ``RUN_SLOT``) for SKIP_IF_RUNNING schedules;
-- the tenant's concurrency slots (tenants table, sk ``RUN#00000`` .. ``RUN#<limit-1>``).
+occurrence so that a crashed worker's slots free themselves when its lease expires. Both
+live in the tenants table under the tenant's own run partition ``R#<tenant>``, apart from
+the tenant's record (``T#<tenant>``: quotas and usage), so a worker's role can write slots
+and nothing else of the tenants table (docs/security.md):
+- the schedule's run slot (sk ``SLOT#<schedule_id>``) for SKIP_IF_RUNNING schedules;
+- the tenant's concurrency slots (sk ``RUN#00000`` .. ``RUN#<limit-1>``).
 """
 
 from __future__ import annotations
@@ -22,12 +25,10 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import SCHEDULE_CURRENT, attempt_key, occurrence_key
-from punctual.dal.tenants import tenant_key
 from punctual.errors import Conflict, Retryable
 from punctual.models import AttemptOutcome, OccurrenceState, ScheduleState
 from punctual.settings import Settings
 
-RUN_SLOT_SK = "RUN_SLOT"
 _S = OccurrenceState
 
 # Labels of transaction actions: a refused claim says which condition failed.
@@ -39,8 +40,17 @@ CONCURRENCY = "concurrency_slot"
 OVERLAP = "run_slot"
 
 
+def run_partition(tenant_id: str) -> str:
+    """The tenant's slots: the only partition of the tenants table its workers write."""
+    return f"R#{tenant_id}"
+
+
 def concurrency_sk(slot: int) -> str:
     return f"RUN#{slot:05d}"
+
+
+def run_slot_sk(schedule_id: str) -> str:
+    return f"SLOT#{schedule_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +91,13 @@ class RunStore:
     def _attempt_key(occurrence_id: str, attempt_no: int) -> dict[str, Any]:
         return to_dynamo(attempt_key(occurrence_id, attempt_no))
 
-    def _run_slot_key(self, schedule_id: str) -> dict[str, Any]:
-        return to_dynamo({"schedule_id": schedule_id, "sk": RUN_SLOT_SK})
+    @staticmethod
+    def _run_slot_key(tenant_id: str, schedule_id: str) -> dict[str, Any]:
+        return to_dynamo({"pk": run_partition(tenant_id), "sk": run_slot_sk(schedule_id)})
 
-    def _concurrency_key(self, tenant_id: str, slot: int) -> dict[str, Any]:
-        return {**tenant_key(tenant_id), "sk": {"S": concurrency_sk(slot)}}
+    @staticmethod
+    def _concurrency_key(tenant_id: str, slot: int) -> dict[str, Any]:
+        return to_dynamo({"pk": run_partition(tenant_id), "sk": concurrency_sk(slot)})
 
     # --- reads --------------------------------------------------------------------------
 
@@ -127,7 +139,7 @@ class RunStore:
     def busy_slots(self, tenant_id: str, candidates: list[int], now: int) -> set[int]:
         """Which of ``candidates`` hold a live lease (eventually consistent: a hint only; the
         claim's condition decides)."""
-        keys = [{"pk": f"T#{tenant_id}", "sk": concurrency_sk(slot)} for slot in candidates]
+        keys = [{"pk": run_partition(tenant_id), "sk": concurrency_sk(slot)} for slot in candidates]
         found = batch_get(self._client, self._tenants, keys, consistent=False)
         return {
             int(str(item["sk"]).removeprefix("RUN#"))
@@ -250,7 +262,10 @@ class RunStore:
                 (
                     OVERLAP,
                     self._take_slot(
-                        self._schedules, self._run_slot_key(lease.schedule_id), lease, now
+                        self._tenants,
+                        self._run_slot_key(lease.tenant_id, lease.schedule_id),
+                        lease,
+                        now,
                     ),
                 )
             )
@@ -365,7 +380,9 @@ class RunStore:
             ),
         ]
         if lease.overlap:
-            held.append((OVERLAP, self._schedules, self._run_slot_key(lease.schedule_id)))
+            held.append(
+                (OVERLAP, self._tenants, self._run_slot_key(lease.tenant_id, lease.schedule_id))
+            )
         run_transaction(
             self._client,
             [
@@ -475,7 +492,7 @@ class RunStore:
         """Free the slots this lease holds; best effort, since an expired lease frees them too."""
         slots = [(self._tenants, self._concurrency_key(lease.tenant_id, lease.concurrency_slot))]
         if lease.overlap:
-            slots.append((self._schedules, self._run_slot_key(lease.schedule_id)))
+            slots.append((self._tenants, self._run_slot_key(lease.tenant_id, lease.schedule_id)))
         for table, key in slots:
             try:
                 with translated():

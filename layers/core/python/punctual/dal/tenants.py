@@ -14,8 +14,13 @@ PRINCIPAL_SK = "PRINCIPAL"
 MINUTES = range(60)
 
 
+def tenant_partition(tenant_id: str) -> str:
+    """The tenant's record and targets: operators and the API write it, workers only read."""
+    return f"T#{tenant_id}"
+
+
 def tenant_key(tenant_id: str) -> dict[str, Any]:
-    return to_dynamo({"pk": f"T#{tenant_id}", "sk": TENANT_SK})
+    return to_dynamo({"pk": tenant_partition(tenant_id), "sk": TENANT_SK})
 
 
 def _minute_attr(minute: int) -> str:

@@ -1,10 +1,23 @@
-"""Target queues: one standard SQS queue per tenant target, with its dead-letter queue."""
+"""Target queues: one standard SQS queue per tenant target, with its dead-letter queue.
+
+Names are unambiguous by construction: ``<prefix>-<tenant>_<target>`` and the DLQ
+``<prefix>-<tenant>__<target>``. A tenant id has no ``_`` (so the first ``_`` ends it) and a
+target name cannot begin with ``_`` (so a second one marks the DLQ): no two (tenant, target,
+role) triples share a name, whatever names tenants pick. Each queue is also tagged with its
+owner, and the tags are checked before any grant: a queue of another owner is refused even
+if a name were ever reused.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from botocore.exceptions import ClientError
+
+from punctual.errors import Conflict
+from punctual.principals import principal_patterns
 
 # Receives before SQS moves a message to the DLQ: above the largest retry policy
 # (max_attempts <= 20), so only poison messages and crash loops end there early.
@@ -21,8 +34,17 @@ class TargetQueues:
     dlq_arn: str
 
 
-def queue_name(prefix: str, tenant_id: str, target: str) -> str:
-    return f"{prefix}-{tenant_id}-{target}"
+OWNER_TAG = "punctual:tenant"
+TARGET_TAG = "punctual:target"
+ROLE_TAG = "punctual:role"
+MAX_NAME = 80  # SQS's limit on a queue name
+
+
+def queue_name(prefix: str, tenant_id: str, target: str, *, dlq: bool = False) -> str:
+    name = f"{prefix}-{tenant_id}{'__' if dlq else '_'}{target}"
+    if len(name) > MAX_NAME:
+        raise ValueError(f"queue name {name!r} is longer than SQS's {MAX_NAME} characters")
+    return name
 
 
 class QueueAdmin:
@@ -37,35 +59,84 @@ class QueueAdmin:
     def create(self, tenant_id: str, target: str, principals: list[str]) -> TargetQueues:
         """Idempotent: CreateQueue with the same attributes returns the existing queue. The
         tenant's principals are granted what a worker needs (``grant``)."""
-        name = queue_name(self._prefix, tenant_id, target)
-        dlq_url = self._sqs.create_queue(
-            QueueName=f"{name}-dlq",
-            Attributes={
-                "MessageRetentionPeriod": str(DLQ_RETENTION_SECONDS),
-                "SqsManagedSseEnabled": "true",
-            },
-        )["QueueUrl"]
+        dlq_url = self._create(
+            tenant_id,
+            target,
+            "dlq",
+            {"MessageRetentionPeriod": str(DLQ_RETENTION_SECONDS), "SqsManagedSseEnabled": "true"},
+        )
         dlq_arn = self._arn(dlq_url)
-        queue_url = self._sqs.create_queue(
-            QueueName=name,
-            Attributes={
+        queue_url = self._create(
+            tenant_id,
+            target,
+            "queue",
+            {
                 "MessageRetentionPeriod": str(QUEUE_RETENTION_SECONDS),
                 "SqsManagedSseEnabled": "true",
                 "RedrivePolicy": json.dumps(
                     {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_RECEIVE_COUNT)}
                 ),
             },
-        )["QueueUrl"]
+        )
         queues = TargetQueues(queue_url, self._arn(queue_url), dlq_url, dlq_arn)
-        self.grant(queues, principals)
+        self.grant(queues, principals, tenant_id=tenant_id)
         return queues
 
-    def grant(self, queues: TargetQueues, principals: list[str]) -> None:
+    def _create(self, tenant_id: str, target: str, role: str, attributes: dict[str, str]) -> str:
+        """The queue, created tagged with its owner; one that exists already must carry this
+        tenant's tag (looked at first: CreateQueue may not report or change an existing
+        queue's tags)."""
+        name = queue_name(self._prefix, tenant_id, target, dlq=role == "dlq")
+        existing = self._url(name)
+        if existing is not None:
+            self._check_owner(existing, tenant_id)
+            return existing
+        try:
+            url = str(
+                self._sqs.create_queue(
+                    QueueName=name,
+                    Attributes=attributes,
+                    tags={OWNER_TAG: tenant_id, TARGET_TAG: target, ROLE_TAG: role},
+                )["QueueUrl"]
+            )
+        except ClientError as error:
+            if _code(error) not in ("QueueAlreadyExists", "QueueNameExists"):
+                raise
+            raise Conflict(f"a queue named {name} exists with other settings") from None
+        self._check_owner(url, tenant_id)
+        return url
+
+    def _url(self, name: str) -> str | None:
+        try:
+            return str(self._sqs.get_queue_url(QueueName=name)["QueueUrl"])
+        except ClientError as error:
+            # SQS says QueueDoesNotExist; some engines the older code name.
+            if _code(error) in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"):
+                return None
+            raise
+
+    def _check_owner(self, url: str, tenant_id: str) -> None:
+        """A queue that exists already (CreateQueue returns it) must be this tenant's."""
+        tags = self._sqs.list_queue_tags(QueueUrl=url).get("Tags", {})
+        if tags.get(OWNER_TAG) != tenant_id:
+            raise Conflict(f"queue {url} is not tenant {tenant_id}'s; nothing was granted")
+
+    def grant(self, queues: TargetQueues, principals: list[str], *, tenant_id: str) -> None:
         """Queue policies: the tenant's principals consume their queue and copy dead
         messages to its DLQ (the worker SDK); nobody else gets anything from a policy.
-        Without principals there is no policy (same-account IAM policies still apply)."""
+        Without principals there is no policy (same-account IAM policies still apply).
+        Each principal is matched by ``aws:PrincipalArn`` with any path (its account root is
+        the policy's Principal): a role session's ARN does not carry its role's path."""
         if not principals:
             return
+        for url in (queues.queue_url, queues.dlq_url):
+            self._check_owner(url, tenant_id)
+        roots: set[str] = set()
+        patterns: set[str] = set()
+        for principal in principals:
+            root, arns = principal_patterns(principal)
+            roots.add(root)
+            patterns.update(arns)
         consume = [
             "sqs:ReceiveMessage",
             "sqs:DeleteMessage",
@@ -83,10 +154,15 @@ class QueueAdmin:
                     {
                         "Sid": "TenantWorkers",
                         "Effect": "Allow",
-                        "Principal": {"AWS": sorted(principals)},
+                        "Principal": {"AWS": sorted(roots)},
                         "Action": actions,
                         "Resource": arn,
+                        "Condition": {"ArnLike": {"aws:PrincipalArn": sorted(patterns)}},
                     }
                 ],
             }
             self._sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": json.dumps(policy)})
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
