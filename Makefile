@@ -55,8 +55,16 @@ typecheck: install ## mypy, strict
 unit: install ## only the unit tests
 	$(BIN)/pytest tests/unit -q
 
+# The end-to-end tests mostly wait on the wall clock (minute boundaries, restarts): they run
+# in a second pytest beside the others, and their output follows the others'.
+E2E_LOG := .pytest-e2e.log
 test: lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
-	$(BIN)/pytest -q
+	@echo "== end-to-end tests running beside the others (output in $(E2E_LOG), shown after)"
+	@$(BIN)/pytest -q tests/e2e > $(E2E_LOG) 2>&1 & e2e=$$!; \
+	$(BIN)/pytest -q --ignore=tests/e2e; others=$$?; \
+	wait $$e2e; e2e_status=$$?; \
+	echo "== end-to-end tests"; cat $(E2E_LOG); \
+	test $$others -eq 0 && test $$e2e_status -eq 0
 
 # W3005 (a DependsOn that a GetAtt already implies) is how the CDK orders every Lambda
 # after its role's policy; options go after the file names (cfn-lint's argument parsing).
@@ -117,4 +125,4 @@ openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules
+	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules $(E2E_LOG)

@@ -144,12 +144,23 @@ class Api(Construct):
                 # Powertools' idempotent create; GetItem is its fallback when a refused put
                 # returns no item, which the tests cannot provoke (test_inventory.py).
                 ("idempotency_table", None): ("GetItem", "PutItem", "UpdateItem", "DeleteItem"),
-                # GET /v1/admin/reconcile reads the reconciler's reports.
-                ("leases_table", None): ("BatchGetItem",),
+                # GET /v1/admin/reconcile reads the reconciler's reports; a change checks
+                # that the materializer's walk has not passed the bucket its cursor goes to.
+                ("leases_table", None): ("BatchGetItem", "ConditionCheckItem"),
             },
         )
-        # A target's queue and DLQ: create, read their ARNs, set the tenant's queue policy.
-        queues.grant(self.function, "CreateQueue", "GetQueueAttributes", "SetQueueAttributes")
+        # A target's queue and DLQ: look for them, create them tagged with their owner
+        # (TagQueue authorizes CreateQueue's tags), check the owner, read their ARNs, set
+        # the tenant's queue policy.
+        queues.grant(
+            self.function,
+            "GetQueueUrl",
+            "CreateQueue",
+            "TagQueue",
+            "ListQueueTags",
+            "GetQueueAttributes",
+            "SetQueueAttributes",
+        )
 
         access_logs = log_group(self, "AccessLogs", defaults.log_retention)
         self.rest_api = apigw.RestApi(

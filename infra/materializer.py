@@ -50,8 +50,9 @@ class Materialization(Construct):
         data.grant(
             self.function,
             {
-                # Shard leases and watermarks; the fence check in every transaction.
-                ("leases_table", None): ("UpdateItem", "ConditionCheckItem"),
+                # Shard leases and watermarks; the fence check in every transaction; the
+                # shard's tallies of released quota (read whole before they are handed over).
+                ("leases_table", None): ("GetItem", "UpdateItem", "ConditionCheckItem"),
                 ("schedules_table", DUE_INDEX): ("Query",),
                 ("schedules_table", None): ("GetItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem", "UpdateItem"),

@@ -197,13 +197,27 @@ class Observability(Construct):
         )
         self._alarm(
             "RelayUndelivered",
-            w.relay_failures.metric_approximate_number_of_messages_visible(
+            w.relay_failures.metric_approximate_age_of_oldest_message(
                 period=MINUTE, statistic="Maximum"
             ),
-            0,
-            "The relay gave up on a stream batch (its position is in the on-failure queue): "
-            "replay it within the stream's 24 hours (docs/deploy.md).",
+            15 * 60,
+            "A stream batch the relay gave up on has waited 15 minutes in the on-failure "
+            "queue: the re-drive keeps failing to send it again (its logs); the stream keeps "
+            "it 24 hours, then the reconciler re-sends what no worker took.",
         )
+        for name, what in (
+            (
+                "RedriveExpired",
+                "a stream batch the relay gave up on expired before its re-drive: the "
+                "reconciler re-sends its occurrences when it checks their hour",
+            ),
+            (
+                "RelayRefused",
+                "an occurrence whose tenant its key does not name (written by a tenant's "
+                "worker, not by Punctual) was refused: read the relay's log for its id",
+            ),
+        ):
+            self._alarm(name, punctual_metric(name, period=FIVE_MINUTES), 0, f"{what}.")
         self._alarm(
             "RelaySendFailures",
             punctual_metric("RelaySendFailures", period=FIVE_MINUTES),
@@ -241,7 +255,17 @@ class Observability(Construct):
             (
                 "ReconcileIncomplete",
                 "a shard was not fully checked within the run (use smaller "
-                "reconciler shard groups)",
+                "reconciler shard groups); the next run checks that hour again",
+            ),
+            (
+                "ReconcileRedriven",
+                "occurrences no worker took long after they were due, and re-sent them "
+                "(messages lost after the send, or a tenant's workers down)",
+            ),
+            (
+                "ReconcileCursorsMoved",
+                "schedules left in a due bucket the walk had passed (the due index lagged "
+                "past the API's margin) and moved them ahead of the walk",
             ),
         ):
             self._alarm(

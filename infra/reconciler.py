@@ -17,7 +17,8 @@ from infra.config import (
 from infra.data import DataReferences
 from infra.functions import FunctionDefaults, python_function
 from infra.groups import group_invoke, map_over_groups, scheduled_over_groups
-from punctual.dal.tables import SHARD_INDEX
+from infra.queues import TargetQueueAccess
+from punctual.dal.tables import DUE_INDEX, SHARD_INDEX
 
 
 class Reconciliation(Construct):
@@ -27,6 +28,7 @@ class Reconciliation(Construct):
         construct_id: str,
         *,
         data: DataReferences,
+        queues: TargetQueueAccess,
         defaults: FunctionDefaults,
         group_size: int,
         max_concurrency: int,
@@ -48,17 +50,26 @@ class Reconciliation(Construct):
         )
         # Exactly what the reconciler's code calls (tests/infrastructure/inventory.txt): it
         # reads schedule versions and stored occurrences, repairs a gap in one transaction
-        # (the occurrence put, a check on the schedule) and saves its reports.
+        # (the occurrence put, a check on the schedule), moves a schedule left behind the
+        # walk (due buckets, the shard's watermark), re-sends what no worker took (the
+        # occurrences read again, their queues) and reads and saves its reports.
         data.grant(
             self.function,
             {
                 ("schedules_table", SHARD_INDEX): ("Query",),
-                ("schedules_table", None): ("GetItem", "Query", "ConditionCheckItem"),
-                ("occurrences_table", None): ("Query", "PutItem"),
+                ("schedules_table", DUE_INDEX): ("Query",),
+                ("schedules_table", None): ("GetItem", "Query", "UpdateItem", "ConditionCheckItem"),
+                ("occurrences_table", None): ("Query", "BatchGetItem", "PutItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem",),
-                ("leases_table", None): ("PutItem",),
+                ("leases_table", None): (
+                    "GetItem",
+                    "BatchGetItem",
+                    "PutItem",
+                    "ConditionCheckItem",
+                ),
             },
         )
+        queues.grant(self.function, "SendMessage")
 
         invoke = group_invoke(
             self,

@@ -1,19 +1,24 @@
 """The relay: the occurrences stream (INSERTs of occurrence items only) -> the relay
-Lambda -> tenant SQS queues; undeliverable batches end in an on-failure queue."""
+Lambda -> tenant SQS queues; a batch the mapping gives up on lands in an on-failure queue,
+which the re-drive Lambda consumes: it reads the batch back from the stream and relays it
+again (punctual.redrive)."""
 
 from __future__ import annotations
 
 from aws_cdk import Duration
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.checks import acknowledge
-from infra.data import DataReferences
+from infra.data import DataReferences, TableGrants
 from infra.functions import FunctionDefaults, python_function
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import OCCURRENCE_PREFIX
+
+REDRIVE_TIMEOUT_SECONDS = 60
 
 
 class Relaying(Construct):
@@ -29,6 +34,8 @@ class Relaying(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         occurrences = data.tables["occurrences_table"]
+        stream_arn = occurrences.table_stream_arn
+        assert stream_arn is not None, "the occurrences table is the outbox: it has a stream"
         self.function = python_function(
             self,
             "Function",
@@ -49,26 +56,49 @@ class Relaying(Construct):
         # the batch's occurrences and the targets' queue URLs, settles an occurrence whose
         # target is gone as DEAD, and sends (SendMessageBatch is authorized as SendMessage).
         # The event source mapping adds its stream reads below.
-        data.grant(
-            self.function,
-            {
-                ("occurrences_table", None): ("BatchGetItem", "UpdateItem"),
-                ("tenants_table", None): ("GetItem",),
-            },
-        )
+        sending: TableGrants = {
+            ("occurrences_table", None): ("UpdateItem",),
+            ("tenants_table", None): ("GetItem",),
+        }
+        data.grant(self.function, sending)
         queues.grant(self.function, "SendMessage")
         self.failures = sqs.Queue(
             self,
             "UndeliveredBatches",
             retention_period=Duration.days(14),
+            # At least six times the re-drive's timeout, so a running re-drive keeps it.
+            visibility_timeout=Duration.seconds(6 * REDRIVE_TIMEOUT_SECONDS),
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
         )
         acknowledge(
             self.failures,
             "SQS3",
-            "This queue is itself the relay's on-failure destination: it holds the stream "
-            "positions of batches given up, for an operator to replay; nothing consumes it.",
+            "This queue is itself the relay's on-failure destination: the re-drive consumes "
+            "it and keeps a message until its batch is sent again (or the stream expired it, "
+            "counted as RedriveExpired); an old message alarms (RelayUndelivered).",
+        )
+        self.redrive = python_function(
+            self,
+            "Redrive",
+            handler="relay.redrive.lambda_handler",
+            defaults=defaults,
+            timeout=Duration.seconds(REDRIVE_TIMEOUT_SECONDS),
+            memory_mb=512,
+            description="Reads a stream batch the relay gave up on back and relays it again",
+        )
+        # The relay's own sends, and the stream read back (GetShardIterator, GetRecords).
+        data.grant(self.redrive, sending)
+        queues.grant(self.redrive, "SendMessage")
+        self.redrive.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetShardIterator", "dynamodb:GetRecords"],
+                # The occurrences table's stream, the one the relay's mapping reads.
+                resources=[stream_arn],
+            )
+        )
+        self.redrive.add_event_source(
+            sources.SqsEventSource(self.failures, batch_size=1, report_batch_item_failures=True)
         )
         self.function.add_event_source(
             sources.DynamoEventSource(
@@ -91,7 +121,9 @@ class Relaying(Construct):
                             "eventName": lambda_.FilterRule.is_equal("INSERT"),
                             "dynamodb": {
                                 "NewImage": {
-                                    "sk": {"S": lambda_.FilterRule.begins_with(OCCURRENCE_PREFIX)}
+                                    "sk": {"S": lambda_.FilterRule.begins_with(OCCURRENCE_PREFIX)},
+                                    # Inserted SCHEDULED: a repair's MISSED record is not sent.
+                                    "state": {"S": lambda_.FilterRule.is_equal("SCHEDULED")},
                                 }
                             },
                         }

@@ -49,7 +49,13 @@ class PunctualStack(cdk.Stack):
         settings = config.settings()
         data = DataReferences(self, "Data", settings=settings)
         queues = TargetQueueAccess(self, "TargetQueues", prefix=settings.queue_prefix)
-        environment = {**data.environment(), **config.environment()}
+        environment = {
+            **data.environment(),
+            **config.environment(),
+            # Where the tables and queues live: the workers' IAM policy names them.
+            "PUNCTUAL_ACCOUNT_ID": cdk.Aws.ACCOUNT_ID,
+            "PUNCTUAL_PARTITION": cdk.Aws.PARTITION,
+        }
         operator = OperatorRole(self, "Operator") if config.operator_role else None
         if operator is not None:
             environment["PUNCTUAL_OPERATOR_PRINCIPALS"] = ",".join(
@@ -86,6 +92,7 @@ class PunctualStack(cdk.Stack):
             self,
             "Reconciliation",
             data=data,
+            queues=queues,
             defaults=defaults,
             group_size=config.reconcile_group_size,
             max_concurrency=config.reconcile_concurrency,

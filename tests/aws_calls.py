@@ -47,6 +47,8 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     ("/punctual/scheduling.py", "ControlPlane.", "api"),
     ("/functions/materializer/", "", "materializer"),
     ("/punctual/materializer.py", "Materializer.", "materializer"),
+    ("/functions/relay/redrive.py", "", "redrive"),
+    ("/punctual/redrive.py", "StreamRedrive.", "redrive"),
     ("/functions/relay/", "", "relay"),
     ("/punctual/relay.py", "Relay.", "relay"),
     ("/functions/reconciler/", "", "reconciler"),
@@ -54,7 +56,7 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     # Tenants' workers (the SDK); they run under the tenant's roles, not this stack's.
     ("/punctual/worker/", "", "worker"),
 )
-FUNCTIONS = ("api", "materializer", "relay", "reconciler")
+FUNCTIONS = ("api", "materializer", "relay", "redrive", "reconciler")
 
 _DEFAULTS = Settings.model_construct()  # the deployed defaults, whatever the environment says
 TABLE_NAMES = {spec.setting: spec.name(_DEFAULTS) for spec in ALL_TABLES}
@@ -125,7 +127,8 @@ def function_of(frame: FrameType | None, operation: str | None = None) -> str | 
     callback invoked by a function starts a new run of frames). A spy wrapping the client,
     a test frame nearest to the call with the operation's own name, is looked through. No
     entry point before a test frame: the test's own call (None). In a pool thread, the
-    submitting thread's function."""
+    submitting thread's function when no test frame intervenes (whatever the pool runs
+    there is that function's work, even code that is another function's entry point)."""
     found = None
     nearest = True
     while frame is not None:
@@ -142,7 +145,8 @@ def function_of(frame: FrameType | None, operation: str | None = None) -> str | 
                     found = function
                     break
         frame = frame.f_back
-    return found or getattr(_inherited, "function", None)
+    inherited: str | None = getattr(_inherited, "function", None)
+    return inherited or found
 
 
 def _submit_keeping_attribution(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -207,6 +211,13 @@ def iam_requests(service: str, operation: str, params: dict[str, Any]) -> list[t
         if params.get("IndexName"):
             resource += f"/index/{params['IndexName']}"
         return [(f"dynamodb:{operation}", resource)]
+    if service == "dynamodbstreams":
+        # A stream by its table: its label (the creation time) is unknown before deploy.
+        # GetRecords names it only through its iterator, which DynamoDB Local spells as the
+        # stream ARN with a position (on AWS it is opaque, and IAM checks the stream).
+        arn = params.get("StreamArn") or params["ShardIterator"]
+        table = arn.split(":table/", 1)[1].split("/stream/", 1)[0]
+        return [(f"dynamodb:{operation}", f"{_table(table)}/stream/*")]
     if service == "sqs":
         if "QueueUrl" in params:
             name = urlparse(params["QueueUrl"]).path.rsplit("/", 1)[-1]

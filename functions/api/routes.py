@@ -25,6 +25,7 @@ from api.views import (
     TenantOut,
     WorkerPolicyOut,
     fires_out,
+    missed_out,
     next_fires_out,
     occurrence_detail_out,
     occurrence_out,
@@ -287,11 +288,13 @@ def list_occurrences(
     high = _instant(until, 2**53)
     if high < low:
         raise InvalidInput("to is before from", [{"field": "to", "reason": "before from"}])
-    found, token = context.plane().list_occurrences(
+    found, missed, token = context.plane().list_occurrences(
         _tenant(), schedule_id, since=low, until=high, limit=limit, token=next_token
     )
     return OccurrenceListOut(
-        occurrences=[OccurrenceOut(**occurrence_out(o)) for o in found], next_token=token
+        occurrences=[OccurrenceOut(**occurrence_out(o)) for o in found],
+        missed=missed_out(missed),
+        next_token=token,
     )
 
 

@@ -10,6 +10,7 @@ from punctual.models import (
     TARGET_NAME_PATTERN,
     Attempt,
     MisfirePolicy,
+    MissedEpisode,
     Occurrence,
     OverlapPolicy,
     RetryPolicy,
@@ -53,6 +54,20 @@ class NextFireOut(FireOut):
     )
 
 
+class MissedOut(BaseModel):
+    version: int = Field(description="The schedule version whose fires these were.")
+    first: str = Field(description="The earliest fire recorded MISSED (UTC).")
+    last: str = Field(description="The latest fire recorded MISSED (UTC).")
+    count: int = Field(description="How many fires, from first to last, were recorded MISSED.")
+
+
+_MISSED = (
+    "Misfire episodes: fires the misfire policy recorded MISSED (they were due more than "
+    "max_lateness_seconds before Punctual could make them, e.g. after an outage) and that "
+    "never became occurrences, oldest first. The latest 16 episodes are kept."
+)
+
+
 class ScheduleOut(BaseModel):
     schedule_id: str
     version: int
@@ -68,6 +83,10 @@ class ScheduleOut(BaseModel):
     created_at: str
     updated_at: str
     next_run_at: str | None = Field(description="The next fire not yet materialized (UTC).")
+    missed_total: int = Field(
+        description="Every fire of this schedule recorded MISSED, all versions and episodes."
+    )
+    missed: list[MissedOut] = Field(description=_MISSED)
 
 
 class OccurrenceOut(BaseModel):
@@ -133,6 +152,11 @@ class OccurrenceDetailOut(OccurrenceOut):
 
 class OccurrenceListOut(BaseModel):
     occurrences: list[OccurrenceOut]
+    missed: list[MissedOut] = Field(
+        description="The misfire episodes that overlap from..to: fires in the window that "
+        "have no occurrence because the misfire policy recorded them MISSED. "
+        "Every page repeats them."
+    )
     next_token: str | None
 
 
@@ -187,7 +211,16 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
         created_at=schedule.created_at.isoformat(),
         updated_at=schedule.updated_at.isoformat(),
         next_run_at=_iso(schedule.next_run_at),
+        missed_total=schedule.missed_total,
+        missed=missed_out(schedule.missed),
     )
+
+
+def missed_out(episodes: list[MissedEpisode]) -> list[MissedOut]:
+    return [
+        MissedOut(version=e.version, first=utc_text(e.first), last=utc_text(e.last), count=e.count)
+        for e in episodes
+    ]
 
 
 def occurrence_out(occurrence: Occurrence) -> dict[str, Any]:

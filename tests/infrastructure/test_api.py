@@ -165,15 +165,19 @@ def test_api_gateway_errors_use_the_one_error_shape(service: Template):
 
 
 def test_api_function_manages_queues_only_under_the_prefix(service: Template):
-    # THEN the API function's SQS permissions create a target's queues, read their ARNs and
-    # set their policies, on queues named punctual-* in this account and region only; it
-    # can neither read nor send messages
+    # THEN the API function's SQS permissions create a target's queues (tagged with their
+    # owner), find and check an existing one's owner, read their ARNs and set their
+    # policies, on queues named punctual-* in this account and region only; it can neither
+    # read nor send messages
     sqs = [s for s in role_statements(service, HANDLER) if actions_of(s)[0].startswith("sqs:")]
     assert len(sqs) == 1
     assert sorted(actions_of(sqs[0])) == [
         "sqs:CreateQueue",
         "sqs:GetQueueAttributes",
+        "sqs:GetQueueUrl",
+        "sqs:ListQueueTags",
         "sqs:SetQueueAttributes",
+        "sqs:TagQueue",
     ]
     assert [render(r) for r in resources_of(sqs[0])] == [
         "arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:punctual-*"
@@ -182,7 +186,8 @@ def test_api_function_manages_queues_only_under_the_prefix(service: Template):
 
 def test_api_function_only_reads_the_reconcilers_reports_from_the_leases(service: Template):
     # THEN the API reaches schedules, occurrences, tenants and idempotency, and of the
-    # leases table only batch reads (GET /v1/admin/reconcile): it never takes a shard lease
+    # leases table only reads: batches (GET /v1/admin/reconcile) and a shard's watermark
+    # checked inside a schedule change's transaction; it never takes or moves a lease
     statements = [
         s for s in role_statements(service, HANDLER) if actions_of(s)[0].startswith("dynamodb:")
     ]
@@ -190,7 +195,9 @@ def test_api_function_only_reads_the_reconcilers_reports_from_the_leases(service
     for table in ("schedules", "occurrences", "tenants", "idempotency"):
         assert f"table/punctual-{table}" in resources
     leases = [s for s in statements if "punctual-leases" in render(resources_of(s)[0])]
-    assert [actions_of(s) for s in leases] == [["dynamodb:BatchGetItem"]]
+    assert [sorted(actions_of(s)) for s in leases] == [
+        ["dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem"]
+    ]
 
 
 def test_api_function_answers_before_api_gateway_gives_up(service: Template):

@@ -22,7 +22,9 @@ from tests.aws_calls import FUNCTIONS, RECORDER, Call, Emitted, read_inventory
 
 from .conftest import Synthesized, actions_of, render, resources_of, role_statements
 
-HANDLERS = {function: f"{function}.handler.lambda_handler" for function in FUNCTIONS}
+HANDLERS = {function: f"{function}.handler.lambda_handler" for function in FUNCTIONS} | {
+    "redrive": "relay.redrive.lambda_handler"
+}
 ARN = "arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>:{resource}"
 
 _LOGS = "The Lambda runtime writes the function's own log group with the function's role."
@@ -35,20 +37,40 @@ _ON_FAILURE = (
     "The event source mapping's on-failure destination: Lambda sends a given-up batch's "
     "stream positions there with the relay's role."
 )
+_OUTBOX = re.escape(ARN.format(service="dynamodb", resource="table/punctual-occurrences/stream/*"))
 # Grants that no boto3 call of the function's code makes: (function or "*", action, the
 # rendered resource as a regular expression) -> why the role still needs it.
 ACKNOWLEDGED: dict[tuple[str, str, str], str] = {
-    ("*", "logs:CreateLogStream", r"<\w+FunctionLogs\w+\.Arn>"): _LOGS,
-    ("*", "logs:PutLogEvents", r"<\w+FunctionLogs\w+\.Arn>"): _LOGS,
+    ("*", "logs:CreateLogStream", r"<\w+Logs\w+\.Arn>"): _LOGS,
+    ("*", "logs:PutLogEvents", r"<\w+Logs\w+\.Arn>"): _LOGS,
     ("*", "xray:PutTraceSegments", r"\*"): _TRACES,
     ("*", "xray:PutTelemetryRecords", r"\*"): _TRACES,
     ("relay", "dynamodb:ListStreams", r"\*"): _STREAM,
-    ("relay", "dynamodb:DescribeStream", r"<SsmParameterValue\w+>"): _STREAM,
-    ("relay", "dynamodb:GetRecords", r"<SsmParameterValue\w+>"): _STREAM,
-    ("relay", "dynamodb:GetShardIterator", r"<SsmParameterValue\w+>"): _STREAM,
+    ("relay", "dynamodb:DescribeStream", _OUTBOX): _STREAM,
+    ("relay", "dynamodb:GetRecords", _OUTBOX): _STREAM,
+    ("relay", "dynamodb:GetShardIterator", _OUTBOX): _STREAM,
     ("relay", "sqs:SendMessage", r"<RelayUndeliveredBatches\w+\.Arn>"): _ON_FAILURE,
     ("relay", "sqs:GetQueueAttributes", r"<RelayUndeliveredBatches\w+\.Arn>"): _ON_FAILURE,
     ("relay", "sqs:GetQueueUrl", r"<RelayUndeliveredBatches\w+\.Arn>"): _ON_FAILURE,
+    **{
+        ("redrive", f"sqs:{action}", r"<RelayUndeliveredBatches\w+\.Arn>"): (
+            "The re-drive's event source mapping polls the on-failure queue with its role."
+        )
+        for action in (
+            "ReceiveMessage",
+            "ChangeMessageVisibility",
+            "GetQueueUrl",
+            "DeleteMessage",
+            "GetQueueAttributes",
+        )
+    },
+    **{
+        (function, "dynamodb:UpdateItem", r".*:table/punctual-occurrences"): (
+            "The relay's send settles an occurrence whose target is gone as DEAD (the relay's "
+            "tests make it); the re-drive and the reconciler's re-send run the same code."
+        )
+        for function in ("redrive", "reconciler")
+    },
     ("api", "dynamodb:GetItem", r".*:table/punctual-idempotency"): (
         "Powertools' idempotency reads the record when a refused put returns none; DynamoDB "
         "returns it with the refusal (ALL_OLD), so no test can make it read, but an older "
@@ -67,13 +89,29 @@ def _arn(call: Call) -> str:
     return ARN.format(service=call.action.split(":")[0], resource=call.resource)
 
 
+# What the service stack's parameters from the data stack stand for: the outbox stream's
+# ARN (its label, the creation time, is known only once the table exists).
+PARAMETERS = {
+    r"<SsmParameterValuepunctualoccurrencesstreamarn\w+>": ARN.format(
+        service="dynamodb", resource="table/punctual-occurrences/stream/*"
+    )
+}
+
+
+def _resolved(resource: str) -> str:
+    for token, value in PARAMETERS.items():
+        if re.fullmatch(token, resource):
+            return value
+    return resource
+
+
 def _grants(service: Template, function: str) -> Iterator[tuple[str, str]]:
     """(action, rendered resource) of every Allow of the function's role."""
     for statement in role_statements(service, HANDLERS[function]):
         assert statement["Effect"] == "Allow"
         for action in actions_of(statement):
             for resource in resources_of(statement):
-                yield action, render(resource)
+                yield action, _resolved(render(resource))
 
 
 def _acknowledged(function: str, action: str, resource: str) -> tuple[str, str, str] | None:

@@ -31,7 +31,7 @@ def test_observability_every_alarm_notifies_the_topic_both_ways(service: Templat
     )
     # AND every alarm tells it when it fires and when it recovers
     alarms = service.find_resources("AWS::CloudWatch::Alarm")
-    assert len(alarms) == 10 + len(ALL_TABLES)
+    assert len(alarms) == 14 + len(ALL_TABLES)
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
         assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
@@ -78,10 +78,10 @@ def test_observability_failure_alarms_cover_executions_and_invocations(service: 
     metrics = _alarm(service, "MaterializerFailures")["Metrics"]
     names = {m["MetricStat"]["Metric"]["MetricName"] for m in metrics if "MetricStat" in m}
     assert names == {"ExecutionsFailed", "ExecutionsTimedOut", "Errors"}
-    # AND the relay alarm fires on any batch in the on-failure queue
+    # AND the relay alarm fires on a batch the re-drive has not sent again in 15 minutes
     undelivered = _alarm(service, "RelayUndelivered")
-    assert undelivered["MetricName"] == "ApproximateNumberOfMessagesVisible"
-    assert undelivered["Threshold"] == 0
+    assert undelivered["MetricName"] == "ApproximateAgeOfOldestMessage"
+    assert undelivered["Threshold"] == 900
     # AND the schedules throttle alarm includes every index of the table
     throttles = _alarm(service, "ThrottlesSchedules")["Metrics"]
     indexes = {

@@ -10,7 +10,8 @@ HANDLER = "relay.handler.lambda_handler"
 
 
 def test_relay_reads_only_occurrence_inserts_and_reports_item_failures(service: Template):
-    # THEN the stream mapping filters to occurrence INSERTs, reports partial failures,
+    # THEN the stream mapping filters to occurrence INSERTs made SCHEDULED (a repair's
+    # MISSED record is never sent), reports partial failures,
     # bisects, bounds retries and keeps what it could not deliver
     service.has_resource_properties(
         "AWS::Lambda::EventSourceMapping",
@@ -27,7 +28,12 @@ def test_relay_reads_only_occurrence_inserts_and_reports_item_failures(service: 
                         "Pattern": Match.serialized_json(
                             {
                                 "eventName": ["INSERT"],
-                                "dynamodb": {"NewImage": {"sk": {"S": [{"prefix": "OCC#"}]}}},
+                                "dynamodb": {
+                                    "NewImage": {
+                                        "sk": {"S": [{"prefix": "OCC#"}]},
+                                        "state": {"S": ["SCHEDULED"]},
+                                    }
+                                },
                             }
                         )
                     }
@@ -58,6 +64,51 @@ def test_relay_on_failure_queue_is_encrypted_and_kept_two_weeks(service: Templat
             }
         },
     )
+
+
+def test_relay_on_failure_queue_is_consumed_by_the_redrive_one_message_at_a_time(
+    service: Template,
+):
+    # THEN the re-drive function polls the on-failure queue, one message per invocation,
+    # reporting a message it could not send again as failed (SQS keeps it and retries)
+    queue = next(
+        iter(
+            service.find_resources(
+                "AWS::SQS::Queue", {"Properties": {"MessageRetentionPeriod": 14 * 86400}}
+            )
+        )
+    )
+    service.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {
+            "EventSourceArn": {"Fn::GetAtt": [queue, "Arn"]},
+            "BatchSize": 1,
+            "FunctionResponseTypes": ["ReportBatchItemFailures"],
+        },
+    )
+    # AND the queue hides a message being re-driven for longer than the re-drive can run
+    redrive = next(
+        f["Properties"]
+        for f in service.find_resources("AWS::Lambda::Function").values()
+        if f["Properties"]["Handler"] == "relay.redrive.lambda_handler"
+    )
+    visibility = service.find_resources("AWS::SQS::Queue")[queue]["Properties"]["VisibilityTimeout"]
+    assert visibility >= 6 * redrive["Timeout"]
+    # AND it reads the stream back only from the occurrences table's stream
+    reads = [
+        s
+        for s in role_statements(service, "relay.redrive.lambda_handler")
+        if "dynamodb:GetRecords" in actions_of(s)
+    ]
+    assert len(reads) == 1
+    assert sorted(actions_of(reads[0])) == ["dynamodb:GetRecords", "dynamodb:GetShardIterator"]
+    [stream_mapping] = service.find_resources(
+        "AWS::Lambda::EventSourceMapping",
+        {"Properties": {"FunctionName": {"Ref": Match.string_like_regexp("^RelayFunction")}}},
+    ).values()
+    assert [render(r) for r in resources_of(reads[0])] == [
+        render(stream_mapping["Properties"]["EventSourceArn"])
+    ]
 
 
 def test_relay_may_send_only_to_queues_under_the_prefix(service: Template):

@@ -98,7 +98,7 @@ def test_materialize_cron_far_ahead_is_left_to_the_materializer(alice: Api) -> N
     assert saved["schedule"]["next_run_at"] == "2027-01-01T00:00:00Z"
     schedule_id = saved["schedule"]["schedule_id"]
     listed = alice.get(f"/v1/schedules/{schedule_id}/occurrences").body
-    assert listed == {"occurrences": [], "next_token": None}
+    assert listed == {"occurrences": [], "missed": [], "next_token": None}
 
 
 def test_materialize_just_past_the_horizon_is_not_created(alice: Api) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from punctual.access import worker_policy
 from punctual.dal.common import from_dynamo, to_dynamo
-from punctual.dal.tables import occurrence_key
+from punctual.dal.tables import ALL_TABLES, occurrence_key
 from punctual.ids import schedule_key_prefix, tenant_of_schedule
 from punctual.integrations.queues import DLQ_RETENTION_SECONDS, OWNER_TAG, queue_name
 from punctual.models import TARGET_NAME_PATTERN, ScheduleDefinition
@@ -29,6 +29,7 @@ from punctual.relay import Relay
 from punctual.scheduling import ControlPlane, Services
 from punctual.settings import Settings
 from punctual.tenancy import TENANT_ID_PATTERN
+from tests.aws_calls import read_inventory
 from tests.integration.conftest import OPERATOR, Api, Clock, bootstrap
 from tests.integration.helpers import assert_error, create, cron
 from tests.integration.test_relay import messages, record
@@ -408,3 +409,35 @@ def test_worker_policy_denies_what_a_hostile_tenant_would_try():
     # THEN IAM would allow exactly the first list
     assert [call for call in allowed if not _allows(policy, *call)] == []
     assert [call for call in denied if _allows(policy, *call)] == []
+
+
+def test_worker_policy_allows_every_call_the_worker_sdk_makes():
+    # GIVEN every call the worker SDK made in the integration tests (the inventory), as the
+    # tenant's own worker makes it: on its own partitions and queues
+    calls = [c for c in read_inventory()[0] if c.function == "worker"]
+    settings = Settings(account_id=ACCOUNT)
+    policy = worker_policy("acme", settings)
+    ours = {spec.name(settings) for spec in ALL_TABLES}
+    own_keys = {
+        settings.schedules_table: [["sch_acme.k3aaaa"]],
+        settings.occurrences_table: [["sch_acme.k3aaaa"]],
+        settings.tenants_table: [["T#acme"], ["R#acme"]],
+    }
+    checked = 0
+    for call in calls:
+        service, _ = call.action.split(":")
+        if service == "sqs":
+            resource = f"arn:aws:sqs:us-east-1:{ACCOUNT}:punctual-acme_default"
+            keys_options: list[list[str]] = [[]]
+        else:
+            table = call.resource.removeprefix("table/").split("/")[0]
+            if table not in ours:
+                continue  # the tenant's own tables (the effect ledger): not ours to grant
+            resource = f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/{table}"
+            keys_options = own_keys[table]
+            if call.action == "dynamodb:UpdateItem" and table == settings.tenants_table:
+                keys_options = [["R#acme"]]  # its slots: the only tenants-table writes
+        # THEN the generated policy allows it (for at least the partition it targets)
+        assert any(_allows(policy, call.action, resource, keys) for keys in keys_options), call
+        checked += 1
+    assert checked >= 12

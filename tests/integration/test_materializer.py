@@ -20,6 +20,7 @@ from punctual.materializer import LEASE_SECONDS, Materializer
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
 from punctual.reconciler import Reconciler
 from punctual.scheduling import ControlPlane, Services
+from punctual.timing import utc_text
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock
 
@@ -519,6 +520,38 @@ def test_materializer_missed_summary_survives_an_update(alice: Api, aws: Service
     assert current(aws, sid)["missed_total"] == 9
 
 
+def test_api_shows_the_tenant_its_missed_fires_on_the_schedule_and_in_the_listing(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely SKIP schedule whose ten-minute outage recorded 9 fires MISSED
+    sid, before, _ = _outage(aws, clock, {"action": "SKIP", "max_lateness_seconds": 60})
+    made = set(instants(aws, sid))
+    schedule = schedule_from_item(current(aws, sid))
+    skipped = [
+        f for f in schedule.rule().fires(schedule.fires_after, int(clock.now)) if f not in made
+    ]
+    assert len(skipped) == 9
+    first, last = utc_text(skipped[0]), utc_text(skipped[-1])
+    # WHEN the tenant reads the schedule
+    body = alice.get(f"/v1/schedules/{sid}").body["schedule"]
+    # THEN it sees every missed fire: the total and the episode from the first to the last
+    assert body["missed_total"] == 9
+    assert body["missed"] == [{"version": 1, "first": first, "last": last, "count": 9}]
+    # AND the occurrence listing names the episode where the occurrences are missing,
+    listing = alice.get(f"/v1/schedules/{sid}/occurrences", **{"from": last, "to": last})
+    assert listing.body == {"occurrences": [], "missed": body["missed"], "next_token": None}
+    # but not for a window it does not overlap (the fires made before the outage)
+    early = alice.get(
+        f"/v1/schedules/{sid}/occurrences", to=utc_text(skipped[0] - 1), limit=100
+    ).body
+    assert early["missed"] == []
+    assert len(early["occurrences"]) == before
+    # AND a later version still shows what happened to the earlier one
+    alice.post(f"/v1/schedules/{sid}/pause")
+    paused = alice.get(f"/v1/schedules/{sid}").body["schedule"]
+    assert (paused["version"], paused["missed"]) == (2, body["missed"])
+
+
 # --- flexible windows: lateness is judged by availability (issue 15, defect 1) ------------
 
 
@@ -584,7 +617,10 @@ def test_materializer_flexible_outage_releases_by_availability_and_keeps_the_res
     ]
     released = [f for f, o in made.items() if o["available_at"] == now and f in late]
     assert len(released) == 1
-    assert released[0] == max(late, key=lambda f: available_at(occurrence_id(sid, 1, f), f, 600))
+    # (fires due at the same second are ordered by scheduled time: the later one is kept)
+    assert released[0] == max(
+        late, key=lambda f: (available_at(occurrence_id(sid, 1, f), f, 600), f)
+    )
     assert report.missed == len(late) - 1
     assert current(aws, sid)["missed_total"] == len(late) - 1
     for f, o in made.items():

@@ -66,7 +66,7 @@ def materialize_until(
     until: int,
     shards: list[int],
     *,
-    every: int = 120,
+    every: int = 300,
     skip: Callable[[str, int], bool] | None = None,
 ) -> None:
     """The healthy materializer: a tick every ``every`` seconds on each shard up to ``until``."""
@@ -654,14 +654,17 @@ def test_reconciler_handler_validates_the_event_and_emits_metrics(
         assert emitted["ReconcileUnexpected"] == 0
         assert emitted["ReconcileInFlight"] == 11 + 4
         assert emitted["ReconcileIncomplete"] == 0
-        # WHEN the next hourly run comes: only its own hour is new
+        # WHEN the next hourly run comes: its own hour is new, and the two hours whose
+        # occurrences were still in flight (no worker here) are not settled: checked again
         clock.now = at("13:05")
         answer = handler.lambda_handler(
             {"time": f"{DAY}T13:03:00Z", "shards": list(range(aws.settings.shard_count))},
             FifteenMinutes(),
         )
         assert {(s["window_start"], s["window_end"]) for s in answer["shards"]} == {
-            (at("11:00"), at("12:00"))
+            (at("09:00"), at("10:00")),
+            (at("10:00"), at("11:00")),
+            (at("11:00"), at("12:00")),
         }
         capsys.readouterr()
         # WHEN an operator re-runs that window explicitly

@@ -22,6 +22,7 @@ from punctual.relay import Relay
 from punctual.scheduling import ControlPlane, Services
 from tests.integration.conftest import Api, Clock, LambdaContextStub
 from tests.integration.helpers import set_occurrence_state
+from tests.integration.test_reconciler import _emitted_metrics
 from tests.integration.test_relay import messages
 
 HOUR = 3600
@@ -86,6 +87,46 @@ def test_reconciler_resends_a_retry_whose_message_was_lost(alice: Api, aws: Serv
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [occ]
 
 
+def test_reconciler_checks_an_hour_again_while_it_is_open_and_resends_a_later_loss(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence a worker holds under a lease that outlives the hour's first check
+    occ = _one_shot(aws, clock)
+    _, end = _window_of(int(clock.now) + 30)
+    first = end + HOUR + 300  # the scheduled run that checks that hour by default
+    set_occurrence_state(aws, occ, "RUNNING")
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(occ)),
+        UpdateExpression="SET lease_expires_at = :at",
+        ExpressionAttributeValues={":at": {"N": str(first + 60)}},
+    )
+    shards = [_shard(aws, occ)]
+    # WHEN the scheduled run checks the hour while the occurrence is still in flight
+    clock.now = first
+    [checked] = [r for r in Reconciler(aws).catch_up(shards, first) if r.report.window_end == end]
+    # THEN it is fully checked but not settled, and nothing is re-sent yet
+    assert (checked.report.complete, checked.report.settled, checked.redriven) == (True, False, [])
+    # WHEN the worker dies and its message is lost, and the next scheduled run comes
+    clock.now = first + HOUR
+    again = [
+        r for r in Reconciler(aws).catch_up(shards, first + HOUR) if r.report.window_end == end
+    ]
+    # THEN it checks that hour again and re-sends the occurrence, now long overdue
+    assert [r.redriven for r in again] == [[occ]]
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [occ]
+    # AND once it is done the hour is settled and no later run checks it again
+    set_occurrence_state(aws, occ, "SUCCEEDED")
+    clock.now = first + 2 * HOUR
+    [last] = [
+        r for r in Reconciler(aws).catch_up(shards, first + 2 * HOUR) if r.report.window_end == end
+    ]
+    assert last.report.settled
+    clock.now = first + 3 * HOUR
+    later = Reconciler(aws).catch_up(shards, first + 3 * HOUR)
+    assert end not in {r.report.window_end for r in later}
+
+
 def _shard(aws: Services, occurrence_id: str) -> int:
     schedule_id = occurrence_key(occurrence_id)["schedule_id"]
     return shard_of(schedule_id, aws.settings.shard_count)
@@ -147,6 +188,19 @@ def test_stream_redrive_relays_a_discarded_batch_again(
     assert sorted(m["occurrence_id"] for m in messages(local_aws, "alice")) == sorted(made)
 
 
+def _on_failure_event(failure: dict[str, Any]) -> dict[str, Any]:
+    """The re-drive's SQS event: one message from the on-failure queue."""
+    record = {
+        "messageId": "m1",
+        "receiptHandle": "r1",
+        "body": json.dumps(failure),
+        "attributes": {},
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+    }
+    return {"Records": [record]}
+
+
 def test_stream_redrive_handler_keeps_the_message_until_the_batch_is_sent(
     local_aws: Services, streams: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):
@@ -168,26 +222,19 @@ def test_stream_redrive_handler_keeps_the_message_until_the_batch_is_sent(
 
     refusing = Services(local_aws.dynamodb, Refusing(), local_aws.settings, local_aws.now)
     monkeypatch.setattr(handler, "redrive", lambda: StreamRedrive(streams, Relay(refusing)))
-    event = {
-        "Records": [
-            {
-                "messageId": "m1",
-                "receiptHandle": "r1",
-                "body": json.dumps(failure),
-                "attributes": {},
-                "messageAttributes": {},
-                "eventSource": "aws:sqs",
-            }
-        ]
-    }
+    event = _on_failure_event(failure)
     # WHEN the handler runs; THEN the invocation fails (every record of the batch failed),
     # so SQS keeps the message and delivers it again: the batch is not dropped
     with pytest.raises(BatchProcessingError, match="All records failed"):
         handler.lambda_handler(event, LambdaContextStub())
 
 
-def test_stream_redrive_says_trimmed_when_the_stream_dropped_the_batch():
+def test_stream_redrive_handler_counts_a_batch_the_stream_dropped_and_lets_it_go(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
     # GIVEN a stream that no longer holds the batch (older than 24 hours)
+    from relay import redrive as handler
+
     class Trimming:
         def get_shard_iterator(self, **_: Any) -> Any:
             raise ClientError({"Error": {"Code": "TrimmedDataAccessException"}}, "GetShardIterator")
@@ -200,6 +247,14 @@ def test_stream_redrive_says_trimmed_when_the_stream_dropped_the_batch():
             "streamArn": "arn",
         }
     }
-    # WHEN it is re-driven; THEN Trimmed (the handler counts it; the reconciler re-sends)
+    redrive = StreamRedrive(Trimming(), Relay.__new__(Relay))
+    # WHEN it is re-driven; THEN Trimmed
     with pytest.raises(Trimmed):
-        StreamRedrive(Trimming(), Relay.__new__(Relay)).redrive(failure)
+        redrive.redrive(failure)
+    # AND the handler counts it as RedriveExpired (alarmed; the reconciler re-sends what no
+    # worker took) and lets the message go: no record failed, nothing comes back
+    monkeypatch.setattr(handler, "redrive", lambda: redrive)
+    event = _on_failure_event(failure)
+    capsys.readouterr()
+    assert handler.lambda_handler(event, LambdaContextStub()) == {"batchItemFailures": []}
+    assert _emitted_metrics(capsys.readouterr().out) == {"RedriveExpired": 1}

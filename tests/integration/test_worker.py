@@ -821,7 +821,8 @@ def test_worker_deadline_of_a_late_fire_runs_from_its_release_not_its_instant(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a daily FIRE_ONCE schedule with a 1 h retry deadline, and a materializer that
-    # was down for two and a half days: its latest missed fire (12 h old) is released now
+    # was down from before midnight to noon: the missed midnight fire (12 h old) is
+    # released now
     midnight = 1_795_046_400  # 2026-11-19T00:00:00Z
     clock.now = midnight - 3600
     definition = ScheduleDefinition.model_validate(
@@ -835,9 +836,9 @@ def test_worker_deadline_of_a_late_fire_runs_from_its_release_not_its_instant(
     sid = ControlPlane(aws).create("alice", definition).schedule.schedule_id
     shard = shard_of(sid, aws.settings.shard_count)
     Materializer(aws, "m").run_shard(int(clock.now), shard)  # the last tick before the outage
-    clock.now = midnight + 2 * 86400 + 12 * 3600
+    clock.now = midnight + 12 * 3600
     Materializer(aws, "m").run_shard(int(clock.now), shard)
-    released = occurrence_id(sid, 1, midnight + 2 * 86400)
+    released = occurrence_id(sid, 1, midnight)
     occurrence, _ = stored(aws, released)
     assert occurrence.available_at == int(clock.now)
     relay(aws, released)

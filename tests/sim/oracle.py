@@ -44,6 +44,8 @@ class Verdict:
     runs: int = 0
     fires_checked: int = 0
     missed_by_policy: int = 0
+    # The required fires the oracle checked and found stored (what a deletion must break).
+    found: set[str] = field(default_factory=set)
     violations: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
@@ -114,6 +116,7 @@ def _check_schedule(
             else:
                 verdict.flag("missing", f"{e.occurrence_id} (due {e.available_at})")
             continue
+        verdict.found.add(e.occurrence_id)
         schedule = next(v.schedule for v in versions if v.schedule.version == e.version)
         if found.state in _OPEN:
             verdict.flag("unsettled", f"{found.occurrence_id} {found.state.value}")

@@ -230,6 +230,11 @@ def _print_schedule(found: dict[str, Any]) -> None:
         print(f"  next  {fire['utc']}  ({fire['local']}){made}")
     for note in found.get("notes", []):
         print(f"  note  {note}")
+    for episode in found.get("missed", []):
+        print(
+            f"  missed  {episode['count']} fire(s) of v{episode['version']} "
+            f"{episode['first']} .. {episode['last']} (misfire policy)"
+        )
     for occurrence in found.get("materialized", []):
         print(f"  made  {occurrence['occurrence_id']}  {occurrence['scheduled_for']}")
     for occurrence in found.get("affected", []):

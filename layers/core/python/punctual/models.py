@@ -361,6 +361,21 @@ class ScheduleDefinition(_Record):
         return self.flexible_window_seconds == 0
 
 
+class MissedEpisode(BaseModel):
+    """One misfire episode: fires of one version that the misfire policy recorded MISSED
+    (none of them became an occurrence), from the earliest to the latest one."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int
+    first: int  # scheduled_for of the earliest and the latest one
+    last: int
+    count: int
+
+    def covers(self, version: int, scheduled_for: int) -> bool:
+        return version == self.version and self.first <= scheduled_for <= self.last
+
+
 class Schedule(ScheduleDefinition):
     # As stored: judged by the input rules when it was written, not again on every read.
     payload: dict[str, JsonValue] = Field(default_factory=dict)
@@ -375,6 +390,10 @@ class Schedule(ScheduleDefinition):
     planned_until: int | None = None
     next_run_at: int | None = None
     next_available_at: int | None = None
+    # The materializer's misfire record, kept across versions: every fire recorded MISSED,
+    # and the latest episodes (older ones are only counted).
+    missed_total: int = 0
+    missed: list[MissedEpisode] = Field(default_factory=list)
 
     @property
     def fires_after(self) -> int:

@@ -264,6 +264,22 @@ class ReconcileReport(BaseModel):
         return self.counts.get(Finding.MISSING, 0)
 
     @property
+    def settled(self) -> bool:
+        """Nothing in the window needs another look: fully checked, every gap repaired, none
+        left to the materializer, none in flight. A later loss (a message lost after the
+        send, a materializer that never makes a deferred fire because the version changed)
+        can only happen to what is still open, so a window stays unsettled, and a scheduled
+        run checks it again (and re-drives what became overdue), until all of it is done."""
+        return (
+            self.complete
+            and self.deferred == 0
+            and self.repair_conflicts == 0
+            and self.missing == self.repaired_fired + self.repaired_missed
+            and self.repaired_fired == 0
+            and self.counts.get(Finding.IN_FLIGHT, 0) == 0
+        )
+
+    @property
     def unexpected(self) -> int:
         return self.counts.get(Finding.UNEXPECTED, 0)
 
@@ -313,13 +329,13 @@ class ReportStore:
             return False
         return True
 
-    def complete_windows(
+    def settled_windows(
         self, shard: int, windows: Sequence[tuple[int, int]]
     ) -> set[tuple[int, int]]:
-        """Which of the shard's ``windows`` have a complete report (consistent read: a run
+        """Which of the shard's ``windows`` have a settled report (consistent read: a run
         that just finished must not be repeated)."""
         keys = [to_dynamo({"pk": report_key(start, end, shard)}) for start, end in windows]
-        return {(r.window_start, r.window_end) for r in self._get(keys) if r.complete}
+        return {(r.window_start, r.window_end) for r in self._get(keys) if r.settled}
 
     def get_many(
         self, window_start: int, window_end: int, shards: Iterable[int]
@@ -433,14 +449,16 @@ class Reconciler:
     def catch_up(self, shards: Sequence[int], at: int) -> list[ShardResult]:
         """The scheduled run: each shard's default window (the hour that ended an hour before
         ``at``), and before it every one of the CATCHUP_WINDOWS hours before that which has
-        no complete report (a run that failed, timed out or never ran), oldest first. So a
-        reconciler outage is made up for, not skipped, and its re-drive bound holds."""
+        no settled report (a run that failed, timed out or never ran, or found something
+        still open: in flight, deferred, just repaired), oldest first. So a reconciler outage
+        is made up for, not skipped, and what was still open when its hour was checked is
+        checked again, and re-sent once overdue, until it is done."""
         start, end = default_window(at)
         self._check(shards, start, end)
         windows = [(start - k * HOUR, end - k * HOUR) for k in range(CATCHUP_WINDOWS, -1, -1)]
         results = []
         for shard in shards:
-            done = self.reports.complete_windows(shard, windows[:-1])
+            done = self.reports.settled_windows(shard, windows[:-1])
             for window in windows[:-1]:
                 if window not in done and not self._out_of_time():
                     results.append(self.run_shard(shard, *window))

@@ -41,6 +41,7 @@ from punctual.materialize import plan
 from punctual.models import (
     AtSpec,
     Attempt,
+    MissedEpisode,
     Occurrence,
     OccurrenceState,
     Schedule,
@@ -534,11 +535,15 @@ class ControlPlane:
         until: int,
         limit: int,
         token: str | None,
-    ) -> tuple[list[Occurrence], str | None]:
-        self._owned(tenant_id, schedule_id)
-        return self.occurrences.list_for_schedule(
+    ) -> tuple[list[Occurrence], list[MissedEpisode], str | None]:
+        """A page of the schedule's occurrences due in [since, until], and the misfire
+        episodes overlapping that window (fires recorded MISSED have no occurrence)."""
+        schedule = schedule_from_item(self._owned(tenant_id, schedule_id))
+        found, next_token = self.occurrences.list_for_schedule(
             schedule_id, since=since, until=until, limit=limit, token=token
         )
+        missed = [e for e in schedule.missed if e.first <= until and e.last >= since]
+        return found, missed, next_token
 
     def occurrence(self, tenant_id: str, occurrence_id: str) -> tuple[Occurrence, list[Attempt]]:
         found = self.occurrences.get_with_attempts(occurrence_id)

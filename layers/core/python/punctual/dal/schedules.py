@@ -17,7 +17,7 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
-from punctual.models import Schedule, ScheduleDefinition, ScheduleState
+from punctual.models import MissedEpisode, Schedule, ScheduleDefinition, ScheduleState
 from punctual.timing import to_epoch
 
 _DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
@@ -87,6 +87,8 @@ def schedule_from_item(item: Item) -> Schedule:
         planned_until=item.get("planned_until"),
         next_run_at=item.get("next_run_at"),
         next_available_at=item.get("next_available_at"),
+        missed_total=item.get("missed_total", 0),
+        missed=missed_ranges_of(item),
     )
 
 
@@ -123,23 +125,15 @@ def current_version_of(item: Item) -> ScheduleVersion:
 MISSED_RANGES = 16  # MISSED episodes kept on a schedule (older ones are only counted)
 
 
-@dataclass(frozen=True, slots=True)
-class MissedRange:
-    """One misfire episode: fires of one version the policy recorded MISSED."""
-
-    version: int
-    first: int  # scheduled_for of the earliest and the latest one
-    last: int
-    count: int
-
-    def covers(self, version: int, scheduled_for: int) -> bool:
-        return version == self.version and self.first <= scheduled_for <= self.last
-
-
-def missed_ranges_of(item: Item) -> list[MissedRange]:
+def missed_ranges_of(item: Item) -> list[MissedEpisode]:
     """The MISSED episodes recorded on a CURRENT item, oldest first (at most MISSED_RANGES)."""
     return [
-        MissedRange(int(r["version"]), int(r["first"]), int(r["last"]), int(r["count"]))
+        MissedEpisode(
+            version=int(r["version"]),
+            first=int(r["first"]),
+            last=int(r["last"]),
+            count=int(r["count"]),
+        )
         for r in item.get("missed_ranges", [])
     ]
 
