@@ -784,3 +784,42 @@ def test_reconciler_catches_up_the_hours_an_outage_left_unchecked(
     ]
     assert ids(results, "missing") == {occurrence_id(sid, 1, at("10:25"))}
     assert ids(results, "fired") == {occurrence_id(sid, 1, at("10:25"))}
+
+
+def test_reconciler_catch_up_checks_every_other_window_when_one_fails(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a scheduled run at 12:05 with no report yet, whose check of [09:00, 10:00)
+    # keeps failing (throttling that outlasted the client's retries), and of [08:00, 09:00)
+    # fails once
+    from botocore.exceptions import ClientError
+
+    clock.now = at("12:05")
+    reconciler = Reconciler(aws)
+    check = reconciler.run_shard
+    failing, once = (at("09:00"), at("10:00")), (at("08:00"), at("09:00"))
+    tries: Counter[tuple[int, int]] = Counter()
+
+    def flaky(shard: int, start: int, end: int) -> Any:
+        tries[start, end] += 1
+        if (start, end) == failing or ((start, end) == once and tries[once] == 1):
+            raise ClientError({"Error": {"Code": "ThrottlingException"}}, "Query")
+        return check(shard, start, end)
+
+    monkeypatch.setattr(reconciler, "run_shard", flaky)
+    # WHEN it runs; THEN it fails (so the caller retries) ...
+    with pytest.raises(ClientError):
+        reconciler.catch_up([0], at("12:05"))
+    # ... having tried the failing window three times, the other one again, and checked
+    # every other window, the older ones and its own hour included
+    assert (tries[failing], tries[once]) == (3, 2)
+    windows = [(at("10:00") - k * 3600, at("11:00") - k * 3600) for k in range(25)]
+    store = ReportStore(aws.dynamodb, aws.settings.leases_table)
+    assert store.settled_windows(0, windows) == set(windows) - {failing}
+    # AND the next run checks the failed window and its own hour only
+    clock.now = at("13:05")
+    again = Reconciler(aws).catch_up([0], at("13:05"))
+    assert [(r.report.window_start, r.report.window_end) for r in again] == [
+        failing,
+        (at("11:00"), at("12:00")),
+    ]

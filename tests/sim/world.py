@@ -239,6 +239,7 @@ class Simulation:
                 length = min(length, max(MINUTE, (self.end - self.start) // 3))
                 begin = self.rng.randint(self.start, max(self.start, self.end - length))
                 spans[component].append((begin, begin + length))
+            spans[component] = _at_most_a_day(spans[component])
         return spans
 
     def up(self, component: str) -> bool:
@@ -480,6 +481,19 @@ class Simulation:
                 self.run_record.counts["reconcile_recorded_missed"] += report.repaired_missed
                 self.run_record.counts["reconcile_redriven"] += report.redriven
                 self.run_record.counts["reconcile_cursors_moved"] += report.cursors_moved
+
+
+def _at_most_a_day(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping outages of one component joined, each cut to a day: the contract covers
+    outages of up to a day (the reconciler's catch-up horizon), not a component down for
+    days because two draws overlapped."""
+    joined: list[tuple[int, int]] = []
+    for begin, end in sorted(spans):
+        if joined and begin <= joined[-1][1]:
+            joined[-1] = (joined[-1][0], max(end, joined[-1][1]))
+        else:
+            joined.append((begin, end))
+    return [(begin, min(end, begin + DAY)) for begin, end in joined]
 
 
 class _Mapping:

@@ -70,6 +70,7 @@ HOUR = 3600
 HISTORY_MARGIN = HOUR
 MAX_WINDOW_SECONDS = 24 * HOUR
 CATCHUP_WINDOWS = 24  # earlier hours a scheduled run checks for a missing report
+WINDOW_ATTEMPTS = 3  # tries of one window's check within a run
 EXAMPLES = 20  # ids kept per class in a report
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
 REPAIR_ROUNDS = 2
@@ -456,16 +457,50 @@ class Reconciler:
         start, end = default_window(at)
         self._check(shards, start, end)
         windows = [(start - k * HOUR, end - k * HOUR) for k in range(CATCHUP_WINDOWS, -1, -1)]
-        results = []
+        results: list[ShardResult] = []
+        failed: Exception | None = None
         for shard in shards:
-            done = self.reports.settled_windows(shard, windows[:-1])
+            try:
+                done = self.reports.settled_windows(shard, windows[:-1])
+            except Exception as error:  # throttled, a timeout: the next run reads them again
+                failed = failed or error
+                continue
             for window in windows[:-1]:
                 if window not in done and not self._out_of_time():
-                    results.append(self.run_shard(shard, *window))
+                    failed = self._isolated(shard, window, results) or failed
             # Always run (out of time, it stores an incomplete report: alarmed, and caught
             # up by a later run).
-            results.append(self.run_shard(shard, start, end))
+            failed = self._isolated(shard, (start, end), results) or failed
+        if failed is not None:
+            # Every other window was checked; failing the run makes the caller's retry (Step
+            # Functions, the next scheduled run) check the unsettled ones again.
+            raise failed
         return results
+
+    def _isolated(
+        self, shard: int, window: tuple[int, int], results: list[ShardResult]
+    ) -> Exception | None:
+        """One window of one shard, tried up to WINDOW_ATTEMPTS times (a check is safe to
+        repeat: repairs are conditional puts); its failure (throttling that outlasted the
+        client's retries, a timeout) leaves it unsettled without costing the others their
+        check."""
+        failure: Exception | None = None
+        for _ in range(WINDOW_ATTEMPTS):
+            if self._out_of_time():
+                break
+            try:
+                results.append(self.run_shard(shard, *window))
+            except Exception as error:
+                failure = error
+                continue
+            return None
+        if failure is None:
+            return None  # out of time before a try: the caller stops too
+        logger.warning(
+            "a reconcile window failed; the next run checks it again",
+            extra={"shard": shard, "window": list(window), "error": repr(failure)},
+        )
+        return failure
 
     def _check(self, shards: Sequence[int], start: int, end: int) -> None:
         problems = []
