@@ -55,16 +55,19 @@ typecheck: install ## mypy, strict
 unit: install ## only the unit tests
 	$(BIN)/pytest tests/unit -q
 
-# The end-to-end tests mostly wait on the wall clock (minute boundaries, restarts): they run
-# in a second pytest beside the others, and their output follows the others'.
+# Two pytest processes side by side: the end-to-end tests (they mostly wait on the wall
+# clock: minute boundaries, restarts), then the unit and CDK tests; and the integration
+# tests with the check that the call inventory is what they recorded (it must see every
+# integration test in its own process). The first one's output follows the second's.
 E2E_LOG := .pytest-e2e.log
+RECORDED := tests/infrastructure/test_inventory.py::test_inventory_is_what_the_integration_tests_recorded
 test: lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
-	@echo "== end-to-end tests running beside the others (output in $(E2E_LOG), shown after)"
-	@$(BIN)/pytest -q tests/e2e > $(E2E_LOG) 2>&1 & e2e=$$!; \
-	$(BIN)/pytest -q --ignore=tests/e2e; others=$$?; \
-	wait $$e2e; e2e_status=$$?; \
-	echo "== end-to-end tests"; cat $(E2E_LOG); \
-	test $$others -eq 0 && test $$e2e_status -eq 0
+	@echo "== end-to-end, unit and CDK tests running beside the integration tests (output in $(E2E_LOG), shown after)"
+	@$(BIN)/pytest -q tests/e2e tests/unit tests/infrastructure --deselect $(RECORDED) > $(E2E_LOG) 2>&1 & first=$$!; \
+	$(BIN)/pytest -q tests/integration $(RECORDED); second=$$?; \
+	wait $$first; first_status=$$?; \
+	echo "== end-to-end, unit and CDK tests"; cat $(E2E_LOG); \
+	test $$second -eq 0 && test $$first_status -eq 0
 
 # W3005 (a DependsOn that a GetAtt already implies) is how the CDK orders every Lambda
 # after its role's policy; options go after the file names (cfn-lint's argument parsing).

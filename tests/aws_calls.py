@@ -314,7 +314,13 @@ def whole_integration_suite(
     return (
         {Path(item.path) for item in items if inside(item)} == set(directory.glob("test_*.py"))
         and not any(inside(item) for item in deselected)
-        and not any("::" in str(arg) for arg in config.args)
+        # (a single test named on the command line narrows the suite; one outside it does not)
+        and not any(
+            "::" in str(arg)
+            and directory
+            in (config.invocation_params.dir / str(arg).split("::")[0]).resolve().parents
+            for arg in config.args
+        )
     )
 
 

@@ -485,17 +485,15 @@ class Reconciler:
         client's retries, a timeout) leaves it unsettled without costing the others their
         check."""
         failure: Exception | None = None
-        for _ in range(WINDOW_ATTEMPTS):
-            if self._out_of_time():
-                break
+        for attempt in range(WINDOW_ATTEMPTS):
+            if attempt and self._out_of_time():
+                break  # (the first try always runs: out of time, it saves an incomplete report)
             try:
                 results.append(self.run_shard(shard, *window))
             except Exception as error:
                 failure = error
                 continue
             return None
-        if failure is None:
-            return None  # out of time before a try: the caller stops too
         logger.warning(
             "a reconcile window failed; the next run checks it again",
             extra={"shard": shard, "window": list(window), "error": repr(failure)},
