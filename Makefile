@@ -56,18 +56,22 @@ unit: install ## only the unit tests
 	$(BIN)/pytest tests/unit -q
 
 # Two pytest processes side by side: the end-to-end tests (they mostly wait on the wall
-# clock: minute boundaries, restarts), then the unit and CDK tests; and the integration
-# tests with the check that the call inventory is what they recorded (it must see every
-# integration test in its own process). The first one's output follows the second's.
+# clock: minute boundaries, restarts), the unit and CDK tests and two slow integration
+# modules; and the other integration tests. Each writes the AWS calls its integration tests
+# recorded; together they must be the call inventory (the in-session check of
+# test_inventory.py needs every integration test in one process: `make inventory`).
 E2E_LOG := .pytest-e2e.log
 RECORDED := tests/infrastructure/test_inventory.py::test_inventory_is_what_the_integration_tests_recorded
+BESIDE := tests/integration/test_simulation.py tests/integration/test_reconciler.py
 test: lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
-	@echo "== end-to-end, unit and CDK tests running beside the integration tests (output in $(E2E_LOG), shown after)"
-	@$(BIN)/pytest -q tests/e2e tests/unit tests/infrastructure --deselect $(RECORDED) > $(E2E_LOG) 2>&1 & first=$$!; \
-	$(BIN)/pytest -q tests/integration $(RECORDED); second=$$?; \
+	@echo "== end-to-end, unit, CDK and some integration tests running beside the others (output in $(E2E_LOG), shown after)"
+	@rm -f .pytest-recorded-*.txt
+	@PUNCTUAL_RECORD_TO=.pytest-recorded-1.txt $(BIN)/pytest -q tests/e2e tests/unit tests/infrastructure $(BESIDE) --deselect $(RECORDED) > $(E2E_LOG) 2>&1 & first=$$!; \
+	PUNCTUAL_RECORD_TO=.pytest-recorded-2.txt $(BIN)/pytest -q tests/integration $(addprefix --ignore=,$(BESIDE)); second=$$?; \
 	wait $$first; first_status=$$?; \
-	echo "== end-to-end, unit and CDK tests"; cat $(E2E_LOG); \
-	test $$second -eq 0 && test $$first_status -eq 0
+	echo "== end-to-end, unit, CDK and some integration tests"; cat $(E2E_LOG); \
+	test $$second -eq 0 && test $$first_status -eq 0 && \
+	$(BIN)/python -m tests.aws_calls .pytest-recorded-1.txt .pytest-recorded-2.txt
 
 # W3005 (a DependsOn that a GetAtt already implies) is how the CDK orders every Lambda
 # after its role's policy; options go after the file names (cfn-lint's argument parsing).
@@ -128,4 +132,4 @@ openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules $(E2E_LOG)
+	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules $(E2E_LOG) .pytest-recorded-*.txt

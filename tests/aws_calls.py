@@ -38,6 +38,9 @@ from punctual.settings import Settings
 
 INVENTORY = Path(__file__).parent / "infrastructure" / "inventory.txt"
 WRITE_ENV = "PUNCTUAL_WRITE_INVENTORY"
+# `make test` splits the integration tests over two processes: each writes what it recorded
+# there, and `python -m tests.aws_calls FILE...` compares their union with the inventory.
+RECORD_ENV = "PUNCTUAL_RECORD_TO"
 
 # Where each function's code starts: (path fragment, qualified-name prefix or "" for any).
 # The logic classes count too, because most tests drive them without the handler. Module
@@ -370,3 +373,45 @@ def record_aws_calls() -> Iterator[Recorder]:
         boto3.DEFAULT_SESSION = None
         if os.environ.get(WRITE_ENV):
             INVENTORY.write_text(_HEADER + "\n".join(RECORDER.lines()) + "\n", encoding="utf-8")
+        if os.environ.get(RECORD_ENV):
+            Path(os.environ[RECORD_ENV]).write_text(
+                "\n".join(RECORDER.lines()) + "\n", encoding="utf-8"
+            )
+
+
+def differences(recorded: tuple[set[Call], set[Emitted]]) -> list[str]:
+    """What the whole integration suite recorded against the inventory, both ways."""
+    calls, metrics = read_inventory()
+    new = sorted(c.line() for c in recorded[0] - calls) + sorted(
+        m.line() for m in recorded[1] - metrics
+    )
+    stale = sorted(c.line() for c in calls - recorded[0]) + sorted(
+        m.line() for m in metrics - recorded[1]
+    )
+    return [
+        f"recorded but not in the inventory (grant it, then `make inventory`): {n}" for n in new
+    ] + [
+        f"in the inventory but no longer made (remove its grant, then `make inventory`): {s}"
+        for s in stale
+    ]
+
+
+def main(paths: list[str]) -> int:
+    """The union of what several sessions recorded (each a part of the integration tests,
+    together all of them) against the inventory; 1 and each difference when they differ."""
+    calls: set[Call] = set()
+    metrics: set[Emitted] = set()
+    for path in paths:
+        found = parse_inventory(Path(path).read_text(encoding="utf-8"))
+        calls |= found[0]
+        metrics |= found[1]
+    problems = differences((calls, metrics))
+    for problem in problems:
+        print(problem)
+    if not problems:
+        print(f"the call inventory is what the integration tests recorded ({len(paths)} parts)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
