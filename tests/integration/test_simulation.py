@@ -52,6 +52,7 @@ def simulated(dynamodb_local: LocalDynamoDB) -> tuple[Run, Verdict]:
         faults=HARSH,
         kill=0.05,
         relay_cut=0.2,
+        gives_up=0.6,
         lost_message=0.01,
         outages=2,
     )
