@@ -379,21 +379,18 @@ def record_aws_calls() -> Iterator[Recorder]:
             )
 
 
-def differences(recorded: tuple[set[Call], set[Emitted]]) -> list[str]:
-    """What the whole integration suite recorded against the inventory, both ways."""
-    calls, metrics = read_inventory()
-    new = sorted(c.line() for c in recorded[0] - calls) + sorted(
-        m.line() for m in recorded[1] - metrics
+def differences(
+    recorded: tuple[set[Call], set[Emitted]], inventory: tuple[set[Call], set[Emitted]]
+) -> tuple[list[str], list[str]]:
+    """(recorded but not listed, listed but not recorded), as inventory lines."""
+    (calls, metrics), (listed_calls, listed_metrics) = recorded, inventory
+    new = sorted(c.line() for c in calls - listed_calls) + sorted(
+        m.line() for m in metrics - listed_metrics
     )
-    stale = sorted(c.line() for c in calls - recorded[0]) + sorted(
-        m.line() for m in metrics - recorded[1]
+    stale = sorted(c.line() for c in listed_calls - calls) + sorted(
+        m.line() for m in listed_metrics - metrics
     )
-    return [
-        f"recorded but not in the inventory (grant it, then `make inventory`): {n}" for n in new
-    ] + [
-        f"in the inventory but no longer made (remove its grant, then `make inventory`): {s}"
-        for s in stale
-    ]
+    return new, stale
 
 
 def main(paths: list[str]) -> int:
@@ -405,7 +402,14 @@ def main(paths: list[str]) -> int:
         found = parse_inventory(Path(path).read_text(encoding="utf-8"))
         calls |= found[0]
         metrics |= found[1]
-    problems = differences((calls, metrics))
+    new, stale = differences((calls, metrics), read_inventory())
+    problems = [
+        f"recorded but not in the inventory (grant it, then `make inventory`): {line}"
+        for line in new
+    ] + [
+        f"in the inventory but no longer made (remove its grant, then `make inventory`): {line}"
+        for line in stale
+    ]
     for problem in problems:
         print(problem)
     if not problems:

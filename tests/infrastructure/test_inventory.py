@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from tests.aws_calls import FUNCTIONS, RECORDER, Call, Emitted, read_inventory
+from tests.aws_calls import FUNCTIONS, RECORDER, Call, Emitted, differences, read_inventory
 
 from .conftest import Synthesized, actions_of, render, resources_of, role_statements
 
@@ -272,20 +272,14 @@ def test_inventory_is_what_the_integration_tests_recorded(
 ):
     if not (RECORDER.calls or RECORDER.metrics):
         pytest.skip("no integration test ran in this session: nothing was recorded")
-    calls, metrics = inventory
+    new, stale = differences((RECORDER.calls, RECORDER.metrics), inventory)
     # THEN every call and metric recorded is listed
-    new = sorted(c.line() for c in RECORDER.calls - calls) + sorted(
-        m.line() for m in RECORDER.metrics - metrics
-    )
     assert not new, (
         "recorded but not in tests/infrastructure/inventory.txt: grant each call in infra/ "
         "next to its function, then `make inventory`: " + "; ".join(new)
     )
     # AND, when every integration test ran, every line listed was recorded
     if RECORDER.complete:
-        stale = sorted(c.line() for c in calls - RECORDER.calls) + sorted(
-            m.line() for m in metrics - RECORDER.metrics
-        )
         assert not stale, (
             "in the inventory but no longer made: remove its grant, then `make inventory`: "
             + "; ".join(stale)

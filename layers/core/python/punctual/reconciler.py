@@ -275,8 +275,8 @@ class ReconcileReport(BaseModel):
             self.complete
             and self.deferred == 0
             and self.repair_conflicts == 0
-            and self.missing == self.repaired_fired + self.repaired_missed
-            and self.repaired_fired == 0
+            and self.repaired_fired == 0  # (made just now: in flight, not yet delivered)
+            and self.missing == self.repaired_missed
             and self.counts.get(Finding.IN_FLIGHT, 0) == 0
         )
 
