@@ -145,8 +145,9 @@ class Api(Construct):
                 # returns no item, which the tests cannot provoke (test_inventory.py).
                 ("idempotency_table", None): ("GetItem", "PutItem", "UpdateItem", "DeleteItem"),
                 # GET /v1/admin/reconcile reads the reconciler's reports; a change checks
-                # that the materializer's walk has not passed the bucket its cursor goes to.
-                ("leases_table", None): ("BatchGetItem", "ConditionCheckItem"),
+                # that the materializer's walk has not passed the bucket its cursor goes to,
+                # and gives a shard its first watermark (a conditional put, once per shard).
+                ("leases_table", None): ("BatchGetItem", "ConditionCheckItem", "PutItem"),
             },
         )
         # A target's queue and DLQ: look for them, create them tagged with their owner

@@ -263,6 +263,12 @@ class Observability(Construct):
                 "(messages lost after the send, or a tenant's workers down)",
             ),
             (
+                "ReconcileGaveUp",
+                "an hour that still had something open (in flight, deferred, a repair that "
+                "lost its race) when it left the two-day catch-up horizon: no run checks it "
+                "again; its report names it, re-run the window by hand",
+            ),
+            (
                 "ReconcileCursorsMoved",
                 "schedules left in a due bucket the walk had passed (the due index lagged "
                 "past the API's margin) and moved them ahead of the walk",
@@ -444,6 +450,7 @@ class Observability(Construct):
                         "ReconcileUnexpected",
                         "ReconcileRepaired",
                         "ReconcileIncomplete",
+                        "ReconcileGaveUp",
                     )
                 ],
             ),

@@ -72,7 +72,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         results = reconciler.catch_up(request.shards, to_epoch(request.time))
     else:
         results = reconciler.run(request.shards, *window)
-    for name, value in metric_values(results).items():
+    for name, value in metric_values(results, len(reconciler.given_up)).items():
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     for result in results:
         if result.report.missing or result.report.unexpected:

@@ -184,10 +184,11 @@ def test_api_function_manages_queues_only_under_the_prefix(service: Template):
     ]
 
 
-def test_api_function_only_reads_the_reconcilers_reports_from_the_leases(service: Template):
+def test_api_function_reads_the_leases_and_only_puts_a_shards_first_item(service: Template):
     # THEN the API reaches schedules, occurrences, tenants and idempotency, and of the
-    # leases table only reads: batches (GET /v1/admin/reconcile) and a shard's watermark
-    # checked inside a schedule change's transaction; it never takes or moves a lease
+    # leases table: batches (GET /v1/admin/reconcile), a shard's watermark checked inside a
+    # schedule change's transaction, and the put that opens a shard (conditional, in the
+    # code); it never takes, renews or moves a lease (no UpdateItem)
     statements = [
         s for s in role_statements(service, HANDLER) if actions_of(s)[0].startswith("dynamodb:")
     ]
@@ -196,7 +197,7 @@ def test_api_function_only_reads_the_reconcilers_reports_from_the_leases(service
         assert f"table/punctual-{table}" in resources
     leases = [s for s in statements if "punctual-leases" in render(resources_of(s)[0])]
     assert [sorted(actions_of(s)) for s in leases] == [
-        ["dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem"]
+        ["dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem", "dynamodb:PutItem"]
     ]
 
 

@@ -709,6 +709,34 @@ def test_api_change_whose_commit_lands_after_the_walk_still_fires(
     assert fired[-1] >= clock.now
 
 
+def test_schedule_made_before_its_shard_was_ever_walked_fires_when_the_materializer_comes_up(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule created in a shard no materializer has claimed yet (a new deployment
+    # whose ticker is down), every 15 minutes, catching up what it misses
+    sid = create(
+        aws,
+        spec=cron("*/15 * * * *"),
+        misfire={"action": "CATCHUP", "max_lateness_seconds": 86400, "catchup_limit": 100},
+    )
+    number = shard(aws, sid)
+    first = current(aws, sid)["next_run_at"]
+    bucket = int(current(aws, sid)["due_at"])
+    # THEN the create gave the shard a watermark before the schedule's bucket
+    opened = LeaseStore(aws.dynamodb, aws.settings.leases_table).read(number)
+    assert opened is not None
+    assert opened["watermark"] < bucket
+    # WHEN the materializer first runs three hours later (past its one-hour bootstrap)
+    clock.now = first + 3 * 3600
+    Materializer(aws, "m1").run_shard(int(clock.now), number)
+    # THEN it walks from that watermark and makes every fire, none lost with the schedule
+    # stranded in a bucket behind its first walk
+    fired = instants(aws, sid)
+    assert fired[0] == first
+    assert fired == list(range(first, fired[-1] + 1, 900))
+    assert fired[-1] >= clock.now - 900
+
+
 def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     alice: Api, aws: Services, clock: Clock
 ):

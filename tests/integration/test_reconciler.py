@@ -22,13 +22,16 @@ from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import Materializer
 from punctual.models import CronSpec, Occurrence, OccurrenceState, ScheduleDefinition, ScheduleState
 from punctual.reconciler import (
+    CATCHUP_WINDOWS,
     HISTORY_MARGIN,
     Finding,
     Reconciler,
+    ReconcileReport,
     ReportStore,
     ShardResult,
     expected_occurrences,
     fired_late,
+    metric_values,
     read_reports,
 )
 from punctual.scheduling import ControlPlane, Services
@@ -641,12 +644,12 @@ def test_reconciler_handler_validates_the_event_and_emits_metrics(
             {"time": f"{DAY}T12:03:00Z", "shards": list(range(aws.settings.shard_count))},
             FifteenMinutes(),
         )
-        # THEN it reconciled the hour that ended an hour ago, and the 24 before it (none had a
+        # THEN it reconciled the hour that ended an hour ago, and the 48 before it (none had a
         # report yet), and emitted the counts: 09:40-09:55 and 10:00-10:55 in flight but the
         # one dropped, found missing and repaired
         windows = [(s["window_start"], s["window_end"]) for s in answer["shards"]]
         assert windows[-1] == (at("10:00"), at("11:00"))
-        assert len(windows) == 25 * aws.settings.shard_count
+        assert len(windows) == (CATCHUP_WINDOWS + 1) * aws.settings.shard_count
         emitted = _emitted_metrics(capsys.readouterr().out)
         assert emitted["ReconcileMissing"] == 1
         assert emitted["ReconcileRepaired"] == 1
@@ -813,7 +816,7 @@ def test_reconciler_catch_up_checks_every_other_window_when_one_fails(
     # ... having tried the failing window three times, the other one again, and checked
     # every other window, the older ones and its own hour included
     assert (tries[failing], tries[once]) == (3, 2)
-    windows = [(at("10:00") - k * 3600, at("11:00") - k * 3600) for k in range(25)]
+    windows = [(at("10:00") - k * 3600, at("11:00") - k * 3600) for k in range(CATCHUP_WINDOWS + 1)]
     store = ReportStore(aws.dynamodb, aws.settings.leases_table)
     assert store.settled_windows(0, windows) == set(windows) - {failing}
     # AND the next run checks the failed window and its own hour only
@@ -823,3 +826,48 @@ def test_reconciler_catch_up_checks_every_other_window_when_one_fails(
         failing,
         (at("11:00"), at("12:00")),
     ]
+
+
+def test_reconciler_reports_an_hour_that_leaves_its_horizon_still_open(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two shards' reports of the hour that drops out of the 12:05 run's horizon
+    # (CATCHUP_WINDOWS hours before [09:00, 10:00)): shard 0's last check left it open
+    # (it ran out of time), shard 1's settled it; and shard 0's next hour is open too
+    clock.now = at("12:05")
+    leaving = (at("10:00") - (CATCHUP_WINDOWS + 1) * HOUR, at("10:00") - CATCHUP_WINDOWS * HOUR)
+    store = ReportStore(aws.dynamodb, aws.settings.leases_table)
+
+    def stored(shard: int, window: tuple[int, int], complete: bool) -> ReconcileReport:
+        report = ReconcileReport.model_validate(
+            {
+                **dict(zip(("window_start", "window_end"), window, strict=True)),
+                "shard": shard,
+                "run_at": window[1] + HOUR,
+                "complete": complete,
+                "repair": True,
+                "schedules": 0,
+                "counts": {},
+                "examples": {},
+                "repaired_fired": 0,
+                "repaired_missed": 0,
+                "deferred": 0,
+                "repair_conflicts": 0,
+            }
+        )
+        assert store.put(report, purge_at=0)
+        return report
+
+    given_up = stored(0, leaving, complete=False)
+    stored(1, leaving, complete=True)
+    stored(0, (leaving[1], leaving[1] + HOUR), complete=False)
+    # WHEN the scheduled run catches up
+    reconciler = Reconciler(aws)
+    results = reconciler.catch_up([0, 1], at("12:05"))
+    # THEN it names shard 0's open hour as given up (the metric counts it), checks no
+    # hour that old, and still checks the open hour inside its horizon
+    assert reconciler.given_up == [given_up]
+    assert metric_values(results, len(reconciler.given_up))["ReconcileGaveUp"] == 1
+    checked = {(r.report.shard, r.report.window_start) for r in results}
+    assert min(start for _, start in checked) == leaving[1]
+    assert (0, leaving[1]) in checked

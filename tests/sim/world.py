@@ -485,8 +485,9 @@ class Simulation:
 
 def _at_most_a_day(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Overlapping outages of one component joined, each cut to a day: the contract covers
-    outages of up to a day (the reconciler's catch-up horizon), not a component down for
-    days because two draws overlapped."""
+    outages of up to a day (the reconciler's catch-up horizon of two days re-checks an hour
+    after one of them and one of its own), not a component down for days because two
+    draws overlapped."""
     joined: list[tuple[int, int]] = []
     for begin, end in sorted(spans):
         if joined and begin <= joined[-1][1]:

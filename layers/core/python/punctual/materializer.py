@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from punctual.dal.common import Item, run_batch, to_dynamo, values
-from punctual.dal.leases import Lease, LeaseStore
+from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease, LeaseStore
 from punctual.dal.schedules import (
     due_bucket,
     minute_load_of,
@@ -45,7 +45,6 @@ STEP_LIMIT = 20  # occurrences one schedule step may create
 # fence stops the old holder's next commit).
 LEASE_SECONDS = 20
 RENEW_AFTER = LEASE_SECONDS // 3
-BOOTSTRAP_SECONDS = 3600  # a shard seen for the first time starts this far back
 MAX_RETRIES = 5
 
 CrashHook = Callable[[str], None]

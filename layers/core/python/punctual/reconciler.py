@@ -69,7 +69,10 @@ HOUR = 3600
 # at most 960 s with the settings' limits), so a version that ended earlier owns nothing here.
 HISTORY_MARGIN = HOUR
 MAX_WINDOW_SECONDS = 24 * HOUR
-CATCHUP_WINDOWS = 24  # earlier hours a scheduled run checks for a missing report
+# Earlier hours a scheduled run checks again while they have no settled report: two days,
+# so an hour is still checked after an outage of up to a day (the materializer's, say)
+# followed by one of the reconciler's own.
+CATCHUP_WINDOWS = 48
 WINDOW_ATTEMPTS = 3  # tries of one window's check within a run
 EXAMPLES = 20  # ids kept per class in a report
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
@@ -335,8 +338,15 @@ class ReportStore:
     ) -> set[tuple[int, int]]:
         """Which of the shard's ``windows`` have a settled report (consistent read: a run
         that just finished must not be repeated)."""
+        found = self.in_windows(shard, windows)
+        return {window for window, report in found.items() if report.settled}
+
+    def in_windows(
+        self, shard: int, windows: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], ReconcileReport]:
+        """The shard's reports of those ``windows`` that have one, consistently read."""
         keys = [to_dynamo({"pk": report_key(start, end, shard)}) for start, end in windows]
-        return {(r.window_start, r.window_end) for r in self._get(keys) if r.settled}
+        return {(r.window_start, r.window_end): r for r in self._get(keys)}
 
     def get_many(
         self, window_start: int, window_end: int, shards: Iterable[int]
@@ -435,6 +445,8 @@ class Reconciler:
         self.reports = ReportStore(services.dynamodb, self.settings.leases_table)
         self.leases = LeaseStore(services.dynamodb, self.settings.leases_table)
         self.relay = relay or Relay(services)
+        # The last catch-up's hours that left its horizon with a report still unsettled.
+        self.given_up: list[ReconcileReport] = []
         # How far past a version change its predecessor can have been planned: the API plans
         # its horizon ahead (two minutes past a walk that overtook it), the materializer to
         # the end of the minute after lookahead.
@@ -453,18 +465,30 @@ class Reconciler:
         no settled report (a run that failed, timed out or never ran, or found something
         still open: in flight, deferred, just repaired), oldest first. So a reconciler outage
         is made up for, not skipped, and what was still open when its hour was checked is
-        checked again, and re-sent once overdue, until it is done."""
+        checked again, and re-sent once overdue, until it is done. An hour that leaves the
+        horizon with its report still unsettled is kept in ``given_up``."""
         start, end = default_window(at)
         self._check(shards, start, end)
         windows = [(start - k * HOUR, end - k * HOUR) for k in range(CATCHUP_WINDOWS, -1, -1)]
+        leaving = (windows[0][0] - HOUR, windows[0][0])
         results: list[ShardResult] = []
+        self.given_up = []
         failed: Exception | None = None
         for shard in shards:
             try:
-                done = self.reports.settled_windows(shard, windows[:-1])
+                found = self.reports.in_windows(shard, [leaving, *windows[:-1]])
             except Exception as error:  # throttled, a timeout: the next run reads them again
                 failed = failed or error
                 continue
+            done = {window for window, report in found.items() if report.settled}
+            if leaving in found and leaving not in done:
+                # The hour leaves the horizon with something still open: no run checks it
+                # again, so it is reported (ReconcileGaveUp) instead of dropped in silence.
+                self.given_up.append(found[leaving])
+                logger.error(
+                    "an hour left the reconciler's horizon unsettled; re-run it by hand",
+                    extra={"shard": shard, "window": list(leaving)},
+                )
             for window in windows[:-1]:
                 if window not in done and not self._out_of_time():
                     failed = self._isolated(shard, window, results) or failed
@@ -855,8 +879,9 @@ class Reconciler:
         return {"ConditionCheck": check}
 
 
-def metric_values(results: Iterable[ShardResult]) -> dict[str, int]:
-    """Totals over shards, named as in docs/operations.md (no per-tenant dimension)."""
+def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str, int]:
+    """Totals over shards, named as in docs/operations.md (no per-tenant dimension);
+    ``given_up``: the shard-hours that left the catch-up horizon unsettled."""
     totals = dict.fromkeys(METRIC_NAMES.values(), 0) | {
         "ReconcileRepaired": 0,
         "ReconcileRepairFired": 0,
@@ -867,6 +892,7 @@ def metric_values(results: Iterable[ShardResult]) -> dict[str, int]:
         "ReconcileIncomplete": 0,
         "ReconcileCursorsMoved": 0,
         "ReconcileRedriven": 0,
+        "ReconcileGaveUp": given_up,
     }
     for result in results:
         report = result.report

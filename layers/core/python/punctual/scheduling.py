@@ -57,8 +57,9 @@ from punctual.timing import Fire, get_zone, preview
 Clock = Callable[[], float]
 
 PREVIEW_COUNT = 5
-# Plans re-made when the materializer's walk overtakes a change before it commits.
-WALK_RETRIES = 3
+# Plans re-made when the materializer's walk overtakes a change before it commits (or the
+# change is the first in its shard, which it opens first).
+WALK_RETRIES = 4
 _LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
 
 _AFFECTED_NOTES = {
@@ -363,9 +364,14 @@ class ControlPlane:
             except ConditionFailed as refused:
                 if refused.label != "shard":
                     raise
+                if "watermark" not in (refused.old_item or {}):
+                    # The shard's first schedule: give it a watermark, which the first
+                    # claim then walks from, and place the cursor again.
+                    self.leases.open(shard, now=now)
+                    continue
                 # The walk got to the cursor's bucket first (this commit was slow, or our
                 # clock is behind the ticker's): plan directly past where it stands now.
-                walked = int((refused.old_item or {}).get("watermark", 0))
+                walked = int((refused.old_item or {})["watermark"])
                 until = max(until, walked + 2 * 60 - 1)
         raise Retryable("the materializer kept overtaking this change; retry")
 

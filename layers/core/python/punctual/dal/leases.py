@@ -10,6 +10,7 @@ from punctual.dal.common import Item, from_dynamo, to_dynamo, translated, values
 from punctual.errors import Conflict
 
 PENDING = "pending_releases"  # on the shard item: tenants with a release not yet handed over
+BOOTSTRAP_SECONDS = 3600  # a shard's first watermark is this far before its opener's clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,30 @@ class LeaseStore:
             frozenset(item.get(PENDING, ())),
         )
 
+    def open(self, shard: int, *, now: int) -> None:
+        """Give the shard a watermark if it has none, an hour before ``now``. A schedule is
+        placed in a shard's due index only once the shard has one (``not_walked``): a first
+        claim starts its walk near its own tick, and would never read a bucket placed before
+        it while the materializer was down."""
+        try:
+            with translated():
+                self._client.put_item(
+                    TableName=self.table,
+                    Item=to_dynamo(
+                        {
+                            **from_dynamo(shard_key(shard)),
+                            "watermark": now - now % 60 - BOOTSTRAP_SECONDS,
+                            "expires_at": 0,  # free: the first claim takes it
+                            "fence": 0,
+                        }
+                    ),
+                    # Race: the materializer's first claim or another writer opened it
+                    # first; its watermark, perhaps walked on since, stands.
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+        except Conflict:
+            pass
+
     def read(self, shard: int) -> Item | None:
         """The shard's item, strongly consistent: what a writer placing a schedule in the due
         index must compare its bucket with (the watermark moves every minute)."""
@@ -88,8 +113,10 @@ class LeaseStore:
                 # Race: a schedule placed in a due bucket that the materializer has already
                 # walked (a slow or retried commit, a skewed clock) would never be read again.
                 # The walk reads bucket W only once the watermark is W, so a bucket after the
-                # stored watermark is still ahead of it.
-                "ConditionExpression": "attribute_not_exists(watermark) OR watermark < :m",
+                # stored watermark is still ahead of it. A shard with no watermark yet fails
+                # too (the writer opens it and retries): its first claim would start its
+                # walk near its own tick, past this bucket.
+                "ConditionExpression": "watermark < :m",
                 "ExpressionAttributeValues": values(m=minute),
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
