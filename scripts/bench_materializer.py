@@ -24,7 +24,7 @@ from punctual.ids import new_schedule_id, shard_of
 from punctual.local.dynamodb import start
 from punctual.materializer import Materializer
 from punctual.models import Schedule
-from punctual.scheduling import Services
+from punctual.services import Services
 from punctual.settings import Settings
 from punctual.tenancy import Quotas, Tenant
 

@@ -32,7 +32,8 @@ from punctual.local.stats import percentile
 from punctual.local.streams import StreamPoller
 from punctual.materializer import Materializer
 from punctual.relay import Relay
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from punctual.settings import Settings
 from scripts.bench_materializer import TENANTS, item_size, seed, units
 

@@ -26,7 +26,7 @@ from punctual.integrations.queues import QueueAdmin
 from punctual.materialize import new_occurrence
 from punctual.models import Schedule
 from punctual.relay import Relay
-from punctual.scheduling import Services
+from punctual.services import Services
 from punctual.settings import Settings
 from punctual.tenancy import Target
 

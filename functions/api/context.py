@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 from typing import Any, cast
 
 from aws_lambda_powertools.event_handler.api_gateway import BaseRouter
@@ -17,7 +16,8 @@ from aws_lambda_powertools.utilities.idempotency import (
 from api.views import saved_out
 from punctual.errors import Forbidden
 from punctual.models import ScheduleDefinition
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services, Wiring
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 # Registered with each invocation's Lambda context (handler.py), so that a create cut off
@@ -28,27 +28,16 @@ IDEMPOTENCY = IdempotencyConfig(
     expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,
 )
 
-_services: Services | None = None
-
-
-def configure(services: Services | None) -> None:
-    """Use these services (tests, the local stack); None: build from the environment."""
-    global _services
-    _services = services
-    plane.cache_clear()
-    idempotent_create.cache_clear()
+wiring = Wiring()
+configure = wiring.configure  # tests and the local stack hand their services in
 
 
 def services() -> Services:
-    global _services
-    if _services is None:
-        _services = Services.from_environment()
-    return _services
+    return wiring.services()
 
 
-@cache
 def plane() -> ControlPlane:
-    return ControlPlane(services())
+    return wiring.built(ControlPlane)
 
 
 def caller_arn(app: BaseRouter) -> str:
@@ -70,11 +59,14 @@ def require_operator(app: BaseRouter) -> None:
         raise Forbidden("operator only")
 
 
-@cache
 def idempotent_create() -> Callable[..., dict[str, Any]]:
     """Create, remembered per (tenant, Idempotency-Key) for a day with a body fingerprint."""
+    return wiring.built(_idempotent_create)
+
+
+def _idempotent_create(services: Services) -> Callable[..., dict[str, Any]]:
     persistence = DynamoDBPersistenceLayer(
-        table_name=services().settings.idempotency_table, boto3_client=services().dynamodb
+        table_name=services.settings.idempotency_table, boto3_client=services.dynamodb
     )
 
     @idempotent_function(

@@ -13,12 +13,16 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from punctual.ids import minute_of
 from punctual.materializer import Materializer
 from punctual.observability import logger, metrics
-from punctual.scheduling import Services
+from punctual.services import Wiring
 from punctual.timing import to_epoch
 
 # Stop with this much time left (between transactions), so the lease is released and the
 # watermark saved instead of a timeout killing the invocation mid-bucket.
 SAFETY_MILLIS = 10_000
+
+
+wiring = Wiring()
+configure = wiring.configure  # tests and the local stack hand their services in
 
 
 class TickRequest(BaseModel):
@@ -33,7 +37,7 @@ class TickRequest(BaseModel):
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = TickRequest.model_validate(event)
     materializer = Materializer(
-        Services.from_environment(),
+        wiring.services(),
         holder=context.aws_request_id,
         out_of_time=lambda: context.get_remaining_time_in_millis() < SAFETY_MILLIS,
     )

@@ -13,19 +13,14 @@ from punctual.errors import InvalidInput
 from punctual.models import field_errors
 from punctual.observability import logger, metrics
 from punctual.reconciler import Reconciler, metric_values
-from punctual.scheduling import Services
+from punctual.services import Wiring
 from punctual.timing import to_epoch
 
 # Stop examining schedules with this much time left, so the shard's report is still saved.
 SAFETY_MILLIS = 60_000
 
-_services: Services | None = None
-
-
-def configure(services: Services | None) -> None:
-    """Use these services (tests, the local stack); None: build from the environment."""
-    global _services
-    _services = services
+wiring = Wiring()
+configure = wiring.configure  # tests and the local stack hand their services in
 
 
 class ReconcileRequest(BaseModel):
@@ -64,7 +59,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     request = parse(event)
     window = request.window()
     reconciler = Reconciler(
-        _services or Services.from_environment(),
+        wiring.services(),
         out_of_time=lambda: context.get_remaining_time_in_millis() < SAFETY_MILLIS,
     )
     if window is None:

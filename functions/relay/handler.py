@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -16,14 +15,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from punctual.observability import logger, metrics
 from punctual.relay import Relay
-from punctual.scheduling import Services
+from punctual.services import Wiring
 
 processor = BatchProcessor(event_type=EventType.DynamoDBStreams)
 
 
-@cache
-def relay() -> Relay:
-    return Relay(Services.from_environment())
+wiring = Wiring()
+configure = wiring.configure  # tests and the local stack hand their services in
 
 
 @logger.inject_lambda_context
@@ -32,7 +30,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     # The relay sends the whole batch grouped by queue (SendMessageBatch, queues in
     # parallel); Powertools then reports each record it could not deliver as a batch item
     # failure, so the event source mapping retries from there and nothing is dropped.
-    report = relay().relay(event.get("Records", []))
+    report = wiring.built(Relay).relay(event.get("Records", []))
     for strict, lag in report.lags:
         metrics.add_metric(
             name="EnqueueLagStrict" if strict else "EnqueueLagFlexible",

@@ -4,7 +4,6 @@ the records read back from the stream -> the relay again (punctual.redrive)."""
 from __future__ import annotations
 
 import json
-from functools import cache
 from typing import Any
 
 import boto3
@@ -20,20 +19,23 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from punctual.observability import logger, metrics
 from punctual.redrive import StreamRedrive, Trimmed
 from punctual.relay import Relay
-from punctual.scheduling import Services
+from punctual.services import Services, Wiring
 
 processor = BatchProcessor(event_type=EventType.SQS)
 
 
-@cache
-def redrive() -> StreamRedrive:
-    return StreamRedrive(boto3.client("dynamodbstreams"), Relay(Services.from_environment()))
+wiring = Wiring()
+configure = wiring.configure  # tests and the local stack hand their services in
+
+
+def _redrive(services: Services) -> StreamRedrive:
+    return StreamRedrive(boto3.client("dynamodbstreams"), Relay(services))
 
 
 def record_handler(record: SQSRecord) -> None:
     failure = json.loads(record.body)
     try:
-        report = redrive().redrive(failure)
+        report = wiring.built(_redrive).redrive(failure)
     except Trimmed:
         # Past the stream's 24 hours: the reconciler re-sends what no worker took, once it
         # checks that hour. Counted (alarmed), and the message is done.

@@ -26,7 +26,7 @@ import pytest
 from punctual.client import ApiError, Client
 from punctual.local.dynamodb import free_port
 from punctual.local.engines import LOCAL_SHARDS, REGION, recorded
-from punctual.scheduling import Services
+from punctual.services import Services
 from punctual.settings import Settings
 from punctual.worker import Job, QueueConsumer, Worker
 

@@ -18,7 +18,7 @@ from punctual.dal.tables import ALL_TABLES, create_tables
 from punctual.local import gateway
 from punctual.local.dynamodb import LocalDynamoDB
 from punctual.local.dynamodb import start as start_dynamodb_local
-from punctual.scheduling import Services
+from punctual.services import Services
 from punctual.settings import Settings
 from tests.aws_calls import record_aws_calls  # noqa: F401  (records every function's AWS calls)
 

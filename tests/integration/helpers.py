@@ -7,7 +7,7 @@ from typing import Any
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
-from punctual.scheduling import Services
+from punctual.services import Services, Wiring
 from tests.integration.conftest import Answer, Api
 
 ERROR_KEYS = {"code", "message", "fields", "details"}
@@ -84,6 +84,14 @@ def all_pages(api: Api, path: str, key: str, **query: Any) -> list[list[dict[str
         if token is None:
             return pages
         assert len(pages) < 50, "pagination does not end"
+
+
+def wire(handler: Any, services: Services, monkeypatch: Any) -> None:
+    """Hand ``services`` to a Lambda handler module for one test, as the local stack does
+    (Lambda builds them from the environment)."""
+    wiring = Wiring()
+    wiring.configure(services)
+    monkeypatch.setattr(handler, "wiring", wiring)
 
 
 def set_occurrence_state(aws: Services, occurrence_id: str, state: str) -> None:

@@ -12,7 +12,7 @@ from api import handler
 
 from punctual.client import Client
 from punctual.local.gateway import Gateway
-from punctual.scheduling import Services
+from punctual.services import Services
 from tests.integration.conftest import Clock, bootstrap
 from tests.integration.helpers import cron
 

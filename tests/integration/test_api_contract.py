@@ -48,7 +48,7 @@ from punctual.dal.tables import ALL_TABLES, create_tables
 from punctual.local.dynamodb import LocalDynamoDB
 from punctual.local.gateway import Gateway
 from punctual.models import ScheduleDefinition
-from punctual.scheduling import Services
+from punctual.services import Services
 from punctual.settings import Settings
 from tests.integration.conftest import START
 from tests.integration.helpers import ERROR_KEYS

@@ -14,7 +14,8 @@ import pytest
 from api import handler
 
 from punctual.observability import logger
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from tests.integration.conftest import (
     OPERATOR,
     START,

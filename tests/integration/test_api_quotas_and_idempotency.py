@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from moto.core.botocore_stubber import BotocoreStubber
 
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from tests.integration.conftest import ALICE, OPERATOR, START, Answer, Api, Clock, bootstrap
 from tests.integration.helpers import (
     assert_error,

@@ -16,7 +16,7 @@ import pytest
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import attempt_key
-from punctual.scheduling import Services
+from punctual.services import Services
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (
     all_pages,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from punctual.scheduling import Services
+from punctual.services import Services
 from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, bootstrap
 from tests.integration.helpers import assert_error, create, cron, delete, patch
 

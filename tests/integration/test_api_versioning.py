@@ -14,7 +14,8 @@ from punctual.dal.tables import occurrence_key
 from punctual.ids import shard_of
 from punctual.materializer import Materializer
 from punctual.models import OccurrenceState
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (

@@ -12,10 +12,9 @@ from materializer import handler as materializer_handler
 from relay import handler as relay_handler
 
 from punctual.reconciler import Reconciler
-from punctual.relay import Relay
-from punctual.scheduling import Services
+from punctual.services import Services
 from tests.integration.conftest import OPERATOR, Api, Clock, LambdaContextStub
-from tests.integration.helpers import create, iso, rate, table_items
+from tests.integration.helpers import create, iso, rate, table_items, wire
 
 
 def emitted(out: str) -> dict[str, float]:
@@ -66,8 +65,8 @@ def test_materializer_and_relay_handlers_carry_a_flexible_schedule_to_its_queue(
     schedule_id = create(alice, rate("rate(5 minutes)", flexible_window_seconds=120))["schedule"][
         "schedule_id"
     ]
-    monkeypatch.setattr(Services, "from_environment", lambda: aws)
-    monkeypatch.setattr(relay_handler, "relay", lambda: Relay(aws))
+    wire(materializer_handler, aws, monkeypatch)
+    wire(relay_handler, aws, monkeypatch)
     shards = list(range(aws.settings.shard_count))
     capsys.readouterr()
     # WHEN the ticker invokes the materializer each minute for ten minutes

@@ -26,7 +26,8 @@ from punctual.integrations.queues import DLQ_RETENTION_SECONDS, OWNER_TAG, queue
 from punctual.models import TARGET_NAME_PATTERN, ScheduleDefinition
 from punctual.principals import PrincipalError, normalize_principal
 from punctual.relay import Relay
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from punctual.settings import Settings
 from punctual.tenancy import TENANT_ID_PATTERN
 from tests.aws_calls import read_inventory

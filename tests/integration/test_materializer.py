@@ -19,7 +19,8 @@ from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import LEASE_SECONDS, Materializer
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
 from punctual.reconciler import Reconciler
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from punctual.timing import utc_text
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock

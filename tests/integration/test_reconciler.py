@@ -34,7 +34,8 @@ from punctual.reconciler import (
     metric_values,
     read_reports,
 )
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from tests.integration.conftest import Api, Clock, LambdaContextStub
 from tests.integration.helpers import set_occurrence_state, table_items
 

@@ -4,6 +4,7 @@ due, and the on-failure queue's stream batches are read back and relayed again."
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from typing import Any
 
@@ -19,9 +20,11 @@ from punctual.models import ScheduleDefinition
 from punctual.reconciler import Reconciler
 from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed
 from punctual.relay import Relay
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
+from punctual.settings import Settings
 from tests.integration.conftest import Api, Clock, LambdaContextStub
-from tests.integration.helpers import set_occurrence_state
+from tests.integration.helpers import set_occurrence_state, wire
 from tests.integration.test_reconciler import _emitted_metrics
 from tests.integration.test_relay import messages
 
@@ -221,7 +224,10 @@ def test_stream_redrive_handler_keeps_the_message_until_the_batch_is_sent(
             raise ClientError({"Error": {"Code": "ServiceUnavailable"}}, "SendMessageBatch")
 
     refusing = Services(local_aws.dynamodb, Refusing(), local_aws.settings, local_aws.now)
-    monkeypatch.setattr(handler, "redrive", lambda: StreamRedrive(streams, Relay(refusing)))
+    wire(handler, refusing, monkeypatch)
+    monkeypatch.setattr(
+        handler, "_redrive", lambda services: StreamRedrive(streams, Relay(services))
+    )
     event = _on_failure_event(failure)
     # WHEN the handler runs; THEN the invocation fails (every record of the batch failed),
     # so SQS keeps the message and delivers it again: the batch is not dropped
@@ -253,7 +259,8 @@ def test_stream_redrive_handler_counts_a_batch_the_stream_dropped_and_lets_it_go
         redrive.redrive(failure)
     # AND the handler counts it as RedriveExpired (alarmed; the reconciler re-sends what no
     # worker took) and lets the message go: no record failed, nothing comes back
-    monkeypatch.setattr(handler, "redrive", lambda: redrive)
+    wire(handler, Services(None, None, Settings(), time.time), monkeypatch)
+    monkeypatch.setattr(handler, "_redrive", lambda _: redrive)
     event = _on_failure_event(failure)
     capsys.readouterr()
     assert handler.lambda_handler(event, LambdaContextStub()) == {"batchItemFailures": []}

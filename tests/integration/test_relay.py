@@ -15,7 +15,8 @@ from punctual.dal.tables import occurrence_key
 from punctual.integrations.queues import queue_name
 from punctual.models import OccurrenceState, ScheduleDefinition
 from punctual.relay import DelayTooLong, Relay, delay_seconds
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import BOB, Api, Clock, LambdaContextStub, bootstrap
 from tests.integration.helpers import set_occurrence_state, table_items

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from punctual.dal.tables import OCCURRENCES, SchemaMismatch, create_tables
-from punctual.scheduling import Services
+from punctual.services import Services
 from tests.integration.conftest import Api
 from tests.integration.helpers import table_items
 

@@ -32,7 +32,8 @@ from punctual.models import (
     can_transition,
 )
 from punctual.relay import Relay
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from punctual.timing import utc_text
 from punctual.worker import (
     Delivery,

@@ -43,7 +43,8 @@ from punctual.models import ScheduleDefinition, ScheduleState
 from punctual.reconciler import Reconciler
 from punctual.redrive import StreamRedrive, Trimmed
 from punctual.relay import Relay
-from punctual.scheduling import ControlPlane, Services
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
 from punctual.settings import Settings
 from punctual.tenancy import Quotas
 from punctual.timing import get_zone

@@ -379,7 +379,7 @@ def _stop_on_signals() -> threading.Event:
 
 def _worker(client: Client, args: argparse.Namespace) -> int:
     from punctual.local.logs import plain_logs
-    from punctual.scheduling import Services
+    from punctual.services import Services
     from punctual.worker import QueueConsumer, Worker
 
     plain_logs(os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"))
@@ -485,7 +485,7 @@ def _local_down(data: Path) -> int:
 
 def run_stats(args: argparse.Namespace) -> int:
     from punctual.local.stats import figures
-    from punctual.scheduling import Services
+    from punctual.services import Services
 
     services = Services.from_environment()
     found = figures(services, int(services.now()) - args.minutes * 60)

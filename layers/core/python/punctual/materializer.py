@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from punctual.dal.common import Item, run_batch, to_dynamo, values
-from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease, LeaseStore
+from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease
 from punctual.dal.schedules import (
     due_bucket,
     minute_load_of,
@@ -35,7 +35,7 @@ from punctual.dal.tenants import released_usage
 from punctual.ids import minute_of
 from punctual.materialize import Catchup, Plan, plan
 from punctual.models import MisfireAction, Occurrence, Schedule, ScheduleState
-from punctual.scheduling import Services
+from punctual.services import Services
 from punctual.tenancy import Quotas
 
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
@@ -104,7 +104,7 @@ class Materializer:
         self._crash = crash or (lambda point: None)
         self._out_of_time = out_of_time or (lambda: False)
         self._skip = skip
-        self.leases = LeaseStore(services.dynamodb, self.settings.leases_table)
+        self.leases = services.leases
         self._quotas: dict[str, Quotas] = {}
         self._renewed_at = 0
 

@@ -40,7 +40,6 @@ from punctual.dal.common import (
     translated,
     values,
 )
-from punctual.dal.leases import LeaseStore
 from punctual.dal.schedules import (
     ScheduleVersion,
     current_version_of,
@@ -61,7 +60,7 @@ from punctual.models import (
 from punctual.observability import logger
 from punctual.redrive import REDRIVE_AFTER, overdue
 from punctual.relay import Relay, outbound
-from punctual.scheduling import Services
+from punctual.services import Services
 
 HOUR = 3600
 # History is read back to this long before the window: an older version's occurrences can
@@ -443,7 +442,7 @@ class Reconciler:
         self.schedules = services.schedules
         self.occurrences = services.occurrences
         self.reports = ReportStore(services.dynamodb, self.settings.leases_table)
-        self.leases = LeaseStore(services.dynamodb, self.settings.leases_table)
+        self.leases = services.leases
         self.relay = relay or Relay(services)
         # The last catch-up's hours that left its horizon with a report still unsettled.
         self.given_up: list[ReconcileReport] = []

@@ -32,7 +32,7 @@ from punctual.dal.tables import OCCURRENCE_PREFIX
 from punctual.ids import tenant_of_schedule
 from punctual.models import Occurrence, OccurrenceState
 from punctual.observability import logger
-from punctual.scheduling import Services
+from punctual.services import Services
 from punctual.timing import utc_text
 
 MAX_DELAY = 900  # SQS holds a message back at most 15 minutes

@@ -8,7 +8,6 @@ due so soon that the materializer may already have planned past it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,16 +16,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from punctual.dal.common import ConditionFailed, Item, run_transaction
-from punctual.dal.leases import LeaseStore
-from punctual.dal.occurrences import OccurrenceStore
 from punctual.dal.schedules import (
-    ScheduleStore,
     minute_load_of,
     schedule_from_item,
     schedule_to_item,
     version_to_item,
 )
-from punctual.dal.tenants import TenantStore, usage_update
+from punctual.dal.tenants import usage_update
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
 from punctual.ids import (
     available_at,
@@ -50,11 +46,9 @@ from punctual.models import (
     field_errors,
 )
 from punctual.principals import PrincipalError, normalize_principal
-from punctual.settings import Settings, get_settings
+from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
 from punctual.timing import Fire, get_zone, preview
-
-Clock = Callable[[], float]
 
 PREVIEW_COUNT = 5
 # Plans re-made when the materializer's walk overtakes a change before it commits (or the
@@ -108,40 +102,6 @@ class Saved:
         return ([resolution] if resolution else []) + self.next_fires.notes
 
 
-@dataclass(frozen=True, slots=True)
-class Services:
-    """What the control plane talks to, built once per process by the handler."""
-
-    dynamodb: Any
-    sqs: Any
-    settings: Settings
-    now: Clock
-
-    @classmethod
-    def from_environment(cls) -> Services:
-        """The Lambda wiring: clients from the standard AWS chain, settings from env."""
-        import boto3  # only here: the domain never builds clients at import time
-
-        return cls(
-            dynamodb=boto3.client("dynamodb"),
-            sqs=boto3.client("sqs"),
-            settings=get_settings(),
-            now=time.time,
-        )
-
-    @property
-    def schedules(self) -> ScheduleStore:
-        return ScheduleStore(self.dynamodb, self.settings.schedules_table)
-
-    @property
-    def occurrences(self) -> OccurrenceStore:
-        return OccurrenceStore(self.dynamodb, self.settings.occurrences_table)
-
-    @property
-    def tenants(self) -> TenantStore:
-        return TenantStore(self.dynamodb, self.settings.tenants_table)
-
-
 def _handled_until(schedule: Schedule) -> int:
     """Every fire due (available) by this instant has been made (punctual.materialize)."""
     if schedule.planned_until is not None:
@@ -169,7 +129,7 @@ class ControlPlane:
         self.schedules = services.schedules
         self.occurrences = services.occurrences
         self.tenants = services.tenants
-        self.leases = LeaseStore(services.dynamodb, services.settings.leases_table)
+        self.leases = services.leases
         self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix)
 
     def _now(self) -> int:

@@ -81,7 +81,7 @@ def _fired(spec: dict[str, Any], now: float) -> bool:
 
 def run_demo(api_url: str, stop: threading.Event) -> None:
     """The demo's schedules, then a worker printing what arrives until ``stop``."""
-    from punctual.scheduling import Services
+    from punctual.services import Services
     from punctual.worker import QueueConsumer, Worker
 
     client = Client(api_url, access_key_id=DEMO_KEY)

@@ -210,7 +210,7 @@ class LocalStack:
         self.gateway = bind_gateway(options.port)
         self.engines = ensure_engines(options.data)
         configure_environment(self.engines, options)
-        from punctual.scheduling import Services
+        from punctual.services import Services
         from punctual.settings import get_settings
 
         get_settings.cache_clear()

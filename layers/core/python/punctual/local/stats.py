@@ -11,7 +11,7 @@ from typing import Any
 from punctual.dal.common import from_dynamo
 from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT
 from punctual.reconciler import default_window, read_reports
-from punctual.scheduling import Services
+from punctual.services import Services
 
 
 def _scan(services: Services, table: str, sk_prefix: str) -> list[dict[str, Any]]:

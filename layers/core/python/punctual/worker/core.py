@@ -35,7 +35,7 @@ from punctual.models import (
     ScheduleState,
 )
 from punctual.observability import logger
-from punctual.scheduling import Services
+from punctual.services import Services
 
 MESSAGE_VERSION = 1
 _S = OccurrenceState

@@ -1,0 +1,90 @@
+"""What every component talks to (the AWS clients, the settings, the clock), and how a
+Lambda handler gets it: built once per process from the environment, or handed in by a
+test or the local stack."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from punctual.dal.leases import LeaseStore
+from punctual.dal.occurrences import OccurrenceStore
+from punctual.dal.schedules import ScheduleStore
+from punctual.dal.tenants import TenantStore
+from punctual.settings import Settings, get_settings
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The clients, settings and clock one process runs with; the stores over them."""
+
+    dynamodb: Any
+    sqs: Any
+    settings: Settings
+    now: Clock
+
+    @classmethod
+    def from_environment(cls) -> Services:
+        """The Lambda wiring: clients from the standard AWS chain, settings from env."""
+        import boto3  # only here: the domain never builds clients at import time
+
+        return cls(
+            dynamodb=boto3.client("dynamodb"),
+            sqs=boto3.client("sqs"),
+            settings=get_settings(),
+            now=time.time,
+        )
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        return ScheduleStore(self.dynamodb, self.settings.schedules_table)
+
+    @property
+    def occurrences(self) -> OccurrenceStore:
+        return OccurrenceStore(self.dynamodb, self.settings.occurrences_table)
+
+    @property
+    def tenants(self) -> TenantStore:
+        return TenantStore(self.dynamodb, self.settings.tenants_table)
+
+    @property
+    def leases(self) -> LeaseStore:
+        return LeaseStore(self.dynamodb, self.settings.leases_table)
+
+
+class Wiring:
+    """A handler module's services, the same way in all of them: built from the
+    environment on first use, so a Lambda container reuses its clients (and their
+    connections) across invocations; or the ones a test or the local stack configured.
+    What a handler builds from them (``built``) is kept alongside and dropped with them."""
+
+    def __init__(self) -> None:
+        self._services: Services | None = None
+        self._built: dict[Callable[[Services], Any], Any] = {}
+        self._lock = threading.Lock()  # the local stack calls a handler from several threads
+
+    def configure(self, services: Services | None) -> None:
+        """Use these services; None: build them from the environment on next use."""
+        with self._lock:
+            self._services = services
+            self._built.clear()
+
+    def services(self) -> Services:
+        with self._lock:
+            if self._services is None:
+                self._services = Services.from_environment()
+            return self._services
+
+    def built(self, factory: Callable[[Services], T]) -> T:
+        """``factory(services)``, made once per configuration."""
+        services = self.services()
+        with self._lock:
+            if factory not in self._built:
+                self._built[factory] = factory(services)
+            return cast(T, self._built[factory])
