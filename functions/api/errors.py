@@ -24,10 +24,13 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from api.views import ErrorBody, ErrorOut
 from punctual.errors import (
     Conflict,
+    Forbidden,
     InvalidInput,
     NotFound,
     PreconditionRequired,
     PunctualError,
+    QuotaExceeded,
+    Retryable,
 )
 from punctual.models import field_errors
 from punctual.observability import logger
@@ -37,13 +40,31 @@ _IF_MATCH = ("header", "if-match")
 
 
 class MethodNotAllowed(PunctualError):
-    status = 405
     code = "method_not_allowed"
+    callers_fault = True
 
 
 class UnsupportedMediaType(PunctualError):
-    status = 415
     code = "unsupported_media_type"
+    callers_fault = True
+
+
+# The one place a domain error becomes an HTTP status (a subclass takes its base's).
+STATUS: dict[type[PunctualError], int] = {
+    InvalidInput: 400,
+    Forbidden: 403,
+    NotFound: 404,
+    MethodNotAllowed: 405,
+    Conflict: 409,
+    UnsupportedMediaType: 415,
+    PreconditionRequired: 428,
+    QuotaExceeded: 429,
+    Retryable: 503,
+}
+
+
+def status_of(error: PunctualError) -> int:
+    return next((STATUS[c] for c in type(error).__mro__ if c in STATUS), 500)
 
 
 def error_response(
@@ -62,7 +83,7 @@ def error_response(
         )
     )
     return Response(
-        status_code=error.status,
+        status_code=status_of(error),
         content_type=content_types.APPLICATION_JSON,
         body=body.model_dump_json(),
         headers=headers,
@@ -77,7 +98,7 @@ def install(app: APIGatewayRestResolver) -> None:
 
     @app.exception_handler(PunctualError)
     def _domain_error(error: PunctualError) -> Response[Any]:
-        if error.status < 500:
+        if status_of(error) < 500:
             return error_response(error)
         logger.exception("request failed")
         return error_response(error, request_id=request_id())

@@ -42,6 +42,7 @@ from punctual.models import (
     MisfirePolicy,
     OverlapPolicy,
     RateSpec,
+    ReconcileReport,
     RetryPolicy,
     ScheduleDefinition,
     ScheduleSpec,
@@ -49,7 +50,7 @@ from punctual.models import (
     StrictCount,
 )
 from punctual.observability import logger
-from punctual.reconciler import ReconcileReport, default_window, read_reports
+from punctual.reconciler import default_window, read_reports
 from punctual.tenancy import TENANT_ID_PATTERN, Quotas
 from punctual.timing import get_zone, preview, to_epoch, tzdata_version, utc_text
 

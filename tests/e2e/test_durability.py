@@ -13,7 +13,6 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from tests.e2e.conftest import (
     stop,
     wait_for,
 )
+from tests.instants import epoch
 
 pytestmark = pytest.mark.e2e
 
@@ -71,10 +71,6 @@ def all_delayed(stack: Stack, queue: str, expected: int) -> None:
         return sum(counts.values()) == expected and counts["MessagesDelayed"] >= BATCH
 
     wait_for(sent, 30, f"{expected} messages in the queue, the last {BATCH} delayed")
-
-
-def epoch(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
 
 
 def output(stack: Stack) -> str:

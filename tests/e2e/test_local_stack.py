@@ -28,7 +28,6 @@ from botocore.credentials import Credentials
 from punctual.client import ApiError
 from punctual.local.dynamodb import free_port
 from punctual.local.engines import LOCAL_SHARDS, recorded
-from punctual.timing import utc_text
 from punctual.worker import QueueConsumer
 from tests.e2e.conftest import (
     LOOKAHEAD_SECONDS,
@@ -42,18 +41,11 @@ from tests.e2e.conftest import (
     run_punctual,
     wait_for,
 )
+from tests.instants import epoch, iso
 
 pytestmark = pytest.mark.e2e
 
 ERROR_KEYS = {"code", "message", "fields", "details"}
-
-
-def iso(instant: float) -> str:
-    return utc_text(int(instant))
-
-
-def epoch(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
 
 
 def until(instant: float) -> float:

@@ -2,32 +2,25 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
+from punctual.models import ScheduleDefinition
+from punctual.scheduling import ControlPlane
 from punctual.services import Services, Wiring
 from tests.integration.conftest import Answer, Api
 
 ERROR_KEYS = {"code", "message", "fields", "details"}
 
 
-def iso(instant: float) -> str:
-    """An epoch instant as the API writes it: '2026-11-18T11:10:00Z'."""
-    return datetime.fromtimestamp(int(instant), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def epoch(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+def cron_spec(expression: str, timezone: str = "UTC") -> dict[str, Any]:
+    return {"kind": "cron", "expression": expression, "timezone": timezone}
 
 
 def cron(expression: str = "*/5 * * * *", timezone: str = "UTC", **extra: Any) -> dict[str, Any]:
-    return {
-        "spec": {"kind": "cron", "expression": expression, "timezone": timezone},
-        "target": "default",
-        **extra,
-    }
+    """A create body: a cron schedule on the default target."""
+    return {"spec": cron_spec(expression, timezone), "target": "default", **extra}
 
 
 def rate(expression: str = "rate(2 minutes)", **extra: Any) -> dict[str, Any]:
@@ -53,6 +46,12 @@ def assert_error(answer: Answer, status: int, code: str) -> dict[str, Any]:
     assert isinstance(error["fields"], list)
     assert isinstance(error["details"], dict)
     return error
+
+
+def make(aws: Services, tenant: str = "alice", **fields: Any) -> str:
+    """Create a schedule through the control plane itself (no HTTP); its id."""
+    definition = ScheduleDefinition.model_validate({"target": "default", **fields})
+    return ControlPlane(aws).create(tenant, definition).schedule.schedule_id
 
 
 def create(api: Api, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

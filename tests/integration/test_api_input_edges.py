@@ -16,6 +16,7 @@ from api import handler
 from punctual.observability import logger
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
+from tests.instants import epoch, iso
 from tests.integration.conftest import (
     OPERATOR,
     START,
@@ -26,17 +27,7 @@ from tests.integration.conftest import (
     bootstrap,
     rest_event,
 )
-from tests.integration.helpers import (
-    assert_error,
-    create,
-    cron,
-    epoch,
-    iso,
-    one_shot,
-    patch,
-    rate,
-    table_items,
-)
+from tests.integration.helpers import assert_error, create, cron, one_shot, patch, rate, table_items
 
 
 def _nothing_written(api: Api, aws: Services) -> None:

@@ -12,13 +12,13 @@ from moto.core.botocore_stubber import BotocoreStubber
 
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
+from tests.instants import iso
 from tests.integration.conftest import ALICE, OPERATOR, START, Answer, Api, Clock, bootstrap
 from tests.integration.helpers import (
     assert_error,
     create,
     cron,
     delete,
-    iso,
     one_shot,
     patch,
     table_items,

@@ -17,6 +17,7 @@ import pytest
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import attempt_key
 from punctual.services import Services
+from tests.instants import epoch, iso
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (
     all_pages,
@@ -24,8 +25,6 @@ from tests.integration.helpers import (
     create,
     cron,
     delete,
-    epoch,
-    iso,
     one_shot,
     patch,
     rate,

@@ -17,16 +17,9 @@ from punctual.models import OccurrenceState
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.instants import iso
 from tests.integration.conftest import START, Answer, Api, Clock
-from tests.integration.helpers import (
-    create,
-    cron,
-    delete,
-    iso,
-    one_shot,
-    patch,
-    set_occurrence_state,
-)
+from tests.integration.helpers import create, cron, delete, one_shot, patch, set_occurrence_state
 
 
 def _occurrence(api: Api, occurrence_id: str) -> dict[str, Any]:

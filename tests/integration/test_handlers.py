@@ -13,8 +13,9 @@ from relay import handler as relay_handler
 
 from punctual.reconciler import Reconciler
 from punctual.services import Services
+from tests.instants import iso
 from tests.integration.conftest import OPERATOR, Api, Clock, LambdaContextStub
-from tests.integration.helpers import create, iso, rate, table_items, wire
+from tests.integration.helpers import create, rate, table_items, wire
 
 
 def emitted(out: str) -> dict[str, float]:

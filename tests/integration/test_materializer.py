@@ -23,7 +23,9 @@ from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.timing import utc_text
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
+from tests.integration.helpers import cron_spec, make
 
 
 class Crash(BaseException):
@@ -31,21 +33,8 @@ class Crash(BaseException):
     materializer's error path (which releases its lease) must not run."""
 
 
-def epoch(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
-
-
-def create(aws: Services, tenant: str = "alice", **fields: Any) -> str:
-    definition = ScheduleDefinition.model_validate({"target": "default", **fields})
-    return ControlPlane(aws).create(tenant, definition).schedule.schedule_id
-
-
-def cron(expression: str, zone: str = "UTC") -> dict[str, Any]:
-    return {"kind": "cron", "expression": expression, "timezone": zone}
-
-
 def current(aws: Services, schedule_id: str) -> dict[str, Any]:
-    item = aws.schedules.get_item(schedule_id)
+    item = aws.schedules.current_item(schedule_id)
     assert item is not None
     return item
 
@@ -84,7 +73,7 @@ def test_materializer_creates_each_due_fire_once_and_moves_the_cursor(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN an hourly schedule whose next fire is beyond what the API materializes itself
-    sid = create(aws, spec=cron("0 * * * *"))
+    sid = make(aws, spec=cron_spec("0 * * * *"))
     first = current(aws, sid)["next_run_at"]
     assert instants(aws, sid) == []
     # WHEN the tick comes within the lookahead, twice (an idempotent re-run)
@@ -103,7 +92,7 @@ def test_materializer_second_holder_cannot_claim_a_live_lease(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN one materializer holding a shard's lease
-    sid = create(aws, spec=cron("0 * * * *"))
+    sid = make(aws, spec=cron_spec("0 * * * *"))
     leases = LeaseStore(aws.dynamodb, aws.settings.leases_table)
     held = leases.claim(shard(aws, sid), "m1", now=int(clock.now), ttl=60, start_at=0)
     assert held is not None
@@ -121,7 +110,7 @@ def test_materializer_stale_holder_is_fenced_after_takeover(
 ):
     # GIVEN two materializers racing on one shard: m1 stalls just before committing,
     # its lease expires, and m2 takes the shard over and does the work
-    sid = create(aws, spec=cron("*/5 * * * *"))
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
     clock.now = current(aws, sid)["next_run_at"] - 120
 
     def stall_then_lose(point: str) -> None:
@@ -146,7 +135,7 @@ def test_materializer_fence_blocks_a_commit_after_takeover_even_with_cursor_unch
 ):
     # GIVEN m1 about to commit, when m2 takes the expired lease over but writes nothing:
     # the schedule's cursor is unchanged, so only the fence can stop m1
-    sid = create(aws, spec=cron("*/5 * * * *"))
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
     due = current(aws, sid)["next_run_at"]
     clock.now = due - 120
     leases = LeaseStore(aws.dynamodb, aws.settings.leases_table)
@@ -170,7 +159,7 @@ def test_materializer_crash_point_rerun_yields_every_occurrence_once(
     alice: Api, aws: Services, clock: Clock, point: str
 ):
     # GIVEN three schedules in different shards' buckets, due in the same minute
-    ids = [create(aws, spec=cron("*/10 * * * *"), name=f"s{i}") for i in range(3)]
+    ids = [make(aws, spec=cron_spec("*/10 * * * *"), name=f"s{i}") for i in range(3)]
     due = current(aws, ids[0])["next_run_at"]
     direct = {sid: instants(aws, sid) for sid in ids}  # what the API materialized itself
     clock.now = due - 120
@@ -189,9 +178,9 @@ def test_materializer_crash_point_rerun_yields_every_occurrence_once(
 def _one_bucket(aws: Services, clock: Clock, count: int = 3) -> tuple[list[str], int]:
     """``count`` schedules sharing one (minute, shard) bucket (ids are random: made until
     enough land in the first one's shard), the clock two minutes before it."""
-    same = [create(aws, spec=cron("*/10 * * * *"), name="s0")]
+    same = [make(aws, spec=cron_spec("*/10 * * * *"), name="s0")]
     while len(same) < count:
-        sid = create(aws, spec=cron("*/10 * * * *"), name=f"s{len(same)}")
+        sid = make(aws, spec=cron_spec("*/10 * * * *"), name=f"s{len(same)}")
         if shard(aws, sid) == shard(aws, same[0]):
             same.append(sid)
     due = current(aws, same[0])["next_run_at"]
@@ -281,7 +270,7 @@ def test_materializer_crash_between_two_schedules_of_one_bucket(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN many schedules in one (minute, shard) bucket, one transaction each
-    ids = [create(aws, spec=cron("*/10 * * * *"), name=f"s{i}") for i in range(12)]
+    ids = [make(aws, spec=cron_spec("*/10 * * * *"), name=f"s{i}") for i in range(12)]
     target = shard(aws, ids[0])
     same = [sid for sid in ids if shard(aws, sid) == target]
     due = current(aws, same[0])["next_run_at"]
@@ -299,7 +288,7 @@ def test_materializer_crash_between_two_schedules_of_one_bucket(
 
 
 def _outage(aws: Services, clock: Clock, misfire: dict[str, Any]) -> tuple[str, int, Any]:
-    sid = create(aws, spec=cron("* * * * *"), misfire=misfire)
+    sid = make(aws, spec=cron_spec("* * * * *"), misfire=misfire)
     cursor = current(aws, sid)["next_run_at"]
     before = len(instants(aws, sid))
     clock.now = cursor + 600  # ten minutes with no tick at all
@@ -353,7 +342,7 @@ def test_materializer_daily_0230_new_york_skips_spring_forward_day(
 ):
     # GIVEN a daily 02:30 America/New_York schedule created after the 2026-03-07 fire
     clock.now = epoch("2026-03-07T08:00:00Z")
-    sid = create(aws, spec=cron("30 2 * * *", "America/New_York"))
+    sid = make(aws, spec=cron_spec("30 2 * * *", "America/New_York"))
     # WHEN the materializer ticks through the night of 2026-03-08 and the next morning
     for at in ("2026-03-08T06:58:00Z", "2026-03-08T07:28:00Z", "2026-03-09T06:28:00Z"):
         clock.now = epoch(at)
@@ -367,7 +356,7 @@ def test_materializer_every_15_minutes_fires_once_per_wall_time_across_fall_back
 ):
     # GIVEN a */15 America/New_York schedule before the 2026-11-01 fall-back
     clock.now = epoch("2026-11-01T04:50:00Z")
-    sid = create(aws, spec=cron("*/15 * * * *", "America/New_York"))
+    sid = make(aws, spec=cron_spec("*/15 * * * *", "America/New_York"))
     # WHEN the materializer ticks every minute until 02:20 EST
     while clock.now < epoch("2026-11-01T07:20:00Z"):
         tick(aws, clock, sid)
@@ -382,7 +371,7 @@ def test_materializer_cancel_racing_a_step_leaves_no_stale_scheduled_occurrence(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a schedule about to be materialized
-    sid = create(aws, spec=cron("*/5 * * * *"))
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
     clock.now = current(aws, sid)["next_run_at"] - 120
 
     def cancel_first(point: str) -> None:
@@ -403,7 +392,7 @@ def test_materializer_update_after_step_cancels_the_old_versions_occurrence(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a materialized occurrence of version 1
-    sid = create(aws, spec=cron("*/5 * * * *"))
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
     clock.now = current(aws, sid)["next_run_at"] - 120
     tick(aws, clock, sid)
     # WHEN the schedule is updated before it fires
@@ -420,7 +409,7 @@ def test_materializer_flexible_available_at_is_deterministic_within_window(
 ):
     # GIVEN flexible schedules with a 300 s window
     ids = [
-        create(aws, spec=cron("*/10 * * * *"), flexible_window_seconds=300, name=f"f{i}")
+        make(aws, spec=cron_spec("*/10 * * * *"), flexible_window_seconds=300, name=f"f{i}")
         for i in range(5)
     ]
     clock.now = min(current(aws, sid)["next_available_at"] for sid in ids) - 60
@@ -443,9 +432,7 @@ def test_materializer_completes_a_one_shot_and_releases_its_quota(
 ):
     # GIVEN a one-shot an hour ahead (beyond the API's horizon)
     at = int(clock.now) + 3600
-    sid = create(
-        aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()}
-    )
+    sid = make(aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()})
     assert alice.get("/v1/tenant").body["schedule_count"] == 1
     # WHEN it is materialized
     clock.now = at - 60
@@ -466,7 +453,7 @@ def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
     # GIVEN a minutely CATCHUP schedule keeping 50 late fires, and an hour without ticks
     # (more kept fires than one transaction step holds)
     misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 50}
-    sid = create(aws, spec=cron("* * * * *"), misfire=misfire)
+    sid = make(aws, spec=cron_spec("* * * * *"), misfire=misfire)
     cursor = current(aws, sid)["next_run_at"]
     before = len(instants(aws, sid))
     clock.now = cursor + 3600
@@ -491,12 +478,12 @@ def test_materializer_skips_an_occurrence_that_already_exists_instead_of_stallin
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a minutely schedule whose next fire was already written (e.g. by a repair)
-    sid = create(aws, spec=cron("* * * * *"))
+    sid = make(aws, spec=cron_spec("* * * * *"))
     item = current(aws, sid)
-    schedule = aws.schedules.get_item(sid)
+    schedule = aws.schedules.current_item(sid)
     assert schedule is not None
     from punctual.dal.schedules import schedule_from_item
-    from punctual.materialize import new_occurrence
+    from punctual.planning import new_occurrence
 
     ahead = new_occurrence(schedule_from_item(schedule), item["next_run_at"], 86400)
     aws.dynamodb.put_item(**aws.occurrences.put_new(ahead, {})["Put"])
@@ -564,7 +551,7 @@ def test_materializer_healthy_ticks_never_judge_a_flexible_fire_late(
     # lookahead plus max_lateness (180 + 300 s): a later fire is often due before an
     # earlier one
     misfire: dict[str, Any] = {"action": action, "max_lateness_seconds": 300}
-    sid = create(
+    sid = make(
         aws,
         spec={"kind": "rate", "expression": "rate(1 minute)"},
         flexible_window_seconds=900,
@@ -595,7 +582,7 @@ def test_materializer_flexible_outage_releases_by_availability_and_keeps_the_res
 ):
     # GIVEN a minutely flexible FIRE_ONCE schedule (window 600 s) and a 30-minute outage
     misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 120}
-    sid = create(
+    sid = make(
         aws,
         spec={"kind": "rate", "expression": "rate(1 minute)"},
         flexible_window_seconds=600,
@@ -636,7 +623,7 @@ def test_materializer_killed_holder_blocks_its_shard_for_seconds_not_minutes(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a holder killed mid-walk (its lease is left to expire)
-    sid = create(aws, spec=cron("*/5 * * * *"))
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
     clock.now = current(aws, sid)["next_run_at"] - 120
     with pytest.raises(Crash):
         tick(aws, clock, sid, holder="m1", crash=crash_at("before_commit"))
@@ -695,7 +682,9 @@ def test_api_change_whose_commit_lands_after_the_walk_still_fires(
         Materializer(aws, "m0").run_shard(int(clock.now) + 180, number)
 
     faults.before["transact_write_items"] = walk_first
-    definition = ScheduleDefinition.model_validate({"target": "default", "spec": cron("* * * * *")})
+    definition = ScheduleDefinition.model_validate(
+        {"target": "default", "spec": cron_spec("* * * * *")}
+    )
     sid = ControlPlane(slow).create("alice", definition).schedule.schedule_id
     assert walked
     start = int(clock.now)
@@ -715,9 +704,9 @@ def test_schedule_made_before_its_shard_was_ever_walked_fires_when_the_materiali
 ):
     # GIVEN a schedule created in a shard no materializer has claimed yet (a new deployment
     # whose ticker is down), every 15 minutes, catching up what it misses
-    sid = create(
+    sid = make(
         aws,
-        spec=cron("*/15 * * * *"),
+        spec=cron_spec("*/15 * * * *"),
         misfire={"action": "CATCHUP", "max_lateness_seconds": 86400, "catchup_limit": 100},
     )
     number = shard(aws, sid)
@@ -744,9 +733,7 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     # GIVEN a one-shot whose due-index entry the walk passed without seeing it (the index
     # lagged past every margin): it would never be completed, and would hold its quota
     at = int(clock.now) + 3600
-    sid = create(
-        aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()}
-    )
+    sid = make(aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()})
     number = shard(aws, sid)
     hidden = current(aws, sid)["due_bucket"]
     stash = dict(current(aws, sid))
@@ -786,7 +773,7 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
 def _one_shot_in(aws: Services, clock: Clock, seconds: int) -> tuple[str, int]:
     at = int(clock.now) + seconds
     when = datetime.fromtimestamp(at).astimezone().isoformat()
-    return create(aws, spec={"kind": "at", "at": when}), at
+    return make(aws, spec={"kind": "at", "at": when}), at
 
 
 def _usage(alice: Api) -> int:

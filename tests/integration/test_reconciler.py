@@ -8,26 +8,31 @@ import json
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import Any
 
 import pytest
 from reconciler import handler
 
 from punctual.dal.common import to_dynamo
+from punctual.dal.reports import ReportStore
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import occurrence_key
 from punctual.errors import InvalidInput
 from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import Materializer
-from punctual.models import CronSpec, Occurrence, OccurrenceState, ScheduleDefinition, ScheduleState
+from punctual.models import (
+    CronSpec,
+    Finding,
+    Occurrence,
+    OccurrenceState,
+    ReconcileReport,
+    ScheduleDefinition,
+    ScheduleState,
+)
 from punctual.reconciler import (
     CATCHUP_WINDOWS,
     HISTORY_MARGIN,
-    Finding,
     Reconciler,
-    ReconcileReport,
-    ReportStore,
     ShardResult,
     expected_occurrences,
     fired_late,
@@ -36,28 +41,16 @@ from punctual.reconciler import (
 )
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
+from tests.instants import epoch
 from tests.integration.conftest import Api, Clock, LambdaContextStub
-from tests.integration.helpers import set_occurrence_state, table_items
+from tests.integration.helpers import cron_spec, make, set_occurrence_state, table_items
 
 HOUR = 3600
 DAY = "2026-11-19"  # after the fixtures' tenants exist (START is 2026-11-18T11:06:40Z)
 
 
-def epoch(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
-
-
 def at(hhmm: str, day: str = DAY) -> int:
     return epoch(f"{day}T{hhmm}Z")
-
-
-def cron(expression: str, zone: str = "UTC") -> dict[str, Any]:
-    return {"kind": "cron", "expression": expression, "timezone": zone}
-
-
-def create(aws: Services, **fields: Any) -> str:
-    definition = ScheduleDefinition.model_validate({"target": "default", **fields})
-    return ControlPlane(aws).create("alice", definition).schedule.schedule_id
 
 
 def shards_of(aws: Services, ids: Iterable[str]) -> list[int]:
@@ -129,12 +122,12 @@ def test_reconciler_clean_run_reports_zero_missing_and_zero_unexpected(
     # materialized by a healthy materializer through the window [10:00, 11:00)
     clock.now = at("08:50")
     schedules = [
-        create(aws, spec=cron("*/5 * * * *")),
-        create(aws, spec=cron("0,30 * * * *", "Europe/Berlin")),
-        create(aws, spec={"kind": "rate", "expression": "rate(7 minutes)"}),
-        create(aws, spec=cron("*/10 * * * *"), flexible_window_seconds=300),
-        create(aws, spec={"kind": "at", "at": f"{DAY}T10:20:00Z"}),
-        create(aws, spec=cron("@hourly", "America/New_York")),
+        make(aws, spec=cron_spec("*/5 * * * *")),
+        make(aws, spec=cron_spec("0,30 * * * *", "Europe/Berlin")),
+        make(aws, spec={"kind": "rate", "expression": "rate(7 minutes)"}),
+        make(aws, spec=cron_spec("*/10 * * * *"), flexible_window_seconds=300),
+        make(aws, spec={"kind": "at", "at": f"{DAY}T10:20:00Z"}),
+        make(aws, spec=cron_spec("@hourly", "America/New_York")),
     ]
     materialize_until(aws, clock, at("11:10"), shards_of(aws, schedules))
     window = stored(aws, since=at("10:00"), until=at("11:00"))
@@ -169,7 +162,7 @@ def test_reconciler_finds_exactly_the_deleted_and_skipped_occurrences_and_repair
     # GIVEN six */5 schedules whose misfire tolerance covers the repair (7 days)
     clock.now = at("09:40")
     misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 7 * 86400}
-    schedules = [create(aws, spec=cron("*/5 * * * *"), misfire=misfire) for _ in range(6)]
+    schedules = [make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire) for _ in range(6)]
     # AND a materializer that silently drops three instants (the fault hook)
     dropped = {
         (schedules[0], at("10:15")),
@@ -228,7 +221,7 @@ def test_reconciler_repairs_late_gaps_under_each_misfire_policy(
         "CATCHUP": {"action": "CATCHUP", "max_lateness_seconds": 300, "catchup_limit": 2},
     }
     by_policy = {
-        name: create(aws, spec=cron("*/5 * * * *"), misfire=m) for name, m in policies.items()
+        name: make(aws, spec=cron_spec("*/5 * * * *"), misfire=m) for name, m in policies.items()
     }
     gone = [at("10:10"), at("10:15"), at("10:20")]
     materialize_until(
@@ -273,8 +266,8 @@ def test_reconciler_defers_to_a_materializer_behind_then_reads_its_missed_summar
 ):
     # GIVEN a */5 SKIP schedule whose materializer stopped at 09:55 (an outage)
     clock.now = at("09:40")
-    sid = create(
-        aws, spec=cron("*/5 * * * *"), misfire={"action": "SKIP", "max_lateness_seconds": 60}
+    sid = make(
+        aws, spec=cron_spec("*/5 * * * *"), misfire={"action": "SKIP", "max_lateness_seconds": 60}
     )
     shards = shards_of(aws, [sid])
     materialize_until(aws, clock, at("09:55"), shards)
@@ -302,8 +295,10 @@ def test_reconciler_recognizes_a_fire_once_outage_after_the_version_changed(
     # GIVEN a */5 FIRE_ONCE schedule through an outage from 09:55 to 11:30: the materializer
     # fires the latest late instant (its available_at is the recovery time) and skips the rest
     clock.now = at("09:40")
-    sid = create(
-        aws, spec=cron("*/5 * * * *"), misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 60}
+    sid = make(
+        aws,
+        spec=cron_spec("*/5 * * * *"),
+        misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 60},
     )
     shards = shards_of(aws, [sid])
     materialize_until(aws, clock, at("09:55"), shards)
@@ -331,11 +326,13 @@ def test_reconciler_expected_sets_follow_updates_zone_changes_and_pauses(
     # materializer ticking every minute throughout
     plane = ControlPlane(aws)
     clock.now = at("09:00")
-    sid = create(aws, spec=cron("*/10 * * * *"))
+    sid = make(aws, spec=cron_spec("*/10 * * * *"))
     shards = shards_of(aws, [sid])
     materialize_until(aws, clock, at("10:17"), shards, every=60)
     clock.now = at("10:17") + 30
-    plane.update("alice", sid, if_match=1, changes={"spec": cron("*/20 * * * *", "Asia/Kolkata")})
+    plane.update(
+        "alice", sid, if_match=1, changes={"spec": cron_spec("*/20 * * * *", "Asia/Kolkata")}
+    )
     clock.now = at("10:18")
     materialize_until(aws, clock, at("10:32"), shards, every=60)
     clock.now = at("10:33")
@@ -379,7 +376,7 @@ def test_reconciler_reads_a_long_history_across_pages(alice: Api, aws: Services,
     # (more versions than one history page holds), materialized every minute throughout
     plane = ControlPlane(aws)
     clock.now = at("09:30")
-    sid = create(aws, spec=cron("*/5 * * * *"))
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
     shards = shards_of(aws, [sid])
     for number in range(1, 11):
         materialize_until(aws, clock, at("10:00") + number * 240 - 120, shards, every=60)
@@ -408,7 +405,9 @@ def test_reconciler_expected_occurrences_is_pure_over_a_history(alice: Api, aws:
         ControlPlane(aws)
         .create(
             "alice",
-            ScheduleDefinition.model_validate({"target": "default", "spec": cron("*/15 * * * *")}),
+            ScheduleDefinition.model_validate(
+                {"target": "default", "spec": cron_spec("*/15 * * * *")}
+            ),
         )
         .schedule
     )
@@ -490,7 +489,7 @@ def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
     # GIVEN '30 1 * * *', '30 2 * * *' and '*/30 * * * *' in New York, created the evening
     # before and materialized through the night
     clock.now = at("03:30", day)
-    schedules = {expr: create(aws, spec=cron(expr, NEW_YORK)) for expr in DST_CASES[day]}
+    schedules = {expr: make(aws, spec=cron_spec(expr, NEW_YORK)) for expr in DST_CASES[day]}
     materialize_until(aws, clock, at("09:10", day), shards_of(aws, schedules.values()))
     # WHEN the reconciler checks [04:00Z, 09:00Z)
     clock.now = at("10:00", day)
@@ -540,7 +539,7 @@ def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
 def test_reconciler_stores_one_report_per_shard_and_window(alice: Api, aws: Services, clock: Clock):
     # GIVEN a */5 schedule with two instants of [10:00, 11:00) lost
     clock.now = at("09:40")
-    sid = create(aws, spec=cron("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
     lost = {at("10:05"), at("10:35")}
     materialize_until(aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
     # WHEN the reconciler runs for every shard, with repair off
@@ -633,7 +632,7 @@ def test_reconciler_handler_validates_the_event_and_emits_metrics(
 ):
     # GIVEN a */5 schedule with one instant of [10:00, 11:00) dropped by the materializer
     clock.now = at("09:40")
-    sid = create(aws, spec=cron("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
     materialize_until(
         aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:25")
     )
@@ -746,8 +745,8 @@ def test_reconciler_handler_out_of_time_saves_incomplete_reports(
 def test_reconciler_reads_every_missed_episode_of_the_hour(alice: Api, aws: Services, clock: Clock):
     # GIVEN a */5 SKIP schedule with two outages in one hour: 10:05-10:30 and 10:40-10:55
     clock.now = at("09:40")
-    sid = create(
-        aws, spec=cron("*/5 * * * *"), misfire={"action": "SKIP", "max_lateness_seconds": 60}
+    sid = make(
+        aws, spec=cron_spec("*/5 * * * *"), misfire={"action": "SKIP", "max_lateness_seconds": 60}
     )
     shards = shards_of(aws, [sid])
     materialize_until(aws, clock, at("10:05"), shards)
@@ -758,7 +757,7 @@ def test_reconciler_reads_every_missed_episode_of_the_hour(alice: Api, aws: Serv
     # WHEN the reconciler checks [10:00, 11:00)
     results = reconcile(aws, at("10:00"), at("11:00"))
     # THEN both episodes are MISSED by policy (two ranges on the schedule), none MISSING
-    assert [r["count"] for r in aws.schedules.get_item(sid)["missed_ranges"]] == [4, 2]  # type: ignore[index]
+    assert [r["count"] for r in aws.schedules.current_item(sid)["missed_ranges"]] == [4, 2]  # type: ignore[index]
     assert total(results, Finding.MISSED) == 6
     assert total(results, Finding.MISSING) == 0
 
@@ -769,7 +768,7 @@ def test_reconciler_catches_up_the_hours_an_outage_left_unchecked(
     # GIVEN a */5 schedule whose occurrence at 10:25 was dropped, and a reconciler that was
     # down for the runs of 11:05 and 12:05 (the [09:00, 10:00) and [10:00, 11:00) hours)
     clock.now = at("09:40")
-    sid = create(aws, spec=cron("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
     materialize_until(
         aws, clock, at("12:00"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:25")
     )

@@ -19,7 +19,7 @@ from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import BOB, Api, Clock, LambdaContextStub, bootstrap
-from tests.integration.helpers import set_occurrence_state, table_items
+from tests.integration.helpers import set_occurrence_state, table_items, wire
 
 
 class Crash(Exception):
@@ -310,7 +310,7 @@ def test_relay_handler_reports_undelivered_records_as_batch_item_failures(
     clock.advance(30)
     late_record = record(aws, occ, 11)
     late_record["dynamodb"]["NewImage"]["available_at"] = {"N": str(int(clock.now) + 5000)}
-    monkeypatch.setattr(handler, "relay", lambda: Relay(aws))
+    wire(handler, aws, monkeypatch)
     # WHEN the handler runs on the batch
     answer = handler.lambda_handler(
         {"Records": [late_record, record(aws, good, 12)]}, LambdaContextStub()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from punctual.dal.common import from_dynamo, to_dynamo
+from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
 from punctual.dal.runs import run_partition, run_slot_sk
 from punctual.ids import occurrence_id, shard_of
 from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
@@ -387,9 +387,13 @@ def test_effect_ledger_a_failing_business_write_is_not_mistaken_for_a_duplicate(
         }
     }
     # WHEN it is applied with the ledger record
-    # THEN the error surfaces (not "already applied") and no effect is recorded
-    with pytest.raises(ClientError):
+    # THEN the refusal surfaces, naming the business write (not "already applied"), and no
+    # effect is recorded
+    with pytest.raises(ConditionFailed) as raised:
         ledger.apply("occ_1", [refused])
+    assert raised.value.label == "write"
+    assert raised.value.failed(0)
+    assert not raised.value.failed(1)
     assert not ledger.applied("occ_1")
 
 

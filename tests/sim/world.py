@@ -304,7 +304,7 @@ class Simulation:
             try:
                 return call()
             except PunctualError as error:
-                if error.status < 500:
+                if error.callers_fault:
                     self.run_record.counts[f"api_{name}_refused"] += 1
                     return None
             except (ClientError, BotoCoreError):
@@ -360,7 +360,7 @@ class Simulation:
             return
         sid = self.rng.choice(self.schedule_ids)
         plane = ControlPlane(self.services("api"))
-        item = self.run_record.services.schedules.get_item(sid)
+        item = self.run_record.services.schedules.current_item(sid)
         if item is None:
             return
         tenant, version, state = item["tenant_id"], int(item["version"]), item["state"]
@@ -442,7 +442,7 @@ class Simulation:
                     self.run_record.counts["worker_poll_failed"] += 1
 
     def _handler(self, job: Job) -> None:
-        item = self.run_record.services.schedules.get_item(job.message.schedule_id) or {}
+        item = self.run_record.services.schedules.current_item(job.message.schedule_id) or {}
         self.run_record.handler_runs.append(
             (
                 job.occurrence_id,

@@ -1,4 +1,5 @@
-"""Domain exceptions. The API maps each to one HTTP status and the one error shape."""
+"""Domain exceptions. They carry no HTTP status: the API maps each to one status and the
+one error shape (functions/api/errors.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from typing import Any
 
 
 class PunctualError(Exception):
-    status = 500
     code = "internal_error"
+    callers_fault = False  # the request itself is wrong or not allowed: repeating it won't help
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -16,38 +17,38 @@ class PunctualError(Exception):
 
 
 class InvalidInput(PunctualError):
-    status = 400
     code = "invalid_input"
+    callers_fault = True
 
     def __init__(self, message: str, fields: list[dict[str, str]] | None = None) -> None:
         super().__init__(message, fields=fields or [])
 
 
 class Forbidden(PunctualError):
-    status = 403
     code = "forbidden"
+    callers_fault = True
 
 
 class NotFound(PunctualError):
-    status = 404
     code = "not_found"
+    callers_fault = True
 
 
 class Conflict(PunctualError):
-    """A conditional write lost: someone else changed the record first."""
+    """A change lost to another one: someone else changed the record first."""
 
-    status = 409
     code = "conflict"
+    callers_fault = True
 
 
 class PreconditionRequired(PunctualError):
-    status = 428
     code = "precondition_required"
+    callers_fault = True
 
 
 class QuotaExceeded(PunctualError):
-    status = 429
     code = "quota_exceeded"
+    callers_fault = True
 
     def __init__(self, message: str, *, quota: str, limit: int, usage: int) -> None:
         super().__init__(message, quota=quota, limit=limit, usage=usage)
@@ -56,5 +57,4 @@ class QuotaExceeded(PunctualError):
 class Retryable(PunctualError):
     """Throttling or a transient service fault: the caller may retry."""
 
-    status = 503
     code = "retry"

@@ -22,19 +22,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from punctual.dal.common import Item, run_batch, to_dynamo, values
+from punctual.dal.common import ConditionFailed, Item
 from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease
 from punctual.dal.schedules import (
-    due_bucket,
     minute_load_of,
-    missed_ranges_after,
     schedule_from_item,
 )
-from punctual.dal.tables import SCHEDULE_CURRENT
 from punctual.dal.tenants import released_usage
+from punctual.errors import Retryable
 from punctual.ids import minute_of
-from punctual.materialize import Catchup, Plan, plan
 from punctual.models import MisfireAction, Occurrence, Schedule, ScheduleState
+from punctual.planning import Catchup, Plan, plan
 from punctual.services import Services
 from punctual.tenancy import Quotas
 
@@ -230,8 +228,9 @@ class Materializer:
         return step
 
     def _actions(self, step: _Step) -> list[dict[str, Any]]:
+        cursor = None if step.completes or step.plan is None else step.plan.cursor
         return [self._s.occurrences.put_new(o, step.schedule.payload) for o in step.occurrences] + [
-            self._cursor_update(step)
+            self._s.schedules.step(step.item, step.schedule, cursor, step.missed)
         ]
 
     def _catchup_pace(self, schedule: Schedule) -> int:
@@ -242,64 +241,7 @@ class Materializer:
         if quotas is None:
             quotas = self._s.tenants.get(schedule.tenant_id).quotas
             self._quotas[schedule.tenant_id] = quotas
-        return max(1, 60 // quotas.catchup_per_minute)
-
-    def _cursor_update(self, step: _Step) -> dict[str, Any]:
-        schedule = step.schedule
-        names = {"#state": "state"}
-        named: dict[str, Any] = {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
-        if schedule.next_run_at is None:
-            cursor_unchanged = "attribute_not_exists(next_run_at)"
-        elif schedule.planned_until is None:
-            cursor_unchanged = "next_run_at = :old AND attribute_not_exists(planned_until)"
-            named["old"] = schedule.next_run_at
-        else:
-            cursor_unchanged = "next_run_at = :old AND planned_until = :handled"
-            named |= {"old": schedule.next_run_at, "handled": schedule.planned_until}
-        sets: list[str] = []
-        removes: list[str] = []
-        if step.completes:
-            sets.append("#state = :completed")
-            removes = ["due_at", "due_bucket", "next_run_at", "next_available_at", "planned_until"]
-            named["completed"] = ScheduleState.COMPLETED.value
-        else:
-            assert step.plan is not None
-            cursor = step.plan.cursor
-            assert cursor.next_available_at is not None
-            sets += [
-                "planned_until = :h",
-                "next_run_at = :n",
-                "next_available_at = :a",
-                "due_at = :a",
-                "due_bucket = :b",
-            ]
-            named |= {
-                "h": cursor.planned_until,
-                "n": cursor.next_run_at,
-                "a": cursor.next_available_at,
-                "b": due_bucket(cursor.next_available_at, int(step.item["shard"])),
-            }
-        if step.missed:
-            # MISSED is a bounded summary on the schedule, never an item per instant.
-            sets += ["missed_total = if_not_exists(missed_total, :zero) + :m", "missed_ranges = :r"]
-            named |= {
-                "zero": 0,
-                "m": len(step.missed),
-                "r": missed_ranges_after(step.item, schedule.version, step.missed),
-            }
-        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-        return {
-            "Update": {
-                "TableName": self.settings.schedules_table,
-                "Key": to_dynamo({"schedule_id": schedule.schedule_id, "sk": SCHEDULE_CURRENT}),
-                "UpdateExpression": expression,
-                # Race: an update, pause or cancel bumped the version (the old version must not
-                # fire), or another materializer already moved this cursor (no double step).
-                "ConditionExpression": f"version = :v AND {cursor_unchanged} AND #state = :active",
-                "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": values(**named),
-            }
-        }
+        return quotas.catchup_pace
 
     # --- transactions -------------------------------------------------------------------
 
@@ -320,21 +262,30 @@ class Materializer:
                 return False, lease
             batch, releases = self._next_batch(pending)
             self._crash("before_commit")
-            actions = [self.leases.still_mine(lease, frozenset(releases))]
-            actions += [self.leases.tally_release(lease, t, a) for t, a in releases.items()]
-            codes = run_batch(self._s.dynamodb, actions + [a for s in batch for a in s.actions])
-            if not codes:
+            actions = [("fence", self.leases.still_mine(lease, frozenset(releases)))]
+            actions += [
+                ("tally", self.leases.tally_release(lease, t, a)) for t, a in releases.items()
+            ]
+            fixed = len(actions)
+            actions += [("step", a) for s in batch for a in s.actions]
+            try:
+                self._s.transactions.commit(actions)
+            except ConditionFailed as refused:
+                if refused.label == "fence":  # (the first action: its failure comes first)
+                    report.lease_lost = True
+                    return False, lease
+                again = self._sort_out(batch, refused, fixed, now, until, report)
+            except Retryable:
+                again = batch  # a conflicting transaction or throttling: the same steps again
+            else:
                 lease = replace(lease, pending=lease.pending | releases.keys())
                 self._done(batch, now, until, report, pending)
                 self._crash("after_commit")
                 continue
-            if codes[0] == "ConditionalCheckFailed":
-                report.lease_lost = True
-                return False, lease
             retries += 1
             if retries > MAX_RETRIES:
                 return False, lease  # the watermark stays; the next tick re-runs this bucket
-            pending[:0] = self._sort_out(batch, codes[len(actions) :], now, until, report)
+            pending[:0] = again
         return True, lease
 
     def _next_batch(self, pending: list[_Step]) -> tuple[list[_Step], dict[str, dict[str, int]]]:
@@ -387,37 +338,47 @@ class Materializer:
         one transaction per tenant; False when the lease was lost."""
         for tenant in sorted(lease.pending):
             tally = self.leases.release_tally(lease, tenant)
-            actions = self.leases.hand_over(lease, tenant, tally)
+            fenced, *emptied = self.leases.hand_over(lease, tenant, tally)
+            actions = [("fence", fenced), *[("tally", a) for a in emptied]]
             if tally:
-                actions.append(self._s.tenants.release_action(tenant, tally))
-            codes = run_batch(self._s.dynamodb, actions)
-            if codes and codes[0] == "ConditionalCheckFailed":
-                return False
+                actions.append(("tenant", self._s.tenants.release_action(tenant, tally)))
+            try:
+                self._s.transactions.commit(actions)
+            except ConditionFailed as refused:
+                if refused.label == "fence":
+                    return False
+            except Retryable:
+                pass
             # Any other refusal (a conflict on the tenant's item): the tally stays pending,
             # whole, for the next run.
         return True
 
     def _sort_out(
-        self, batch: list[_Step], codes: list[str], now: int, until: int, report: ShardReport
+        self,
+        batch: list[_Step],
+        refused: ConditionFailed,
+        first: int,
+        now: int,
+        until: int,
+        report: ShardReport,
     ) -> list[_Step]:
-        """After a cancelled batch: innocent steps go again, refused ones are re-read."""
+        """After a refused batch (its steps' actions from index ``first``): innocent steps
+        go again, refused ones are re-read."""
         again: list[_Step] = []
-        index = 0
+        index = first
         for step in batch:
-            own = codes[index : index + len(step.actions)]
+            own = range(index, index + len(step.actions))
             index += len(step.actions)
-            if all(code in ("None", "") for code in own) or "TransactionConflict" in own:
+            if all(refused.innocent(i) for i in own) or any(refused.conflicted(i) for i in own):
                 again.append(step)
                 continue
             puts, cursor = own[:-1], own[-1]
-            if cursor in ("None", "") and "ConditionalCheckFailed" in puts:
+            if refused.innocent(cursor) and any(refused.failed(i) for i in puts):
                 # Only occurrence puts were refused: those occurrences exist already (the
                 # id is deterministic, so it is the same one, e.g. a repair): the step goes
                 # on without them instead of stalling the shard on them.
                 step.occurrences = [
-                    o
-                    for o, code in zip(step.occurrences, puts, strict=True)
-                    if code != "ConditionalCheckFailed"
+                    o for o, i in zip(step.occurrences, puts, strict=True) if not refused.failed(i)
                 ]
                 step.actions = self._actions(step)
                 again.append(step)
@@ -425,7 +386,7 @@ class Materializer:
             # A condition failed: someone else moved this schedule (an update, a cancel, another
             # materializer). Re-read it and carry on from what is really there.
             report.conflicts += 1
-            fresh = self._s.schedules.get_item(step.schedule.schedule_id)
+            fresh = self._s.schedules.current_item(step.schedule.schedule_id)
             follow_up = self._plan(fresh, now, until) if fresh else None
             if follow_up is not None:
                 again.append(follow_up)

@@ -26,19 +26,11 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from punctual.dal.common import (
+    ConditionFailed,
     Item,
-    batch_get,
-    from_dynamo,
-    run_batch,
-    to_dynamo,
-    translated,
-    values,
 )
 from punctual.dal.schedules import (
     ScheduleVersion,
@@ -46,18 +38,19 @@ from punctual.dal.schedules import (
     missed_ranges_of,
     schedule_from_item,
 )
-from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
-from punctual.errors import Conflict, InvalidInput
+from punctual.errors import InvalidInput, Retryable
 from punctual.ids import available_at, minute_of, occurrence_id
-from punctual.materialize import MAX_CATCHUP_SPREAD, new_occurrence
 from punctual.models import (
+    Finding,
     MisfireAction,
     Occurrence,
     OccurrenceState,
+    ReconcileReport,
     Schedule,
     ScheduleState,
 )
 from punctual.observability import logger
+from punctual.planning import MAX_CATCHUP_SPREAD, new_occurrence
 from punctual.redrive import REDRIVE_AFTER, overdue
 from punctual.relay import Relay, outbound
 from punctual.services import Services
@@ -77,25 +70,10 @@ EXAMPLES = 20  # ids kept per class in a report
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
 REPAIR_ROUNDS = 2
 WORKERS = 16  # schedules examined concurrently (one history and one occurrence query each)
-REPORT_PREFIX = "RECONCILE#"
 FOLLOWER_PAGE = 100  # stored occurrences read past the window to find a late-fired follower
 
 _OWNING_STATES = (ScheduleState.ACTIVE, ScheduleState.COMPLETED)
 _OPEN = (OccurrenceState.SCHEDULED, OccurrenceState.RETRY_WAIT, OccurrenceState.RUNNING)
-
-
-class Finding(StrEnum):
-    """What the reconciler concluded about one instant or one stored occurrence."""
-
-    SUCCEEDED = "SUCCEEDED"
-    DEAD = "DEAD"
-    CANCELED = "CANCELED"
-    MISSED = "MISSED"  # by the misfire policy: a MISSED item or the materializer's summary
-    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
-    IN_FLIGHT = "IN_FLIGHT"  # SCHEDULED, RUNNING, RETRY_WAIT
-    MISSING = "MISSING"  # expected, and no record of it at all
-    UNEXPECTED = "UNEXPECTED"  # stored, and no version owns it
-    SUPERSEDED = "SUPERSEDED"  # stored ahead of time, then a newer version took over
 
 
 _BY_STATE = {
@@ -241,134 +219,6 @@ class _Decision:
 # --- reports ------------------------------------------------------------------------------
 
 
-class ReconcileReport(BaseModel):
-    """The summary of one reconcile run over one shard and one window."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    shard: int
-    window_start: int
-    window_end: int
-    run_at: int
-    complete: bool  # False: the run ran out of time before the last schedule
-    repair: bool
-    schedules: int  # schedules with an instant (expected or stored) in the window
-    counts: dict[Finding, int]
-    examples: dict[Finding, list[str]]  # up to EXAMPLES occurrence ids per class
-    repaired_fired: int  # MISSING ones materialized to fire now
-    repaired_missed: int  # MISSING ones recorded MISSED (policy, or a superseded version)
-    deferred: int  # MISSING ones the materializer has not passed yet: left to it
-    repair_conflicts: int  # MISSING ones whose repair lost a race twice: next run
-    cursors_moved: int = 0  # schedules left in a due bucket the walk had passed, moved ahead
-    redriven: int = 0  # open occurrences no worker took long after they were due: re-sent
-
-    @property
-    def missing(self) -> int:
-        return self.counts.get(Finding.MISSING, 0)
-
-    @property
-    def settled(self) -> bool:
-        """Nothing in the window needs another look: fully checked, every gap repaired, none
-        left to the materializer, none in flight. A later loss (a message lost after the
-        send, a materializer that never makes a deferred fire because the version changed)
-        can only happen to what is still open, so a window stays unsettled, and a scheduled
-        run checks it again (and re-drives what became overdue), until all of it is done."""
-        return (
-            self.complete
-            and self.deferred == 0
-            and self.repair_conflicts == 0
-            and self.repaired_fired == 0  # (made just now: in flight, not yet delivered)
-            and self.missing == self.repaired_missed
-            and self.counts.get(Finding.IN_FLIGHT, 0) == 0
-        )
-
-    @property
-    def unexpected(self) -> int:
-        return self.counts.get(Finding.UNEXPECTED, 0)
-
-
-def report_key(window_start: int, window_end: int, shard: int) -> str:
-    """'RECONCILE#20261118T100000Z/20261118T110000Z#0003'."""
-    window = "/".join(
-        datetime.fromtimestamp(i, UTC).strftime("%Y%m%dT%H%M%SZ")
-        for i in (window_start, window_end)
-    )
-    return f"{REPORT_PREFIX}{window}#{shard:04d}"
-
-
-def report_to_item(report: ReconcileReport, purge_at: int) -> Item:
-    return {
-        "pk": report_key(report.window_start, report.window_end, report.shard),
-        **report.model_dump(mode="json"),
-        "purge_at": purge_at,
-    }
-
-
-def report_from_item(item: Item) -> ReconcileReport:
-    return ReconcileReport.model_validate(item)
-
-
-class ReportStore:
-    """Reconcile reports: one item per (window, shard) in the leases table, kept for the
-    occurrence retention (TTL ``purge_at``)."""
-
-    def __init__(self, client: Any, table: str) -> None:
-        self._client = client
-        self.table = table
-
-    def put(self, report: ReconcileReport, *, purge_at: int) -> bool:
-        """False when a newer run of the same shard and window is already stored."""
-        try:
-            with translated():
-                self._client.put_item(
-                    TableName=self.table,
-                    Item=to_dynamo(report_to_item(report, purge_at)),
-                    # Race: a slow or retried run of the same shard and window finishing after
-                    # a newer one must not replace the newer findings.
-                    ConditionExpression="attribute_not_exists(pk) OR run_at <= :run_at",
-                    ExpressionAttributeValues=values(run_at=report.run_at),
-                )
-        except Conflict:
-            return False
-        return True
-
-    def settled_windows(
-        self, shard: int, windows: Sequence[tuple[int, int]]
-    ) -> set[tuple[int, int]]:
-        """Which of the shard's ``windows`` have a settled report (consistent read: a run
-        that just finished must not be repeated)."""
-        found = self.in_windows(shard, windows)
-        return {window for window, report in found.items() if report.settled}
-
-    def in_windows(
-        self, shard: int, windows: Sequence[tuple[int, int]]
-    ) -> dict[tuple[int, int], ReconcileReport]:
-        """The shard's reports of those ``windows`` that have one, consistently read."""
-        keys = [to_dynamo({"pk": report_key(start, end, shard)}) for start, end in windows]
-        return {(r.window_start, r.window_end): r for r in self._get(keys)}
-
-    def get_many(
-        self, window_start: int, window_end: int, shards: Iterable[int]
-    ) -> list[ReconcileReport]:
-        keys = [to_dynamo({"pk": report_key(window_start, window_end, s)}) for s in shards]
-        return sorted(self._get(keys), key=lambda r: r.shard)
-
-    def _get(self, keys: list[dict[str, Any]]) -> list[ReconcileReport]:
-        found: list[ReconcileReport] = []
-        for first in range(0, len(keys), 100):
-            request: dict[str, Any] = {
-                self.table: {"Keys": keys[first : first + 100], "ConsistentRead": True}
-            }
-            while request:
-                answer = self._client.batch_get_item(RequestItems=request)
-                found += [
-                    report_from_item(from_dynamo(raw))
-                    for raw in answer["Responses"].get(self.table, [])
-                ]
-                request = answer.get("UnprocessedKeys") or {}
-        return found
-
-
 def read_reports(
     services: Services,
     window_start: int,
@@ -379,9 +229,7 @@ def read_reports(
     every shard), ordered by shard; a shard not reconciled for that window is absent."""
     end = window_start + HOUR if window_end is None else window_end
     wanted = range(services.settings.shard_count) if shards is None else shards
-    return ReportStore(services.dynamodb, services.settings.leases_table).get_many(
-        window_start, end, wanted
-    )
+    return services.reports.get_many(window_start, end, wanted)
 
 
 # --- a run ---------------------------------------------------------------------------------
@@ -441,7 +289,7 @@ class Reconciler:
         self.workers = workers
         self.schedules = services.schedules
         self.occurrences = services.occurrences
-        self.reports = ReportStore(services.dynamodb, self.settings.leases_table)
+        self.reports = services.reports
         self.leases = services.leases
         self.relay = relay or Relay(services)
         # The last catch-up's hours that left its horizon with a report still unsettled.
@@ -608,20 +456,24 @@ class Reconciler:
         moved = []
         for minute in range(start - start % 60, min(end, walked), 60):
             for seen in self.schedules.due_in(minute, shard):
-                item = self.schedules.get_item(seen["schedule_id"])  # the index may be stale
+                item = self.schedules.current_item(seen["schedule_id"])  # the index may be stale
                 if item is None or item.get("due_bucket") != seen.get("due_bucket"):
                     continue
                 ahead = max(walked, minute_of(self._now())) + 2 * 60
-                actions = [
-                    self.schedules.move_due(item, ahead),
-                    self.leases.not_walked(shard, ahead),
-                ]
-                if not run_batch(self._s.dynamodb, actions):
-                    moved.append(str(item["schedule_id"]))
-                    logger.warning(
-                        "moved a schedule left behind the walk",
-                        extra={"schedule_id": item["schedule_id"], "shard": shard},
+                try:
+                    self._s.transactions.commit(
+                        [
+                            ("schedule", self.schedules.move_due(item, ahead)),
+                            ("shard", self.leases.not_walked(shard, ahead)),
+                        ]
                     )
+                except (ConditionFailed, Retryable):
+                    continue  # stepped or changed meanwhile, or the walk passed: next run
+                moved.append(str(item["schedule_id"]))
+                logger.warning(
+                    "moved a schedule left behind the walk",
+                    extra={"schedule_id": item["schedule_id"], "shard": shard},
+                )
         return moved
 
     # --- one schedule -------------------------------------------------------------------
@@ -732,8 +584,8 @@ class Reconciler:
         due (punctual.redrive). Read again, consistently: the decision needs the state as it
         is now (a worker may have just taken one), and the message needs the payload."""
         now = self._now()
-        keys = [occurrence_key(o.occurrence_id) for o in outcome.stalled if _may_be_overdue(o, now)]
-        items = batch_get(self._s.dynamodb, self.settings.occurrences_table, keys)
+        ids = [o.occurrence_id for o in outcome.stalled if _may_be_overdue(o, now)]
+        items = self.occurrences.items(ids)
         late = [outbound(str(i["occurrence_id"]), i) for i in items if overdue(i, now)]
         if not late:
             return
@@ -752,7 +604,7 @@ class Reconciler:
         misfire policy; a lost race is re-read and tried once more."""
         pending = list(outcome.missing)
         for _ in range(REPAIR_ROUNDS):
-            item = self.schedules.get_item(outcome.schedule_id)
+            item = self.schedules.current_item(outcome.schedule_id)
             if item is None:
                 return
             current = schedule_from_item(item)
@@ -811,7 +663,7 @@ class Reconciler:
         if schedule.misfire.action is not MisfireAction.CATCHUP or keep < 2:
             return 0
         quotas = self._s.tenants.get(schedule.tenant_id).quotas
-        pace = max(1, 60 // quotas.catchup_per_minute)
+        pace = quotas.catchup_pace
         # SQS delays at most 900 s: a slower pace is compressed, as the materializer does.
         return min(pace, MAX_CATCHUP_SPREAD // (keep - 1))
 
@@ -824,17 +676,24 @@ class Reconciler:
         failed: list[Expected] = []
         for first in range(0, len(decisions), MAX_ACTIONS - 1):
             chunk = decisions[first : first + MAX_ACTIONS - 1]
-            actions = [self._schedule_check(current, chunk)] + [
-                self._put(
-                    current
-                    if d.expected.version == current.version
-                    else versions.get(d.expected.version, current),
-                    d,
-                    retention,
+            own = [d.expected.available_at for d in chunk if d.expected.version == current.version]
+            check = self.schedules.unchanged(current, stepped_past=max(own, default=None))
+            actions = [("schedule", check)] + [
+                (
+                    "occurrence",
+                    self._put(
+                        current
+                        if d.expected.version == current.version
+                        else versions.get(d.expected.version, current),
+                        d,
+                        retention,
+                    ),
                 )
                 for d in chunk
             ]
-            if run_batch(self._s.dynamodb, actions):
+            try:
+                self._s.transactions.commit(actions)
+            except (ConditionFailed, Retryable):
                 failed += [d.expected for d in chunk]
         return failed
 
@@ -848,34 +707,6 @@ class Reconciler:
         )
         # A MISSED record is never sent (the relay sends only SCHEDULED), so no payload.
         return self.occurrences.put_new(missed, {})
-
-    def _schedule_check(self, current: Schedule, chunk: list[_Decision]) -> dict[str, Any]:
-        own = [d.expected.available_at for d in chunk if d.expected.version == current.version]
-        condition = "version = :v"
-        named: dict[str, Any] = {"v": current.version}
-        if own:
-            condition += (
-                " AND #state IN (:active, :completed)"
-                " AND (attribute_not_exists(next_run_at) OR planned_until >= :last)"
-            )
-            named |= {
-                "active": ScheduleState.ACTIVE.value,
-                "completed": ScheduleState.COMPLETED.value,
-                "last": max(own),
-            }
-        check: dict[str, Any] = {
-            "TableName": self.settings.schedules_table,
-            "Key": to_dynamo({"schedule_id": current.schedule_id, "sk": SCHEDULE_CURRENT}),
-            # Race: an update, pause or cancel since the read (a SCHEDULED occurrence of the
-            # old version put after the new version's invalidation swept would escape it), or
-            # the materializer's cursor not yet past these instants (its own put of the same
-            # id would then fail and stall its whole shard).
-            "ConditionExpression": condition,
-            "ExpressionAttributeValues": values(**named),
-        }
-        if own:
-            check["ExpressionAttributeNames"] = {"#state": "state"}
-        return {"ConditionCheck": check}
 
 
 def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str, int]:

@@ -14,7 +14,6 @@ consistent one that misses a fresh item would drop the occurrence for good.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -26,18 +25,17 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from punctual.dal.common import Item, from_dynamo
-from punctual.dal.occurrences import occurrence_from_item
+from punctual.dal.common import Item
+from punctual.dal.occurrences import occurrence_from_item, stream_image
 from punctual.dal.tables import OCCURRENCE_PREFIX
 from punctual.ids import tenant_of_schedule
+from punctual.message import MESSAGE_VERSION, message_body
 from punctual.models import Occurrence, OccurrenceState
 from punctual.observability import logger
 from punctual.services import Services
-from punctual.timing import utc_text
 
 MAX_DELAY = 900  # SQS holds a message back at most 15 minutes
 SEND_ATTEMPTS = 3
-MESSAGE_VERSION = 1
 QUEUE_CACHE_SIZE = 10_000
 QUEUE_CACHE_SECONDS = 300
 STRICT_SLO_SECONDS = 5  # strict lag above this is late (docs/operations.md)
@@ -60,25 +58,6 @@ def delay_seconds(available_at: int, now: float) -> int:
     if delay > MAX_DELAY:
         raise DelayTooLong(f"available_at is {delay} s away; SQS delays at most {MAX_DELAY} s")
     return delay
-
-
-def message_body(occurrence: Occurrence, payload: dict[str, Any]) -> str:
-    """Version 1 of the message (docs/message.md)."""
-    return json.dumps(
-        {
-            "version": MESSAGE_VERSION,
-            "occurrence_id": occurrence.occurrence_id,
-            "schedule_id": occurrence.schedule_id,
-            "schedule_version": occurrence.schedule_version,
-            "tenant_id": occurrence.tenant_id,
-            "target": occurrence.target,
-            "scheduled_for": utc_text(occurrence.scheduled_for),
-            "available_at": utc_text(occurrence.available_at),
-            "attempt": occurrence.attempt_count + 1,
-            "payload": payload,
-        },
-        separators=(",", ":"),
-    )
 
 
 @dataclass
@@ -221,7 +200,7 @@ class Relay:
     def _parse(record: dict[str, Any]) -> _Outbound | None:
         if record.get("eventName") != "INSERT":
             return None
-        image = from_dynamo(record["dynamodb"].get("NewImage", {}))
+        image = stream_image(record)
         if not str(image.get("sk", "")).startswith(OCCURRENCE_PREFIX):
             return None
         if image.get("state") != OccurrenceState.SCHEDULED.value:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from punctual.dal.common import ConditionFailed, Item, run_transaction
+from punctual.dal.common import ConditionFailed, Item
 from punctual.dal.schedules import (
     minute_load_of,
     schedule_from_item,
@@ -33,7 +33,6 @@ from punctual.ids import (
     tenant_of_schedule,
 )
 from punctual.integrations.queues import QueueAdmin, TargetQueues
-from punctual.materialize import plan
 from punctual.models import (
     AtSpec,
     Attempt,
@@ -45,6 +44,7 @@ from punctual.models import (
     ScheduleState,
     field_errors,
 )
+from punctual.planning import plan
 from punctual.principals import PrincipalError, normalize_principal
 from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
@@ -103,7 +103,7 @@ class Saved:
 
 
 def _handled_until(schedule: Schedule) -> int:
-    """Every fire due (available) by this instant has been made (punctual.materialize)."""
+    """Every fire due (available) by this instant has been made (punctual.planning)."""
     if schedule.planned_until is not None:
         return schedule.planned_until
     # A cursor written before planned_until existed: every fire before next_run_at.
@@ -412,7 +412,7 @@ class ControlPlane:
             ("occurrence", self.occurrences.put_new(o, schedule.payload)) for o in materialized
         ]
         try:
-            run_transaction(self._s.dynamodb, actions)
+            self._s.transactions.commit(actions)
         except ConditionFailed as refused:
             if refused.label == "shard":
                 raise
@@ -569,7 +569,7 @@ class ControlPlane:
         # Another tenant's id is not even read: the id names its tenant.
         if tenant_of_schedule(schedule_id) != tenant_id:
             raise NotFound(f"schedule {schedule_id} not found")
-        item = self.schedules.get_item(schedule_id)
+        item = self.schedules.current_item(schedule_id)
         if item is None or item["tenant_id"] != tenant_id:
             # Another tenant's schedule answers exactly like a missing one: no existence leak.
             raise NotFound(f"schedule {schedule_id} not found")

@@ -10,8 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from punctual.dal.common import Transactions
 from punctual.dal.leases import LeaseStore
 from punctual.dal.occurrences import OccurrenceStore
+from punctual.dal.reports import ReportStore
 from punctual.dal.schedules import ScheduleStore
 from punctual.dal.tenants import TenantStore
 from punctual.settings import Settings, get_settings
@@ -56,6 +58,15 @@ class Services:
     @property
     def leases(self) -> LeaseStore:
         return LeaseStore(self.dynamodb, self.settings.leases_table)
+
+    @property
+    def reports(self) -> ReportStore:
+        return ReportStore(self.dynamodb, self.settings.leases_table)
+
+    @property
+    def transactions(self) -> Transactions:
+        """Commits what several stores built, as one transaction."""
+        return Transactions(self.dynamodb)
 
 
 class Wiring:

@@ -21,6 +21,11 @@ class Quotas(BaseModel):
     max_concurrency: int = Field(default=1_000, ge=1, le=100_000)
     catchup_per_minute: int = Field(default=600, ge=1, le=1_000_000)
 
+    @property
+    def catchup_pace(self) -> int:
+        """Seconds between one schedule's catch-up occurrences (at least 1)."""
+        return max(1, 60 // self.catchup_per_minute)
+
 
 class Tenant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from punctual.errors import Conflict, InvalidInput, NotFound, Retryable
+from punctual.errors import InvalidInput, NotFound, Retryable
 
 _SERIALIZER = TypeSerializer()
 _DESERIALIZER = TypeDeserializer()
@@ -67,14 +67,17 @@ def _native(value: Any) -> Any:
 
 
 @contextmanager
-def translated(conflict: str = "the record changed meanwhile; read it again") -> Iterator[None]:
-    """Turn DynamoDB's error codes into domain errors, here and nowhere else."""
+def translated(label: str = "item") -> Iterator[None]:
+    """DynamoDB's error codes as the one outcome every write has, here and nowhere else: a
+    failed condition is ConditionFailed (``label``, and the item as it was when the request
+    asked for it), throttling and transient faults are Retryable, a missing table NotFound."""
     try:
         yield
     except ClientError as error:
         code = error.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
-            raise Conflict(conflict) from error
+            old = error.response.get("Item")
+            raise ConditionFailed(label, from_dynamo(old) if old else None) from error
         if code in _RETRYABLE:
             raise Retryable(f"DynamoDB is busy ({code}); retry") from error
         if code == "ResourceNotFoundException":
@@ -116,12 +119,29 @@ def decode_token(
 
 
 class ConditionFailed(Exception):
-    """A transaction was refused because the condition of the action ``label`` failed."""
+    """A write refused because a condition failed. ``label`` names the action whose
+    condition failed (the first one, in a transaction), ``old_item`` is that item as it was
+    (when the action asked for it), ``codes`` every action's cancellation code in order
+    ("None": not at fault; empty for a single write). Not an HTTP error: the caller decides
+    what a lost race means (a retry, a False, a 409 from the API)."""
 
-    def __init__(self, label: str, old_item: Item | None) -> None:
+    def __init__(self, label: str, old_item: Item | None, codes: Sequence[str] = ()) -> None:
         super().__init__(label)
         self.label = label
         self.old_item = old_item
+        self.codes = tuple(codes)
+
+    def failed(self, index: int) -> bool:
+        """The condition of the action at ``index`` failed."""
+        return self.codes[index] == "ConditionalCheckFailed"
+
+    def innocent(self, index: int) -> bool:
+        """The action at ``index`` had nothing to do with the refusal."""
+        return self.codes[index] in ("None", "")
+
+    def conflicted(self, index: int) -> bool:
+        """The action at ``index`` met another transaction on its item."""
+        return self.codes[index] == "TransactionConflict"
 
 
 def transact(client: Any, actions: list[dict[str, Any]]) -> None:
@@ -132,38 +152,38 @@ def transact(client: Any, actions: list[dict[str, Any]]) -> None:
     client.transact_write_items(TransactItems=actions, ClientRequestToken=uuid.uuid4().hex)
 
 
-def run_transaction(client: Any, actions: list[tuple[str, dict[str, Any]]]) -> None:
-    """TransactWriteItems over labelled actions; a failed condition names its action."""
-    try:
-        with translated():
-            transact(client, [action for _, action in actions])
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
-            raise
-        reasons = error.response.get("CancellationReasons", [])
-        for (label, _), reason in zip(actions, reasons, strict=False):
-            if reason.get("Code") == "ConditionalCheckFailed":
-                old = reason.get("Item")
-                raise ConditionFailed(label, from_dynamo(old) if old else None) from error
-        codes = {r.get("Code") for r in reasons}
-        if codes & {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}:
-            raise Retryable(
-                "a concurrent change or throttling cancelled the write; retry"
-            ) from error
-        raise
+_TRY_AGAIN = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
 
 
-def run_batch(client: Any, actions: list[dict[str, Any]]) -> list[str]:
-    """TransactWriteItems; [] when it committed, else the per-action cancellation codes."""
-    try:
-        with translated():
-            transact(client, actions)
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+class Transactions:
+    """How an orchestrator commits what several stores built, as one TransactWriteItems
+    over labelled actions, with one outcome: it committed (``commit`` returns), a condition
+    failed (ConditionFailed), or it may simply be tried again (Retryable: a conflicting
+    transaction, throttling)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def commit(self, actions: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        try:
+            with translated():
+                transact(self._client, [action for _, action in actions])
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise
+            reasons = error.response.get("CancellationReasons", [])
+            codes = [str(r.get("Code") or "None") for r in reasons]
+            for (label, _), reason in zip(actions, reasons, strict=False):
+                if reason.get("Code") == "ConditionalCheckFailed":
+                    old = reason.get("Item")
+                    raise ConditionFailed(
+                        label, from_dynamo(old) if old else None, codes
+                    ) from error
+            if _TRY_AGAIN & set(codes):
+                raise Retryable(
+                    "a concurrent change or throttling cancelled the write; retry"
+                ) from error
             raise
-        reasons = error.response.get("CancellationReasons", [])
-        return [str(r.get("Code", "None")) for r in reasons] or ["Unknown"] * len(actions)
-    return []
 
 
 def batch_get(

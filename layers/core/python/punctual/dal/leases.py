@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from punctual.dal.common import Item, from_dynamo, to_dynamo, translated, values
-from punctual.errors import Conflict
+from punctual.dal.common import ConditionFailed, Item, from_dynamo, to_dynamo, translated, values
 
 PENDING = "pending_releases"  # on the shard item: tenants with a release not yet handed over
 BOOTSTRAP_SECONDS = 3600  # a shard's first watermark is this far before its opener's clock
@@ -60,7 +59,7 @@ class LeaseStore:
                     ),
                     ReturnValues="ALL_NEW",
                 )
-        except Conflict:
+        except ConditionFailed:
             return None
         item = from_dynamo(answer["Attributes"])
         return Lease(
@@ -93,7 +92,7 @@ class LeaseStore:
                     # first; its watermark, perhaps walked on since, stands.
                     ConditionExpression="attribute_not_exists(pk)",
                 )
-        except Conflict:
+        except ConditionFailed:
             pass
 
     def read(self, shard: int) -> Item | None:
@@ -196,7 +195,7 @@ class LeaseStore:
                         fence=lease.fence, w=watermark, until=expires_at
                     ),
                 )
-        except Conflict:
+        except ConditionFailed:
             return False
         return True
 
@@ -212,7 +211,7 @@ class LeaseStore:
                     ConditionExpression="fence = :fence",
                     ExpressionAttributeValues=values(fence=lease.fence, until=expires_at),
                 )
-        except Conflict:
+        except ConditionFailed:
             return False
         return True
 
@@ -228,5 +227,5 @@ class LeaseStore:
                     ConditionExpression="fence = :fence",
                     ExpressionAttributeValues=values(fence=lease.fence, now=now - 1),
                 )
-        except Conflict:
+        except ConditionFailed:
             pass

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from punctual.dal.common import (
+    ConditionFailed,
     Item,
+    batch_get,
     decode_token,
     encode_token,
     from_dynamo,
@@ -19,7 +21,6 @@ from punctual.dal.tables import (
     occurrence_key,
     occurrence_sk,
 )
-from punctual.errors import Conflict
 from punctual.models import Attempt, Occurrence, OccurrenceState
 
 _OPEN = (
@@ -37,6 +38,11 @@ def occurrence_to_item(occurrence: Occurrence, payload: dict[str, Any]) -> Item:
         **occurrence.model_dump(),
         "payload": payload,
     }
+
+
+def stream_image(record: dict[str, Any]) -> Item:
+    """The item a DynamoDB stream record carries (its new image)."""
+    return from_dynamo(record["dynamodb"].get("NewImage", {}))
 
 
 def occurrence_from_item(item: Item) -> Occurrence:
@@ -137,6 +143,12 @@ class OccurrenceStore:
         ).get("Item")
         return occurrence_from_item(from_dynamo(found)) if found else None
 
+    def items(self, occurrence_ids: list[str]) -> list[Item]:
+        """The items (payload included) of those ``occurrence_ids`` that exist. Strongly
+        consistent: a decision to send one again needs its state as it is now (a worker
+        may have just taken it)."""
+        return batch_get(self._client, self.table, [occurrence_key(i) for i in occurrence_ids])
+
     def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
         """Occurrences not yet finished, scheduled at or after ``since``. Strongly consistent:
         a change answers the real state of every occurrence it affects, including one the
@@ -161,7 +173,7 @@ class OccurrenceStore:
                         to=state.value, scheduled=OccurrenceState.SCHEDULED.value, why=reason
                     ),
                 )
-        except Conflict:
+        except ConditionFailed:
             return False
         return True
 

@@ -17,19 +17,17 @@ from typing import Any
 from punctual.dal.common import (
     ConditionFailed,
     Item,
+    Transactions,
     batch_get,
     from_dynamo,
-    run_transaction,
     to_dynamo,
     translated,
     values,
 )
 from punctual.dal.tables import SCHEDULE_CURRENT, attempt_key, occurrence_key
-from punctual.errors import Conflict, Retryable
+from punctual.errors import Retryable
 from punctual.models import AttemptOutcome, OccurrenceState, ScheduleState
 from punctual.settings import Settings
-
-_S = OccurrenceState
 
 # Labels of transaction actions: a refused claim says which condition failed.
 OCCURRENCE = "occurrence"
@@ -54,7 +52,7 @@ def run_slot_sk(schedule_id: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class RunLease:
     """What a claim took: the token fences every later write of this attempt."""
 
     occurrence_id: str
@@ -150,7 +148,7 @@ class RunStore:
     # --- claim --------------------------------------------------------------------------
 
     def claim(
-        self, lease: Lease, *, seen: Seen, schedule_version: int, now: int, queued_at: int
+        self, lease: RunLease, *, seen: Seen, schedule_version: int, now: int, queued_at: int
     ) -> None:
         """One transaction: RUNNING with a new lease, the attempt record, the slots.
 
@@ -160,7 +158,7 @@ class RunStore:
             "#state = :seen",
             "attempt_count = :count",
         ]
-        if seen.state is _S.RUNNING:
+        if seen.state is OccurrenceState.RUNNING:
             # Race: two workers taking over the same expired lease; only the one that read
             # this token (and sees it expired) may replace it.
             occurrence_conditions += ["lease_token = :old_token", "lease_expires_at <= :now"]
@@ -186,14 +184,14 @@ class RunStore:
                             tenant=lease.tenant_id,
                             seen=seen.state.value,
                             count=seen.attempt_count,
-                            running=_S.RUNNING.value,
+                            running=OccurrenceState.RUNNING.value,
                             token=lease.token,
                             expires=lease.expires_at,
                             attempt=lease.attempt_no,
                             queued=queued_at,
                             **(
                                 {"old_token": seen.lease_token, "now": now}
-                                if seen.state is _S.RUNNING
+                                if seen.state is OccurrenceState.RUNNING
                                 else {}
                             ),
                         ),
@@ -255,7 +253,7 @@ class RunStore:
                 ),
             ),
         ]
-        if seen.state is _S.RUNNING and seen.attempt_count:
+        if seen.state is OccurrenceState.RUNNING and seen.attempt_count:
             actions.append((PREVIOUS_ATTEMPT, self._lost(lease.occurrence_id, seen.attempt_count)))
         if lease.overlap:
             actions.append(
@@ -269,10 +267,10 @@ class RunStore:
                     ),
                 )
             )
-        run_transaction(self._client, actions)
+        Transactions(self._client).commit(actions)
 
     @staticmethod
-    def _take_slot(table: str, key: dict[str, Any], lease: Lease, now: int) -> dict[str, Any]:
+    def _take_slot(table: str, key: dict[str, Any], lease: RunLease, now: int) -> dict[str, Any]:
         return {
             "Update": {
                 "TableName": table,
@@ -325,13 +323,13 @@ class RunStore:
         occurrence is flagged ``dlq_pending`` until its message is in the DLQ."""
         conditions = ["#state = :seen"]
         extra: dict[str, Any] = {}
-        if seen.state is _S.RUNNING:
+        if seen.state is OccurrenceState.RUNNING:
             # Race: a worker holding a live lease must not be overruled; only an expired
             # lease with the token we read may be ended.
             conditions += ["lease_token = :old_token", "lease_expires_at <= :now"]
             extra = {"old_token": seen.lease_token}
         expression = "SET #state = :to, reason = :why, finished_at = :now"
-        if state is _S.DEAD:
+        if state is OccurrenceState.DEAD:
             expression += ", dlq_pending = :true"
             extra["true"] = True
         actions: list[tuple[str, dict[str, Any]]] = [
@@ -351,10 +349,10 @@ class RunStore:
                 },
             )
         ]
-        if seen.state is _S.RUNNING and seen.attempt_count:
+        if seen.state is OccurrenceState.RUNNING and seen.attempt_count:
             actions.append((PREVIOUS_ATTEMPT, self._lost(occurrence_id, seen.attempt_count)))
         try:
-            run_transaction(self._client, actions)
+            Transactions(self._client).commit(actions)
         except (ConditionFailed, Retryable):
             return False
         return True
@@ -369,7 +367,7 @@ class RunStore:
 
     # --- while running ------------------------------------------------------------------
 
-    def extend(self, lease: Lease, expires_at: int) -> None:
+    def extend(self, lease: RunLease, expires_at: int) -> None:
         """Heartbeat: the occurrence's lease and both slots move together, or not at all."""
         held = [
             (OCCURRENCE, self._occurrences, self._occurrence_key(lease.occurrence_id)),
@@ -383,8 +381,7 @@ class RunStore:
             held.append(
                 (OVERLAP, self._tenants, self._run_slot_key(lease.tenant_id, lease.schedule_id))
             )
-        run_transaction(
-            self._client,
+        Transactions(self._client).commit(
             [
                 (
                     label,
@@ -402,7 +399,7 @@ class RunStore:
 
     @staticmethod
     def _fenced(
-        key: dict[str, Any], table: str, lease: Lease, expires_at: int, attribute: str
+        key: dict[str, Any], table: str, lease: RunLease, expires_at: int, attribute: str
     ) -> dict[str, Any]:
         return {
             "Update": {
@@ -418,7 +415,7 @@ class RunStore:
 
     def finish(
         self,
-        lease: Lease,
+        lease: RunLease,
         *,
         state: OccurrenceState,
         outcome: AttemptOutcome,
@@ -436,7 +433,7 @@ class RunStore:
         if retry_at is not None:
             expression += ", retry_at = :retry_at"
             sets["retry_at"] = retry_at
-        if state is _S.DEAD:
+        if state is OccurrenceState.DEAD:
             # Set with the DEAD write, cleared once the message is in the DLQ: a crash in
             # between is finished by the next delivery, and only the lease holder copies.
             expression += ", dlq_pending = :true"
@@ -446,8 +443,7 @@ class RunStore:
         if error is not None:
             attempt_expression += ", #e = :error"
             attempt_sets["error"] = error[:1000]
-        run_transaction(
-            self._client,
+        Transactions(self._client).commit(
             [
                 (
                     OCCURRENCE,
@@ -462,7 +458,7 @@ class RunStore:
                             "ConditionExpression": "#state = :running AND lease_token = :token",
                             "ExpressionAttributeNames": {"#state": "state"},
                             "ExpressionAttributeValues": values(
-                                running=_S.RUNNING.value, token=lease.token, **sets
+                                running=OccurrenceState.RUNNING.value, token=lease.token, **sets
                             ),
                         }
                     },
@@ -488,7 +484,7 @@ class RunStore:
             ],
         )
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: RunLease) -> None:
         """Free the slots this lease holds; best effort, since an expired lease frees them too."""
         slots = [(self._tenants, self._concurrency_key(lease.tenant_id, lease.concurrency_slot))]
         if lease.overlap:
@@ -505,5 +501,5 @@ class RunStore:
                         ConditionExpression="lease_token = :token",
                         ExpressionAttributeValues=values(token=lease.token),
                     )
-            except Conflict:
+            except ConditionFailed:
                 continue

@@ -18,6 +18,7 @@ from punctual.dal.common import (
 )
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
 from punctual.models import MissedEpisode, Schedule, ScheduleDefinition, ScheduleState
+from punctual.planning import Cursor
 from punctual.timing import to_epoch
 
 _DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
@@ -162,7 +163,10 @@ class ScheduleStore:
     def key(self, schedule_id: str, sk: str = SCHEDULE_CURRENT) -> dict[str, Any]:
         return to_dynamo({"schedule_id": schedule_id, "sk": sk})
 
-    def get_item(self, schedule_id: str) -> Item | None:
+    def current_item(self, schedule_id: str) -> Item | None:
+        """The CURRENT item, strongly consistent: every caller acts on it (a change's
+        conditions, a step re-planned after a refused commit, a schedule found in a stale
+        index), and a read that missed the last write would act on an older version."""
         found = self._client.get_item(
             TableName=self.table, Key=self.key(schedule_id), ConsistentRead=True
         ).get("Item")
@@ -290,6 +294,90 @@ class ScheduleStore:
                 ),
             }
         }
+
+    def step(
+        self, item: Item, schedule: Schedule, cursor: Cursor | None, missed: list[int]
+    ) -> dict[str, Any]:
+        """A transaction action: the materializer's step of a schedule from the cursor it
+        read (``schedule``, from ``item``) to ``cursor``, or to COMPLETED when ``cursor`` is
+        None; the ``missed`` instants are added to its MISSED summary."""
+        named: dict[str, Any] = {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
+        if schedule.next_run_at is None:
+            cursor_unchanged = "attribute_not_exists(next_run_at)"
+        elif schedule.planned_until is None:
+            cursor_unchanged = "next_run_at = :old AND attribute_not_exists(planned_until)"
+            named["old"] = schedule.next_run_at
+        else:
+            cursor_unchanged = "next_run_at = :old AND planned_until = :handled"
+            named |= {"old": schedule.next_run_at, "handled": schedule.planned_until}
+        sets: list[str] = []
+        removes: list[str] = []
+        if cursor is None:
+            sets.append("#state = :completed")
+            removes = ["due_at", "due_bucket", "next_run_at", "next_available_at", "planned_until"]
+            named["completed"] = ScheduleState.COMPLETED.value
+        else:
+            assert cursor.next_available_at is not None
+            sets += [
+                "planned_until = :h",
+                "next_run_at = :n",
+                "next_available_at = :a",
+                "due_at = :a",
+                "due_bucket = :b",
+            ]
+            named |= {
+                "h": cursor.planned_until,
+                "n": cursor.next_run_at,
+                "a": cursor.next_available_at,
+                "b": due_bucket(cursor.next_available_at, int(item["shard"])),
+            }
+        if missed:
+            # MISSED is a bounded summary on the schedule, never an item per instant.
+            sets += ["missed_total = if_not_exists(missed_total, :zero) + :m", "missed_ranges = :r"]
+            named |= {
+                "zero": 0,
+                "m": len(missed),
+                "r": missed_ranges_after(item, schedule.version, missed),
+            }
+        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.key(schedule.schedule_id),
+                "UpdateExpression": expression,
+                # Race: an update, pause or cancel bumped the version (the old version must not
+                # fire), or another materializer already moved this cursor (no double step).
+                "ConditionExpression": f"version = :v AND {cursor_unchanged} AND #state = :active",
+                "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": values(**named),
+            }
+        }
+
+    def unchanged(self, schedule: Schedule, *, stepped_past: int | None) -> dict[str, Any]:
+        """A transaction action that fails unless the schedule is still at ``schedule``'s
+        version; with ``stepped_past``, also owning its fires (ACTIVE or COMPLETED) with
+        the materializer's cursor past that instant."""
+        condition = "version = :v"
+        named: dict[str, Any] = {"v": schedule.version}
+        check: dict[str, Any] = {"TableName": self.table, "Key": self.key(schedule.schedule_id)}
+        if stepped_past is not None:
+            condition += (
+                " AND #state IN (:active, :completed)"
+                " AND (attribute_not_exists(next_run_at) OR planned_until >= :last)"
+            )
+            named |= {
+                "active": ScheduleState.ACTIVE.value,
+                "completed": ScheduleState.COMPLETED.value,
+                "last": stepped_past,
+            }
+            check["ExpressionAttributeNames"] = {"#state": "state"}
+        # Race: an update, pause or cancel since the read (a SCHEDULED occurrence of the old
+        # version put after the new version's invalidation swept would escape it), or the
+        # materializer's cursor not yet past these instants (its own put of the same id
+        # would then fail and stall its whole shard).
+        check["ConditionExpression"] = condition
+        check["ExpressionAttributeValues"] = values(**named)
+        return {"ConditionCheck": check}
 
     def put_version(self, item: Item) -> dict[str, Any]:
         return {

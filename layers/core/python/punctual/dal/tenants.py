@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from punctual.dal.common import Item, from_dynamo, to_dynamo, translated, values
+from punctual.dal.common import ConditionFailed, Item, from_dynamo, to_dynamo, translated, values
 from punctual.errors import Conflict, NotFound
 from punctual.tenancy import Quotas, Target, Tenant
 
@@ -75,13 +75,17 @@ class TenantStore:
         self.table = table
 
     def create(self, tenant: Tenant) -> None:
-        with translated(f"tenant {tenant.tenant_id} already exists"):
-            self._client.put_item(
-                TableName=self.table,
-                Item=to_dynamo(tenant_to_item(tenant)),
-                # Race: two operators creating the same tenant; the second must not reset usage.
-                ConditionExpression="attribute_not_exists(pk)",
-            )
+        try:
+            with translated():
+                self._client.put_item(
+                    TableName=self.table,
+                    Item=to_dynamo(tenant_to_item(tenant)),
+                    # Race: two operators creating the same tenant; the second must not reset
+                    # usage.
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+        except ConditionFailed:
+            raise Conflict(f"tenant {tenant.tenant_id} already exists") from None
 
     def get(self, tenant_id: str) -> Tenant:
         found = self._client.get_item(
@@ -94,7 +98,7 @@ class TenantStore:
     def set_quotas(self, tenant_id: str, quotas: Quotas) -> None:
         try:
             self._set_quotas(tenant_id, quotas)
-        except Conflict:
+        except ConditionFailed:
             raise NotFound(f"tenant {tenant_id} not found") from None
 
     def _set_quotas(self, tenant_id: str, quotas: Quotas) -> None:
@@ -127,7 +131,7 @@ class TenantStore:
                     ConditionExpression="attribute_not_exists(pk) OR tenant_id = :t",
                     ExpressionAttributeValues=values(t=tenant_id),
                 )
-        except Conflict:
+        except ConditionFailed:
             raise Conflict(f"{principal_arn} is bound to another tenant") from None
         # The tenant keeps the set of its principals: its queues' policies grant them.
         self._client.update_item(
@@ -157,13 +161,17 @@ class TenantStore:
         }
 
     def put_target(self, target: Target) -> None:
-        with translated(f"target {target.name} already exists"):
-            self._client.put_item(
-                TableName=self.table,
-                Item=to_dynamo(target_to_item(target)),
-                # Race: two creates of one target name; the first one's queues are the target.
-                ConditionExpression="attribute_not_exists(pk)",
-            )
+        try:
+            with translated():
+                self._client.put_item(
+                    TableName=self.table,
+                    Item=to_dynamo(target_to_item(target)),
+                    # Race: two creates of one target name; the first one's queues are the
+                    # target.
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+        except ConditionFailed:
+            raise Conflict(f"target {target.name} already exists") from None
 
     def get_target(self, tenant_id: str, name: str, *, consistent: bool = False) -> Target | None:
         """Eventually consistent unless asked: a miss is then only "not seen yet" for a target

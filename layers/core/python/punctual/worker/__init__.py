@@ -1,19 +1,19 @@
 """The worker SDK: consume a tenant's occurrences with leases, fencing, retries, overlap
 control and idempotent effects (docs/worker.md)."""
 
+from punctual.dal.effects import EffectLedger
+from punctual.message import Message
 from punctual.worker.consume import QueueConsumer, sqs_lambda_handler
 from punctual.worker.core import (
     Delivery,
     Handler,
     Job,
-    Message,
     Outcome,
     PermanentError,
     Result,
     Worker,
     backoff_ceiling,
 )
-from punctual.worker.effects import EffectLedger
 
 __all__ = [
     "Delivery",

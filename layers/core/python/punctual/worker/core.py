@@ -16,16 +16,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import ValidationError
 
 from punctual.dal.common import ConditionFailed, Item
-from punctual.dal.runs import OVERLAP, Lease, RunStore, Seen
+from punctual.dal.runs import OVERLAP, RunLease, RunStore, Seen
 from punctual.errors import NotFound, Retryable
-from punctual.ids import occurrence_parts
+from punctual.message import Message, parse_message
 from punctual.models import (
     TERMINAL,
     AttemptOutcome,
@@ -37,8 +36,6 @@ from punctual.models import (
 from punctual.observability import logger
 from punctual.services import Services
 
-MESSAGE_VERSION = 1
-_S = OccurrenceState
 # Re-reads after a lost race before the message is left for a later delivery.
 CLAIM_ROUNDS = 4
 # Concurrency slots probed per claim before all of them are read.
@@ -95,33 +92,6 @@ METRICS = {
 }
 
 
-class Message(BaseModel):
-    """The occurrence message, version 1 (docs/message.md)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    version: int
-    occurrence_id: str
-    schedule_id: str
-    schedule_version: int
-    tenant_id: str
-    target: str
-    scheduled_for: datetime
-    available_at: datetime
-    attempt: int
-    payload: dict[str, Any]
-
-    @model_validator(mode="after")
-    def _id_names_this_occurrence(self) -> Message:
-        """The id encodes (schedule, version, instant): a body whose fields disagree with it
-        was not written by the relay, and the claim must not act on either half."""
-        named = occurrence_parts(self.occurrence_id)  # ValueError: not an occurrence id
-        instant = int(self.scheduled_for.timestamp())
-        if named != (self.schedule_id, self.schedule_version, instant):
-            raise ValueError("occurrence_id does not name this schedule, version and instant")
-        return self
-
-
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One received message, from a long poll or from an SQS-triggered Lambda."""
@@ -133,10 +103,7 @@ class Delivery:
     sent_at: int | None = None  # SQS's SentTimestamp: when the relay sent the message
 
     def message(self) -> Message:
-        data = json.loads(self.body)
-        if not isinstance(data, dict) or data.get("version") != MESSAGE_VERSION:
-            raise ValueError(f"not a version {MESSAGE_VERSION} occurrence message")
-        return Message.model_validate(data)
+        return parse_message(self.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +130,7 @@ class Job:
     message: Message
     attempt: int
     _worker: Worker = field(repr=False)
-    _lease: Lease = field(repr=False)
+    _lease: RunLease = field(repr=False)
     _delivery: Delivery = field(repr=False)
     lease_lost: bool = False
     _checked_at: float = field(default=float("-inf"), repr=False)
@@ -280,18 +247,18 @@ class Worker:
 
     def _claim(
         self, delivery: Delivery, message: Message
-    ) -> Result | tuple[Lease, RetryPolicy, int] | None:
+    ) -> Result | tuple[RunLease, RetryPolicy, int] | None:
         """A refusal, a lease to run under, or None when a race was lost (read again)."""
         now = self._now()
         occurrence, schedule = self.runs.read(message.occurrence_id, message.schedule_id)
         if occurrence is None or occurrence["tenant_id"] != self.tenant_id:
             return self._rejected(delivery, "no such occurrence")
         seen = Seen(
-            _S(occurrence["state"]),
+            OccurrenceState(occurrence["state"]),
             int(occurrence.get("attempt_count", 0)),
             occurrence.get("lease_token"),
         )
-        if seen.state is _S.CANCELED:
+        if seen.state is OccurrenceState.CANCELED:
             # An update, pause or cancel got to it first (or our own refusal's delete was
             # lost): the message of a canceled occurrence is dropped, never run.
             return Result(Outcome.STALE, f"canceled: {occurrence.get('reason', '')}")
@@ -301,15 +268,15 @@ class Worker:
                 self._dead_letter(delivery, message.occurrence_id, occurrence.get("reason", ""))
             return Result(Outcome.ALREADY_DONE, f"already {seen.state.value}")
         lease_end = int(occurrence.get("lease_expires_at") or 0)
-        if seen.state is _S.RUNNING and lease_end > now:
+        if seen.state is OccurrenceState.RUNNING and lease_end > now:
             return Result(Outcome.IN_PROGRESS, "another worker holds the lease", lease_end - now)
         retry_at = int(occurrence.get("retry_at") or 0)
-        if seen.state is _S.RETRY_WAIT and retry_at > now:
+        if seen.state is OccurrenceState.RETRY_WAIT and retry_at > now:
             # A duplicate delivery during the back-off: it waits like the original.
             return Result(Outcome.RETRY, "backing off", retry_at - now)
         stale = _staleness(occurrence, schedule)
         if stale is not None:
-            return self._refuse(message, seen, _S.CANCELED, stale, Outcome.STALE, now)
+            return self._refuse(message, seen, OccurrenceState.CANCELED, stale, Outcome.STALE, now)
         assert schedule is not None
         definition = schedule.get("definition", {})
         policy = RetryPolicy.model_validate(definition.get("retry", {}))
@@ -318,14 +285,14 @@ class Worker:
         released = int(occurrence["available_at"])
         over = _exhausted(seen.attempt_count, policy, released, now)
         if over is not None:
-            refused = self._refuse(message, seen, _S.DEAD, over, Outcome.DEAD, now)
+            refused = self._refuse(message, seen, OccurrenceState.DEAD, over, Outcome.DEAD, now)
             if refused is not None:
                 self._dead_letter(delivery, message.occurrence_id, over)
             return refused
         slot = self._free_slot(now)
         if slot is None:
             return Result(Outcome.THROTTLED, "tenant concurrency limit reached", self._later())
-        lease = Lease(
+        lease = RunLease(
             occurrence_id=message.occurrence_id,
             tenant_id=self.tenant_id,
             schedule_id=message.schedule_id,
@@ -348,7 +315,12 @@ class Worker:
                 holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
                 reason = f"{holder} of this schedule is running"
                 return self._refuse(
-                    message, seen, _S.SKIPPED_OVERLAP, reason, Outcome.SKIPPED_OVERLAP, now
+                    message,
+                    seen,
+                    OccurrenceState.SKIPPED_OVERLAP,
+                    reason,
+                    Outcome.SKIPPED_OVERLAP,
+                    now,
                 )
             return None  # the occurrence, the schedule or the slot moved: read again
         except Retryable:
@@ -370,7 +342,7 @@ class Worker:
         return Result(outcome, reason) if moved else None
 
     def _run(
-        self, delivery: Delivery, message: Message, lease: Lease, policy: RetryPolicy, due: int
+        self, delivery: Delivery, message: Message, lease: RunLease, policy: RetryPolicy, due: int
     ) -> Result:
         # The message must not come back to another worker while this lease is live.
         self._set_visibility(delivery, self.lease_seconds)
@@ -391,26 +363,44 @@ class Worker:
             stop()
         now = self._now()
         if error is None:
-            return self._finish(delivery, lease, _S.SUCCEEDED, AttemptOutcome.SUCCEEDED, now)
+            return self._finish(
+                delivery, lease, OccurrenceState.SUCCEEDED, AttemptOutcome.SUCCEEDED, now
+            )
         text = f"{type(error).__name__}: {error}"
         if isinstance(error, self.permanent):
             return self._finish(
-                delivery, lease, _S.DEAD, AttemptOutcome.DEAD, now, f"permanent: {text}"
+                delivery,
+                lease,
+                OccurrenceState.DEAD,
+                AttemptOutcome.DEAD,
+                now,
+                f"permanent: {text}",
             )
         delay = int(self.rng.uniform(0, backoff_ceiling(policy, lease.attempt_no)))
         over = _exhausted(lease.attempt_no, policy, due, now + delay)
         if over is not None:
             return self._finish(
-                delivery, lease, _S.DEAD, AttemptOutcome.DEAD, now, f"{over}; last: {text}"
+                delivery,
+                lease,
+                OccurrenceState.DEAD,
+                AttemptOutcome.DEAD,
+                now,
+                f"{over}; last: {text}",
             )
         return self._finish(
-            delivery, lease, _S.RETRY_WAIT, AttemptOutcome.RETRY, now, text, retry_in=delay
+            delivery,
+            lease,
+            OccurrenceState.RETRY_WAIT,
+            AttemptOutcome.RETRY,
+            now,
+            text,
+            retry_in=delay,
         )
 
     def _finish(
         self,
         delivery: Delivery,
-        lease: Lease,
+        lease: RunLease,
         state: OccurrenceState,
         outcome: AttemptOutcome,
         now: int,
@@ -441,16 +431,16 @@ class Worker:
                     raise
                 time.sleep(0.05 * 2**attempt)
         self.runs.release(lease)
-        if state is _S.SUCCEEDED:
+        if state is OccurrenceState.SUCCEEDED:
             return Result(Outcome.SUCCEEDED)
-        if state is _S.DEAD:
+        if state is OccurrenceState.DEAD:
             self._dead_letter(delivery, lease.occurrence_id, error or "dead")
             return Result(Outcome.DEAD, error or "")
         return Result(Outcome.RETRY, error or "", retry_in)
 
     # --- leases and slots ---------------------------------------------------------------
 
-    def extend(self, lease: Lease, delivery: Delivery) -> bool:
+    def extend(self, lease: RunLease, delivery: Delivery) -> bool:
         """The heartbeat: False when the lease is no longer ours."""
         try:
             self.runs.extend(lease, self._now() + self.lease_seconds)

@@ -8,9 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from punctual.dal.common import to_dynamo, transact
+from punctual.dal.common import ConditionFailed, Transactions, to_dynamo
 
 
 class EffectLedger:
@@ -59,14 +57,15 @@ class EffectLedger:
         self, occurrence_id: str, writes: list[dict[str, Any]], effect: str = "default"
     ) -> bool:
         """Commit ``writes`` (TransactWriteItems actions, at most 99) with the record. True if
-        they were applied now, False if this occurrence's effect was applied before."""
+        they were applied now, False if this occurrence's effect was applied before; a failed
+        condition of one of ``writes`` raises ConditionFailed (its label "write"), a
+        conflicting transaction or throttling Retryable."""
         try:
-            transact(self._client, [*writes, self.record(occurrence_id, effect)])
-        except ClientError as error:
-            reasons = error.response.get("CancellationReasons") or []
-            if len(reasons) == len(writes) + 1 and reasons[-1].get("Code") == (
-                "ConditionalCheckFailed"
-            ):
+            Transactions(self._client).commit(
+                [*(("write", w) for w in writes), ("record", self.record(occurrence_id, effect))]
+            )
+        except ConditionFailed as refused:
+            if refused.failed(len(writes)):
                 return False
             raise
         return True

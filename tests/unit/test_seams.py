@@ -1,0 +1,154 @@
+"""The seams the code keeps: only punctual/dal talks to DynamoDB (expressions, item
+formats, client calls); every Lambda handler is wired the same way; a domain error's HTTP
+status is decided by the API alone, in agreement with whose fault the error is."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "layers/core/python/punctual"
+FUNCTIONS = REPO / "functions"
+
+# Request parameters only a DynamoDB call or transaction action has.
+DYNAMODB_PARAMETERS = frozenset(
+    {
+        "ConditionExpression",
+        "UpdateExpression",
+        "KeyConditionExpression",
+        "FilterExpression",
+        "ProjectionExpression",
+        "ExpressionAttributeNames",
+        "ExpressionAttributeValues",
+        "TransactItems",
+        "ReturnValuesOnConditionCheckFailure",
+        "ExclusiveStartKey",
+    }
+)
+DYNAMODB_CALLS = frozenset(
+    {
+        "get_item",
+        "put_item",
+        "update_item",
+        "delete_item",
+        "query",
+        "scan",
+        "batch_get_item",
+        "batch_write_item",
+        "transact_write_items",
+        "transact_get_items",
+    }
+)
+# dal.common's item and expression helpers: using them means building DynamoDB requests.
+DAL_INTERNALS = frozenset(
+    {"to_dynamo", "from_dynamo", "values", "batch_get", "transact", "translated"}
+)
+
+
+def seam_violations(source: str) -> list[str]:
+    """What in ``source`` (a module outside dal/) talks to DynamoDB itself."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and node.value in DYNAMODB_PARAMETERS:
+            found.append(f"{line}: builds a request with {node.value!r}")
+        elif isinstance(node, ast.keyword) and node.arg in DYNAMODB_PARAMETERS:
+            found.append(f"{node.value.lineno}: passes {node.arg}=")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in DYNAMODB_CALLS:
+                found.append(f"{line}: calls .{node.func.attr}()")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("punctual.dal"):
+            found += [
+                f"{line}: imports {alias.name} from {node.module}"
+                for alias in node.names
+                if alias.name in DAL_INTERNALS
+            ]
+    return found
+
+
+def _outside_dal() -> list[Path]:
+    # punctual/local is development tooling (it runs the engines and reads tables for its
+    # stats), not part of what Lambda or a worker runs.
+    modules = [
+        p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("dal", "local")
+    ]
+    return modules + sorted(FUNCTIONS.rglob("*.py"))
+
+
+def test_seam_only_dal_builds_dynamodb_requests_or_calls_the_client() -> None:
+    # GIVEN every module of the runtime package and the functions, dal/ and the local
+    # tooling aside
+    modules = _outside_dal()
+    assert len(modules) > 30
+    # THEN none builds a DynamoDB expression, converts items, or calls the client: the
+    # stores do, and say there which reads are consistent and why
+    violations = {
+        str(path.relative_to(REPO)): problems
+        for path in modules
+        if (problems := seam_violations(path.read_text(encoding="utf-8")))
+    }
+    assert violations == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'update = {"ConditionExpression": "version = :v"}',
+        "client.query(TableName=t, KeyConditionExpression=k)",
+        "services.dynamodb.get_item(Key=key)",
+        "from punctual.dal.common import Item, to_dynamo",
+    ],
+)
+def test_seam_check_finds_each_kind_of_violation(source: str) -> None:
+    # GIVEN code that talks to DynamoDB itself; THEN the guard above would name it
+    assert seam_violations(source)
+
+
+def test_seam_check_lets_stores_and_transactions_be_used() -> None:
+    source = (
+        "from punctual.dal.common import ConditionFailed, Item\n"
+        "services.transactions.commit([('step', services.schedules.step(item, s, c, []))])\n"
+    )
+    assert seam_violations(source) == []
+
+
+def test_every_handler_is_wired_by_one_lazily_built_wiring() -> None:
+    # GIVEN each Lambda entry point
+    from api import context
+    from materializer import handler as materializer
+    from reconciler import handler as reconciler
+    from relay import handler as relay
+    from relay import redrive
+
+    from punctual.services import Wiring
+
+    for module in (context, materializer, reconciler, relay, redrive):
+        # THEN its services come from one Wiring, which tests and the local stack configure
+        assert isinstance(module.wiring, Wiring), module.__name__
+        assert module.configure == module.wiring.configure
+    # AND no function builds its own clients per invocation
+    for path in FUNCTIONS.rglob("*.py"):
+        assert "from_environment" not in path.read_text(encoding="utf-8"), path
+
+
+def test_error_status_is_the_apis_and_agrees_with_whose_fault_it_is() -> None:
+    from api.errors import STATUS, status_of
+
+    from punctual import errors
+
+    domain = [
+        c
+        for c in vars(errors).values()
+        if isinstance(c, type) and issubclass(c, errors.PunctualError)
+    ]
+    # THEN every domain error has a status only at the API, 4xx exactly for the caller's
+    # fault, and no domain class carries one itself
+    for error in domain:
+        assert not hasattr(error, "status"), error
+    for error_class, status in STATUS.items():
+        assert error_class.callers_fault == (400 <= status < 500), error_class
+    assert status_of(errors.PunctualError("x")) == 500
+    assert status_of(errors.QuotaExceeded("x", quota="q", limit=1, usage=1)) == 429
