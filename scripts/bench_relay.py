@@ -23,8 +23,8 @@ from punctual.dal.occurrences import occurrence_to_item
 from punctual.dal.tables import create_tables
 from punctual.dal.tenants import target_to_item
 from punctual.integrations.queues import QueueAdmin
-from punctual.planning import new_occurrence
 from punctual.models import Schedule
+from punctual.planning import new_occurrence
 from punctual.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings

@@ -1,4 +1,4 @@
-"""The capacity model's building blocks (scripts/capacity.py): lags, transactions, the
+"""The capacity model's building blocks (scripts/capacity/): lags, transactions, the
 simulated materializer (groups, leases, timeouts, failures), the relay queue, the write path
 as a table of operations, and the cross-check against the local bench. Simulated time only."""
 
@@ -9,28 +9,18 @@ from dataclasses import replace
 
 import pytest
 
-from scripts.capacity import (
-    CUT_ALL,
-    CUT_PROJECTIONS,
-    INF,
-    MEASURED,
-    Check,
-    Design,
+from scripts.capacity.calibration import Check, cross_check
+from scripts.capacity.cost import CUT_ALL, CUT_PROJECTIONS, scheduler_ops, without
+from scripts.capacity.model import INF, MEASURED, Design, Limits, Platform, Workload, aws_platform
+from scripts.capacity.simulation import (
     LagHistogram,
-    Limits,
     Piece,
-    Platform,
     Scenario,
     Simulation,
-    Workload,
-    aws_platform,
     aws_scenario,
-    cross_check,
     partition_caps,
     receivable_lag,
-    scheduler_ops,
     simulate,
-    without,
 )
 
 

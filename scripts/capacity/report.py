@@ -1,0 +1,451 @@
+"""What binds at the peak, and the printed report."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from scripts.capacity.calibration import cross_check
+from scripts.capacity.cost import (
+    CUT_ALL,
+    CostInputs,
+    Line,
+    other_lines,
+    provisioned_capacity,
+    read_units_per_occurrence,
+    scenarios,
+    scheduler_ops,
+    without,
+    worker_lines,
+    worker_ops,
+    write_lines,
+)
+from scripts.capacity.model import (
+    INF,
+    LIMIT_SOURCES,
+    MEASURED,
+    MINUTE,
+    Q_LOCAL,
+    SOURCES,
+    Design,
+    Limits,
+    Platform,
+    Prices,
+    Workload,
+    WriteOp,
+    aws_platform,
+)
+from scripts.capacity.simulation import (
+    MARGIN,
+    SimResult,
+    aws_scenario,
+    distinct_queues,
+    partition_caps,
+    relay_capacity,
+    search,
+    simulate,
+    stream_shards,
+)
+
+# --- what binds at the peak ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    what: str
+    demand: float
+    limit: float
+    unit: str
+
+    @property
+    def utilization(self) -> float:
+        return self.demand / self.limit if self.limit else INF
+
+
+def partition_loads(
+    workload: Workload, design: Design, ops: Sequence[WriteOp], result: SimResult
+) -> list[Load]:
+    """The busiest key of each kind, at the simulated rates."""
+    limits = Limits()
+    active = min(design.groups, design.map_concurrency)
+    loads: list[Load] = []
+    for op in ops:
+        if op.key == "shard-minute":
+            loads.append(
+                Load(
+                    "due index key HH:MM#shard (one shard's steps)",
+                    result.shard_rate * op.units / 2,
+                    limits.partition_wcu,
+                    "WCU/s",
+                )
+            )
+        elif op.key == "tenant":
+            loads.append(
+                Load(
+                    f"by_tenant key of the largest tenant ({workload.largest_tenant_share:.0%})",
+                    min(result.peak_rate, active * result.shard_rate)
+                    * workload.largest_tenant_share
+                    * op.units,
+                    limits.partition_wcu,
+                    "WCU/s",
+                )
+            )
+    lease = sum(op.units for op in ops if op.key == "shard")
+    loads.append(
+        Load("lease item SHARD#n", result.shard_rate * lease, limits.partition_wcu, "WCU/s")
+    )
+    tables: dict[str, float] = {}
+    for op in ops:
+        tables[op.table] = tables.get(op.table, 0.0) + op.units
+    for table, per_occurrence in sorted(tables.items()):
+        loads.append(
+            Load(
+                f"table {table} (all partitions)",
+                result.peak_rate * per_occurrence,
+                limits.table_wcu,
+                "WCU/s",
+            )
+        )
+    partitions = stream_shards(workload)
+    uniform = sum(
+        op.units for op in ops if op.table.startswith("occurrences") and op.key == "uniform"
+    )
+    loads.append(
+        Load(
+            f"an occurrences partition (~{partitions} by size, keyed by schedule)",
+            result.peak_rate * uniform / partitions,
+            limits.partition_wcu,
+            "WCU/s",
+        )
+    )
+    return loads
+
+
+def relay_concurrency(
+    workload: Workload, design: Design, platform: Platform, rate: float
+) -> tuple[float, float]:
+    """(relay executions at ``rate`` records/s, seconds one batch takes): each stream shard
+    hands a batch every poll; a batch longer than the poll interval overlaps the next."""
+    shards = stream_shards(workload)
+    records = min(design.stream_batch, max(1.0, rate * platform.poll_interval / shards))
+    batch = platform.relay_batch_seconds(
+        records, distinct_queues(records, workload.tenants), design.relay_threads
+    )
+    per_shard = min(design.relay_parallelization, max(1.0, batch / platform.poll_interval))
+    busy = min(1.0, rate * platform.poll_interval / shards)  # shards with records each poll
+    return shards * per_shard * busy, batch
+
+
+def stage_loads(
+    workload: Workload, design: Design, platform: Platform, result: SimResult
+) -> list[Load]:
+    """Demand and capacity of each stage at the peak. The materializer must walk the :00
+    bucket and the buckets after it that the lookahead brings in before :00."""
+    limits = Limits()
+    active = min(design.groups, design.map_concurrency)
+    buckets = max(1, design.lookahead // MINUTE)
+    work = sum(workload.strict(m) + workload.uniform(m) for m in range(buckets))
+    window = max(1.0, buckets * MINUTE - platform.tick_delay)
+    peak_conc, _ = relay_concurrency(workload, design, platform, result.peak_rate)
+    average_conc, _ = relay_concurrency(workload, design, platform, workload.per_day / 86_400)
+    return [
+        Load(
+            f"materializer: the :00 bucket and {buckets - 1} more within L "
+            f"({active} shards at once)",
+            work / window,
+            active * result.shard_rate,
+            "schedules/s",
+        ),
+        Load(
+            "relay: peak commit rate vs its capacity",
+            result.peak_rate,
+            relay_capacity(workload, design, platform, limits),
+            "records/s",
+        ),
+        Load(
+            "Step Functions inline Map: shard groups",
+            design.groups,
+            design.map_concurrency,
+            "groups",
+        ),
+        Load(
+            "Lambda concurrency: materializer + relay",
+            active + peak_conc,
+            limits.account_concurrency,
+            "executions",
+        ),
+        Load(
+            "Lambda scaling: relay ramp to the peak",
+            max(0.0, peak_conc - average_conc),
+            limits.lambda_scale_per_10s,
+            "environments / 10 s",
+        ),
+    ]
+
+
+# --- printing --------------------------------------------------------------------------------
+
+
+def fmt(seconds: float) -> str:
+    return "never" if seconds == INF else f"{seconds:.2f} s"
+
+
+def print_lags(label: str, result: SimResult) -> None:
+    s, f = result.strict, result.flexible
+    print(
+        f"  {label}: strict p50 {fmt(s[0])}, p95 {fmt(s[1])}, p99 {fmt(s[2])}; "
+        f"flexible (past available_at) p50 {fmt(f[0])}, p95 {fmt(f[1])}, p99 {fmt(f[2])}"
+    )
+    print(
+        f"    materialized {result.peak_rate:,.0f}/s at most ({result.shard_rate:,.0f}/s a shard), "
+        f"first commit {result.first_commit:+.0f} s, last {result.materialize_end:+.0f} s; "
+        f"{result.timeouts} invocations timed out, {result.leases_waited} claims met a live lease"
+    )
+
+
+def print_loads(title: str, loads: Sequence[Load]) -> Load:
+    print(title)
+    for load in sorted(loads, key=lambda x: -x.utilization):
+        print(
+            f"  {load.utilization:6.0%}  {load.what}: {load.demand:,.0f} of {load.limit:,.0f} "
+            f"{load.unit}"
+        )
+    return max(loads, key=lambda x: x.utilization)
+
+
+def print_costs(title: str, lines: Sequence[Line], *, detail: bool = True) -> float:
+    print(title)
+    groups: dict[str, float] = {}
+    for group, item, dollars in lines:
+        groups[group] = groups.get(group, 0.0) + dollars
+        if detail:
+            print(f"    ${dollars:7.3f}  {group}: {item}")
+    total = sum(groups.values())
+    for group, dollars in sorted(groups.items(), key=lambda kv: -kv[1]):
+        print(f"  ${dollars:7.3f}  {group} ({dollars / total:.0%})")
+    print(f"  ${total:7.3f}  total per million occurrences")
+    return total
+
+
+def report(args: argparse.Namespace) -> None:
+    measured = MEASURED
+    workload = Workload(
+        strict_peak=args.strict,
+        flexible_peak=args.flexible,
+        largest_tenant_share=args.tenant_share,
+    )
+    design = Design(
+        shards=args.shards,
+        lookahead=args.lookahead,
+        group_size=args.group_size,
+        materializer_memory_mb=args.materializer_memory,
+    )
+    limits, prices = Limits(), Prices()
+    platform = aws_platform(design, measured)
+    before = scheduler_ops()
+    after = without(before, *CUT_ALL)
+
+    print("== Workload (one account and region)")
+    print(
+        f"  {workload.schedules:,} schedules, {workload.per_day:,.0f} occurrences a day "
+        f"({workload.per_day / 86_400:,.0f}/s on average); at :00 {workload.strict_peak:,.0f} "
+        f"strict and {workload.flexible_peak:,.0f} flexible spread over "
+        f"{workload.flexible_window} s; the rest {workload.background_per_second:,.0f}/s evenly; "
+        f"largest tenant {workload.largest_tenant_share:.0%} of the peak; "
+        f"{workload.tenants:,} tenant queues"
+    )
+    print("== Design parameters")
+    print(
+        f"  N {design.shards} shards in groups of {design.group_size} "
+        f"({design.groups} groups), L {design.lookahead} s, {design.per_transaction} schedules "
+        f"a transaction, Map concurrency {design.map_concurrency}, relay parallelization "
+        f"{design.relay_parallelization}, SQS batch {design.sqs_batch}, stream batch "
+        f"{design.stream_batch}, materializer {design.materializer_memory_mb} MB"
+    )
+    print("== AWS limits used (docs/capacity.md cites the page of each)")
+    for name, value in Limits().__dict__.items():
+        print(f"  {name} = {value:,}  [{LIMIT_SOURCES[name]}]")
+    for key in sorted(set(LIMIT_SOURCES.values())):
+        print(f"  [{key}] {SOURCES[key]}")
+    print("== Service times (AWS latencies assumed; CPU measured locally, scaled to Lambda)")
+    print(
+        f"  our CPU: {platform.plan_cpu * 1000:.2f} ms a schedule step, "
+        f"{platform.relay_cpu * 1000:.2f} ms a relayed record (make bench), x"
+        f"{platform.materializer_slowdown:.2f} at {design.materializer_memory_mb} MB; "
+        f"TransactWriteItems {platform.transaction_seconds * 1000:.0f} ms, UpdateItem "
+        f"{platform.write_seconds * 1000:.0f} ms, Query page "
+        f"{platform.page_seconds * 1000:.0f} ms, "
+        f"BatchGetItem {platform.batch_get_seconds * 1000:.0f} ms, SendMessageBatch "
+        f"{platform.send_seconds * 1000:.0f} ms, stream {platform.stream_delay:.1f} s + polls "
+        f"every {platform.poll_interval:.2f} s"
+    )
+    print(
+        f"  -> one shard materializes {platform.shard_rate(design.per_transaction):,.0f} "
+        f"schedules/s (locally, one materializer on DynamoDB Local: {Q_LOCAL:,.0f}/s)"
+    )
+
+    print(f"== Top of the hour, N {design.shards}, L {design.lookahead} s (write path after)")
+    configured = simulate(aws_scenario(workload, design, platform, after, failed=False))
+    print_lags("all groups healthy", configured)
+    failing = simulate(aws_scenario(workload, design, platform, after, failed=True))
+    print_lags("one group failed and retried", failing)
+
+    chosen_design = design
+    if not args.no_search:
+        print("== Smallest N and L with strict p99 <= 1 s, one group failed and retried")
+        frontier, chosen = search(workload, design, platform, after)
+        for row in frontier:
+            found = f"L {row.lookahead} s (p99 {row.p99:.2f} s)" if row.lookahead else "no L"
+            margin = f"L {row.with_margin} s" if row.with_margin else "no L up to 600 s"
+            groups = math.ceil(row.shards / design.group_size)
+            print(
+                f"  N {row.shards:4d} ({groups:3d} groups): {found}; "
+                f"{MARGIN - 1:.0%} slower: {margin}"
+            )
+        if chosen is None:
+            print("  no N up to the largest tried meets it")
+        else:
+            chosen_design = replace(design, shards=chosen[0], lookahead=chosen[1])
+            print(
+                f"  -> chosen: N {chosen[0]}, L {chosen[1]} s (the smallest N that meets it with "
+                f"service times {MARGIN - 1:.0%} longer, at its smallest L)"
+            )
+    print(
+        f"== At N {chosen_design.shards}, L {chosen_design.lookahead} s: lags, partitions, "
+        "bottleneck"
+    )
+    healthy = simulate(aws_scenario(workload, chosen_design, platform, after, failed=False))
+    failed = simulate(aws_scenario(workload, chosen_design, platform, after, failed=True))
+    print_lags("all groups healthy", healthy)
+    print_lags("one group failed and retried", failed)
+    caps = partition_caps(workload, chosen_design, after, limits)
+    binding = min(caps.items(), key=lambda kv: kv[1])
+    print(
+        f"  per-shard rate allowed by hot keys: {binding[1]:,.0f}/s ({binding[0]}); "
+        f"with the ALL projection (before): "
+        f"{min(partition_caps(workload, chosen_design, before, limits).values()):,.0f}/s"
+    )
+    busiest = print_loads(
+        "Busiest partitions and tables at the peak (after)",
+        partition_loads(workload, chosen_design, after, healthy),
+    )
+    print_loads(
+        "  ... and before (by_tenant written on every step)",
+        [
+            load
+            for load in partition_loads(workload, chosen_design, before, healthy)
+            if "by_tenant" in load.what
+        ],
+    )
+    stage = print_loads(
+        "Stages at the peak", stage_loads(workload, chosen_design, platform, healthy)
+    )
+    print(
+        f"  -> bottleneck stage: {stage.what} ({stage.utilization:.0%}); closest AWS limit: "
+        f"{busiest.what} ({busiest.utilization:.0%})"
+    )
+
+    print("== Cross-check with the local make bench (20,000 strict, 8 shards in 4 groups)")
+    checks, _ = cross_check(measured)
+    for check in checks:
+        tol = f"+-{check.tolerance:.2f} s" if check.absolute else f"+-{check.tolerance:.0%}"
+        print(
+            f"  {'ok  ' if check.ok else 'MISS'} {check.what}: predicted {check.predicted:,.2f}, "
+            f"measured {check.measured:,.2f} ({tol})"
+        )
+    print(
+        f"  engine-bound estimate from make bench-materializer's Q: "
+        f"{measured.schedules / Q_LOCAL:.1f} s to materialize (an idle host: "
+        f"{measured.before_materialize_seconds} s in the first run, before the narrow projections)"
+    )
+    print(
+        "  measured figures: constants LocalBench (scripts/capacity/model.py), from "
+        "`python -m scripts.capacity --calibrate`"
+    )
+    print(
+        f"  {'all within tolerance' if all(c.ok for c in checks) else 'NOT all within tolerance'}"
+    )
+
+    inputs = CostInputs(
+        workload=workload,
+        design=chosen_design,
+        platform=platform,
+        shard_rate=healthy.shard_rate,
+        peak_rate=healthy.peak_rate,
+    )
+    print(
+        f"== Cost per million occurrences, scheduler path (us-east-1 list prices; N "
+        f"{chosen_design.shards})"
+    )
+    other = other_lines(inputs)
+    total_before = print_costs(
+        f"-- before ({sum(op.units for op in before):.2f} WCU), on-demand",
+        write_lines(before, prices) + other,
+    )
+    total_after = print_costs(
+        f"-- after ({sum(op.units for op in after):.2f} WCU), on-demand",
+        write_lines(after, prices) + other,
+        detail=False,
+    )
+    print(
+        "  largest cost driver: DynamoDB write units "
+        f"({sum(op.units for op in before):.2f} an occurrence, "
+        f"{sum(d for _, _, d in write_lines(before, prices)) / total_before:.0%} of the bill); "
+        "the largest lines: the transactional occurrence put, the transactional cursor update "
+        f"and the due index key move, ${2 * prices.write_request * 1e6:.2f} each"
+    )
+    rest = sum(d for _, _, d in other)
+    reads = read_units_per_occurrence(inputs) * prices.read_request * 1e6
+    print("-- scenarios: what each cut saves (the write path as a table of operations)")
+    print(
+        f"   WCU   writes  total: on-demand  provisioned for {inputs.peak_rate:,.0f}/s  "
+        "provisioned at 70% of the average"
+    )
+    for label, ops in scenarios(before):
+        units_ = sum(op.units for op in ops)
+        writes = units_ * prices.write_request * 1e6
+        peak = provisioned_capacity(inputs, ops) + rest - reads
+        average = provisioned_capacity(inputs, ops, utilization=0.7) + rest - reads
+        print(
+            f"  {units_:5.2f}  ${writes:5.2f}  ${writes + rest:6.2f}            ${peak:6.2f}"
+            f"                   ${average:6.2f}    {label}"
+        )
+    leaner = replace(inputs, relay_window=1.0, retention_days=7)
+    rest_lean = sum(d for _, _, d in other_lines(leaner))
+    per_unit = provisioned_capacity(
+        inputs, [WriteOp("one unit", "t", "uniform", 100)], utilization=0.7
+    )
+    room = 1.00 - rest_lean
+    print(
+        f"  EventBridge parity ($1.00): everything but the writes costs ${rest:.2f} on its own "
+        f"(${rest_lean:.2f} with a 1 s relay batching window and 7-day retention). Each write "
+        f"unit an occurrence adds ${prices.write_request * 1e6:.3f} on demand, "
+        f"${per_unit:.3f} provisioned at 70% of the average (the peak then rides on burst "
+        f"capacity, which DynamoDB does not guarantee), so {sum(op.units for op in after):.2f} "
+        f"WCU alone are ${sum(op.units for op in after) * per_unit:.2f} even provisioned. "
+        + (
+            f"Parity allows {room / per_unit:.1f} write units an occurrence provisioned: "
+            if room > 0
+            else "Parity is out of reach with any write path: "
+        )
+        + "it needs no durable item per occurrence (EventBridge Scheduler keeps none) and a "
+        "relay that is not a Lambda invocation every few records."
+    )
+    worker = worker_ops()
+    print_costs(
+        f"== Worker SDK, one successful run (Punctual's tables, apart from the scheduler path): "
+        f"{sum(op.units for op in worker):.0f} WCU after, "
+        f"{sum(op.units for op in worker_ops(narrow_projections=False)):.0f} before, "
+        f"+{sum(op.units for op in worker_ops(overlap=True)) - sum(op.units for op in worker):.0f} "
+        "with SKIP_IF_RUNNING",
+        worker_lines(prices, worker),
+    )
+    print(
+        f"== Summary: strict p99 at 500k {fmt(healthy.strict[2])} (one group failed: "
+        f"{fmt(failed.strict[2])}), N {chosen_design.shards}, L {chosen_design.lookahead} s, "
+        f"bottleneck {stage.what.split(':')[0]} ({chosen_design.groups} groups x "
+        f"{healthy.shard_rate:,.0f}/s a shard); scheduler path ${total_before:.2f}/M before, "
+        f"${total_after:.2f}/M after (EventBridge Scheduler $1.00/M)"
+    )
