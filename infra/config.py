@@ -10,6 +10,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from punctual.ids import shard_groups
+from punctual.principals import PRINCIPAL_ARN_PATTERN
 from punctual.settings import Settings
 
 
@@ -47,13 +49,6 @@ MAX_CONCURRENCY = 40
 EVENTBRIDGE_INPUT_LIMIT = 8192
 
 
-def shard_groups(shard_count: int, group_size: int) -> list[list[int]]:
-    return [
-        list(range(start, min(start + group_size, shard_count)))
-        for start in range(0, shard_count, group_size)
-    ]
-
-
 def rule_input_text(time_key: str, shard_count: int, group_size: int) -> str:
     """The InputTemplate the CDK renders for a rule handing a state machine the event's time
     and every shard group (``<time>`` is EventBridge's placeholder)."""
@@ -62,7 +57,7 @@ def rule_input_text(time_key: str, shard_count: int, group_size: int) -> str:
 
 
 # The principal ARNs the operator API accepts (the same rule as its principal binding).
-PrincipalArn = Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:.+$")]
+PrincipalArn = Annotated[str, Field(pattern=PRINCIPAL_ARN_PATTERN)]
 AccountId = Annotated[str, Field(pattern=r"^\d{12}$")]
 Email = Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
 

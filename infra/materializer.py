@@ -12,12 +12,12 @@ from infra.config import (
     MATERIALIZER_RETRY,
     MATERIALIZER_TIMEOUT_SECONDS,
     TICKER_TIMEOUT_SECONDS,
-    shard_groups,
 )
 from infra.data import DataReferences
 from infra.functions import FunctionDefaults, python_function
 from infra.groups import group_invoke, map_over_groups, scheduled_over_groups
 from punctual.dal.tables import DUE_INDEX
+from punctual.ids import shard_groups
 
 
 class Materialization(Construct):

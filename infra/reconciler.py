@@ -12,13 +12,13 @@ from infra.config import (
     RECONCILE_RUN_TIMEOUT_SECONDS,
     RECONCILER_RETRY,
     RECONCILER_TIMEOUT_SECONDS,
-    shard_groups,
 )
 from infra.data import DataReferences
 from infra.functions import FunctionDefaults, python_function
 from infra.groups import group_invoke, map_over_groups, scheduled_over_groups
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import DUE_INDEX, SHARD_INDEX
+from punctual.ids import shard_groups
 
 
 class Reconciliation(Construct):

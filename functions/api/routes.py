@@ -37,22 +37,22 @@ from api.views import (
 from punctual.access import worker_policy
 from punctual.errors import InvalidInput
 from punctual.models import (
-    AtSpec,
     Instant,
     MisfirePolicy,
     OverlapPolicy,
-    RateSpec,
     ReconcileReport,
     RetryPolicy,
     ScheduleDefinition,
     ScheduleSpec,
     ScheduleState,
     StrictCount,
+    preview_fires,
 )
 from punctual.observability import logger
+from punctual.principals import PRINCIPAL_ARN_PATTERN
 from punctual.reconciler import default_window, read_reports
 from punctual.tenancy import TENANT_ID_PATTERN, Quotas
-from punctual.timing import get_zone, preview, to_epoch, tzdata_version, utc_text
+from punctual.timing import to_epoch, tzdata_version, utc_text
 
 router = Router()
 
@@ -347,16 +347,8 @@ class PreviewIn(BaseModel):
 def preview_spec(body: PreviewIn) -> PreviewOut:
     _tenant()
     after = _instant(body.after, int(context.services().now()))
-    spec = body.spec
-    notes: list[str] = []
-    if isinstance(spec, RateSpec):
-        rule: Any = spec.rule(datetime.fromtimestamp(after).astimezone())
-    else:
-        rule = spec.rule()
-        if isinstance(spec, AtSpec) and spec.resolved().note:
-            notes.append(str(spec.resolved().note))
-    result = preview(rule, after, body.count, get_zone(spec.timezone or "UTC"))
-    return PreviewOut(fires=fires_out(result), notes=notes + result.notes)
+    result = preview_fires(body.spec, after, body.count)
+    return PreviewOut(fires=fires_out(result), notes=result.notes)
 
 
 @router.post(
@@ -419,7 +411,7 @@ class TenantIn(BaseModel):
 class PrincipalIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    principal_arn: str = Field(pattern=r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:.+$", max_length=2048)
+    principal_arn: str = Field(pattern=PRINCIPAL_ARN_PATTERN, max_length=2048)
 
 
 TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN)]

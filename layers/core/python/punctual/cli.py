@@ -20,13 +20,11 @@ from punctual.commands import (
     main_for,
     spec_flags,
 )
-from punctual.models import AtSpec, CronSpec, RateSpec, field_errors
+from punctual.models import AtSpec, CronSpec, RateSpec, field_errors, preview_fires
 from punctual.timing import (
-    Rule,
     ZoneError,
     from_epoch,
     get_zone,
-    preview,
     resolve_at,
     tzdata_version,
 )
@@ -81,11 +79,7 @@ def _instant(text: str | None, zone: str | None, flag: str) -> int | None:
         raise UsageError(f"{flag}: {exc}") from None
 
 
-def _first_set(*instants: int | None) -> int:
-    return next(i for i in instants if i is not None)
-
-
-def _rule(args: argparse.Namespace, after: int) -> tuple[Rule, list[str]]:
+def _spec(args: argparse.Namespace) -> CronSpec | RateSpec | AtSpec:
     start = _instant(args.start, args.tz, "--start")
     end = _instant(args.end, args.tz, "--end")
     bounds = {
@@ -96,19 +90,16 @@ def _rule(args: argparse.Namespace, after: int) -> tuple[Rule, list[str]]:
         if args.cron is not None:
             if args.tz is None:
                 raise UsageError("--tz is required with --cron (an IANA zone, e.g. Europe/Berlin)")
-            return CronSpec(expression=args.cron, timezone=args.tz, **bounds).rule(), []
+            return CronSpec(expression=args.cron, timezone=args.tz, **bounds)
         if args.rate is not None:
             anchor = _instant(args.anchor, args.tz, "--anchor")
-            spec = RateSpec(
+            return RateSpec(
                 expression=args.rate,
-                anchor=from_epoch(_first_set(anchor, start, after)),
+                anchor=from_epoch(anchor) if anchor is not None else None,
                 timezone=args.tz or "UTC",
                 **bounds,
             )
-            return spec.rule(), []
-        at_spec = AtSpec(at=args.at, timezone=args.tz, **bounds)
-        note = at_spec.resolved().note
-        return at_spec.rule(), [note] if note else []
+        return AtSpec(at=args.at, timezone=args.tz, **bounds)
     except ValidationError as exc:
         first = field_errors(exc)[0]
         raise UsageError(f"{first['field']}: {first['reason']}") from None
@@ -124,9 +115,7 @@ def _preview(args: argparse.Namespace, now: Callable[[], float]) -> int:
     after = _instant(args.after, args.tz, "--after")
     if after is None:
         after = int(now())
-    rule, notes = _rule(args, after)
-    result = preview(rule, after, args.count, zone)
-    result.notes[:0] = notes
+    result = preview_fires(_spec(args), after, args.count)
     if args.json:
         body = result.as_json() | {"timezone": str(zone.key), "tzdata": tzdata_version()}
         print(json.dumps(body, indent=2))

@@ -71,6 +71,15 @@ def shard_of(schedule_id: str, shard_count: int) -> int:
     return int.from_bytes(_digest(schedule_id, 8, b"punctual-shard"), "big") % shard_count
 
 
+def shard_groups(shard_count: int, group_size: int) -> list[list[int]]:
+    """Shards 0..shard_count-1 in consecutive groups of ``group_size`` (the last one may be
+    smaller): what one materializer or reconciler invocation takes, in AWS and locally."""
+    return [
+        list(range(start, min(start + group_size, shard_count)))
+        for start in range(0, shard_count, group_size)
+    ]
+
+
 SCHEDULE_PREFIX = "sch_"
 
 

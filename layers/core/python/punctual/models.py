@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Context, Decimal, DecimalException, Inexact, Rounded
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
@@ -34,6 +34,7 @@ from punctual.timing import (
     Bounds,
     CronRule,
     OneShotRule,
+    Preview,
     RateRule,
     ResolvedAt,
     Rule,
@@ -41,6 +42,7 @@ from punctual.timing import (
     in_calendar,
     parse_cron,
     parse_rate,
+    preview,
     resolve_at,
     to_epoch,
 )
@@ -192,6 +194,20 @@ class AtSpec(_SpecBase):
 
 
 ScheduleSpec = Annotated[CronSpec | RateSpec | AtSpec, Field(discriminator="kind")]
+
+
+def preview_fires(spec: CronSpec | RateSpec | AtSpec, after: int, count: int) -> Preview:
+    """A spec's first ``count`` fires after ``after``, shown in its zone, with what a reader
+    should know (an ambiguous one-shot's resolution, DST dates); a rate without an anchor or
+    start_at counts from ``after``. The API's and the CLI's preview."""
+    if isinstance(spec, RateSpec):
+        rule: Rule = spec.rule(datetime.fromtimestamp(after, UTC))
+    else:
+        rule = spec.rule()
+    resolution = spec.resolved().note if isinstance(spec, AtSpec) else None
+    result = preview(rule, after, count, get_zone(spec.timezone or "UTC"))
+    result.notes[:0] = [resolution] if resolution else []
+    return result
 
 
 # --- policies -----------------------------------------------------------------------

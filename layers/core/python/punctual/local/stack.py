@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from punctual.ids import shard_groups
 from punctual.local.engines import ACCOUNT, LOCAL_SHARDS, Engines, ensure_engines
 from punctual.local.gateway import Gateway, LambdaContext
 from punctual.local.logs import plain_logs
@@ -276,10 +277,7 @@ class LocalStack:
             )
 
     def _groups(self) -> list[list[int]]:
-        return [
-            list(range(start, min(start + GROUP_SIZE, LOCAL_SHARDS)))
-            for start in range(0, LOCAL_SHARDS, GROUP_SIZE)
-        ]
+        return shard_groups(LOCAL_SHARDS, GROUP_SIZE)
 
     def _tick(self) -> None:
         """What EventBridge + the Map do each tick: one materializer call per shard group."""
