@@ -21,6 +21,9 @@ PACKAGE = LAYER_SOURCE / "python" / "punctual"
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
 PIP_PLATFORM = "manylinux2014_aarch64"
+# Development and client tooling no function imports (tests/unit/test_seams.py): the local
+# stack (engines, drivers, demo), the CLI and its HTTP client. The layer is what Lambda runs.
+NOT_SHIPPED = ("local", "cli.py", "commands.py", "client.py")
 
 
 def runtime_requirements() -> list[str]:
@@ -51,15 +54,15 @@ def pip_install(target: str) -> list[str]:
 
 def copy_package(target: Path, source: Path = PACKAGE) -> None:
     """The ``punctual`` package into ``target`` (the layer's python/), without bytecode of
-    whichever Python ran the build and without the local stack (engines, drivers, demo),
-    which no function imports."""
+    whichever Python ran the build and without the tooling no function imports
+    (NOT_SHIPPED)."""
 
     def excluded(directory: str, names: list[str]) -> set[str]:
         at_top = Path(directory) == source
         return {
             name
             for name in names
-            if name == "__pycache__" or name.endswith(".pyc") or (at_top and name == "local")
+            if name == "__pycache__" or name.endswith(".pyc") or (at_top and name in NOT_SHIPPED)
         }
 
     shutil.copytree(source, target / "punctual", ignore=excluded)
@@ -78,7 +81,11 @@ class _PipBundler:
 
 def docker_command() -> list[str]:
     """The same build in the SAM image, where local bundling is impossible."""
-    excludes = ("--exclude=__pycache__", "--exclude=*.pyc", "--exclude=punctual/local")
+    excludes = (
+        "--exclude=__pycache__",
+        "--exclude=*.pyc",
+        *(f"--exclude=punctual/{name}" for name in NOT_SHIPPED),
+    )
     return [
         "bash",
         "-c",

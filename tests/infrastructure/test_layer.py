@@ -74,13 +74,13 @@ def test_layer_every_runtime_requirement_is_pinned_exactly():
         assert re.fullmatch(r"[a-z0-9-]+(\[[a-z,]+\])?==[0-9][0-9.]*", requirement), requirement
 
 
-def test_layer_build_ships_no_bytecode_and_no_local_stack(tmp_path: Path):
-    # GIVEN a package with bytecode beside its modules and a local stack
+def test_layer_build_ships_no_bytecode_no_local_stack_and_no_cli(tmp_path: Path):
+    # GIVEN a package with bytecode beside its modules, a local stack and the CLI
     source = tmp_path / "src"
     for path in ("__init__.py", "__pycache__/x.cpython-311.pyc", "dal/a.py", "dal/b.pyc"):
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         (source / path).write_text("")
-    for path in ("local/engines.py", "dal/local/kept.py"):
+    for path in ("local/engines.py", "dal/local/kept.py", "cli.py", "client.py", "commands.py"):
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         (source / path).write_text("")
     # WHEN it is copied into a layer, and so is the real one
@@ -90,7 +90,8 @@ def test_layer_build_ships_no_bytecode_and_no_local_stack(tmp_path: Path):
     def shipped(root: Path) -> set[str]:
         return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
 
-    # THEN modules are kept, compiled Python and the top-level local package are not
+    # THEN modules are kept; compiled Python, the top-level local package and the CLI with
+    # its client are not
     assert shipped(tmp_path / "fake") == {
         "punctual/__init__.py",
         "punctual/dal/a.py",
@@ -99,9 +100,11 @@ def test_layer_build_ships_no_bytecode_and_no_local_stack(tmp_path: Path):
     real = shipped(tmp_path / "real")
     assert {"punctual/scheduling.py", "punctual/dal/tables.py"} <= real
     assert not [p for p in real if p.endswith(".pyc") or p.startswith("punctual/local/")]
+    assert not {"punctual/cli.py", "punctual/commands.py", "punctual/client.py"} & real
     # AND pip installs the dependencies without compiling them, locally and in Docker
     assert "--no-compile" in pip_install("/out")
     (command,) = [part for part in docker_command() if "pip install" in part]
     assert "--no-compile" in command
     assert "--exclude=punctual/local" in command
+    assert "--exclude=punctual/cli.py" in command
     assert "--exclude=*.pyc" in command

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from punctual.local.engines import KINDS, Engine
-from punctual.local.stack import StackError, bind_gateway, claim
+from punctual.local.stack import StackError, StackOptions, bind_gateway, claim
 
 
 def test_claim_refuses_a_second_stack_on_the_same_data_naming_the_first(tmp_path: Path):
@@ -37,7 +37,7 @@ def test_bind_gateway_on_a_busy_port_names_the_port():
         port = other.getsockname()[1]
         # WHEN the stack's API binds it
         with pytest.raises(StackError) as refused:
-            bind_gateway(port)
+            bind_gateway(port, StackOptions().functions)
     # THEN the error names the port and what to do
     assert str(refused.value) == (
         f"port {port} is already in use (another program, or a local stack on another data "

@@ -152,3 +152,65 @@ def test_error_status_is_the_apis_and_agrees_with_whose_fault_it_is() -> None:
         assert error_class.callers_fault == (400 <= status < 500), error_class
     assert status_of(errors.PunctualError("x")) == 500
     assert status_of(errors.QuotaExceeded("x", quota="q", limit=1, usage=1)) == 429
+
+
+def _punctual_imports(path: Path) -> set[Path]:
+    """The punctual modules ``path`` imports, anywhere in it, as files."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            if not name.startswith("punctual"):
+                continue
+            base = PACKAGE.parent / name.replace(".", "/")
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.exists():
+                    found.add(candidate)
+    return found
+
+
+def _reached(roots: list[Path]) -> set[Path]:
+    seen: set[Path] = set()
+    todo = list(roots)
+    while todo:
+        path = todo.pop()
+        for module in _punctual_imports(path) - seen:
+            seen.add(module)
+            todo.append(module)
+            if module.name == "__init__.py":
+                continue
+            package_init = module.parent / "__init__.py"
+            if package_init.exists() and package_init not in seen:
+                seen.add(package_init)
+                todo.append(package_init)
+    return seen
+
+
+def test_the_layer_ships_every_module_the_functions_import() -> None:
+    # GIVEN what the layer leaves out (the local stack, the CLI and its HTTP client)
+    from infra.layer import NOT_SHIPPED
+
+    # WHEN every punctual module the functions import, directly or not, is followed
+    reached = _reached(sorted(FUNCTIONS.rglob("*.py")))
+    assert PACKAGE / "scheduling.py" in reached
+    # THEN none of them is left out of the layer
+    left_out = {
+        str(p.relative_to(PACKAGE))
+        for p in reached
+        if p.relative_to(PACKAGE).parts[0] in NOT_SHIPPED
+    }
+    assert left_out == set()
+
+
+def test_the_worker_sdk_does_not_import_the_server() -> None:
+    # GIVEN the worker SDK, which tenants run in their own accounts
+    reached = _reached(sorted((PACKAGE / "worker").glob("*.py")))
+    # THEN it needs the stores, the models and the message, not the control plane, the
+    # materializer, the relay or the reconciler
+    server = {"scheduling.py", "materializer.py", "relay.py", "reconciler.py", "redrive.py"}
+    assert {p.name for p in reached if p.parent == PACKAGE} & server == set()
+    assert PACKAGE / "message.py" in reached

@@ -54,6 +54,9 @@ def local_principal(access_key_id: str) -> str:
 
 @dataclass
 class StackOptions:
+    # The Lambda handlers' root (functions/ of a checkout): the stack imports each handler
+    # from there as Lambda does; it ships with none of them.
+    functions: Path = REPO / "functions"
     port: int = 8766
     data: Path = DATA
     tick_seconds: int = 60
@@ -62,9 +65,9 @@ class StackOptions:
     poll_seconds: float = 0.5
 
 
-def _handler(module: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
-    """A Lambda handler from functions/, imported as Lambda imports it."""
-    functions = str(REPO / "functions")
+def _handler(root: Path, module: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """A Lambda handler from the functions' ``root``, imported as Lambda imports it."""
+    functions = str(root)
     if functions not in sys.path:
         sys.path.insert(0, functions)
     return importlib.import_module(module).lambda_handler  # type: ignore[no-any-return]
@@ -170,11 +173,13 @@ def claim(data: Path, holder: str) -> IO[str]:
     return handle
 
 
-def bind_gateway(port: int) -> Gateway:
+def bind_gateway(port: int, functions: Path) -> Gateway:
     """The API's port, taken before any engine starts, so that a busy port costs nothing."""
     try:
         return Gateway(
-            lambda event, context: _handler("api.handler")(event, context), port, time.time
+            lambda event, context: _handler(functions, "api.handler")(event, context),
+            port,
+            time.time,
         )
     except OSError as error:
         if error.errno != errno.EADDRINUSE:
@@ -208,7 +213,7 @@ class LocalStack:
     def _start(self) -> None:
         options = self.options
         self._lock = claim(options.data, f"API http://127.0.0.1:{options.port}")
-        self.gateway = bind_gateway(options.port)
+        self.gateway = bind_gateway(options.port, options.functions)
         self.engines = ensure_engines(options.data)
         configure_environment(self.engines, options)
         from punctual.services import Services
@@ -225,11 +230,13 @@ class LocalStack:
             services.dynamodb,
             _client("dynamodbstreams"),
             services.settings.occurrences_table,
-            lambda event: _handler("relay.handler")(event, LambdaContext("relay", 60, time.time)),
+            lambda event: _handler(self.options.functions, "relay.handler")(
+                event, LambdaContext("relay", 60, time.time)
+            ),
             options.data / "streams.json",
         )
         self._loop("stream-poller", poller.poll_once, options.poll_seconds)
-        if _has_reconciler():
+        if _has_reconciler(options.functions):
             self._loop("reconciler", self._reconcile, options.reconcile_seconds, aligned=True)
 
     def start_demo(self) -> None:
@@ -282,7 +289,7 @@ class LocalStack:
     def _tick(self) -> None:
         """What EventBridge + the Map do each tick: one materializer call per shard group."""
         tick = utc_text(int(time.time()) // self.options.tick_seconds * self.options.tick_seconds)
-        handler = _handler("materializer.handler")
+        handler = _handler(self.options.functions, "materializer.handler")
         timeout = min(55, self.options.tick_seconds * 0.9)
         with ThreadPoolExecutor(max_workers=len(self._groups())) as pool:
             list(
@@ -300,7 +307,7 @@ class LocalStack:
         """The hourly run as on AWS (its hour, and any earlier one without a report), and,
         since a local run is short-lived, the ten minutes that ended ten minutes ago: recent
         fires are checked, and what no worker took is re-sent, within about half an hour."""
-        handler = _handler("reconciler.handler")
+        handler = _handler(self.options.functions, "reconciler.handler")
         now = int(time.time())
         end = now - now % RECENT_WINDOW - RECENT_WINDOW
         recent = {"window_start": utc_text(end - RECENT_WINDOW), "window_end": utc_text(end)}
@@ -325,8 +332,8 @@ class LocalStack:
             self._lock.close()
 
 
-def _has_reconciler() -> bool:
-    return (REPO / "functions" / "reconciler" / "handler.py").exists()
+def _has_reconciler(functions: Path) -> bool:
+    return (functions / "reconciler" / "handler.py").exists()
 
 
 def _client(service: str) -> Any:
