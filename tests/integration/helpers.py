@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from punctual.dal.common import to_dynamo
+from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane
@@ -91,6 +91,16 @@ def wire(handler: Any, services: Services, monkeypatch: Any) -> None:
     wiring = Wiring()
     wiring.configure(services)
     monkeypatch.setattr(handler, "wiring", wiring)
+
+
+def current_item(aws: Services, schedule_id: str) -> dict[str, Any]:
+    """A schedule's CURRENT item as stored (what the stores hand out typed), to inspect."""
+    found = aws.dynamodb.get_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo({"schedule_id": schedule_id, "sk": "CURRENT"}),
+        ConsistentRead=True,
+    )["Item"]
+    return from_dynamo(found)
 
 
 def set_occurrence_state(aws: Services, occurrence_id: str, state: str) -> None:

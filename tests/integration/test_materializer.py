@@ -25,7 +25,7 @@ from punctual.timing import utc_text
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
-from tests.integration.helpers import cron_spec, make
+from tests.integration.helpers import cron_spec, current_item, make
 
 
 class Crash(BaseException):
@@ -34,9 +34,7 @@ class Crash(BaseException):
 
 
 def current(aws: Services, schedule_id: str) -> dict[str, Any]:
-    item = aws.schedules.current_item(schedule_id)
-    assert item is not None
-    return item
+    return current_item(aws, schedule_id)
 
 
 def occurrences(aws: Services, schedule_id: str) -> list[dict[str, Any]]:
@@ -480,12 +478,11 @@ def test_materializer_skips_an_occurrence_that_already_exists_instead_of_stallin
     # GIVEN a minutely schedule whose next fire was already written (e.g. by a repair)
     sid = make(aws, spec=cron_spec("* * * * *"))
     item = current(aws, sid)
-    schedule = aws.schedules.current_item(sid)
-    assert schedule is not None
-    from punctual.dal.schedules import schedule_from_item
+    stored = aws.schedules.current(sid)
+    assert stored is not None
     from punctual.planning import new_occurrence
 
-    ahead = new_occurrence(schedule_from_item(schedule), item["next_run_at"], 86400)
+    ahead = new_occurrence(stored.schedule, item["next_run_at"], 86400)
     aws.dynamodb.put_item(**aws.occurrences.put_new(ahead, {})["Put"])
     # WHEN the materializer ticks once that fire is within its lookahead
     clock.now = item["next_run_at"] - 120

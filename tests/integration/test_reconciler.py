@@ -43,7 +43,13 @@ from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock, LambdaContextStub
-from tests.integration.helpers import cron_spec, make, set_occurrence_state, table_items
+from tests.integration.helpers import (
+    cron_spec,
+    current_item,
+    make,
+    set_occurrence_state,
+    table_items,
+)
 
 HOUR = 3600
 DAY = "2026-11-19"  # after the fixtures' tenants exist (START is 2026-11-18T11:06:40Z)
@@ -757,7 +763,7 @@ def test_reconciler_reads_every_missed_episode_of_the_hour(alice: Api, aws: Serv
     # WHEN the reconciler checks [10:00, 11:00)
     results = reconcile(aws, at("10:00"), at("11:00"))
     # THEN both episodes are MISSED by policy (two ranges on the schedule), none MISSING
-    assert [r["count"] for r in aws.schedules.current_item(sid)["missed_ranges"]] == [4, 2]  # type: ignore[index]
+    assert [r["count"] for r in current_item(aws, sid)["missed_ranges"]] == [4, 2]
     assert total(results, Finding.MISSED) == 6
     assert total(results, Finding.MISSING) == 0
 

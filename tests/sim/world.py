@@ -360,11 +360,15 @@ class Simulation:
             return
         sid = self.rng.choice(self.schedule_ids)
         plane = ControlPlane(self.services("api"))
-        item = self.run_record.services.schedules.current_item(sid)
-        if item is None:
+        stored = self.run_record.services.schedules.current(sid)
+        if stored is None:
             return
-        tenant, version, state = item["tenant_id"], int(item["version"]), item["state"]
-        if state == ScheduleState.CANCELED.value:
+        tenant, version, state = (
+            stored.schedule.tenant_id,
+            stored.schedule.version,
+            stored.schedule.state,
+        )
+        if state is ScheduleState.CANCELED:
             return
         choice = self.rng.choice(["update", "pause", "resume", "cancel"])
         changes = {k: v for k, v in self._definition().items() if self.rng.random() < 0.5}
@@ -442,15 +446,15 @@ class Simulation:
                     self.run_record.counts["worker_poll_failed"] += 1
 
     def _handler(self, job: Job) -> None:
-        item = self.run_record.services.schedules.current_item(job.message.schedule_id) or {}
+        stored = self.run_record.services.schedules.current(job.message.schedule_id)
         self.run_record.handler_runs.append(
             (
                 job.occurrence_id,
                 job.message.schedule_version,
                 self.clock.now,
                 job.message.available_at.timestamp(),
-                int(item.get("version", 0)),
-                str(item.get("state", "")),
+                stored.schedule.version if stored else 0,
+                stored.schedule.state.value if stored else "",
             )
         )
         if self.clock.now < self.end and self.rng.random() < self.config.handler_failure:

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from punctual.dal.common import ConditionFailed, Item
+from punctual.dal.common import ConditionFailed
 from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease
 from punctual.dal.schedules import (
-    minute_load_of,
-    schedule_from_item,
+    StoredSchedule,
+    after_step,
 )
 from punctual.dal.tenants import released_usage
 from punctual.errors import Retryable
@@ -69,11 +69,14 @@ class ShardReport:
 class _Step:
     """One schedule's share of a transaction."""
 
-    item: Item
-    schedule: Schedule
+    stored: StoredSchedule
     occurrences: list[Occurrence]
     plan: Plan | None  # None: every fire was made already; the step only completes it
     actions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.stored.schedule
 
     @property
     def completes(self) -> bool:
@@ -185,23 +188,23 @@ class Materializer:
         now = self._now()
         steps = [
             step
-            for item in self._s.schedules.due_in(minute, lease.shard)
-            if (step := self._plan(item, now, until)) is not None
+            for stored in self._s.schedules.due_in(minute, lease.shard)
+            if (step := self._plan(stored, now, until)) is not None
         ]
         report.schedules += len(steps)
         return self._commit(lease, steps, now, until, report)
 
     def _plan(
-        self, item: Item, now: int, until: int, resume: Catchup | None = None
+        self, stored: StoredSchedule, now: int, until: int, resume: Catchup | None = None
     ) -> _Step | None:
-        schedule = schedule_from_item(item)
+        schedule = stored.schedule
         if schedule.state is not ScheduleState.ACTIVE or schedule.next_available_at is None:
             return None
         if schedule.next_available_at > until:
             return None  # the index copy was stale: the schedule has moved on
         if schedule.next_run_at is None:
             # The API materialized every fire itself; only the completion is left.
-            step = _Step(item, schedule, [], None)
+            step = _Step(stored, [], None)
         else:
             handled = (
                 schedule.planned_until
@@ -223,14 +226,14 @@ class Materializer:
                 # An injected fault: the cursor still moves past the dropped instants, exactly
                 # the silent loss the reconciler must find.
                 made = [o for o in made if not self._skip(o.schedule_id, o.scheduled_for)]
-            step = _Step(item, schedule, made, planned)
+            step = _Step(stored, made, planned)
         step.actions = self._actions(step)
         return step
 
     def _actions(self, step: _Step) -> list[dict[str, Any]]:
         cursor = None if step.completes or step.plan is None else step.plan.cursor
         return [self._s.occurrences.put_new(o, step.schedule.payload) for o in step.occurrences] + [
-            self._s.schedules.step(step.item, step.schedule, cursor, step.missed)
+            self._s.schedules.step(step.stored, cursor, step.missed)
         ]
 
     def _catchup_pace(self, schedule: Schedule) -> int:
@@ -304,7 +307,7 @@ class Materializer:
             batch.append(pending.pop(0))
             if step.completes:
                 counts[tenant] += 1
-                for minute, load in minute_load_of(step.item).items():
+                for minute, load in step.stored.minute_load.items():
                     loads[tenant][minute] += load
         releases = {t: released_usage(n, dict(loads[t])) for t, n in counts.items()}
         return batch, releases
@@ -323,13 +326,8 @@ class Materializer:
             if cursor.next_available_at is not None and cursor.next_available_at <= until:
                 # The step hit STEP_LIMIT: continue from the committed cursor, at the same
                 # catch-up pace.
-                item = dict(
-                    step.item,
-                    planned_until=cursor.planned_until,
-                    next_run_at=cursor.next_run_at,
-                    next_available_at=cursor.next_available_at,
-                )
-                follow_up = self._plan(item, now, until, step.plan.catchup)
+                stepped = after_step(step.stored, cursor, step.missed)
+                follow_up = self._plan(stepped, now, until, step.plan.catchup)
                 if follow_up is not None:
                     pending.append(follow_up)
 
@@ -386,7 +384,7 @@ class Materializer:
             # A condition failed: someone else moved this schedule (an update, a cancel, another
             # materializer). Re-read it and carry on from what is really there.
             report.conflicts += 1
-            fresh = self._s.schedules.current_item(step.schedule.schedule_id)
+            fresh = self._s.schedules.current(step.schedule.schedule_id)
             follow_up = self._plan(fresh, now, until) if fresh else None
             if follow_up is not None:
                 again.append(follow_up)

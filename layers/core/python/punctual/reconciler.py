@@ -36,7 +36,6 @@ from punctual.dal.schedules import (
     ScheduleVersion,
     current_version_of,
     missed_ranges_of,
-    schedule_from_item,
 )
 from punctual.errors import InvalidInput, Retryable
 from punctual.ids import available_at, minute_of, occurrence_id
@@ -456,23 +455,24 @@ class Reconciler:
         moved = []
         for minute in range(start - start % 60, min(end, walked), 60):
             for seen in self.schedules.due_in(minute, shard):
-                item = self.schedules.current_item(seen["schedule_id"])  # the index may be stale
-                if item is None or item.get("due_bucket") != seen.get("due_bucket"):
+                schedule_id = seen.schedule.schedule_id
+                stored = self.schedules.current(schedule_id)  # the index may be stale
+                if stored is None or stored.due_bucket != seen.due_bucket:
                     continue
                 ahead = max(walked, minute_of(self._now())) + 2 * 60
                 try:
                     self._s.transactions.commit(
                         [
-                            ("schedule", self.schedules.move_due(item, ahead)),
+                            ("schedule", self.schedules.move_due(stored, ahead)),
                             ("shard", self.leases.not_walked(shard, ahead)),
                         ]
                     )
                 except (ConditionFailed, Retryable):
                     continue  # stepped or changed meanwhile, or the walk passed: next run
-                moved.append(str(item["schedule_id"]))
+                moved.append(schedule_id)
                 logger.warning(
                     "moved a schedule left behind the walk",
-                    extra={"schedule_id": item["schedule_id"], "shard": shard},
+                    extra={"schedule_id": schedule_id, "shard": shard},
                 )
         return moved
 
@@ -585,8 +585,8 @@ class Reconciler:
         is now (a worker may have just taken one), and the message needs the payload."""
         now = self._now()
         ids = [o.occurrence_id for o in outcome.stalled if _may_be_overdue(o, now)]
-        items = self.occurrences.items(ids)
-        late = [outbound(str(i["occurrence_id"]), i) for i in items if overdue(i, now)]
+        found = self.occurrences.stored(ids)
+        late = [outbound(s.occurrence.occurrence_id, s) for s in found if overdue(s, now)]
         if not late:
             return
         report = self.relay.send(late)
@@ -604,10 +604,10 @@ class Reconciler:
         misfire policy; a lost race is re-read and tried once more."""
         pending = list(outcome.missing)
         for _ in range(REPAIR_ROUNDS):
-            item = self.schedules.current_item(outcome.schedule_id)
-            if item is None:
+            stored = self.schedules.current(outcome.schedule_id)
+            if stored is None:
                 return
-            current = schedule_from_item(item)
+            current = stored.schedule
             now = self._now()
             decisions, deferred = self._decide(pending, current, now)
             outcome.deferred += [e.occurrence_id for e in deferred]

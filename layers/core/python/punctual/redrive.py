@@ -21,7 +21,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from punctual.dal.common import Item
+from punctual.dal.occurrences import StoredOccurrence
 from punctual.integrations.streams import read_range, wanted
 from punctual.models import OccurrenceState
 from punctual.relay import Relay, RelayReport, SendFailed
@@ -31,19 +31,20 @@ from punctual.relay import Relay, RelayReport, SendFailed
 REDRIVE_AFTER = 15 * 60
 
 
-def overdue(item: Item, now: int) -> bool:
+def overdue(stored: StoredOccurrence, now: int) -> bool:
     """An occurrence no worker holds or will hold without a new message: SCHEDULED since its
     available_at, waiting on a retry since its retry_at, RUNNING under a lease long expired."""
-    state = item.get("state")
-    if state == OccurrenceState.SCHEDULED.value:
-        since = item.get("available_at")
-    elif state == OccurrenceState.RETRY_WAIT.value:
-        since = item.get("retry_at", item.get("available_at"))
-    elif state == OccurrenceState.RUNNING.value:
-        since = item.get("lease_expires_at")
+    occurrence = stored.occurrence
+    since: int | None
+    if occurrence.state is OccurrenceState.SCHEDULED:
+        since = occurrence.available_at
+    elif occurrence.state is OccurrenceState.RETRY_WAIT:
+        since = stored.retry_at if stored.retry_at is not None else occurrence.available_at
+    elif occurrence.state is OccurrenceState.RUNNING:
+        since = occurrence.lease_expires_at
     else:
         return False
-    return since is not None and int(since) + REDRIVE_AFTER < now
+    return since is not None and since + REDRIVE_AFTER < now
 
 
 class Trimmed(Exception):

@@ -25,9 +25,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from punctual.dal.common import Item
-from punctual.dal.occurrences import occurrence_from_item, stream_image
-from punctual.dal.tables import OCCURRENCE_PREFIX
+from punctual.dal.occurrences import StoredOccurrence, inserted_occurrence
 from punctual.ids import tenant_of_schedule
 from punctual.message import MESSAGE_VERSION, message_body
 from punctual.models import Occurrence, OccurrenceState
@@ -84,13 +82,13 @@ class RelayReport:
         return sum(1 for strict, lag in self.lags if strict and lag > STRICT_SLO_SECONDS)
 
 
-def outbound(record_id: str, item: Item) -> _Outbound:
-    """An occurrence item (with its payload) as something to send."""
-    occurrence = occurrence_from_item(item)
+def outbound(record_id: str, stored: StoredOccurrence) -> _Outbound:
+    """A stored occurrence (with its payload) as something to send."""
+    occurrence = stored.occurrence
     return _Outbound(
         record_id=record_id,
         occurrence=occurrence,
-        payload=item.get("payload", {}),
+        payload=stored.payload,
         # Receivable at its scheduled instant: strict (or a late one due now) goes first.
         strict=occurrence.available_at == occurrence.scheduled_for,
     )
@@ -198,14 +196,12 @@ class Relay:
 
     @staticmethod
     def _parse(record: dict[str, Any]) -> _Outbound | None:
-        if record.get("eventName") != "INSERT":
+        inserted = inserted_occurrence(record)
+        if inserted is None:
             return None
-        image = stream_image(record)
-        if not str(image.get("sk", "")).startswith(OCCURRENCE_PREFIX):
-            return None
-        if image.get("state") != OccurrenceState.SCHEDULED.value:
+        if inserted.occurrence.state is not OccurrenceState.SCHEDULED:
             return None  # inserted final (MISSED by a repair): nothing to deliver
-        return outbound(str(record["dynamodb"]["SequenceNumber"]), image)
+        return outbound(str(record["dynamodb"]["SequenceNumber"]), inserted)
 
     # --- sending ------------------------------------------------------------------------
 

@@ -17,8 +17,7 @@ from pydantic import ValidationError
 
 from punctual.dal.common import ConditionFailed, Item
 from punctual.dal.schedules import (
-    minute_load_of,
-    schedule_from_item,
+    StoredSchedule,
     schedule_to_item,
     version_to_item,
 )
@@ -174,7 +173,7 @@ class ControlPlane:
         return self._save(None, schedule, now=now, require_fire=True)
 
     def get(self, tenant_id: str, schedule_id: str) -> Schedule:
-        return schedule_from_item(self._owned(tenant_id, schedule_id))
+        return self._owned(tenant_id, schedule_id).schedule
 
     def list_schedules(
         self, tenant_id: str, *, state: ScheduleState | None, limit: int, token: str | None
@@ -213,8 +212,8 @@ class ControlPlane:
     def _update(
         self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]
     ) -> Saved:
-        item = self._owned(tenant_id, schedule_id)
-        current = schedule_from_item(item)
+        stored = self._owned(tenant_id, schedule_id)
+        current = stored.schedule
         if current.version != if_match:
             raise Conflict(
                 f"If-Match names version {if_match} but the schedule is at version "
@@ -235,7 +234,7 @@ class ControlPlane:
             ScheduleState.PAUSED if current.state is ScheduleState.PAUSED else ScheduleState.ACTIVE
         )
         updated = self._next_version(current, now, state, definition)
-        return self._save(item, updated, now=now, require_fire=True)
+        return self._save(stored, updated, now=now, require_fire=True)
 
     def pause(self, tenant_id: str, schedule_id: str) -> Saved:
         return self._transition(
@@ -274,15 +273,15 @@ class ControlPlane:
         state: ScheduleState,
         allowed_from: set[ScheduleState],
     ) -> Saved:
-        item = self._owned(tenant_id, schedule_id)
-        current = schedule_from_item(item)
+        stored = self._owned(tenant_id, schedule_id)
+        current = stored.schedule
         if current.state not in allowed_from:
             raise Conflict(
                 f"the schedule is {current.state.value}; cannot make it {state.value}",
                 state=current.state.value,
             )
         now = self._now()
-        return self._save(item, self._next_version(current, now, state), now=now)
+        return self._save(stored, self._next_version(current, now, state), now=now)
 
     @staticmethod
     def _next_version(
@@ -308,7 +307,7 @@ class ControlPlane:
 
     def _save(
         self,
-        old_item: Item | None,
+        old: StoredSchedule | None,
         schedule: Schedule,
         *,
         now: int,
@@ -319,7 +318,7 @@ class ControlPlane:
         for _ in range(WALK_RETRIES):
             try:
                 return self._write(
-                    old_item, schedule, shard=shard, until=until, now=now, require_fire=require_fire
+                    old, schedule, shard=shard, until=until, now=now, require_fire=require_fire
                 )
             except ConditionFailed as refused:
                 if refused.label != "shard":
@@ -337,7 +336,7 @@ class ControlPlane:
 
     def _write(
         self,
-        old_item: Item | None,
+        old: StoredSchedule | None,
         schedule: Schedule,
         *,
         shard: int,
@@ -381,31 +380,24 @@ class ControlPlane:
                     }
                 )
         load = strict_minute_load(schedule, schedule.created_at) if schedule.state in _LIVE else {}
+        # (The schedule carries the materializer's MISSED summary from the version it
+        # replaces: the summary belongs to the schedule, not to one version.)
         current_item = schedule_to_item(schedule, shard=shard, minute_load=load)
-        # The materializer's MISSED summary belongs to the schedule, not to one version.
-        for kept in ("missed_total", "missed_ranges"):
-            if old_item is not None and kept in old_item:
-                current_item[kept] = old_item[kept]
-
         actions: list[tuple[str, dict[str, Any]]] = [
             (
                 "schedule",
                 self.schedules.put_new(current_item)
-                if old_item is None
-                else self.schedules.replace_current(
-                    current_item,
-                    expected_version=old_item["version"],
-                    expected_state=old_item["state"],
-                ),
+                if old is None
+                else self.schedules.replace_current(current_item, expected=old),
             ),
             ("version", self.schedules.put_version(version_to_item(schedule, effective_from=now))),
         ]
-        if "due_at" in current_item:
-            actions.append(
-                ("shard", self.leases.not_walked(shard, minute_of(current_item["due_at"])))
-            )
+        if schedule.state is ScheduleState.ACTIVE and schedule.next_available_at is not None:
+            # It waits in the due index: in a bucket the walk has not passed.
+            due = minute_of(schedule.next_available_at)
+            actions.append(("shard", self.leases.not_walked(shard, due)))
         tenant = self.tenants.get(schedule.tenant_id)
-        usage = self._usage_action(tenant, old_item, schedule, load)
+        usage = self._usage_action(tenant, old, schedule, load)
         if usage:
             actions.append(("tenant", usage))
         actions += [
@@ -417,19 +409,19 @@ class ControlPlane:
             if refused.label == "shard":
                 raise
             same_version = (
-                old_item and (refused.old_item or {}).get("version") == old_item["version"]
+                old is not None and (refused.old_item or {}).get("version") == old.schedule.version
             )
             if refused.label == "schedule" and same_version:
                 raise _StateMoved from None
             raise self._refusal(refused, tenant, load) from None
-        affected = self._invalidate(old_item, schedule, now) if old_item else []
+        affected = self._invalidate(old.schedule, schedule, now) if old else []
         return Saved(schedule, self.next_fires(schedule), materialized, affected)
 
     def _usage_action(
-        self, tenant: Tenant, old_item: Item | None, schedule: Schedule, load: dict[int, int]
+        self, tenant: Tenant, old: StoredSchedule | None, schedule: Schedule, load: dict[int, int]
     ) -> dict[str, Any] | None:
-        old_live = old_item is not None and old_item["state"] in _LIVE
-        old_load = minute_load_of(old_item) if old_item and old_live else {}
+        old_live = old is not None and old.schedule.state in _LIVE
+        old_load = old.minute_load if old is not None and old_live else {}
         delta = {m: load.get(m, 0) - old_load.get(m, 0) for m in set(load) | set(old_load)}
         return usage_update(
             tenant.tenant_id,
@@ -470,10 +462,9 @@ class ControlPlane:
             usage=usage,
         )
 
-    def _invalidate(self, old_item: Item, schedule: Schedule, now: int) -> list[Affected]:
+    def _invalidate(self, old: Schedule, schedule: Schedule, now: int) -> list[Affected]:
         """Older versions' open occurrences: cancel what no worker has taken (sent or not: the
         worker drops a CANCELED occurrence's message), report the rest."""
-        old = schedule_from_item(old_item)
         since = now - old.retry.deadline_seconds
         affected = []
         for occurrence in self.occurrences.open_for_schedule(schedule.schedule_id, since=since):
@@ -504,7 +495,7 @@ class ControlPlane:
     ) -> tuple[list[Occurrence], list[MissedEpisode], str | None]:
         """A page of the schedule's occurrences due in [since, until], and the misfire
         episodes overlapping that window (fires recorded MISSED have no occurrence)."""
-        schedule = schedule_from_item(self._owned(tenant_id, schedule_id))
+        schedule = self._owned(tenant_id, schedule_id).schedule
         found, next_token = self.occurrences.list_for_schedule(
             schedule_id, since=since, until=until, limit=limit, token=token
         )
@@ -565,15 +556,15 @@ class ControlPlane:
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _owned(self, tenant_id: str, schedule_id: str) -> Item:
+    def _owned(self, tenant_id: str, schedule_id: str) -> StoredSchedule:
         # Another tenant's id is not even read: the id names its tenant.
         if tenant_of_schedule(schedule_id) != tenant_id:
             raise NotFound(f"schedule {schedule_id} not found")
-        item = self.schedules.current_item(schedule_id)
-        if item is None or item["tenant_id"] != tenant_id:
+        stored = self.schedules.current(schedule_id)
+        if stored is None or stored.schedule.tenant_id != tenant_id:
             # Another tenant's schedule answers exactly like a missing one: no existence leak.
             raise NotFound(f"schedule {schedule_id} not found")
-        return item
+        return stored
 
     def _require_target(self, tenant_id: str, name: str) -> None:
         # Consistent: a target created a moment ago must be usable at once.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from punctual.dal.common import (
@@ -16,6 +17,7 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import (
+    OCCURRENCE_PREFIX,
     OCCURRENCES,
     attempts_prefix,
     occurrence_key,
@@ -40,13 +42,38 @@ def occurrence_to_item(occurrence: Occurrence, payload: dict[str, Any]) -> Item:
     }
 
 
-def stream_image(record: dict[str, Any]) -> Item:
-    """The item a DynamoDB stream record carries (its new image)."""
-    return from_dynamo(record["dynamodb"].get("NewImage", {}))
+@dataclass(frozen=True, slots=True)
+class StoredOccurrence:
+    """An occurrence item as the store hands it out to what sends its message: the
+    occurrence, its payload, and when a retry is due (RETRY_WAIT)."""
+
+    occurrence: Occurrence
+    payload: dict[str, Any]
+    retry_at: int | None = None
 
 
 def occurrence_from_item(item: Item) -> Occurrence:
     return Occurrence(**{k: v for k, v in item.items() if k in Occurrence.model_fields})
+
+
+def stored_occurrence(item: Item) -> StoredOccurrence:
+    retry_at = item.get("retry_at")
+    return StoredOccurrence(
+        occurrence_from_item(item),
+        item.get("payload", {}),
+        int(retry_at) if retry_at is not None else None,
+    )
+
+
+def inserted_occurrence(record: dict[str, Any]) -> StoredOccurrence | None:
+    """The occurrence a DynamoDB stream record inserted; None for any other record (an
+    attempt item, a modification, a removal)."""
+    if record.get("eventName") != "INSERT":
+        return None
+    image = from_dynamo(record["dynamodb"].get("NewImage", {}))
+    if not str(image.get("sk", "")).startswith(OCCURRENCE_PREFIX):
+        return None
+    return stored_occurrence(image)
 
 
 def attempt_from_item(item: Item) -> Attempt:
@@ -143,11 +170,12 @@ class OccurrenceStore:
         ).get("Item")
         return occurrence_from_item(from_dynamo(found)) if found else None
 
-    def items(self, occurrence_ids: list[str]) -> list[Item]:
-        """The items (payload included) of those ``occurrence_ids`` that exist. Strongly
-        consistent: a decision to send one again needs its state as it is now (a worker
-        may have just taken it)."""
-        return batch_get(self._client, self.table, [occurrence_key(i) for i in occurrence_ids])
+    def stored(self, occurrence_ids: list[str]) -> list[StoredOccurrence]:
+        """Those of ``occurrence_ids`` that exist, payload included. Strongly consistent: a
+        decision to send one again needs its state as it is now (a worker may have just
+        taken it)."""
+        keys = [occurrence_key(i) for i in occurrence_ids]
+        return [stored_occurrence(item) for item in batch_get(self._client, self.table, keys)]
 
     def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
         """Occurrences not yet finished, scheduled at or after ``since``. Strongly consistent:

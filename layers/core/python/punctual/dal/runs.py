@@ -26,7 +26,13 @@ from punctual.dal.common import (
 )
 from punctual.dal.tables import SCHEDULE_CURRENT, attempt_key, occurrence_key
 from punctual.errors import Retryable
-from punctual.models import AttemptOutcome, OccurrenceState, ScheduleState
+from punctual.models import (
+    AttemptOutcome,
+    OccurrenceState,
+    OverlapPolicy,
+    RetryPolicy,
+    ScheduleState,
+)
 from punctual.settings import Settings
 
 # Labels of transaction actions: a refused claim says which condition failed.
@@ -74,6 +80,61 @@ class Seen:
     lease_token: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """An occurrence as a worker decides on it before a claim."""
+
+    tenant_id: str
+    schedule_version: int
+    state: OccurrenceState
+    attempt_count: int
+    lease_token: str | None
+    lease_expires_at: int  # 0: no lease
+    retry_at: int  # 0: not backing off
+    available_at: int
+    reason: str
+    dlq_pending: bool  # DEAD, and its DLQ copy not sent yet
+
+    @property
+    def seen(self) -> Seen:
+        return Seen(self.state, self.attempt_count, self.lease_token)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleForRun:
+    """What of a schedule's CURRENT item a claim decides on (not its payload)."""
+
+    version: int
+    state: ScheduleState
+    retry: RetryPolicy
+    skip_if_running: bool  # its overlap policy
+
+
+def _stored_run(item: Item) -> StoredRun:
+    return StoredRun(
+        tenant_id=str(item["tenant_id"]),
+        schedule_version=int(item["schedule_version"]),
+        state=OccurrenceState(item["state"]),
+        attempt_count=int(item.get("attempt_count", 0)),
+        lease_token=item.get("lease_token"),
+        lease_expires_at=int(item.get("lease_expires_at") or 0),
+        retry_at=int(item.get("retry_at") or 0),
+        available_at=int(item["available_at"]),
+        reason=str(item.get("reason", "")),
+        dlq_pending=bool(item.get("dlq_pending")),
+    )
+
+
+def _schedule_for_run(item: Item) -> ScheduleForRun:
+    definition = item.get("definition", {})
+    return ScheduleForRun(
+        version=int(item["version"]),
+        state=ScheduleState(item["state"]),
+        retry=RetryPolicy.model_validate(definition.get("retry", {})),
+        skip_if_running=definition.get("overlap") == OverlapPolicy.SKIP_IF_RUNNING.value,
+    )
+
+
 class RunStore:
     def __init__(self, client: Any, settings: Settings) -> None:
         self._client = client
@@ -99,8 +160,12 @@ class RunStore:
 
     # --- reads --------------------------------------------------------------------------
 
-    def read(self, occurrence_id: str, schedule_id: str) -> tuple[Item | None, Item | None]:
-        """The occurrence and its schedule's current item, strongly consistent, one call."""
+    def read(
+        self, occurrence_id: str, schedule_id: str
+    ) -> tuple[StoredRun | None, ScheduleForRun | None]:
+        """The occurrence and its schedule's current item, strongly consistent (the claim is
+        conditional on what it read: a stale read only costs a refused claim, but a read
+        that missed a cancel or a newer version would run what must not run), one call."""
         request: dict[str, Any] = {
             self._occurrences: {"Keys": [self._occurrence_key(occurrence_id)]},
             self._schedules: {
@@ -119,7 +184,11 @@ class RunStore:
                 for raw in items:
                     found[table] = from_dynamo(raw)
             request = answer.get("UnprocessedKeys") or {}
-        return found.get(self._occurrences), found.get(self._schedules)
+        occurrence, schedule = found.get(self._occurrences), found.get(self._schedules)
+        return (
+            _stored_run(occurrence) if occurrence else None,
+            _schedule_for_run(schedule) if schedule else None,
+        )
 
     def schedule_version(self, schedule_id: str) -> tuple[int, str] | None:
         """(version, state) of the schedule: the cooperative-cancel check, eventually consistent."""

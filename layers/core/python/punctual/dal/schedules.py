@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,6 +59,10 @@ def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, i
     if schedule.state is ScheduleState.ACTIVE and schedule.next_available_at is not None:
         item["due_at"] = schedule.next_available_at
         item["due_bucket"] = due_bucket(schedule.next_available_at, shard)
+    if schedule.missed_total:
+        # The materializer's MISSED summary belongs to the schedule, not to one version.
+        item["missed_total"] = schedule.missed_total
+        item["missed_ranges"] = [e.model_dump() for e in schedule.missed]
     return item
 
 
@@ -90,6 +94,44 @@ def schedule_from_item(item: Item) -> Schedule:
         next_available_at=item.get("next_available_at"),
         missed_total=item.get("missed_total", 0),
         missed=missed_ranges_of(item),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSchedule:
+    """A schedule's CURRENT item as the store hands it out: the schedule (its cursor and
+    MISSED summary included) and where it is kept: its shard, the due bucket it waits in,
+    and its share of the tenant's per-minute strict load."""
+
+    schedule: Schedule
+    shard: int
+    due_bucket: str | None
+    minute_load: dict[int, int]
+
+
+def stored_schedule(item: Item) -> StoredSchedule:
+    return StoredSchedule(
+        schedule=schedule_from_item(item),
+        shard=int(item["shard"]),
+        due_bucket=item.get("due_bucket"),
+        minute_load=minute_load_of(item),
+    )
+
+
+def after_step(stored: StoredSchedule, cursor: Cursor, missed: list[int]) -> StoredSchedule:
+    """The record as the materializer's step (``ScheduleStore.step``) leaves it."""
+    schedule = stored.schedule
+    return replace(
+        stored,
+        schedule=schedule.model_copy(
+            update={
+                "planned_until": cursor.planned_until,
+                "next_run_at": cursor.next_run_at,
+                "next_available_at": cursor.next_available_at,
+                "missed_total": schedule.missed_total + len(missed),
+                "missed": missed_ranges_after(schedule, missed) if missed else schedule.missed,
+            }
+        ),
     )
 
 
@@ -139,13 +181,12 @@ def missed_ranges_of(item: Item) -> list[MissedEpisode]:
     ]
 
 
-def missed_ranges_after(item: Item, version: int, missed: list[int]) -> list[dict[str, int]]:
-    """The item's MISSED episodes with one more (``missed``: sorted instants), bounded."""
-    ranges = [*item.get("missed_ranges", [])]
-    ranges.append(
-        {"version": version, "first": missed[0], "last": missed[-1], "count": len(missed)}
+def missed_ranges_after(schedule: Schedule, missed: list[int]) -> list[MissedEpisode]:
+    """The schedule's MISSED episodes with one more (``missed``: sorted instants), bounded."""
+    episode = MissedEpisode(
+        version=schedule.version, first=missed[0], last=missed[-1], count=len(missed)
     )
-    return ranges[-MISSED_RANGES:]
+    return [*schedule.missed, episode][-MISSED_RANGES:]
 
 
 def minute_load_of(item: Item) -> dict[int, int]:
@@ -163,14 +204,14 @@ class ScheduleStore:
     def key(self, schedule_id: str, sk: str = SCHEDULE_CURRENT) -> dict[str, Any]:
         return to_dynamo({"schedule_id": schedule_id, "sk": sk})
 
-    def current_item(self, schedule_id: str) -> Item | None:
+    def current(self, schedule_id: str) -> StoredSchedule | None:
         """The CURRENT item, strongly consistent: every caller acts on it (a change's
         conditions, a step re-planned after a refused commit, a schedule found in a stale
         index), and a read that missed the last write would act on an older version."""
         found = self._client.get_item(
             TableName=self.table, Key=self.key(schedule_id), ConsistentRead=True
         ).get("Item")
-        return from_dynamo(found) if found else None
+        return stored_schedule(from_dynamo(found)) if found else None
 
     def list_for_tenant(
         self, tenant_id: str, *, state: ScheduleState | None, limit: int, token: str | None
@@ -205,7 +246,7 @@ class ScheduleStore:
             if not start or len(found) >= limit:
                 return found, encode_token(start)
 
-    def due_in(self, minute: int, shard: int) -> Iterator[Item]:
+    def due_in(self, minute: int, shard: int) -> Iterator[StoredSchedule]:
         """The schedules in one due bucket, read from the due index: eventually consistent
         (an index cannot be read otherwise), so a schedule moved here a moment ago may be
         missing and one that left may still show (its cursor condition then refuses it)."""
@@ -216,7 +257,7 @@ class ScheduleStore:
             ExpressionAttributeValues=values(b=due_bucket(minute, shard)),
         )
         for page in pages:
-            yield from (from_dynamo(raw) for raw in page["Items"])
+            yield from (stored_schedule(from_dynamo(raw)) for raw in page["Items"])
 
     def list_for_shard(self, shard: int, *, created_before: str) -> Iterator[list[Item]]:
         """Pages of the shard's CURRENT items (stable attributes only, see SHARD_INDEX) whose
@@ -277,30 +318,31 @@ class ScheduleStore:
             }
         }
 
-    def move_due(self, item: Item, minute: int) -> dict[str, Any]:
+    def move_due(self, stored: StoredSchedule, minute: int) -> dict[str, Any]:
         """A transaction action moving a schedule to another due bucket, cursor unchanged."""
         return {
             "Update": {
                 "TableName": self.table,
-                "Key": self.key(item["schedule_id"]),
+                "Key": self.key(stored.schedule.schedule_id),
                 "UpdateExpression": "SET due_bucket = :to",
                 # Race: the materializer stepped the schedule, or a change replaced it, since
                 # it was found stuck: then it is no longer stuck, and must not be moved.
                 "ConditionExpression": "version = :v AND due_bucket = :from",
                 "ExpressionAttributeValues": values(
-                    v=item["version"],
-                    to=due_bucket(minute, int(item["shard"])),
-                    **{"from": item["due_bucket"]},
+                    v=stored.schedule.version,
+                    to=due_bucket(minute, stored.shard),
+                    **{"from": stored.due_bucket},
                 ),
             }
         }
 
     def step(
-        self, item: Item, schedule: Schedule, cursor: Cursor | None, missed: list[int]
+        self, stored: StoredSchedule, cursor: Cursor | None, missed: list[int]
     ) -> dict[str, Any]:
         """A transaction action: the materializer's step of a schedule from the cursor it
-        read (``schedule``, from ``item``) to ``cursor``, or to COMPLETED when ``cursor`` is
-        None; the ``missed`` instants are added to its MISSED summary."""
+        read (``stored``) to ``cursor``, or to COMPLETED when ``cursor`` is None; the
+        ``missed`` instants are added to its MISSED summary (``after_step``)."""
+        schedule = stored.schedule
         named: dict[str, Any] = {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
         if schedule.next_run_at is None:
             cursor_unchanged = "attribute_not_exists(next_run_at)"
@@ -329,7 +371,7 @@ class ScheduleStore:
                 "h": cursor.planned_until,
                 "n": cursor.next_run_at,
                 "a": cursor.next_available_at,
-                "b": due_bucket(cursor.next_available_at, int(item["shard"])),
+                "b": due_bucket(cursor.next_available_at, stored.shard),
             }
         if missed:
             # MISSED is a bounded summary on the schedule, never an item per instant.
@@ -337,7 +379,7 @@ class ScheduleStore:
             named |= {
                 "zero": 0,
                 "m": len(missed),
-                "r": missed_ranges_after(item, schedule.version, missed),
+                "r": [e.model_dump() for e in missed_ranges_after(schedule, missed)],
             }
         expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
         return {
@@ -389,9 +431,7 @@ class ScheduleStore:
             }
         }
 
-    def replace_current(
-        self, item: Item, *, expected_version: int, expected_state: str
-    ) -> dict[str, Any]:
+    def replace_current(self, item: Item, *, expected: StoredSchedule) -> dict[str, Any]:
         return {
             "Put": {
                 "TableName": self.table,
@@ -402,7 +442,9 @@ class ScheduleStore:
                 # tenant's usage would count a live schedule as released.
                 "ConditionExpression": "version = :v AND #state = :s",
                 "ExpressionAttributeNames": {"#state": "state"},
-                "ExpressionAttributeValues": values(v=expected_version, s=expected_state),
+                "ExpressionAttributeValues": values(
+                    v=expected.schedule.version, s=expected.schedule.state.value
+                ),
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
         }

@@ -21,15 +21,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from punctual.dal.common import ConditionFailed, Item
-from punctual.dal.runs import OVERLAP, RunLease, RunStore, Seen
+from punctual.dal.common import ConditionFailed
+from punctual.dal.runs import OVERLAP, RunLease, RunStore, ScheduleForRun, Seen, StoredRun
 from punctual.errors import NotFound, Retryable
 from punctual.message import Message, parse_message
 from punctual.models import (
     TERMINAL,
     AttemptOutcome,
     OccurrenceState,
-    OverlapPolicy,
     RetryPolicy,
     ScheduleState,
 )
@@ -251,26 +250,22 @@ class Worker:
         """A refusal, a lease to run under, or None when a race was lost (read again)."""
         now = self._now()
         occurrence, schedule = self.runs.read(message.occurrence_id, message.schedule_id)
-        if occurrence is None or occurrence["tenant_id"] != self.tenant_id:
+        if occurrence is None or occurrence.tenant_id != self.tenant_id:
             return self._rejected(delivery, "no such occurrence")
-        seen = Seen(
-            OccurrenceState(occurrence["state"]),
-            int(occurrence.get("attempt_count", 0)),
-            occurrence.get("lease_token"),
-        )
+        seen = occurrence.seen
         if seen.state is OccurrenceState.CANCELED:
             # An update, pause or cancel got to it first (or our own refusal's delete was
             # lost): the message of a canceled occurrence is dropped, never run.
-            return Result(Outcome.STALE, f"canceled: {occurrence.get('reason', '')}")
+            return Result(Outcome.STALE, f"canceled: {occurrence.reason}")
         if seen.state in TERMINAL:
-            if occurrence.get("dlq_pending"):
+            if occurrence.dlq_pending:
                 # DEAD, but the worker that decided it stopped before the DLQ copy.
-                self._dead_letter(delivery, message.occurrence_id, occurrence.get("reason", ""))
+                self._dead_letter(delivery, message.occurrence_id, occurrence.reason)
             return Result(Outcome.ALREADY_DONE, f"already {seen.state.value}")
-        lease_end = int(occurrence.get("lease_expires_at") or 0)
+        lease_end = occurrence.lease_expires_at
         if seen.state is OccurrenceState.RUNNING and lease_end > now:
             return Result(Outcome.IN_PROGRESS, "another worker holds the lease", lease_end - now)
-        retry_at = int(occurrence.get("retry_at") or 0)
+        retry_at = occurrence.retry_at
         if seen.state is OccurrenceState.RETRY_WAIT and retry_at > now:
             # A duplicate delivery during the back-off: it waits like the original.
             return Result(Outcome.RETRY, "backing off", retry_at - now)
@@ -278,11 +273,10 @@ class Worker:
         if stale is not None:
             return self._refuse(message, seen, OccurrenceState.CANCELED, stale, Outcome.STALE, now)
         assert schedule is not None
-        definition = schedule.get("definition", {})
-        policy = RetryPolicy.model_validate(definition.get("retry", {}))
+        policy = schedule.retry
         # The deadline runs from when the occurrence became receivable: a late fire that a
         # misfire policy released hours after its instant gets its whole deadline too.
-        released = int(occurrence["available_at"])
+        released = occurrence.available_at
         over = _exhausted(seen.attempt_count, policy, released, now)
         if over is not None:
             refused = self._refuse(message, seen, OccurrenceState.DEAD, over, Outcome.DEAD, now)
@@ -300,13 +294,13 @@ class Worker:
             token=secrets.token_urlsafe(16),
             expires_at=now + self.lease_seconds,
             concurrency_slot=slot,
-            overlap=definition.get("overlap") == OverlapPolicy.SKIP_IF_RUNNING.value,
+            overlap=schedule.skip_if_running,
         )
         try:
             self.runs.claim(
                 lease,
                 seen=seen,
-                schedule_version=int(occurrence["schedule_version"]),
+                schedule_version=occurrence.schedule_version,
                 now=now,
                 queued_at=delivery.sent_at or now,
             )
@@ -542,20 +536,19 @@ def queue_url_of(sqs: Any, arn: str) -> str:
     return str(sqs.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)["QueueUrl"])
 
 
-def _staleness(occurrence: Item, schedule: Item | None) -> str | None:
+def _staleness(occurrence: StoredRun, schedule: ScheduleForRun | None) -> str | None:
     """Why the occurrence must not run any more, or None."""
     if schedule is None:
         return "the schedule no longer exists"
-    if schedule["state"] == ScheduleState.CANCELED.value:
+    if schedule.state is ScheduleState.CANCELED:
         return "the schedule was canceled"
-    version = int(schedule["version"])
-    if version != int(occurrence["schedule_version"]):
+    if schedule.version != occurrence.schedule_version:
         return (
-            f"stale: the schedule is at version {version}, "
-            f"this occurrence is of version {occurrence['schedule_version']}"
+            f"stale: the schedule is at version {schedule.version}, "
+            f"this occurrence is of version {occurrence.schedule_version}"
         )
-    if schedule["state"] not in (ScheduleState.ACTIVE.value, ScheduleState.COMPLETED.value):
-        return f"the schedule is {schedule['state']}"
+    if schedule.state not in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
+        return f"the schedule is {schedule.state.value}"
     return None
 
 
