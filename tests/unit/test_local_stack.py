@@ -53,3 +53,18 @@ def test_a_recorded_pid_that_another_program_has_now_is_no_engine(name: str):
     # THEN it is not taken for the engine, and nothing is signalled
     assert not engine.alive()
     engine.stop()
+
+
+def test_stack_context_runs_out_of_time_once_the_stack_is_stopping():
+    # GIVEN the context the local stack hands its materializer and reconciler calls
+    import threading
+
+    from punctual.local.stack import _Stoppable
+
+    stopping = threading.Event()
+    context = _Stoppable("reconciler", 900, stopping)
+    assert context.get_remaining_time_in_millis() > 800_000
+    # WHEN the stack is asked to stop; THEN the handler sees no time left, and stops
+    # between steps instead of holding up the stop
+    stopping.set()
+    assert context.get_remaining_time_in_millis() == 0
