@@ -58,6 +58,7 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     ("/punctual/reconciler.py", "Reconciler.", "reconciler"),
     # Tenants' workers (the SDK); they run under the tenant's roles, not this stack's.
     ("/punctual/worker/", "", "worker"),
+    ("/punctual/dal/effects.py", "EffectLedger.", "worker"),
 )
 FUNCTIONS = ("api", "materializer", "relay", "redrive", "reconciler")
 

@@ -4,6 +4,7 @@ time contract across DST, and its Lambda validates events and emits metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -41,6 +42,7 @@ from punctual.reconciler import (
 )
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock, LambdaContextStub
 from tests.integration.helpers import (
@@ -213,6 +215,45 @@ def test_reconciler_finds_exactly_the_deleted_and_skipped_occurrences_and_repair
     assert not ids(second, "recorded_missed")
     assert total(second, Finding.IN_FLIGHT) == 6 * 12
     assert len(stored(aws, since=at("10:00"), until=at("11:00"))) == 6 * 12
+
+
+def test_reconciler_repair_that_loses_to_the_materializer_leaves_its_occurrence_alone(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule whose 10:15 instant the materializer dropped
+    clock.now = at("09:40")
+    misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 7 * 86400}
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    lost = occurrence_id(sid, 1, at("10:15"))
+    materialize_until(
+        aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:15")
+    )
+    clock.now = at("12:05")
+    # AND, just before the reconciler's repair commits, the same occurrence is written by
+    # someone else (a materializer retry, another run): the repair's put is refused
+    faults = Faults(FaultPlan.none(), clock)
+    racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    raced: list[str] = []
+
+    def materialized_first(_: str, request: dict[str, Any]) -> None:
+        if raced:
+            return
+        put = next(a["Put"] for a in request["TransactItems"] if "Put" in a)
+        aws.dynamodb.put_item(TableName=put["TableName"], Item=put["Item"])
+        raced.append(put["Item"]["occurrence_id"]["S"])
+
+    faults.before["transact_write_items"] = materialized_first
+    # WHEN the reconciler checks the hour
+    [result] = Reconciler(racing).run(shards_of(aws, [sid]), at("10:00"), at("11:00"))
+    # THEN it found the gap, saw the occurrence exist when it read again after the refusal,
+    # and neither wrote it twice nor counted a lost race: nothing is left open
+    assert raced == [lost]
+    assert result.missing == [lost]
+    assert result.fired == []
+    assert result.report.repair_conflicts == 0
+    assert result.report.deferred == 0
+    instants = [o["scheduled_for"] for o in stored(aws, since=at("10:15"), until=at("10:16"))]
+    assert instants == [at("10:15")]
 
 
 def test_reconciler_repairs_late_gaps_under_each_misfire_policy(

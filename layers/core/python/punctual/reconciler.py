@@ -616,8 +616,13 @@ class Reconciler:
                 if decision.expected not in failed:
                     target = outcome.fired if decision.fire else outcome.recorded_missed
                     target.append(decision.expected.occurrence_id)
-            # Whatever someone else materialized meanwhile is no longer ours to repair.
-            pending = [e for e in failed if self.occurrences.get(e.occurrence_id) is None]
+            # Whatever someone else materialized meanwhile is no longer ours to repair (read
+            # consistently: it may have been written a moment ago).
+            made = {
+                s.occurrence.occurrence_id
+                for s in self.occurrences.stored([e.occurrence_id for e in failed])
+            }
+            pending = [e for e in failed if e.occurrence_id not in made]
             if not pending:
                 return
         outcome.conflicts += [e.occurrence_id for e in pending]
