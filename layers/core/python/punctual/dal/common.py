@@ -67,17 +67,18 @@ def _native(value: Any) -> Any:
 
 
 @contextmanager
-def translated(label: str = "item") -> Iterator[None]:
+def translated() -> Iterator[None]:
     """DynamoDB's error codes as the one outcome every write has, here and nowhere else: a
-    failed condition is ConditionFailed (``label``, and the item as it was when the request
-    asked for it), throttling and transient faults are Retryable, a missing table NotFound."""
+    failed condition is ConditionFailed (label "item", and the item as it was when the
+    request asked for it), throttling and transient faults are Retryable, a missing table
+    NotFound."""
     try:
         yield
     except ClientError as error:
         code = error.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
             old = error.response.get("Item")
-            raise ConditionFailed(label, from_dynamo(old) if old else None) from error
+            raise ConditionFailed("item", from_dynamo(old) if old else None) from error
         if code in _RETRYABLE:
             raise Retryable(f"DynamoDB is busy ({code}); retry") from error
         if code == "ResourceNotFoundException":
