@@ -21,9 +21,9 @@ PACKAGE = LAYER_SOURCE / "python" / "punctual"
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
 PIP_PLATFORM = "manylinux2014_aarch64"
-# Development and client tooling no function imports (tests/unit/test_seams.py): the local
-# stack (engines, drivers, demo), the CLI and its HTTP client. The layer is what Lambda runs.
-NOT_SHIPPED = ("local", "cli.py", "commands.py", "client.py")
+# The runtime package alone: the client (CLI, HTTP client, worker SDK) and the development
+# tooling live in their own packages and source roots, which the runtime never imports
+# (tests/unit/test_seams.py). The layer is what Lambda runs.
 
 
 def runtime_requirements() -> list[str]:
@@ -54,18 +54,10 @@ def pip_install(target: str) -> list[str]:
 
 def copy_package(target: Path, source: Path = PACKAGE) -> None:
     """The ``punctual`` package into ``target`` (the layer's python/), without bytecode of
-    whichever Python ran the build and without the tooling no function imports
-    (NOT_SHIPPED)."""
-
-    def excluded(directory: str, names: list[str]) -> set[str]:
-        at_top = Path(directory) == source
-        return {
-            name
-            for name in names
-            if name == "__pycache__" or name.endswith(".pyc") or (at_top and name in NOT_SHIPPED)
-        }
-
-    shutil.copytree(source, target / "punctual", ignore=excluded)
+    whichever Python ran the build."""
+    shutil.copytree(
+        source, target / "punctual", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
 
 
 @jsii.implements(ILocalBundling)
@@ -81,11 +73,7 @@ class _PipBundler:
 
 def docker_command() -> list[str]:
     """The same build in the SAM image, where local bundling is impossible."""
-    excludes = (
-        "--exclude=__pycache__",
-        "--exclude=*.pyc",
-        *(f"--exclude=punctual/{name}" for name in NOT_SHIPPED),
-    )
+    excludes = ("--exclude=__pycache__", "--exclude=*.pyc")
     return [
         "bash",
         "-c",

@@ -21,12 +21,12 @@ from punctual.dal.schedules import schedule_to_item
 from punctual.dal.tables import SCHEDULE_CURRENT, create_tables, occurrence_key
 from punctual.dal.tenants import tenant_to_item
 from punctual.ids import new_schedule_id, shard_of
-from punctual.local.dynamodb import start
 from punctual.materializer import Materializer
 from punctual.models import Schedule
 from punctual.services import Services
 from punctual.settings import Settings
 from punctual.tenancy import Quotas, Tenant
+from punctual_local.dynamodb import start
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
 PEAK_PER_SECOND = 100_000  # 500,000 strict fires within 5 s, met head on

@@ -26,15 +26,15 @@ from typing import Any
 
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
-from punctual.local.engines import ensure_engines
-from punctual.local.stack import StackOptions, configure_environment
-from punctual.local.stats import percentile
-from punctual.local.streams import StreamPoller
 from punctual.materializer import Materializer
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.settings import Settings
+from punctual_local.engines import ensure_engines
+from punctual_local.stack import StackOptions, configure_environment
+from punctual_local.stats import percentile
+from punctual_local.streams import StreamPoller
 from scripts.bench_materializer import TENANTS, item_size, seed, units
 
 # us-east-1 public prices (USD), checked 2026-11: DynamoDB on-demand, SQS standard,

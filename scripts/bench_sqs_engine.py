@@ -17,9 +17,9 @@ from typing import Any
 
 import boto3
 
-from punctual.local.dynamodb import free_port, wait_listening
-from punctual.local.engines import ACCOUNT, REGION
-from punctual.local.sqs import sqs_command
+from punctual_local.dynamodb import free_port, wait_listening
+from punctual_local.engines import ACCOUNT, REGION
+from punctual_local.sqs import sqs_command
 
 COUNTS = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed"]
 

@@ -13,8 +13,8 @@ import sys
 import time
 from collections import Counter
 
-from punctual.local.dynamodb import start as start_dynamodb_local
 from punctual.observability import logger
+from punctual_local.dynamodb import start as start_dynamodb_local
 from tests.sim.oracle import Verdict, check
 from tests.sim.world import SimConfig, Simulation
 

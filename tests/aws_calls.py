@@ -57,7 +57,7 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     ("/functions/reconciler/", "", "reconciler"),
     ("/punctual/reconciler.py", "Reconciler.", "reconciler"),
     # Tenants' workers (the SDK); they run under the tenant's roles, not this stack's.
-    ("/punctual/worker/", "", "worker"),
+    ("/punctual_client/worker/", "", "worker"),
     ("/punctual/dal/effects.py", "EffectLedger.", "worker"),
 )
 FUNCTIONS = ("api", "materializer", "relay", "redrive", "reconciler")
@@ -121,7 +121,7 @@ _inherited = threading.local()
 
 _ROOT = Path(__file__).resolve().parent.parent
 _TESTS = f"{_ROOT / 'tests'}{os.sep}"
-_CODE = (f"{_ROOT / 'layers'}{os.sep}", f"{_ROOT / 'functions'}{os.sep}")
+_CODE = tuple(f"{_ROOT / root}{os.sep}" for root in ("layers", "clients", "devtools", "functions"))
 _SELF = str(Path(__file__).resolve())
 
 

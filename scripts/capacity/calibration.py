@@ -109,10 +109,10 @@ def calibrate(schedules: int) -> None:
     import threading
 
     import scripts.bench_pipeline as bench
-    from punctual.local.stats import percentile
-    from punctual.local.streams import StreamPoller
     from punctual.materializer import Materializer, ShardReport
     from punctual.relay import Relay, RelayReport
+    from punctual_local.stats import percentile
+    from punctual_local.streams import StreamPoller
 
     phase = ["seed"]
     lock = threading.Lock()

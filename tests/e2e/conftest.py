@@ -23,12 +23,12 @@ from typing import Any
 import boto3
 import pytest
 
-from punctual.client import ApiError, Client
-from punctual.local.dynamodb import free_port
-from punctual.local.engines import LOCAL_SHARDS, REGION, recorded
 from punctual.services import Services
 from punctual.settings import Settings
-from punctual.worker import Job, QueueConsumer, Worker
+from punctual_client.http import ApiError, Client
+from punctual_client.worker import Job, QueueConsumer, Worker
+from punctual_local.dynamodb import free_port
+from punctual_local.engines import LOCAL_SHARDS, REGION, recorded
 
 REPO = Path(__file__).resolve().parents[2]
 TICK_SECONDS = 2
@@ -66,7 +66,7 @@ def eventually(check: Callable[[], Any], seconds: float, every: float = 0.25) ->
 
 def punctual(*args: str) -> list[str]:
     """The command line of `punctual ARGS` with this interpreter (the repo's .venv)."""
-    return [sys.executable, "-m", "punctual.cli", *args]
+    return [sys.executable, "-m", "punctual_client.cli", *args]
 
 
 def _hermetic_environment() -> dict[str, str]:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from punctual.local.dynamodb import free_port
-from punctual.local.engines import Engine, recorded
 from punctual.timing import utc_text
+from punctual_local.dynamodb import free_port
+from punctual_local.engines import Engine, recorded
 from tests.e2e.conftest import (
     STOP_SECONDS,
     Stack,

@@ -25,10 +25,10 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from punctual.client import ApiError
-from punctual.local.dynamodb import free_port
-from punctual.local.engines import LOCAL_SHARDS, recorded
-from punctual.worker import QueueConsumer
+from punctual_client.http import ApiError
+from punctual_client.worker import QueueConsumer
+from punctual_local.dynamodb import free_port
+from punctual_local.engines import LOCAL_SHARDS, recorded
 from tests.e2e.conftest import (
     LOOKAHEAD_SECONDS,
     SECRET,

@@ -17,9 +17,9 @@ import boto3
 import pytest
 
 from punctual.integrations.queues import QueueAdmin
-from punctual.local.dynamodb import free_port, wait_listening
-from punctual.local.engines import ACCOUNT, REGION
-from punctual.local.sqs import launch_sqs, queue_exists
+from punctual_local.dynamodb import free_port, wait_listening
+from punctual_local.engines import ACCOUNT, REGION
+from punctual_local.sqs import launch_sqs, queue_exists
 
 pytestmark = pytest.mark.e2e
 

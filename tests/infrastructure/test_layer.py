@@ -74,13 +74,10 @@ def test_layer_every_runtime_requirement_is_pinned_exactly():
         assert re.fullmatch(r"[a-z0-9-]+(\[[a-z,]+\])?==[0-9][0-9.]*", requirement), requirement
 
 
-def test_layer_build_ships_no_bytecode_no_local_stack_and_no_cli(tmp_path: Path):
-    # GIVEN a package with bytecode beside its modules, a local stack and the CLI
+def test_layer_build_ships_the_runtime_without_bytecode(tmp_path: Path):
+    # GIVEN a package with bytecode beside its modules
     source = tmp_path / "src"
     for path in ("__init__.py", "__pycache__/x.cpython-311.pyc", "dal/a.py", "dal/b.pyc"):
-        (source / path).parent.mkdir(parents=True, exist_ok=True)
-        (source / path).write_text("")
-    for path in ("local/engines.py", "dal/local/kept.py", "cli.py", "client.py", "commands.py"):
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         (source / path).write_text("")
     # WHEN it is copied into a layer, and so is the real one
@@ -90,21 +87,16 @@ def test_layer_build_ships_no_bytecode_no_local_stack_and_no_cli(tmp_path: Path)
     def shipped(root: Path) -> set[str]:
         return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
 
-    # THEN modules are kept; compiled Python, the top-level local package and the CLI with
-    # its client are not
-    assert shipped(tmp_path / "fake") == {
-        "punctual/__init__.py",
-        "punctual/dal/a.py",
-        "punctual/dal/local/kept.py",
-    }
+    # THEN modules are kept and compiled Python is not
+    assert shipped(tmp_path / "fake") == {"punctual/__init__.py", "punctual/dal/a.py"}
     real = shipped(tmp_path / "real")
     assert {"punctual/scheduling.py", "punctual/dal/tables.py"} <= real
-    assert not [p for p in real if p.endswith(".pyc") or p.startswith("punctual/local/")]
-    assert not {"punctual/cli.py", "punctual/commands.py", "punctual/client.py"} & real
+    assert not [p for p in real if p.endswith(".pyc")]
+    # AND neither the client (CLI, HTTP client, worker SDK) nor the local stack is in it:
+    # they are other packages
+    assert not [p for p in real if p.split("/")[1] in ("cli.py", "client.py", "local", "worker")]
     # AND pip installs the dependencies without compiling them, locally and in Docker
     assert "--no-compile" in pip_install("/out")
     (command,) = [part for part in docker_command() if "pip install" in part]
     assert "--no-compile" in command
-    assert "--exclude=punctual/local" in command
-    assert "--exclude=punctual/cli.py" in command
     assert "--exclude=*.pyc" in command

@@ -15,11 +15,11 @@ from api import context, handler
 from moto import mock_aws
 
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.local import gateway
-from punctual.local.dynamodb import LocalDynamoDB
-from punctual.local.dynamodb import start as start_dynamodb_local
 from punctual.services import Services
 from punctual.settings import Settings
+from punctual_local import gateway
+from punctual_local.dynamodb import LocalDynamoDB
+from punctual_local.dynamodb import start as start_dynamodb_local
 from tests.aws_calls import record_aws_calls  # noqa: F401  (records every function's AWS calls)
 
 OPERATOR = "arn:aws:iam::111122223333:user/operator"

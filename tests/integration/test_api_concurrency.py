@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from api import handler
 
-from punctual.client import Client
-from punctual.local.gateway import Gateway
 from punctual.services import Services
+from punctual_client.http import Client
+from punctual_local.gateway import Gateway
 from tests.integration.conftest import Clock, bootstrap
 from tests.integration.helpers import cron
 

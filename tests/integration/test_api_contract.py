@@ -45,11 +45,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.local.dynamodb import LocalDynamoDB
-from punctual.local.gateway import Gateway
 from punctual.models import ScheduleDefinition
 from punctual.services import Services
 from punctual.settings import Settings
+from punctual_local.dynamodb import LocalDynamoDB
+from punctual_local.gateway import Gateway
 from tests.integration.conftest import START
 from tests.integration.helpers import ERROR_KEYS
 

@@ -7,8 +7,8 @@ import pytest
 
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import occurrence_key
-from punctual.local.dynamodb import LocalDynamoDB
 from punctual.observability import logger
+from punctual_local.dynamodb import LocalDynamoDB
 from tests.faults import FaultPlan
 from tests.sim.oracle import Verdict, check
 from tests.sim.world import Run, SimConfig, Simulation

@@ -35,7 +35,7 @@ from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.timing import utc_text
-from punctual.worker import (
+from punctual_client.worker import (
     Delivery,
     EffectLedger,
     Job,
@@ -48,7 +48,7 @@ from punctual.worker import (
     backoff_ceiling,
     sqs_lambda_handler,
 )
-from punctual.worker.core import REQUEUE_AFTER_RECEIVES, THROTTLE_BACKOFF
+from punctual_client.worker.core import REQUEUE_AFTER_RECEIVES, THROTTLE_BACKOFF
 from tests.integration.conftest import ALICE, Api, Clock, LambdaContextStub, bootstrap
 from tests.integration.helpers import patch, table_items
 from tests.integration.test_relay import one_shot, record

@@ -48,8 +48,8 @@ from punctual.services import Services
 from punctual.settings import Settings
 from punctual.tenancy import Quotas
 from punctual.timing import get_zone
-from punctual.worker import Job, PermanentError, QueueConsumer, Worker
-from punctual.worker import core as worker_core
+from punctual_client.worker import Job, PermanentError, QueueConsumer, Worker
+from punctual_client.worker import core as worker_core
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS
 from tests.sim.sqs import SimSQS
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from punctual.cli import EXIT_FAILURE, EXIT_USAGE, main
-from punctual.client import Unreachable
-from punctual.local.dynamodb import free_port
+from punctual_client.cli import EXIT_FAILURE, EXIT_USAGE, main
+from punctual_client.http import Unreachable
+from punctual_local.dynamodb import free_port
 
 NOW = 1_772_841_600  # 2026-03-07T00:00:00Z
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from punctual.local.gateway import Gateway, api_path, principal_of, rest_event
+from punctual_local.gateway import Gateway, api_path, principal_of, rest_event
 
 
 def test_principal_is_named_by_the_sigv4_access_key_id():

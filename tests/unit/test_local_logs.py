@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from punctual.local.gateway import LambdaContext
-from punctual.local.logs import plain_logs
 from punctual.observability import logger
+from punctual_client.logs import plain_logs
+from punctual_local.gateway import LambdaContext
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from punctual.local.engines import KINDS, Engine
-from punctual.local.stack import StackError, StackOptions, bind_gateway, claim
+from punctual_local.engines import KINDS, Engine
+from punctual_local.stack import StackError, StackOptions, bind_gateway, claim
 
 
 def test_claim_refuses_a_second_stack_on_the_same_data_naming_the_first(tmp_path: Path):
@@ -59,7 +59,7 @@ def test_stack_context_runs_out_of_time_once_the_stack_is_stopping():
     # GIVEN the context the local stack hands its materializer and reconciler calls
     import threading
 
-    from punctual.local.stack import _Stoppable
+    from punctual_local.stack import _Stoppable
 
     stopping = threading.Event()
     context = _Stoppable("reconciler", 900, stopping)

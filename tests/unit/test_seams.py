@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGE = REPO / "layers/core/python/punctual"
+PACKAGE = REPO / "layers/core/python/punctual"  # the runtime: the Lambda layer ships it whole
+CLIENT = REPO / "clients/python/punctual_client"  # what tenants run: CLI, HTTP client, worker
+DEVTOOLS = REPO / "devtools/punctual_local"  # the local stack and its commands
 FUNCTIONS = REPO / "functions"
+SOURCE_ROOTS = {p.name: p.parent for p in (PACKAGE, CLIENT, DEVTOOLS)}
 
 # Request parameters only a DynamoDB call or transaction action has.
 DYNAMODB_PARAMETERS = frozenset(
@@ -70,19 +73,18 @@ def seam_violations(source: str) -> list[str]:
 
 
 def _outside_dal() -> list[Path]:
-    # punctual/local is development tooling (it runs the engines and reads tables for its
+    # punctual_local is development tooling (it runs the engines and reads tables for its
     # stats), not part of what Lambda or a worker runs.
-    modules = [
-        p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("dal", "local")
-    ]
-    return modules + sorted(FUNCTIONS.rglob("*.py"))
+    modules = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "dal"]
+    return modules + sorted(CLIENT.rglob("*.py")) + sorted(FUNCTIONS.rglob("*.py"))
 
 
 def test_seam_only_dal_builds_dynamodb_requests_or_calls_the_client() -> None:
-    # GIVEN every module of the runtime package and the functions, dal/ and the local
-    # tooling aside
+    # GIVEN every module of the runtime package (dal/ aside), the client package and the
+    # functions
     modules = _outside_dal()
     assert len(modules) > 30
+    assert CLIENT / "worker/core.py" in modules
     # THEN none builds a DynamoDB expression, converts items, or calls the client: the
     # stores do, and say there which reads are consistent and why
     violations = {
@@ -164,9 +166,10 @@ def _punctual_imports(path: Path) -> set[Path]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         for name in names:
-            if not name.startswith("punctual"):
+            root = SOURCE_ROOTS.get(name.split(".")[0])
+            if root is None:
                 continue
-            base = PACKAGE.parent / name.replace(".", "/")
+            base = root / name.replace(".", "/")
             for candidate in (base.with_suffix(".py"), base / "__init__.py"):
                 if candidate.exists():
                     found.add(candidate)
@@ -190,27 +193,24 @@ def _reached(roots: list[Path]) -> set[Path]:
     return seen
 
 
-def test_the_layer_ships_every_module_the_functions_import() -> None:
-    # GIVEN what the layer leaves out (the local stack, the CLI and its HTTP client)
-    from infra.layer import NOT_SHIPPED
-
-    # WHEN every punctual module the functions import, directly or not, is followed
-    reached = _reached(sorted(FUNCTIONS.rglob("*.py")))
+def test_the_runtime_imports_neither_the_client_nor_the_development_tooling() -> None:
+    # GIVEN every module the functions import, directly or not, and the runtime package,
+    # which the layer ships whole
+    reached = _reached(sorted(FUNCTIONS.rglob("*.py")) + sorted(PACKAGE.rglob("*.py")))
     assert PACKAGE / "scheduling.py" in reached
-    # THEN none of them is left out of the layer
-    left_out = {
-        str(p.relative_to(PACKAGE))
-        for p in reached
-        if p.relative_to(PACKAGE).parts[0] in NOT_SHIPPED
-    }
-    assert left_out == set()
+    # THEN all of them are the runtime's: Lambda runs nothing of the CLI, the HTTP client,
+    # the worker SDK or the local stack, and needs none of them
+    assert {p for p in reached if PACKAGE not in p.parents} == set()
 
 
-def test_the_worker_sdk_does_not_import_the_server() -> None:
-    # GIVEN the worker SDK, which tenants run in their own accounts
-    reached = _reached(sorted((PACKAGE / "worker").glob("*.py")))
+def test_the_client_does_not_import_the_server_or_the_development_tooling() -> None:
+    # GIVEN the client package (CLI, HTTP client and the worker SDK tenants run in their
+    # own accounts)
+    reached = _reached(sorted(CLIENT.rglob("*.py")))
+    assert CLIENT / "worker/core.py" in reached
     # THEN it needs the stores, the models and the message, not the control plane, the
-    # materializer, the relay or the reconciler
+    # materializer, the relay or the reconciler, nor the local stack
     server = {"scheduling.py", "materializer.py", "relay.py", "reconciler.py", "redrive.py"}
     assert {p.name for p in reached if p.parent == PACKAGE} & server == set()
     assert PACKAGE / "message.py" in reached
+    assert {p for p in reached if DEVTOOLS in p.parents} == set()

@@ -28,15 +28,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from punctual.dal.common import (
-    ConditionFailed,
-    Item,
-)
-from punctual.dal.schedules import (
-    ScheduleVersion,
-    current_version_of,
-    missed_ranges_of,
-)
+from punctual.dal.common import ConditionFailed
+from punctual.dal.schedules import ScheduleVersion
 from punctual.errors import InvalidInput, Retryable
 from punctual.ids import available_at, minute_of, occurrence_id
 from punctual.models import (
@@ -404,7 +397,7 @@ class Reconciler:
                     break
                 # Reads run concurrently (a history and an occurrence query per schedule);
                 # repairs, rare and racing the API and the materializer, one at a time.
-                for outcome in pool.map(lambda item: self._schedule(item, start, end), page):
+                for outcome in pool.map(lambda current: self._schedule(current, start, end), page):
                     if outcome is None:
                         continue
                     if outcome.missing and self.repair:
@@ -448,10 +441,9 @@ class Reconciler:
         their cursor was placed behind the watermark (a due index that lagged behind a
         change, past every margin), so no walk would read it again. Each is moved to a bucket
         ahead of the walk, where the materializer takes it up under its misfire policy."""
-        shard_item = self.leases.read(shard)
-        if shard_item is None or not self.schedules.any_in_shard(shard, created_before=_iso(end)):
+        walked = self.leases.watermark(shard)
+        if walked is None or not self.schedules.any_in_shard(shard, created_before=_iso(end)):
             return []
-        walked = int(shard_item["watermark"])
         moved = []
         for minute in range(start - start % 60, min(end, walked), 60):
             for seen in self.schedules.due_in(minute, shard):
@@ -478,8 +470,7 @@ class Reconciler:
 
     # --- one schedule -------------------------------------------------------------------
 
-    def _schedule(self, item: Item, start: int, end: int) -> _ScheduleOutcome | None:
-        current = current_version_of(item)
+    def _schedule(self, current: ScheduleVersion, start: int, end: int) -> _ScheduleOutcome | None:
         schedule_id = current.schedule.schedule_id
         since = start - HISTORY_MARGIN
         versions = [current]
@@ -492,7 +483,7 @@ class Reconciler:
         stored = self.occurrences.in_window(schedule_id, since=start, until=end - 1)
         outcome = _ScheduleOutcome(schedule_id, {v.schedule.version: v.schedule for v in versions})
         gaps = self._classify(outcome, expected, stored)
-        policy_missed = self._missed_by_policy(gaps, stored, versions, item, end)
+        policy_missed = self._missed_by_policy(gaps, stored, versions, current.schedule, end)
         for gap in gaps:
             if gap.occurrence_id in policy_missed:
                 outcome.findings.append((Finding.MISSED, gap.occurrence_id))
@@ -531,23 +522,22 @@ class Reconciler:
         gaps: list[Expected],
         stored: list[Occurrence],
         versions: list[ScheduleVersion],
-        item: Item,
+        current: Schedule,
         end: int,
     ) -> set[str]:
         """Gaps the materializer left on purpose: MISSED by the misfire policy.
 
-        Two traces: the MISSED episodes recorded on the CURRENT item (the latest
+        Two traces: the MISSED episodes recorded on the current schedule (the latest
         MISSED_RANGES, every version), and the next stored occurrence of the same version
         having been fired late (FIRE_ONCE and CATCHUP fire the latest late instants and
         leave the ones before them). A gap
         that was materialized, then lost, right before an outage is taken for MISSED too:
         nothing stored tells those two apart.
         """
-        ranges = missed_ranges_of(item)
         missed = {
             g.occurrence_id
             for g in gaps
-            if any(r.covers(g.version, g.scheduled_for) for r in ranges)
+            if any(r.covers(g.version, g.scheduled_for) for r in current.missed)
         }
         schedules = {v.schedule.version: v.schedule for v in versions}
         later: dict[int, Occurrence | None] = {}  # per version: its first occurrence after end

@@ -15,13 +15,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from punctual.dal.common import ConditionFailed, Item
+from punctual.dal.common import ConditionFailed
+from punctual.dal.leases import watermark_of
 from punctual.dal.schedules import (
     StoredSchedule,
     schedule_to_item,
+    stored_schedule,
     version_to_item,
 )
-from punctual.dal.tenants import usage_update
+from punctual.dal.tenants import tenant_from_item, usage_update
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
 from punctual.ids import (
     available_at,
@@ -323,14 +325,14 @@ class ControlPlane:
             except ConditionFailed as refused:
                 if refused.label != "shard":
                     raise
-                if "watermark" not in (refused.old_item or {}):
+                walked = watermark_of(refused.old_item)
+                if walked is None:
                     # The shard's first schedule: give it a watermark, which the first
                     # claim then walks from, and place the cursor again.
                     self.leases.open(shard, now=now)
                     continue
                 # The walk got to the cursor's bucket first (this commit was slow, or our
                 # clock is behind the ticker's): plan directly past where it stands now.
-                walked = int((refused.old_item or {})["watermark"])
                 until = max(until, walked + 2 * 60 - 1)
         raise Retryable("the materializer kept overtaking this change; retry")
 
@@ -408,12 +410,7 @@ class ControlPlane:
         except ConditionFailed as refused:
             if refused.label == "shard":
                 raise
-            same_version = (
-                old is not None and (refused.old_item or {}).get("version") == old.schedule.version
-            )
-            if refused.label == "schedule" and same_version:
-                raise _StateMoved from None
-            raise self._refusal(refused, tenant, load) from None
+            raise self._refusal(refused, old, tenant, load) from None
         affected = self._invalidate(old.schedule, schedule, now) if old else []
         return Saved(schedule, self.next_fires(schedule), materialized, affected)
 
@@ -431,20 +428,31 @@ class ControlPlane:
             load_delta=delta,
         )
 
-    def _refusal(self, refused: ConditionFailed, tenant: Tenant, load: dict[int, int]) -> Exception:
+    def _refusal(
+        self,
+        refused: ConditionFailed,
+        old: StoredSchedule | None,
+        tenant: Tenant,
+        load: dict[int, int],
+    ) -> Exception:
         if refused.label == "tenant":
-            return self._quota_error(tenant.quotas, refused.old_item or {}, load)
+            # The tenant's item as the refusal found it (ALL_OLD): its usage, not ours.
+            now = tenant_from_item(refused.old_item) if refused.old_item else tenant
+            return self._quota_error(tenant.quotas, now, load)
         if refused.label == "schedule" and refused.old_item:
+            current = stored_schedule(refused.old_item).schedule
+            if old is not None and current.version == old.schedule.version:
+                # Same version, changed meanwhile: the materializer completed it.
+                return _StateMoved()
             return Conflict(
-                "the schedule changed meanwhile (now version "
-                f"{refused.old_item['version']}); read it again",
-                current_version=refused.old_item["version"],
+                f"the schedule changed meanwhile (now version {current.version}); read it again",
+                current_version=current.version,
             )
         return Conflict("a concurrent change won; read the schedule again")
 
     @staticmethod
-    def _quota_error(quotas: Quotas, tenant_item: Item, load: dict[int, int]) -> QuotaExceeded:
-        count = int(tenant_item.get("schedule_count", 0))
+    def _quota_error(quotas: Quotas, tenant: Tenant, load: dict[int, int]) -> QuotaExceeded:
+        count = tenant.schedule_count
         if count >= quotas.max_schedules:
             return QuotaExceeded(
                 f"the tenant has {count} schedules, the limit is {quotas.max_schedules}",
@@ -452,8 +460,8 @@ class ControlPlane:
                 limit=quotas.max_schedules,
                 usage=count,
             )
-        busiest = max(load, key=lambda m: int(tenant_item.get(f"f{m:02d}", 0)), default=0)
-        usage = int(tenant_item.get(f"f{busiest:02d}", 0))
+        busiest = max(load, key=lambda m: tenant.minute_load[m], default=0)
+        usage = tenant.minute_load[busiest]
         return QuotaExceeded(
             f"minute :{busiest:02d} of every hour already has {usage} strict fires; "
             f"the limit is {quotas.max_strict_fires_per_minute}",

@@ -22,8 +22,18 @@ class Lease:
     pending: frozenset[str] = frozenset()  # tenants whose released quota waits on this shard
 
 
+def _shard_pk(shard: int) -> str:
+    return f"SHARD#{shard:04d}"
+
+
 def shard_key(shard: int) -> dict[str, Any]:
-    return to_dynamo({"pk": f"SHARD#{shard:04d}"})
+    return to_dynamo({"pk": _shard_pk(shard)})
+
+
+def watermark_of(item: Item | None) -> int | None:
+    """A shard item's watermark (from a read or a refused condition's old item); None when
+    the shard was never opened."""
+    return int(item["watermark"]) if item is not None and "watermark" in item else None
 
 
 def release_key(shard: int, tenant_id: str) -> dict[str, Any]:
@@ -82,7 +92,7 @@ class LeaseStore:
                     TableName=self.table,
                     Item=to_dynamo(
                         {
-                            **from_dynamo(shard_key(shard)),
+                            "pk": _shard_pk(shard),
                             "watermark": now - now % 60 - BOOTSTRAP_SECONDS,
                             "expires_at": 0,  # free: the first claim takes it
                             "fence": 0,
@@ -95,13 +105,13 @@ class LeaseStore:
         except ConditionFailed:
             pass
 
-    def read(self, shard: int) -> Item | None:
-        """The shard's item, strongly consistent: what a writer placing a schedule in the due
-        index must compare its bucket with (the watermark moves every minute)."""
+    def watermark(self, shard: int) -> int | None:
+        """The shard's watermark (None: never opened), strongly consistent: it moves every
+        minute, and whoever acts on a bucket behind it must see where the walk stands."""
         found = self._client.get_item(
             TableName=self.table, Key=shard_key(shard), ConsistentRead=True
         ).get("Item")
-        return from_dynamo(found) if found else None
+        return watermark_of(from_dynamo(found) if found else None)
 
     def not_walked(self, shard: int, minute: int) -> dict[str, Any]:
         """A transaction action that fails once the shard's walk has reached ``minute``."""

@@ -259,9 +259,13 @@ class ScheduleStore:
         for page in pages:
             yield from (stored_schedule(from_dynamo(raw)) for raw in page["Items"])
 
-    def list_for_shard(self, shard: int, *, created_before: str) -> Iterator[list[Item]]:
-        """Pages of the shard's CURRENT items (stable attributes only, see SHARD_INDEX) whose
-        ``created_key`` sorts before ``created_before`` (an ISO instant): one Query, no scan."""
+    def list_for_shard(self, shard: int, *, created_before: str) -> Iterator[list[ScheduleVersion]]:
+        """Pages of the shard's schedules, each as the version its CURRENT item records,
+        whose ``created_key`` sorts before ``created_before`` (an ISO instant): one Query, no
+        scan. The index projects the stable attributes only (SHARD_INDEX_ATTRIBUTES): the
+        cursor (``planned_until``, ``next_run_at``...) reads as unset; the MISSED summary is
+        there. Eventually consistent, as every index read: a schedule created a moment ago
+        may be absent, and the window's ``created_before`` is older than any such one."""
         pages = self._client.get_paginator("query").paginate(
             TableName=self.table,
             IndexName=SHARD_INDEX,
@@ -270,7 +274,7 @@ class ScheduleStore:
             ExpressionAttributeValues=values(s=shard, c=created_before),
         )
         for page in pages:
-            yield [from_dynamo(i) for i in page["Items"]]
+            yield [current_version_of(from_dynamo(i)) for i in page["Items"]]
 
     def any_in_shard(self, shard: int, *, created_before: str) -> bool:
         """Whether the shard holds any schedule created before ``created_before`` (one item

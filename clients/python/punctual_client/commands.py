@@ -1,5 +1,5 @@
-"""The API client commands of ``punctual`` (tenants, targets, schedules, occurrences),
-the worker, and the local stack. Exit codes: 0 success, 2 a 4xx answer or bad input
+"""The API client commands of ``punctual`` (tenants, targets, schedules, occurrences)
+and the worker. Exit codes: 0 success, 2 a 4xx answer or bad input
 (one line on stderr), 1 any other failure."""
 
 from __future__ import annotations
@@ -10,11 +10,16 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
-from punctual.client import ApiError, Client
+from punctual.timing import utc_text
+from punctual_client.http import ApiError, Client
+
+if TYPE_CHECKING:
+    from punctual_client.worker import Job
 
 
 class UsageError(Exception):
@@ -116,38 +121,15 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     report.add_argument("--from", dest="window_from", metavar="ISO", help="window start")
     report.add_argument("--to", dest="window_to", metavar="ISO", help="window end")
 
-    stats = commands.add_parser("stats", help="operations figures of the local stack")
-    stats.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    stats.add_argument("--minutes", type=int, default=60, help="occurrences of the last N (60)")
-
     worker = add("worker", "run a worker on one of your targets' queue")
     worker.add_argument("--target", metavar="NAME", default="default")
     worker.add_argument(
         "--handler",
         metavar="MODULE:FUNCTION",
-        default="punctual.local.demo:print_occurrence",
+        default="punctual_client.commands:print_occurrence",
         help="called with each Job (default: print it with its lag)",
     )
     worker.add_argument("--threads", type=int, default=4)
-
-    local = commands.add_parser("local", help="the whole system on this machine")
-    local_commands = local.add_subparsers(dest="action", required=True)
-    up = local_commands.add_parser("up", help="start engines and drivers (Ctrl-C stops)")
-    up.add_argument("--port", type=int, default=8766, help="the API's port (8766)")
-    up.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
-    up.add_argument("--tick", type=int, default=60, help="seconds between ticks (60)")
-    up.add_argument("--lookahead", type=int, default=180, help="materializer lookahead (180)")
-    up.add_argument("--reconcile-every", type=int, default=600, help="seconds (600)")
-    up.add_argument("--demo", action="store_true", help="create demo schedules, run a worker")
-    env = local_commands.add_parser(
-        "env", help="print the exports that point AWS SDKs and workers at the local engines"
-    )
-    env.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
-    env.add_argument("--port", type=int, default=8766, help="the API's port (8766)")
-    down = local_commands.add_parser(
-        "down", help="stop the engines a killed `local up` left running (data is kept)"
-    )
-    down.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
 
 
 # --- running them -----------------------------------------------------------------------
@@ -370,7 +352,22 @@ def _handler(spec: str) -> Callable[[Any], None]:
     return found  # type: ignore[no-any-return]
 
 
-def _stop_on_signals() -> threading.Event:
+def print_occurrence(job: Job) -> None:
+    """A handler that only reports: which occurrence, when it was due, how late it is."""
+    now = time.time()
+    due = job.message.available_at.timestamp()
+    scheduled = job.message.scheduled_for.timestamp()
+    local = datetime.now(UTC).strftime("%H:%M:%S")
+    flexible = f", available {due - scheduled:+.0f} s (flexible)" if due != scheduled else ""
+    print(
+        f"[{local}] {job.message.payload.get('demo', job.message.schedule_id)}: "
+        f"{job.occurrence_id} scheduled {utc_text(int(scheduled))}{flexible}, "
+        f"handled {now - due:.2f} s after due, attempt {job.attempt}",
+        flush=True,
+    )
+
+
+def stop_on_signals() -> threading.Event:
     stop = threading.Event()
     for number in STOP_SIGNALS:
         signal.signal(number, lambda *_: stop.set())
@@ -378,9 +375,9 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _worker(client: Client, args: argparse.Namespace) -> int:
-    from punctual.local.logs import plain_logs
     from punctual.services import Services
-    from punctual.worker import QueueConsumer, Worker
+    from punctual_client.logs import plain_logs
+    from punctual_client.worker import QueueConsumer, Worker
 
     plain_logs(os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"))
     handler = _handler(args.handler)
@@ -390,7 +387,7 @@ def _worker(client: Client, args: argparse.Namespace) -> int:
         raise UsageError(f"--target: no target named {args.target}")
     queue = targets[args.target]["queue_url"]
     worker = Worker(Services.from_environment(), tenant, handler, heartbeat_seconds=20)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     print(f"worker for {tenant}/{args.target} on {queue} (Ctrl-C stops)", flush=True)
     consumer = QueueConsumer(worker, queue, threads=args.threads, wait_seconds=WORKER_POLL_SECONDS)
     consumer.run(stop)
@@ -398,120 +395,10 @@ def _worker(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def run_local(args: argparse.Namespace) -> int:
-    from punctual.local.stack import DATA
-
-    data = args.data or DATA
-    if args.action == "env":
-        from punctual.local.engines import running_environment
-
-        found = running_environment(data)
-        if found is None:
-            raise UsageError("no local engines are running; start them with `punctual local up`")
-        for name, value in {**found, "PUNCTUAL_ENDPOINT": f"http://127.0.0.1:{args.port}"}.items():
-            print(f"export {name}={value}")
-        return 0
-    if args.action == "down":
-        return _local_down(data)
-    return _local_up(args, data)
-
-
-def _local_up(args: argparse.Namespace, data: Path) -> int:
-    from punctual.dal.tables import SchemaMismatch
-    from punctual.local.dynamodb import EngineMissing
-    from punctual.local.stack import LocalStack, StackError, StackOptions
-
-    options = StackOptions(
-        port=args.port,
-        data=data,
-        tick_seconds=args.tick,
-        lookahead_seconds=args.lookahead,
-        reconcile_seconds=args.reconcile_every,
-    )
-    stack = LocalStack(options)
-    stop = _stop_on_signals()
-    try:
-        stack.start()
-    except SchemaMismatch as error:
-        raise UsageError(f"{error} (--data {data})") from None
-    except (StackError, EngineMissing) as error:
-        raise CommandFailed(str(error)) from None
-    assert stack.engines is not None
-    assert stack.gateway is not None
-    engines = stack.engines
-    state = "reattached to" if engines.reattached else "started"
-    print(f"Punctual local: API {stack.gateway.url} (data in {data})", flush=True)
-    print(
-        f"  engines {state}: DynamoDB {engines.dynamodb.endpoint}, SQS {engines.sqs.endpoint}",
-        flush=True,
-    )
-    if stack.restored:
-        print(
-            f"  re-created the missing queues of {', '.join(stack.restored)} (a data folder "
-            "from before the SQS engine kept its data: messages sent before are gone)",
-            flush=True,
-        )
-    print(
-        "  sign requests with access key id 'demo' (tenant demo) or 'operator'; "
-        "signatures are not verified (loopback only)",
-        flush=True,
-    )
-    if args.demo:
-        stack.start_demo()
-    while not stop.wait(0.5):
-        pass
-    print("stopping: drivers, then engines...", flush=True)
-    stack.stop()
-    print(f"stopped; everything is kept in {data}: `local up` carries on from it", flush=True)
-    return 0
-
-
-def _local_down(data: Path) -> int:
-    from punctual.local.engines import recorded
-    from punctual.local.stack import StackError, claim
-
-    try:
-        lock = claim(data, "`local down`")
-    except StackError as error:
-        raise CommandFailed(str(error)) from None  # its Ctrl-C stops its engines
-    with lock:
-        running = [engine for engine in recorded(data).values() if engine.alive()]
-        for engine in running:
-            engine.stop()
-    names = ", ".join(f"{e.name} (pid {e.pid})" for e in running) or "no engine was running"
-    print(f"stopped: {names}; data kept in {data}", flush=True)
-    return 0
-
-
-def run_stats(args: argparse.Namespace) -> int:
-    from punctual.local.stats import figures
-    from punctual.services import Services
-
-    services = Services.from_environment()
-    found = figures(services, int(services.now()) - args.minutes * 60)
-    if args.json:
-        print(json.dumps(found, indent=2))
-        return 0
-    print(f"occurrences (last {args.minutes} min): {found['occurrences']}")
-    for kind, lag in found["lag_seconds"].items():
-        print(
-            f"schedule lag {kind}: p50 {lag['p50']:.0f} s, p95 {lag['p95']:.0f} s, "
-            f"p99 {lag['p99']:.0f} s ({lag['n']} sent)"
-        )
-    print(f"schedules: {found['schedules']}, MISSED (summaries) {found['missed_summarized']}")
-    r = found["reconcile"]
-    print(
-        f"reconciler, last window: {r['shards_reported']} shard reports, "
-        f"MISSING {r['missing']}, UNEXPECTED {r['unexpected']}"
-    )
-    return 0
-
-
 def main_for(args: argparse.Namespace) -> int:
-    if args.command == "local":
-        return run_local(args)
-    if args.command == "stats":
-        return run_stats(args)
+    registered: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
+    if registered is not None:  # a command a plugin registered (cli.COMMANDS_GROUP)
+        return registered(args)
     try:
         return run_client_command(args)
     except ApiError as error:

@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from punctual.ids import shard_groups
-from punctual.local.engines import ACCOUNT, LOCAL_SHARDS, Engines, ensure_engines
-from punctual.local.gateway import Gateway, LambdaContext
-from punctual.local.logs import plain_logs
-from punctual.local.sqs import queue_exists
-from punctual.local.streams import StreamPoller
 from punctual.observability import logger
 from punctual.timing import utc_text
+from punctual_client.logs import plain_logs
+from punctual_local.engines import ACCOUNT, LOCAL_SHARDS, Engines, ensure_engines
+from punctual_local.gateway import Gateway, LambdaContext
+from punctual_local.sqs import queue_exists
+from punctual_local.streams import StreamPoller
 
-REPO = Path(__file__).resolve().parents[5]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / ".data"
 OPERATOR_KEY = "operator"
 DEMO_KEY = "demo"
@@ -241,7 +241,7 @@ class LocalStack:
 
     def start_demo(self) -> None:
         """The demo's schedules and worker, in a thread that ``stop`` ends first."""
-        from punctual.local.demo import run_demo
+        from punctual_local.demo import run_demo
 
         assert self.gateway is not None
         url = self.gateway.url

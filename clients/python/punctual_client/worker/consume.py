@@ -17,7 +17,7 @@ from aws_lambda_powertools.utilities.batch import (
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from punctual.observability import logger, metrics
-from punctual.worker.core import METRICS, Delivery, Result, Worker, queue_url_of
+from punctual_client.worker.core import METRICS, Delivery, Result, Worker, queue_url_of
 
 
 class QueueConsumer:

