@@ -24,7 +24,7 @@ from punctual.dal.common import (
     translated,
     values,
 )
-from punctual.dal.tables import SCHEDULE_CURRENT, attempt_key, occurrence_key
+from punctual.dal.tables import attempt_key, current_key, occurrence_key
 from punctual.errors import Retryable
 from punctual.models import (
     AttemptOutcome,
@@ -169,7 +169,7 @@ class RunStore:
         request: dict[str, Any] = {
             self._occurrences: {"Keys": [self._occurrence_key(occurrence_id)]},
             self._schedules: {
-                "Keys": [to_dynamo({"schedule_id": schedule_id, "sk": SCHEDULE_CURRENT})],
+                "Keys": [to_dynamo(current_key(schedule_id))],
                 # Only what the claim decides on: not the payload (up to 32 KiB of reads).
                 "ProjectionExpression": "schedule_id, version, #s, #d.retry, #d.overlap",
                 "ExpressionAttributeNames": {"#s": "state", "#d": "definition"},
@@ -194,7 +194,7 @@ class RunStore:
         """(version, state) of the schedule: the cooperative-cancel check, eventually consistent."""
         found = self._client.get_item(
             TableName=self._schedules,
-            Key=to_dynamo({"schedule_id": schedule_id, "sk": SCHEDULE_CURRENT}),
+            Key=to_dynamo(current_key(schedule_id)),
             ProjectionExpression="version, #s",
             ExpressionAttributeNames={"#s": "state"},
         ).get("Item")
@@ -273,9 +273,7 @@ class RunStore:
                 {
                     "ConditionCheck": {
                         "TableName": self._schedules,
-                        "Key": to_dynamo(
-                            {"schedule_id": lease.schedule_id, "sk": SCHEDULE_CURRENT}
-                        ),
+                        "Key": to_dynamo(current_key(lease.schedule_id)),
                         # Race: an update, pause or cancel committed after the message was
                         # sent; the occurrence's version is then stale and must not run.
                         # COMPLETED keeps its version: its last occurrence still runs.

@@ -141,6 +141,11 @@ def occurrence_sk(scheduled_for: int, version: int) -> str:
     return f"{OCCURRENCE_PREFIX}{scheduled_for:012d}#{version:010d}"
 
 
+def current_key(schedule_id: str) -> dict[str, str]:
+    """The key of a schedule's CURRENT item (the worker's claim reads and checks it too)."""
+    return {"schedule_id": schedule_id, "sk": SCHEDULE_CURRENT}
+
+
 def occurrence_key(occurrence_id: str) -> dict[str, str]:
     """The item key an occurrence id names; ValueError if it is not an occurrence id."""
     schedule_id, version, scheduled_for = occurrence_parts(occurrence_id)
