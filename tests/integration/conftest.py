@@ -19,7 +19,7 @@ from punctual.services import Services
 from punctual.settings import Settings
 from punctual_local import gateway
 from punctual_local.dynamodb import LocalDynamoDB
-from punctual_local.dynamodb import start as start_dynamodb_local
+from punctual_local.dynamodb import shared as shared_dynamodb_local
 from tests.aws_calls import record_aws_calls  # noqa: F401  (records every function's AWS calls)
 
 OPERATOR = "arn:aws:iam::111122223333:user/operator"
@@ -163,7 +163,7 @@ def bob(aws: Services) -> Api:
 def dynamodb_local() -> Iterator[LocalDynamoDB]:
     """DynamoDB Local (make tools installs it; make test depends on it): AWS's own engine,
     for races that need real transaction isolation, which moto does not promise."""
-    engine = start_dynamodb_local()
+    engine = shared_dynamodb_local()
     yield engine
     engine.stop()
 

@@ -1,0 +1,258 @@
+"""`make mutate`: mutation testing (mutmut 3) of the modules that carry correctness.
+
+The modules live in three source roots (layers/, clients/, devtools/) and are installed in
+editable mode, which mutmut's copy-and-import scheme cannot see through. So the script
+mirrors what the tests need into one flat workspace (``.mutate/``: ``punctual/``,
+``punctual_client/``, ``functions/``, ``tests/``, a ``pyproject.toml`` with mutmut's
+settings), runs mutmut there, and prints the kill rate per module and each survivor.
+
+The workspace is kept between runs: mutmut remembers each mutant's result and re-tests only
+the functions that changed (and their callers), so a rerun after a fix is quick. Mutants
+listed in ``tests/mutation/equivalent.txt`` (each with its reason) are equivalent: they
+cannot change behaviour, count as neither killed nor survived, and are not printed.
+
+    python -m scripts.mutate                  # every module
+    python -m scripts.mutate relay worker     # some of them
+    python -m scripts.mutate --list           # the modules and the files they cover
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from punctual_local.dynamodb import SHARED_PORT
+from punctual_local.dynamodb import start as start_dynamodb_local
+
+REPO = Path(__file__).resolve().parent.parent
+WORKSPACE = REPO / ".mutate"
+EQUIVALENT = REPO / "tests" / "mutation" / "equivalent.txt"
+
+# What goes into the workspace (its path there: where it is in the repo).
+MIRRORED = {
+    "punctual": REPO / "layers/core/python/punctual",
+    "punctual_client": REPO / "clients/python/punctual_client",
+    "functions": REPO / "functions",
+    "tests": REPO / "tests",
+}
+
+
+@dataclass(frozen=True)
+class Module:
+    """A module under mutation: its files (workspace globs) and the mutant name prefixes
+    mutmut gives their functions."""
+
+    files: tuple[str, ...]
+    prefixes: tuple[str, ...]
+
+
+MODULES = {
+    "timing": Module(("punctual/timing/*.py",), ("punctual.timing.",)),
+    "dal": Module(("punctual/dal/*.py",), ("punctual.dal.",)),
+    "materializer": Module(
+        ("punctual/materializer.py", "punctual/planning.py"),
+        ("punctual.materializer.", "punctual.planning."),
+    ),
+    "relay": Module(
+        ("punctual/relay.py", "punctual/redrive.py", "punctual/message.py"),
+        ("punctual.relay.", "punctual.redrive.", "punctual.message."),
+    ),
+    "worker": Module(("punctual_client/worker/*.py",), ("punctual_client.worker.",)),
+    "reconciler": Module(("punctual/reconciler.py",), ("punctual.reconciler.",)),
+    "tenancy": Module(("punctual/tenancy.py",), ("punctual.tenancy.",)),
+}
+
+# The unit and integration tests (not the end-to-end ones). Left out: the seeded simulation
+# (minutes a run; `make simulate` is its own check), the schemathesis contract test and the
+# concurrency test (both drive the local gateway with threads: slow, and not aimed at these
+# modules), and the checks of repository layout and CDK templates.
+TESTS = ("tests/unit", "tests/integration")
+LEFT_OUT = (
+    "tests/integration/test_simulation.py",
+    "tests/integration/test_api_contract.py",
+    "tests/integration/test_api_concurrency.py",
+    "tests/unit/test_seams.py",
+    "tests/unit/test_capacity.py",
+    "tests/unit/test_openapi_document.py",
+    "tests/unit/test_cron_property.py",  # hypothesis at full length: the vectors stay
+)
+
+# Exit statuses mutmut reports, and what each means for the kill rate.
+KILLED = {"killed", "timeout", "caught by type check", "segfault"}
+SURVIVED = {"survived", "no tests", "suspicious"}
+
+
+def sync(source: Path, target: Path) -> int:
+    """Mirror ``source`` into ``target``, rewriting only files whose content differs (so
+    mutmut sees unchanged files as unchanged); returns how many were written."""
+    written = 0
+    wanted: set[Path] = set()
+    for path in source.rglob("*"):
+        if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+            continue
+        relative = path.relative_to(source)
+        wanted.add(relative)
+        copy = target / relative
+        if copy.exists() and filecmp.cmp(path, copy, shallow=False):
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, copy)
+        written += 1
+    if target.exists():
+        for path in list(target.rglob("*")):
+            stale = path.is_file() and path.relative_to(target) not in wanted
+            if stale and "__pycache__" not in path.parts:
+                path.unlink()
+    return written
+
+
+def settings() -> str:
+    """The workspace's pyproject.toml: the repo's pytest settings and mutmut's."""
+    with (REPO / "pyproject.toml").open("rb") as handle:
+        pytest_options = tomllib.load(handle)["tool"]["pytest"]["ini_options"]
+    files = [f for m in MODULES.values() for f in m.files]
+    selection = [*TESTS, *(f"--ignore={path}" for path in LEFT_OUT), "-m", "not slow"]
+    lines = [
+        "[tool.pytest.ini_options]",
+        *(f"{key} = {_toml(value)}" for key, value in pytest_options.items()),
+        "",
+        "[tool.mutmut]",
+        'source_paths = ["punctual", "punctual_client"]',
+        f"only_mutate = {_toml(files)}",
+        'also_copy = ["functions", "tests"]',
+        f"pytest_add_cli_args_test_selection = {_toml(selection)}",
+        # The tests' own option: no test reports (-ra) or recorded AWS calls per mutant.
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]',
+        "use_git_change_detection = false",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def equivalent() -> dict[str, str]:
+    """The mutants triaged as equivalent: name -> reason."""
+    found = {}
+    for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, reason = line.partition(" ")
+            if not reason.strip():
+                raise SystemExit(f"{EQUIVALENT}: {name} has no reason")
+            found[name] = reason.strip()
+    return found
+
+
+def results() -> dict[str, str]:
+    """Every mutant's status, from ``mutmut results --all true``."""
+    answer = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=WORKSPACE,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = {}
+    for line in answer.stdout.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep:
+            found[name] = status
+    return found
+
+
+def module_of(name: str) -> str | None:
+    return next((m for m, spec in MODULES.items() if name.startswith(spec.prefixes)), None)
+
+
+def report(chosen: list[str], statuses: dict[str, str], equivalents: dict[str, str]) -> int:
+    """Print the kill rate per module and the survivors; returns how many survived."""
+    survivors = []
+    print(f"{'module':<14}{'mutants':>9}{'killed':>9}{'survived':>10}{'equivalent':>12}  kill rate")
+    for module in chosen:
+        mine = {n: s for n, s in statuses.items() if module_of(n) == module}
+        counts = Counter(
+            "equivalent" if n in equivalents else "killed" if s in KILLED else "survived"
+            for n, s in mine.items()
+            if s in KILLED | SURVIVED
+        )
+        judged = counts["killed"] + counts["survived"]
+        rate = f"{100 * counts['killed'] / judged:.1f}%" if judged else "-"
+        print(
+            f"{module:<14}{len(mine):>9}{counts['killed']:>9}{counts['survived']:>10}"
+            f"{counts['equivalent']:>12}  {rate}"
+        )
+        survivors += sorted(
+            (n, s) for n, s in mine.items() if s in SURVIVED and n not in equivalents
+        )
+        unchecked = sum(1 for s in mine.values() if s not in KILLED | SURVIVED)
+        if unchecked:
+            print(f"  ({unchecked} not checked yet)")
+    if survivors:
+        print("\nsurvivors (`cd .mutate && mutmut show NAME` shows the change):")
+        for name, status in survivors:
+            print(f"  {name}  [{status}]")
+    stale = sorted(n for n in equivalents if n not in statuses)
+    if stale:
+        print(f"\n{len(stale)} entries of {EQUIVALENT.name} name no mutant now (code changed):")
+        for name in stale:
+            print(f"  {name}")
+    return len(survivors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make mutate", description=__doc__.split("\n")[0])
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help=", ".join(MODULES))
+    parser.add_argument("--list", action="store_true", help="the modules and their files")
+    parser.add_argument("--report", action="store_true", help="only print the last results")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, spec in MODULES.items():
+            print(f"{name:<14}{' '.join(spec.files)}")
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        print(f"make mutate: unknown module {unknown[0]} (one of {', '.join(MODULES)})")
+        return 2
+    chosen = args.modules or list(MODULES)
+    equivalents = equivalent()
+    if not args.report:
+        WORKSPACE.mkdir(exist_ok=True)
+        written = sum(sync(source, WORKSPACE / name) for name, source in MIRRORED.items())
+        config = WORKSPACE / "pyproject.toml"
+        text = settings()
+        if not config.exists() or config.read_text(encoding="utf-8") != text:
+            config.write_text(text, encoding="utf-8")
+        print(f"== workspace {WORKSPACE.relative_to(REPO)}: {written} files updated")
+        patterns = [f"{prefix}*" for m in chosen for prefix in MODULES[m].prefixes]
+        engine = start_dynamodb_local()  # one for every mutant's run (tests' conftest)
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
+                + ([] if len(chosen) == len(MODULES) else patterns),
+                cwd=WORKSPACE,
+                env=os.environ | {SHARED_PORT: str(engine.port)},
+                check=False,
+            )
+        finally:
+            engine.stop()
+    survived = report(chosen, results(), equivalents)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
