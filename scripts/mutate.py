@@ -2,11 +2,12 @@
 
 The modules live in three source roots (layers/, clients/, devtools/) and are installed in
 editable mode, which mutmut's copy-and-import scheme cannot see through. So the script
-mirrors what the tests need into one flat workspace (``.mutate/``: ``punctual/``,
-``punctual_client/``, ``functions/``, ``tests/``, a ``pyproject.toml`` with mutmut's
-settings), runs mutmut there, and prints the kill rate per module and each survivor.
+mirrors what the tests need into a flat workspace per module (``.mutate/relay/``...:
+``punctual/``, ``punctual_client/``, ``functions/``, ``tests/``, a ``pyproject.toml`` with
+mutmut's settings: the module's files and the tests aimed at it), runs mutmut there, and
+prints the kill rate per module and each survivor.
 
-The workspace is kept between runs: mutmut remembers each mutant's result and re-tests only
+The workspaces are kept between runs: mutmut remembers each mutant's result and re-tests only
 the functions that changed (and their callers), so a rerun after a fix is quick. Mutants
 listed in ``tests/mutation/equivalent.txt`` (each with its reason) are equivalent: they
 cannot change behaviour, count as neither killed nor survived, and are not printed.
@@ -47,43 +48,71 @@ MIRRORED = {
 
 @dataclass(frozen=True)
 class Module:
-    """A module under mutation: its files (workspace globs) and the mutant name prefixes
-    mutmut gives their functions."""
+    """A module under mutation: its files (workspace globs), the mutant name prefixes mutmut
+    gives their functions, and the unit and integration tests aimed at it (not the
+    end-to-end ones, not the seeded simulation): per mutant, mutmut runs those of them that
+    call the mutated function."""
 
     files: tuple[str, ...]
     prefixes: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+def _tests(folder: str, *names: str) -> tuple[str, ...]:
+    return tuple(f"tests/{folder}/test_{name}.py" for name in names)
 
 
 MODULES = {
-    "timing": Module(("punctual/timing/*.py",), ("punctual.timing.",)),
-    "dal": Module(("punctual/dal/*.py",), ("punctual.dal.",)),
+    "timing": Module(
+        ("punctual/timing/*.py",),
+        ("punctual.timing.",),
+        _tests("unit", "cron_parse", "rules_rate_and_at", "calendar", "time_vectors", "models"),
+    ),
+    "dal": Module(
+        ("punctual/dal/*.py",),
+        ("punctual.dal.",),
+        _tests(
+            "integration",
+            "tables",
+            "materializer",
+            "relay",
+            "redrive",
+            "reconciler",
+            "worker",
+            "isolation",
+            "api_schedules",
+            "api_versioning",
+            "api_quotas_and_idempotency",
+            "api_tenancy",
+        ),
+    ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),
         ("punctual.materializer.", "punctual.planning."),
+        _tests("integration", "materializer", "handlers"),
     ),
     "relay": Module(
         ("punctual/relay.py", "punctual/redrive.py", "punctual/message.py"),
         ("punctual.relay.", "punctual.redrive.", "punctual.message."),
+        _tests("integration", "relay", "redrive", "isolation", "handlers"),
     ),
-    "worker": Module(("punctual_client/worker/*.py",), ("punctual_client.worker.",)),
-    "reconciler": Module(("punctual/reconciler.py",), ("punctual.reconciler.",)),
-    "tenancy": Module(("punctual/tenancy.py",), ("punctual.tenancy.",)),
+    "worker": Module(
+        ("punctual_client/worker/*.py",),
+        ("punctual_client.worker.",),
+        _tests("integration", "worker"),
+    ),
+    "reconciler": Module(
+        ("punctual/reconciler.py",),
+        ("punctual.reconciler.",),
+        _tests("integration", "reconciler", "handlers"),
+    ),
+    "tenancy": Module(
+        ("punctual/tenancy.py",),
+        ("punctual.tenancy.",),
+        _tests("integration", "api_quotas_and_idempotency", "api_tenancy", "isolation")
+        + _tests("unit", "models"),
+    ),
 }
-
-# The unit and integration tests (not the end-to-end ones). Left out: the seeded simulation
-# (minutes a run; `make simulate` is its own check), the schemathesis contract test and the
-# concurrency test (both drive the local gateway with threads: slow, and not aimed at these
-# modules), and the checks of repository layout and CDK templates.
-TESTS = ("tests/unit", "tests/integration")
-LEFT_OUT = (
-    "tests/integration/test_simulation.py",
-    "tests/integration/test_api_contract.py",
-    "tests/integration/test_api_concurrency.py",
-    "tests/unit/test_seams.py",
-    "tests/unit/test_capacity.py",
-    "tests/unit/test_openapi_document.py",
-    "tests/unit/test_cron_property.py",  # hypothesis at full length: the vectors stay
-)
 
 # Exit statuses mutmut reports, and what each means for the kill rate.
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
@@ -114,23 +143,20 @@ def sync(source: Path, target: Path) -> int:
     return written
 
 
-def settings() -> str:
-    """The workspace's pyproject.toml: the repo's pytest settings and mutmut's."""
+def settings(module: Module) -> str:
+    """A workspace's pyproject.toml: the repo's pytest settings and mutmut's."""
     with (REPO / "pyproject.toml").open("rb") as handle:
         pytest_options = tomllib.load(handle)["tool"]["pytest"]["ini_options"]
-    files = [f for m in MODULES.values() for f in m.files]
-    selection = [*TESTS, *(f"--ignore={path}" for path in LEFT_OUT), "-m", "not slow"]
     lines = [
         "[tool.pytest.ini_options]",
         *(f"{key} = {_toml(value)}" for key, value in pytest_options.items()),
         "",
         "[tool.mutmut]",
         'source_paths = ["punctual", "punctual_client"]',
-        f"only_mutate = {_toml(files)}",
+        f"only_mutate = {_toml(module.files)}",
         'also_copy = ["functions", "tests"]',
-        f"pytest_add_cli_args_test_selection = {_toml(selection)}",
-        # The tests' own option: no test reports (-ra) or recorded AWS calls per mutant.
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]',
+        f"pytest_add_cli_args_test_selection = {_toml([*module.tests, '-m', 'not slow'])}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
         "use_git_change_detection = false",
         "",
     ]
@@ -157,11 +183,13 @@ def equivalent() -> dict[str, str]:
     return found
 
 
-def results() -> dict[str, str]:
-    """Every mutant's status, from ``mutmut results --all true``."""
+def results(workspace: Path) -> dict[str, str]:
+    """Every mutant's status in ``workspace``, from ``mutmut results --all true``."""
+    if not (workspace / "mutants").exists():
+        return {}
     answer = subprocess.run(
         [sys.executable, "-m", "mutmut", "results", "--all", "true"],
-        cwd=WORKSPACE,
+        cwd=workspace,
         capture_output=True,
         text=True,
         check=True,
@@ -202,7 +230,7 @@ def report(chosen: list[str], statuses: dict[str, str], equivalents: dict[str, s
         if unchecked:
             print(f"  ({unchecked} not checked yet)")
     if survivors:
-        print("\nsurvivors (`cd .mutate && mutmut show NAME` shows the change):")
+        print("\nsurvivors (`cd .mutate/MODULE && ../../.venv/bin/mutmut show NAME`: the change):")
         for name, status in survivors:
             print(f"  {name}  [{status}]")
     stale = sorted(n for n in equivalents if n not in statuses)
@@ -230,28 +258,52 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     chosen = args.modules or list(MODULES)
     equivalents = equivalent()
-    if not args.report:
-        WORKSPACE.mkdir(exist_ok=True)
-        written = sum(sync(source, WORKSPACE / name) for name, source in MIRRORED.items())
-        config = WORKSPACE / "pyproject.toml"
-        text = settings()
-        if not config.exists() or config.read_text(encoding="utf-8") != text:
-            config.write_text(text, encoding="utf-8")
-        print(f"== workspace {WORKSPACE.relative_to(REPO)}: {written} files updated")
-        patterns = [f"{prefix}*" for m in chosen for prefix in MODULES[m].prefixes]
-        engine = start_dynamodb_local()  # one for every mutant's run (tests' conftest)
-        try:
+    statuses: dict[str, str] = {}
+    for name in chosen:
+        workspace = WORKSPACE / name
+        if not args.report:
+            mutate(name, workspace, args.max_children, equivalents)
+        statuses |= results(workspace)
+    survived = report(chosen, statuses, equivalents)
+    return 1 if survived else 0
+
+
+def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str, str]) -> None:
+    """Bring the module's workspace up to date with the repo and run mutmut there: the
+    mutants not tested yet or whose function changed, then, if the tests changed, the
+    survivors of earlier runs (mutmut keeps a result until its function changes)."""
+    before = {n for n, s in results(workspace).items() if s in SURVIVED} - set(equivalents)
+    workspace.mkdir(parents=True, exist_ok=True)
+    written = {part: sync(source, workspace / part) for part, source in MIRRORED.items()}
+    config = workspace / "pyproject.toml"
+    text = settings(MODULES[name])
+    if not config.exists() or config.read_text(encoding="utf-8") != text:
+        config.write_text(text, encoding="utf-8")
+    print(
+        f"== {name}: workspace {workspace.relative_to(REPO)}, {sum(written.values())} files updated"
+    )
+    retry = sorted(before) if written["tests"] else []
+    engine = start_dynamodb_local()  # one for every mutant's run (tests' conftest)
+    try:
+        for names in ([], retry) if retry else ([],):
+            if names:
+                print(f"== {name}: the tests changed: {len(names)} earlier survivors again")
             subprocess.run(
-                [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
-                + ([] if len(chosen) == len(MODULES) else patterns),
-                cwd=WORKSPACE,
+                [
+                    sys.executable,
+                    "-m",
+                    "mutmut",
+                    "run",
+                    "--max-children",
+                    str(max_children),
+                    *names,
+                ],
+                cwd=workspace,
                 env=os.environ | {SHARED_PORT: str(engine.port)},
                 check=False,
             )
-        finally:
-            engine.stop()
-    survived = report(chosen, results(), equivalents)
-    return 1 if survived else 0
+    finally:
+        engine.stop()
 
 
 if __name__ == "__main__":

@@ -263,12 +263,17 @@ def test_a_forged_occurrence_naming_another_tenant_is_never_sent_to_its_queue(
     )
     forged = item | {"tenant_id": "alice", "payload": {"evil": True}}
     aws.dynamodb.put_item(TableName=aws.settings.occurrences_table, Item=to_dynamo(forged))
+    # AND alice's own occurrence, due at the same instant
+    own = ControlPlane(aws).create("alice", definition).materialized[0]
     clock.advance(30)
-    # WHEN its stream record reaches the relay
-    report = Relay(aws).relay([record(aws, made.occurrence_id, 1)])
-    # THEN it is refused and counted; alice's queue stays empty
-    assert (report.sent, report.refused) == (0, 1)
-    assert messages(aws, "alice") == []
+    # WHEN their stream records reach the relay in one batch, the forged one first
+    report = Relay(aws).relay(
+        [record(aws, made.occurrence_id, 1), record(aws, own.occurrence_id, 2)]
+    )
+    # THEN the forged one is refused and counted, and only alice's own reaches her queue:
+    # the refusal skips that record, not the rest of the batch
+    assert (report.sent, report.refused) == (1, 1)
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [own.occurrence_id]
 
 
 def _iso(instant: float) -> str:

@@ -14,11 +14,12 @@ from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingErro
 from botocore.exceptions import ClientError
 
 from punctual.dal.common import to_dynamo
+from punctual.dal.occurrences import StoredOccurrence
 from punctual.dal.tables import occurrence_key
-from punctual.ids import shard_of
-from punctual.models import ScheduleDefinition
+from punctual.ids import occurrence_id, shard_of
+from punctual.models import Occurrence, OccurrenceState, ScheduleDefinition
 from punctual.reconciler import Reconciler
-from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed
+from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed, overdue
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
@@ -265,3 +266,56 @@ def test_stream_redrive_handler_counts_a_batch_the_stream_dropped_and_lets_it_go
     capsys.readouterr()
     assert handler.lambda_handler(event, LambdaContextStub()) == {"batchItemFailures": []}
     assert _emitted_metrics(capsys.readouterr().out) == {"RedriveExpired": 1}
+
+
+# --- which open occurrences the reconciler re-sends ------------------------------------
+
+
+def _stored(state: OccurrenceState, retry_at: int | None = None, **fields: Any) -> StoredOccurrence:
+    occurrence = Occurrence(
+        occurrence_id=occurrence_id("sch_acme.x", 1, 1_000),
+        tenant_id="acme",
+        schedule_id="sch_acme.x",
+        schedule_version=1,
+        scheduled_for=1_000,
+        available_at=1_060,
+        target="default",
+        state=state,
+        **fields,
+    )
+    return StoredOccurrence(occurrence, {}, retry_at)
+
+
+@pytest.mark.parametrize(
+    ("stored", "since"),
+    [
+        (_stored(OccurrenceState.SCHEDULED), 1_060),  # since it became receivable
+        (_stored(OccurrenceState.RETRY_WAIT, retry_at=5_000), 5_000),  # since its retry
+        (_stored(OccurrenceState.RETRY_WAIT), 1_060),  # no retry_at: since receivable
+        (_stored(OccurrenceState.RUNNING, lease_expires_at=9_000), 9_000),  # since the lease
+    ],
+)
+def test_an_open_occurrence_is_overdue_strictly_after_redrive_after_past_its_start(
+    stored: StoredOccurrence, since: int
+):
+    # THEN it is not overdue at since + REDRIVE_AFTER, and is one second later
+    assert not overdue(stored, since + REDRIVE_AFTER)
+    assert overdue(stored, since + REDRIVE_AFTER + 1)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        OccurrenceState.SUCCEEDED,
+        OccurrenceState.DEAD,
+        OccurrenceState.MISSED,
+        OccurrenceState.CANCELED,
+        OccurrenceState.SKIPPED_OVERLAP,
+    ],
+)
+def test_a_final_occurrence_is_never_overdue(state: OccurrenceState):
+    assert not overdue(_stored(state), 10**9)
+
+
+def test_a_running_occurrence_without_a_lease_is_not_overdue():
+    assert not overdue(_stored(OccurrenceState.RUNNING), 10**9)

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
@@ -112,6 +113,33 @@ def test_relay_delivers_to_the_tenants_queue_and_writes_nothing_back(
     assert state(aws, occ) == "SCHEDULED"
 
 
+def test_relay_skips_only_the_records_it_does_not_send_never_the_rest_of_the_batch(
+    alice: Api, bob: Api, aws: Services, clock: Clock
+):
+    # GIVEN one stream batch: a modification, two of bob's occurrences rewritten by his
+    # worker to name alice, then alice's own occurrence
+    own = one_shot(aws, clock)
+    forged = [one_shot(aws, clock, tenant="bob") for _ in range(2)]
+    for occ in forged:
+        key = to_dynamo(occurrence_key(occ))
+        aws.dynamodb.update_item(
+            TableName=aws.settings.occurrences_table,
+            Key=key,
+            UpdateExpression="SET tenant_id = :t",
+            ExpressionAttributeValues=to_dynamo({":t": "alice"}),
+        )
+    clock.advance(30)
+    modified = record(aws, own, 1) | {"eventName": "MODIFY"}
+    batch = [modified, record(aws, forged[0], 2), record(aws, forged[1], 3), record(aws, own, 4)]
+    # WHEN the relay handles it
+    report = Relay(aws).relay(batch)
+    # THEN each record it does not send is skipped alone: both forgeries are refused and
+    # counted, and alice's occurrence after them is sent, once
+    assert (report.sent, report.refused, report.failures) == (1, 2, {})
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [own]
+    assert messages(aws, "bob") == []
+
+
 def test_relay_crash_after_send_resends_the_same_occurrence_id(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -145,6 +173,62 @@ def test_relay_partial_batch_failure_is_retried_alone(alice: Api, aws: Services,
     assert report.failures == {}
     assert [len(b["Entries"]) for b in spy.batches] == [2, 1]
     assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted([first, second])
+
+
+def test_relay_sends_at_most_ten_a_call_and_a_queues_strict_occurrences_first(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN eleven strict occurrences due now and two flexible ones receivable before them
+    start = clock.now
+    flexible: list[str] = []
+    while len(flexible) < 2:  # (a jitter of 0 would make one strict: take another)
+        at = datetime.fromtimestamp(start + 5).astimezone().isoformat()
+        definition = ScheduleDefinition.model_validate(
+            {"target": "default", "spec": {"kind": "at", "at": at}, "flexible_window_seconds": 20}
+        )
+        [made] = ControlPlane(aws).create("alice", definition).materialized
+        if made.available_at > made.scheduled_for:
+            flexible.append(made.occurrence_id)
+    strict = [one_shot(aws, clock) for _ in range(11)]
+    clock.advance(30)
+    spy = SpySQS(aws.sqs)
+    relay = Relay(Services(aws.dynamodb, spy, aws.settings, aws.now))
+    # WHEN one stream batch brings them, the flexible ones first
+    records = [record(aws, occ, n) for n, occ in enumerate(flexible + strict)]
+    report = relay.relay(records)
+    # THEN SQS's limit of ten entries a call holds, the first call carries only strict ones
+    # (within a queue strict goes first) and every one is sent once
+    assert report.failures == {}
+    sizes = [len(b["Entries"]) for b in spy.batches]
+    assert sizes == [10, 3]
+    entries = spy.batches[0]["Entries"]
+    assert {e["MessageAttributes"]["occurrence_id"]["StringValue"] for e in entries} <= set(strict)
+    assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted(flexible + strict)
+
+
+class FailingSQS(SpySQS):
+    """Every SendMessageBatch call fails as a whole (throttling)."""
+
+    def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> Any:
+        self.batches.append({"QueueUrl": QueueUrl, "Entries": Entries})
+        raise ClientError({"Error": {"Code": "ThrottlingException"}}, "SendMessageBatch")
+
+
+def test_relay_batch_call_that_fails_reports_each_of_its_records_and_sends_nothing(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two occurrences, and SQS throttling every batch call
+    first, second = one_shot(aws, clock), one_shot(aws, clock)
+    clock.advance(30)
+    relay = Relay(Services(aws.dynamodb, FailingSQS(aws.sqs), aws.settings, aws.now))
+    # WHEN their stream records are relayed
+    report = relay.relay([record(aws, first, 1), record(aws, second, 2)])
+    # THEN both records are reported failed (the stream brings the batch back), none is
+    # sent, and both occurrences are still SCHEDULED
+    assert set(report.failures) == {"1", "2"}
+    assert report.sent == 0
+    assert messages(aws, "alice") == []
+    assert (state(aws, first), state(aws, second)) == ("SCHEDULED", "SCHEDULED")
 
 
 def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(

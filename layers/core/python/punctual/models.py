@@ -438,25 +438,46 @@ class OccurrenceState(StrEnum):
     SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
 
 
-_S = OccurrenceState
 # Every allowed move. Each is carried out as a conditional write from the expected state.
 TRANSITIONS: dict[OccurrenceState, frozenset[OccurrenceState]] = {
     # SCHEDULED covers "sent and waiting in the queue": the relay does not mark the send
     # (one write unit per occurrence saved, docs/decisions.md 2026-11-30); the worker's claim
     # moves it on and records enqueued_at from the message's SentTimestamp.
-    _S.SCHEDULED: frozenset({_S.RUNNING, _S.SKIPPED_OVERLAP, _S.CANCELED, _S.MISSED, _S.DEAD}),
+    OccurrenceState.SCHEDULED: frozenset(
+        {
+            OccurrenceState.RUNNING,
+            OccurrenceState.SKIPPED_OVERLAP,
+            OccurrenceState.CANCELED,
+            OccurrenceState.MISSED,
+            OccurrenceState.DEAD,
+        }
+    ),
     # RUNNING -> RUNNING: another worker takes over an expired lease (new token).
     # RUNNING -> SKIPPED_OVERLAP: an abandoned run (lease expired) whose schedule's run slot
     # another occurrence took meanwhile.
-    _S.RUNNING: frozenset(
-        {_S.RUNNING, _S.SUCCEEDED, _S.RETRY_WAIT, _S.DEAD, _S.CANCELED, _S.SKIPPED_OVERLAP}
+    OccurrenceState.RUNNING: frozenset(
+        {
+            OccurrenceState.RUNNING,
+            OccurrenceState.SUCCEEDED,
+            OccurrenceState.RETRY_WAIT,
+            OccurrenceState.DEAD,
+            OccurrenceState.CANCELED,
+            OccurrenceState.SKIPPED_OVERLAP,
+        }
     ),
-    _S.RETRY_WAIT: frozenset({_S.RUNNING, _S.CANCELED, _S.SKIPPED_OVERLAP, _S.DEAD}),
-    _S.SUCCEEDED: frozenset(),
-    _S.DEAD: frozenset(),
-    _S.MISSED: frozenset(),
-    _S.CANCELED: frozenset(),
-    _S.SKIPPED_OVERLAP: frozenset(),
+    OccurrenceState.RETRY_WAIT: frozenset(
+        {
+            OccurrenceState.RUNNING,
+            OccurrenceState.CANCELED,
+            OccurrenceState.SKIPPED_OVERLAP,
+            OccurrenceState.DEAD,
+        }
+    ),
+    OccurrenceState.SUCCEEDED: frozenset(),
+    OccurrenceState.DEAD: frozenset(),
+    OccurrenceState.MISSED: frozenset(),
+    OccurrenceState.CANCELED: frozenset(),
+    OccurrenceState.SKIPPED_OVERLAP: frozenset(),
 }
 TERMINAL = frozenset(state for state, moves in TRANSITIONS.items() if not moves)
 
