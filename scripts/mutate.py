@@ -94,7 +94,8 @@ MODULES = {
     "relay": Module(
         ("punctual/relay.py", "punctual/redrive.py", "punctual/message.py"),
         ("punctual.relay.", "punctual.redrive.", "punctual.message."),
-        _tests("integration", "relay", "redrive", "isolation", "handlers"),
+        _tests("integration", "relay", "redrive", "isolation", "handlers")
+        + _tests("unit", "message"),
     ),
     "worker": Module(
         ("punctual_client/worker/*.py",),

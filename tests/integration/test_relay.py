@@ -15,7 +15,7 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.integrations.queues import queue_name
 from punctual.models import OccurrenceState, ScheduleDefinition
-from punctual.relay import DelayTooLong, Relay, delay_seconds
+from punctual.relay import SEND_ATTEMPTS, DelayTooLong, Relay, delay_seconds
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
@@ -238,11 +238,16 @@ def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
     bad, good = one_shot(aws, clock), one_shot(aws, clock)
     clock.advance(30)
     spy = SpySQS(aws.sqs, fail={bad: -1})
-    relay = Relay(Services(aws.dynamodb, spy, aws.settings, aws.now))
+    slept: list[float] = []
+    relay = Relay(Services(aws.dynamodb, spy, aws.settings, aws.now), sleep=slept.append)
     # WHEN the batch is relayed
     report = relay.relay([record(aws, bad, 7), record(aws, good, 8)])
     # THEN the bad record is reported (the stream will bring it back), the good one is done
     assert set(report.failures) == {"7"}
+    # AND it was tried three times (SEND_ATTEMPTS), backing off 0.1 s then 0.2 s
+    assert SEND_ATTEMPTS == 3
+    assert [len(b["Entries"]) for b in spy.batches] == [2, 1, 1]
+    assert slept == pytest.approx([0.1, 0.2])
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
     assert state(aws, bad) == "SCHEDULED"
 

@@ -634,24 +634,35 @@ def abandoned(aws: Services, clock: Clock, **fields: Any) -> tuple[str, Delivery
     return occ, delivery
 
 
-@pytest.mark.parametrize("ending", ["canceled", "exhausted"])
+@pytest.mark.parametrize("ending", ["canceled", "updated", "paused", "exhausted"])
 def test_worker_refuses_an_abandoned_run_that_is_stale_or_exhausted(
     alice: Api, aws: Services, clock: Clock, ending: str
 ):
-    # GIVEN a one-attempt occurrence whose worker died mid-run, and for "canceled" its
-    # schedule canceled meanwhile
+    # GIVEN a one-attempt occurrence whose worker died mid-run, and its schedule canceled,
+    # updated or paused meanwhile (a RUNNING occurrence is reported by the change, not
+    # canceled), or nothing more
     occ, delivery = abandoned(aws, clock, retry={"max_attempts": 1})
+    sid = stored(aws, occ)[0].schedule_id
     if ending == "canceled":
-        ControlPlane(aws).cancel("alice", stored(aws, occ)[0].schedule_id)
+        ControlPlane(aws).cancel("alice", sid)
+    elif ending == "updated":
+        later = {"kind": "at", "at": utc_text(int(clock.now) + 3600)}
+        assert patch(alice, sid, {"spec": later}, version=1).status == 200
+    elif ending == "paused":
+        ControlPlane(aws).pause("alice", sid)
     clock.advance(61)
     handler = Calls()
     # WHEN the message comes back after the lease expired
     result = worker(aws, handler).process(redeliver(aws, delivery))
-    # THEN it is refused without running: CANCELED as stale, or DEAD (and in the DLQ once)
-    expected = (Outcome.STALE, S.CANCELED) if ending == "canceled" else (Outcome.DEAD, S.DEAD)
+    # THEN it is refused without running: CANCELED as stale (with why), or DEAD (and in
+    # the DLQ once)
+    expected = (Outcome.DEAD, S.DEAD) if ending == "exhausted" else (Outcome.STALE, S.CANCELED)
     assert (result.outcome, state(aws, occ)) == expected
     assert handler.count == 0
     assert len(dead_letters(aws)) == (1 if ending == "exhausted" else 0)
+    why = {"canceled": "canceled", "updated": "version 2", "paused": "version 2"}
+    if ending in why:
+        assert why[ending] in (stored(aws, occ)[0].reason or "")
 
 
 @pytest.mark.parametrize("ending", ["canceled", "exhausted"])
@@ -802,6 +813,29 @@ def test_worker_transient_failures_back_off_within_full_jitter_bounds_then_dead_
     assert len(set(delays)) > 3
 
 
+def test_worker_duplicate_delivery_during_the_back_off_waits_out_the_rest_of_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a transient failure backing off (seeded) more than 10 s, its message hidden as long
+    retry = {"max_attempts": 3, "backoff_base_seconds": 60, "backoff_max_seconds": 60}
+    [occ] = due(aws, clock, retry=retry)
+    [delivery] = receive(aws)
+    first = worker(aws, Calls(fail_transiently), rng=random.Random(3)).process(delivery)
+    assert first.outcome is Outcome.RETRY
+    assert first.visible_in is not None
+    assert first.visible_in > 10
+    before = stored(aws, occ)[0]
+    clock.advance(10)
+    handler = Calls()
+    # WHEN a duplicate of the message arrives 10 s into the back-off
+    result = worker(aws, handler).process(redeliver(aws, delivery))
+    # THEN it does not run: it waits, hidden for the rest of the back-off, like the original
+    assert (result.outcome, result.visible_in) == (Outcome.RETRY, first.visible_in - 10)
+    assert handler.count == 0
+    assert stored(aws, occ)[0] == before  # nothing written
+    assert outcomes(aws, occ) == [AttemptOutcome.RETRY]
+
+
 def test_worker_deadline_passed_before_the_claim_is_dead_without_running(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -918,6 +952,38 @@ def test_worker_permanent_error_is_dead_at_once_and_in_the_dlq(
     assert json.loads(body)["occurrence_id"] == occ
     assert f"permanent: {reason}" in (dead_reason or "")
     assert depth(aws) == 0
+
+
+class DiesAtTheDlq(SpySQS):
+    """The worker process dies as it is about to copy a message into the DLQ."""
+
+    def send_message(self, **kwargs: Any) -> Any:
+        raise WorkerDied
+
+
+def test_worker_dead_whose_dlq_copy_was_never_made_is_copied_by_the_redelivery(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a permanent failure whose worker recorded DEAD, then died before the DLQ copy
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    with pytest.raises(WorkerDied):
+        worker(with_sqs(aws, DiesAtTheDlq(aws.sqs)), Calls(_invoice_missing)).process(delivery)
+    assert state(aws, occ) is S.DEAD
+    assert dead_letters(aws) == []
+    handler = Calls()
+    # WHEN the message comes back
+    result = worker(aws, handler).process(redeliver(aws, delivery))
+    # THEN the handler does not run again, and the DLQ gets its copy, once
+    assert result.outcome is Outcome.ALREADY_DONE
+    assert handler.count == 0
+    [(body, reason)] = dead_letters(aws)
+    assert json.loads(body)["occurrence_id"] == occ
+    assert "permanent" in (reason or "")
+    # AND a further redelivery copies nothing more
+    worker(aws, handler).process(redeliver(aws, delivery))
+    assert dead_letters(aws) == []  # (the DLQ's one message is in flight after the receive)
+    assert depth(aws, DLQ) == 1
 
 
 # --- stale, paused and canceled schedules ----------------------------------------------------
