@@ -115,6 +115,7 @@ MODULES = {
     ),
 }
 
+LOG_CALL = r"\blogger\.(debug|info|warning|error|exception)\("
 # Exit statuses mutmut reports, and what each means for the kill rate.
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 SURVIVED = {"survived", "no tests", "suspicious"}
@@ -158,6 +159,8 @@ def settings(module: Module) -> str:
         'also_copy = ["functions", "tests"]',
         f"pytest_add_cli_args_test_selection = {_toml([*module.tests, '-m', 'not slow'])}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+        # A log call's text and fields are for operators, not behaviour: not mutated.
+        f"do_not_mutate_patterns = {_toml([LOG_CALL])}",
         "use_git_change_detection = false",
         "",
     ]
@@ -279,6 +282,9 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
     config = workspace / "pyproject.toml"
     text = settings(MODULES[name])
     if not config.exists() or config.read_text(encoding="utf-8") != text:
+        # Other settings: mutmut would keep mutants made under the old ones (which lines
+        # are left alone), so they are made again.
+        shutil.rmtree(workspace / "mutants", ignore_errors=True)
         config.write_text(text, encoding="utf-8")
     print(
         f"== {name}: workspace {workspace.relative_to(REPO)}, {sum(written.values())} files updated"
