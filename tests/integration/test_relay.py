@@ -11,11 +11,20 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from punctual import relay as relay_module
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
+from punctual.dal.tenants import TenantStore
 from punctual.integrations.queues import queue_name
 from punctual.models import OccurrenceState, ScheduleDefinition
-from punctual.relay import SEND_ATTEMPTS, DelayTooLong, Relay, delay_seconds
+from punctual.relay import (
+    QUEUE_CACHE_SECONDS,
+    SEND_ATTEMPTS,
+    DelayTooLong,
+    QueueDirectory,
+    Relay,
+    delay_seconds,
+)
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
@@ -140,6 +149,72 @@ def test_relay_skips_only_the_records_it_does_not_send_never_the_rest_of_the_bat
     assert (report.sent, report.refused, report.failures) == (1, 2, {})
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [own]
     assert messages(aws, "bob") == []
+
+
+def test_relay_message_carries_the_documented_attributes(alice: Api, aws: Services, clock: Clock):
+    # GIVEN an occurrence due now
+    occ = one_shot(aws, clock)
+    clock.advance(30)
+    # WHEN the relay sends it
+    Relay(aws).relay([record(aws, occ, 1)])
+    # THEN its message has the attributes docs/message.md lists, each a String
+    url = aws.sqs.get_queue_url(QueueName=queue_name("punctual", "alice", "default"))["QueueUrl"]
+    [message] = aws.sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    attributes = {
+        name: (value["DataType"], value["StringValue"])
+        for name, value in message["MessageAttributes"].items()
+    }
+    schedule_id = json.loads(message["Body"])["schedule_id"]
+    assert attributes == {
+        "occurrence_id": ("String", occ),
+        "schedule_id": ("String", schedule_id),
+        "tenant_id": ("String", "alice"),
+        "message_version": ("String", "1"),
+    }
+
+
+def test_relay_report_adds_up_every_queue_of_the_batch(
+    alice: Api, bob: Api, aws: Services, clock: Clock
+):
+    # GIVEN one stream batch with two of alice's occurrences and one of bob's
+    made = [one_shot(aws, clock), one_shot(aws, clock), one_shot(aws, clock, tenant="bob")]
+    clock.advance(30)
+    # WHEN the relay sends them (one queue each, concurrently)
+    report = Relay(aws).relay([record(aws, occ, n) for n, occ in enumerate(made)])
+    # THEN its report counts all three, with a lag for each
+    assert report.sent == 3
+    assert len(report.lags) == 3
+
+
+def test_queue_directory_reads_a_target_once_per_cache_age_and_an_unknown_one_twice(
+    alice: Api, aws: Services, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a directory, its reads of targets recorded, and its monotonic clock ours
+    reads: list[tuple[str, str, bool]] = []
+    real = TenantStore.get_target
+
+    def get_target(store: TenantStore, tenant: str, name: str, *, consistent: bool = False) -> Any:
+        reads.append((tenant, name, consistent))
+        return real(store, tenant, name, consistent=consistent)
+
+    monkeypatch.setattr(TenantStore, "get_target", get_target)
+    now = [1_000.0]
+    monkeypatch.setattr(relay_module.time, "monotonic", lambda: now[0])  # type: ignore[attr-defined]
+    queues = QueueDirectory(aws)
+    url = aws.sqs.get_queue_url(QueueName=queue_name("punctual", "alice", "default"))["QueueUrl"]
+    # WHEN alice's target is looked up, again within the cache's age, then once it is over
+    assert queues.url("alice", "default") == url
+    now[0] += QUEUE_CACHE_SECONDS - 1
+    assert queues.url("alice", "default") == url
+    assert reads == [("alice", "default", False)]  # one read, eventually consistent
+    now[0] += 1
+    assert queues.url("alice", "default") == url
+    assert len(reads) == 2
+    # AND an unknown target is read again, strongly consistent, before it counts as
+    # unknown, and is not cached
+    assert queues.url("alice", "nope") is None
+    assert queues.url("alice", "nope") is None
+    assert reads[2:] == [("alice", "nope", False), ("alice", "nope", True)] * 2
 
 
 def test_relay_crash_after_send_resends_the_same_occurrence_id(
@@ -471,7 +546,12 @@ class SenderFaults(SpySQS):
             occ = entry["MessageAttributes"]["occurrence_id"]["StringValue"]
             if occ in self.sender:
                 failed.append(
-                    {"Id": entry["Id"], "SenderFault": True, "Code": "InvalidParameterValue"}
+                    {
+                        "Id": entry["Id"],
+                        "SenderFault": True,
+                        "Code": "InvalidParameterValue",
+                        "Message": "Message must be shorter than 262144 bytes.",
+                    }
                 )
             elif occ in self.transient:
                 self.transient.discard(occ)
@@ -499,7 +579,9 @@ def test_relay_reports_a_senders_fault_at_once_and_retries_the_other_failures(
     # THEN only the sender's fault is a failure, reported without a second try; the two
     # transient failures were both retried and sent
     assert set(report.failures) == {"1"}
-    assert "InvalidParameterValue" in str(report.failures["1"])
+    assert str(report.failures["1"]) == (
+        "InvalidParameterValue: Message must be shorter than 262144 bytes."
+    )
     tries = [
         [e["MessageAttributes"]["occurrence_id"]["StringValue"] for e in batch["Entries"]]
         for batch in sqs.batches
