@@ -217,6 +217,31 @@ def test_queue_directory_reads_a_target_once_per_cache_age_and_an_unknown_one_tw
     assert reads[2:] == [("alice", "nope", False), ("alice", "nope", True)] * 2
 
 
+def test_queue_directory_keeps_the_targets_used_last_when_it_is_full(
+    alice: Api, aws: Services, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN three targets, and a directory holding two, its reads of targets counted
+    reads: list[str] = []
+    real = TenantStore.get_target
+
+    def get_target(store: TenantStore, tenant: str, name: str, *, consistent: bool = False) -> Any:
+        reads.append(name)
+        return real(store, tenant, name, consistent=consistent)
+
+    for name in ("second", "third"):
+        assert alice.post("/v1/targets", {"name": name}).status == 201
+    monkeypatch.setattr(TenantStore, "get_target", get_target)
+    queues = QueueDirectory(aws, size=2)
+    # WHEN three targets are used, the first one again before the third
+    for name in ("default", "second", "default", "third"):
+        assert queues.url("alice", name) is not None
+    assert reads == ["default", "second", "third"]
+    # THEN the one used least recently ("second") made room, the two others are kept
+    for name in ("default", "third", "second"):
+        queues.url("alice", name)
+    assert reads == ["default", "second", "third", "second"]
+
+
 def test_relay_crash_after_send_resends_the_same_occurrence_id(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -462,7 +487,7 @@ def test_relay_unknown_target_goes_dead_without_blocking_the_batch(
     found = aws.occurrences.get_with_attempts(lost)
     assert found is not None
     assert found[0].state is OccurrenceState.DEAD
-    assert "target" in (found[0].reason or "")
+    assert found[0].reason == "the target does not exist (deleted or never created)"
 
 
 def test_relay_handler_reports_undelivered_records_as_batch_item_failures(
