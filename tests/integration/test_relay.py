@@ -346,6 +346,7 @@ def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
     report = relay.relay([record(aws, bad, 7), record(aws, good, 8)])
     # THEN the bad record is reported (the stream will bring it back), the good one is done
     assert set(report.failures) == {"7"}
+    assert str(report.failures["7"]) == "InternalError"  # SQS's code (no message given)
     # AND it was tried three times (SEND_ATTEMPTS), backing off 0.1 s then 0.2 s
     assert SEND_ATTEMPTS == 3
     assert [len(b["Entries"]) for b in spy.batches] == [2, 1, 1]

@@ -245,7 +245,8 @@ class Relay:
             for ok in answer.get("Successful", []):
                 sent.append(pending.pop(ok["Id"]))
             for bad in answer.get("Failed", []):
-                last_error[bad["Id"]] = f"{bad.get('Code')}: {bad.get('Message', '')}"
+                said = (bad.get("Code"), bad.get("Message"))  # SQS may leave out either
+                last_error[bad["Id"]] = ": ".join(part for part in said if part)
                 if bad.get("SenderFault"):
                     refused[bad["Id"]] = pending.pop(bad["Id"])
         failed: list[tuple[_Outbound, Exception]] = [
