@@ -169,10 +169,12 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         )
         assert " ERROR " not in said
         # THEN `local up` again starts on the same data (this failed before: the SQS engine
-        # had lost its queues) and every message is still there
+        # had lost its queues) and every message is still there. (A stream batch relayed
+        # as the stop came may be relayed again on restart: at least once, so there may be
+        # more; the worker's claim makes a duplicate harmless, as asserted below.)
         launched.append(ready(launch(tmp_path, port, "--demo")))
         stack = launched[-1]
-        assert sum(queue_counts(stack, queue).values()) == len(expected)
+        assert sum(queue_counts(stack, queue).values()) >= len(expected)
 
         # WHEN a worker takes what arrives until every one-shot is done, and every fire of
         # the rate schedule until then (the second made by the materializer during the kills)
