@@ -55,23 +55,32 @@ typecheck: install ## mypy, strict
 unit: install ## only the unit tests
 	$(BIN)/pytest tests/unit -q
 
-# Two pytest processes side by side: the end-to-end tests (they mostly wait on the wall
-# clock: minute boundaries, restarts), the unit and CDK tests and two slow integration
-# modules; and the other integration tests. Each writes the AWS calls its integration tests
-# recorded; together they must be the call inventory (the in-session check of
-# test_inventory.py needs every integration test in one process: `make inventory`).
-E2E_LOG := .pytest-e2e.log
+# Three pytest processes side by side: the end-to-end tests, which mostly wait on the wall
+# clock (minute boundaries, restarts) and so leave a core idle, with the seeded simulation
+# beside them; and the rest split in two halves of about equal CPU (DynamoDB Local's Java
+# takes most of it). Each writes the AWS calls its integration tests recorded; together
+# they must be the call inventory (the in-session check of test_inventory.py needs every
+# integration test in one process: `make inventory`). `PYTEST_ARGS=--durations=40` shows
+# where the time goes.
 RECORDED := tests/infrastructure/test_inventory.py::test_inventory_is_what_the_integration_tests_recorded
-BESIDE := tests/integration/test_simulation.py tests/integration/test_reconciler.py
+WITH_E2E := tests/integration/test_simulation.py
+FIRST_HALF := tests/unit tests/infrastructure tests/integration/test_reconciler.py \
+	tests/integration/test_materializer.py
+INTEGRATION_REST := $(addprefix --ignore=,$(WITH_E2E) $(filter tests/integration/%,$(FIRST_HALF)))
 test: lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
-	@echo "== end-to-end, unit, CDK and some integration tests running beside the others (output in $(E2E_LOG), shown after)"
-	@rm -f .pytest-recorded-*.txt
-	@PUNCTUAL_RECORD_TO=.pytest-recorded-1.txt $(BIN)/pytest -q tests/e2e tests/unit tests/infrastructure $(BESIDE) --deselect $(RECORDED) > $(E2E_LOG) 2>&1 & first=$$!; \
-	PUNCTUAL_RECORD_TO=.pytest-recorded-2.txt $(BIN)/pytest -q tests/integration $(addprefix --ignore=,$(BESIDE)); second=$$?; \
-	wait $$first; first_status=$$?; \
-	echo "== end-to-end, unit, CDK and some integration tests"; cat $(E2E_LOG); \
-	test $$second -eq 0 && test $$first_status -eq 0 && \
-	$(BIN)/python -m tests.aws_calls .pytest-recorded-1.txt .pytest-recorded-2.txt
+	@echo "== end-to-end tests and half the others running beside the rest (output shown after)"
+	@rm -f .pytest-recorded-*.txt .pytest-*.log
+	@PUNCTUAL_RECORD_TO=.pytest-recorded-3.txt $(BIN)/pytest -q $(PYTEST_ARGS) tests/e2e $(WITH_E2E) \
+		> .pytest-e2e.log 2>&1 & e2e=$$!; \
+	PUNCTUAL_RECORD_TO=.pytest-recorded-1.txt $(BIN)/pytest -q $(PYTEST_ARGS) $(FIRST_HALF) \
+		--deselect $(RECORDED) > .pytest-first.log 2>&1 & first=$$!; \
+	PUNCTUAL_RECORD_TO=.pytest-recorded-2.txt $(BIN)/pytest -q $(PYTEST_ARGS) tests/integration \
+		$(INTEGRATION_REST); rest=$$?; \
+	wait $$first; first_status=$$?; wait $$e2e; e2e_status=$$?; \
+	echo "== unit, CDK and the first half of the integration tests"; cat .pytest-first.log; \
+	echo "== end-to-end tests and the simulation"; cat .pytest-e2e.log; \
+	test $$rest -eq 0 && test $$first_status -eq 0 && test $$e2e_status -eq 0 && \
+	$(BIN)/python -m tests.aws_calls .pytest-recorded-*.txt
 
 # W3005 (a DependsOn that a GetAtt already implies) is how the CDK orders every Lambda
 # after its role's policy; options go after the file names (cfn-lint's argument parsing).
@@ -140,4 +149,4 @@ openapi: install ## regenerate docs/openapi.json from the API routes
 	cd functions && ../$(BIN)/python -m api.openapi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules $(E2E_LOG) .pytest-recorded-*.txt .mutate
+	rm -rf $(VENV) .tools .mypy_cache .pytest_cache .ruff_cache .hypothesis cdk.out node_modules .pytest-*.log .pytest-recorded-*.txt .mutate

@@ -8,9 +8,13 @@ import time
 from datetime import datetime
 from typing import Any
 
+# Imported with this module, in the thread that starts the demo: not later in the demo's
+# own thread, alongside other threads' imports (see stack.load_handlers).
+from punctual.services import Services
 from punctual.timing import utc_text
 from punctual_client.commands import print_occurrence
 from punctual_client.http import Client
+from punctual_client.worker import QueueConsumer, Worker
 from punctual_local.stack import DEMO_KEY, DEMO_TENANT
 
 ONE_SHOT_SECONDS = 10
@@ -63,9 +67,6 @@ def _fired(spec: dict[str, Any], now: float) -> bool:
 
 def run_demo(api_url: str, stop: threading.Event) -> None:
     """The demo's schedules, then a worker printing what arrives until ``stop``."""
-    from punctual.services import Services
-    from punctual_client.worker import QueueConsumer, Worker
-
     client = Client(api_url, access_key_id=DEMO_KEY)
     for how, schedule in demo_schedules(client):
         fires = [f["utc"] for f in schedule.get("next_fires", [])[:2]]

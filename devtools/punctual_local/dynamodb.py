@@ -71,6 +71,9 @@ class LocalDynamoDB:
             self.process.kill()
 
 
+JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
+
 def launch_dynamodb(
     port: int, data_dir: Path | None = None, *, detached: bool = False
 ) -> subprocess.Popen[bytes]:
@@ -81,6 +84,10 @@ def launch_dynamodb(
     return subprocess.Popen(
         [
             "java",
+            # The client compiler only, and one GC thread: DynamoDB Local is short-lived here
+            # (tests, a local stack), and these halve the CPU its JIT takes in the first minutes
+            # (docs/decisions.md, 2026-12-02).
+            *JVM_FLAGS,
             f"-Djava.library.path={jar.parent / 'DynamoDBLocal_lib'}",
             "-jar",
             str(jar),

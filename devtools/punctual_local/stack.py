@@ -65,12 +65,26 @@ class StackOptions:
     poll_seconds: float = 0.5
 
 
+HANDLERS = ("api.handler", "materializer.handler", "relay.handler", "reconciler.handler")
+
+
 def _handler(root: Path, module: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """A Lambda handler from the functions' ``root``, imported as Lambda imports it."""
     functions = str(root)
     if functions not in sys.path:
         sys.path.insert(0, functions)
     return importlib.import_module(module).lambda_handler  # type: ignore[no-any-return]
+
+
+def load_handlers(root: Path) -> list[str]:
+    """Every handler under ``root`` imported now, in the calling thread, as each Lambda's init
+    phase does. The stack's threads then find them imported: two threads importing modules
+    that import each other (Powertools' do) can each see the other's half-made module and
+    fail with an ImportError, which is how a request once failed in CI."""
+    present = [m for m in HANDLERS if (root / m.replace(".", "/")).with_suffix(".py").exists()]
+    for module in present:
+        _handler(root, module)
+    return present
 
 
 def configure_environment(engines: Engines, options: StackOptions) -> None:
@@ -220,6 +234,9 @@ class LocalStack:
         from punctual.settings import get_settings
 
         get_settings.cache_clear()
+        # Before any thread starts (see load_handlers): the handlers, and the demo's worker.
+        handlers = load_handlers(options.functions)
+        importlib.import_module("punctual_local.demo")
         services = Services.from_environment()
         self.restored = bootstrap(services)
         self.gateway.start()
@@ -236,7 +253,7 @@ class LocalStack:
             options.data / "streams.json",
         )
         self._loop("stream-poller", poller.poll_once, options.poll_seconds)
-        if _has_reconciler(options.functions):
+        if "reconciler.handler" in handlers:
             self._loop("reconciler", self._reconcile, options.reconcile_seconds, aligned=True)
 
     def start_demo(self) -> None:
@@ -345,10 +362,6 @@ class _Stoppable(LambdaContext):
 
     def get_remaining_time_in_millis(self) -> int:
         return 0 if self._stopping.is_set() else super().get_remaining_time_in_millis()
-
-
-def _has_reconciler(functions: Path) -> bool:
-    return (functions / "reconciler" / "handler.py").exists()
 
 
 def _client(service: str) -> Any:

@@ -68,3 +68,39 @@ def test_stack_context_runs_out_of_time_once_the_stack_is_stopping():
     # between steps instead of holding up the stop
     stopping.set()
     assert context.get_remaining_time_in_millis() == 0
+
+
+def test_load_handlers_imports_every_present_handler_in_the_calling_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a functions root with an API and a relay handler, each noting the thread that
+    # imports it, and no materializer or reconciler
+    import sys
+    import threading
+
+    from punctual_local.stack import HANDLERS, load_handlers
+
+    for name in ("api", "relay"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+        (tmp_path / name / "handler.py").write_text(
+            "import threading\nimported_by = threading.current_thread().name\n"
+            "def lambda_handler(event, context):\n    return {}\n"
+        )
+    names = {n for module in HANDLERS for n in (module.split(".")[0], module)}
+    real = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    # WHEN the stack loads its handlers
+    try:
+        loaded = load_handlers(tmp_path)
+        imported = {m: sys.modules[m] for m in loaded}
+    finally:  # the real handlers back, for the tests after this one
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(real)
+    # THEN both present ones are imported now, by this thread (not later by the stack's
+    # threads, racing each other's imports), and the absent ones are skipped
+    assert loaded == ["api.handler", "relay.handler"]
+    for handler in imported.values():
+        assert handler.imported_by == threading.current_thread().name
+        assert Path(str(handler.__file__)).parent.parent == tmp_path
