@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 
 from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
 from punctual.dal.runs import run_partition, run_slot_sk
+from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
 from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
 from punctual.materializer import Materializer
@@ -48,7 +49,14 @@ from punctual_client.worker import (
     backoff_ceiling,
     sqs_lambda_handler,
 )
-from punctual_client.worker.core import REQUEUE_AFTER_RECEIVES, THROTTLE_BACKOFF
+from punctual_client.worker.core import (
+    CLAIM_ROUNDS,
+    REQUEUE_AFTER_RECEIVES,
+    SLOT_PROBES,
+    TENANT_CACHE_SECONDS,
+    THROTTLE_BACKOFF,
+    queue_url_of,
+)
 from tests.integration.conftest import ALICE, Api, Clock, LambdaContextStub, bootstrap
 from tests.integration.helpers import patch, table_items
 from tests.integration.test_relay import one_shot, record
@@ -860,8 +868,8 @@ def test_worker_deadline_of_a_late_fire_runs_from_its_release_not_its_instant(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a daily FIRE_ONCE schedule with a 1 h retry deadline, and a materializer that
-    # was down from before midnight to noon: the missed midnight fire (12 h old) is
-    # released now
+    # was down from before midnight to 02:00: the missed midnight fire (2 h old, past its
+    # instant + deadline) is released now
     midnight = 1_795_046_400  # 2026-11-19T00:00:00Z
     clock.now = midnight - 3600
     definition = ScheduleDefinition.model_validate(
@@ -875,7 +883,7 @@ def test_worker_deadline_of_a_late_fire_runs_from_its_release_not_its_instant(
     sid = ControlPlane(aws).create("alice", definition).schedule.schedule_id
     shard = shard_of(sid, aws.settings.shard_count)
     Materializer(aws, "m").run_shard(int(clock.now), shard)  # the last tick before the outage
-    clock.now = midnight + 12 * 3600
+    clock.now = midnight + 2 * 3600
     Materializer(aws, "m").run_shard(int(clock.now), shard)
     released = occurrence_id(sid, 1, midnight)
     occurrence, _ = stored(aws, released)
@@ -1353,18 +1361,26 @@ def test_worker_throttled_for_long_is_not_lost_to_the_dlq(aws: Services, clock: 
 # --- cooperative cancel ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("change", ["cancel", "pause", "update"])
 def test_worker_cooperative_cancel_is_seen_once_the_cache_expires(
-    alice: Api, aws: Services, clock: Clock
+    alice: Api, aws: Services, clock: Clock, change: str
 ):
     # GIVEN a running handler that checks job.canceled() (cached for 5 s)
     sid, [occ] = rate_schedule(aws, "rate(10 minutes)")
     relay(aws, occ)
     checks: list[bool] = []
+    plane = ControlPlane(aws)
 
     def cooperative(job: Job) -> None:
         checks.append(job.canceled())
-        # WHEN the schedule is canceled while it runs
-        ControlPlane(aws).cancel("alice", sid)
+        # WHEN the schedule is canceled, paused or updated while it runs (each makes this
+        # occurrence one the schedule no longer wants)
+        if change == "cancel":
+            plane.cancel("alice", sid)
+        elif change == "pause":
+            plane.pause("alice", sid)
+        else:
+            plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
         checks.append(job.canceled())  # within the cache: the old answer
         clock.advance(5)
         checks.append(job.canceled())
@@ -1564,6 +1580,9 @@ def test_worker_rejects_what_is_not_an_occurrence_message_of_this_tenant(
     [(dead_body, reason)] = dead_letters(aws)
     assert dead_body == body
     assert reason
+    # what the worker reports (logs, on_result) says why; the DLQ's attribute keeps 256
+    assert result.detail
+    assert reason == result.detail[:256]
     assert depth(aws) == 0
     if kind.startswith("bob"):
         bobs = json.loads(body)["occurrence_id"]
@@ -1640,3 +1659,378 @@ def test_worker_runs_a_sent_scheduled_occurrence_and_records_when_it_was_sent(
     assert again.outcome is Outcome.ALREADY_DONE
     assert handler.count == 1
     assert depth(aws) == 0
+
+
+# --- lost races, transient faults and the slot scan ------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["lost race", "throttled"])
+def test_worker_claim_that_loses_every_round_leaves_the_message_for_a_later_delivery(
+    alice: Api, aws: Services, clock: Clock, fault: str
+):
+    # GIVEN every claim transaction is refused: a race lost each time (the occurrence moved
+    # between the read and the write), or throttled
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    handler = Calls()
+    spy = SpySQS(aws.sqs)
+    work = worker(with_sqs(aws, spy), handler)
+    claims: list[int] = []
+
+    def refused(lease: Any, **_: Any) -> None:
+        claims.append(lease.attempt_no)
+        raise ConditionFailed("occurrence", None) if fault == "lost race" else Retryable("slow")
+
+    work.runs.claim = refused  # type: ignore[method-assign]
+    # WHEN the worker processes the message
+    result = work.process(delivery)
+    # THEN it read and tried again CLAIM_ROUNDS times, then kept the message (not deleted,
+    # not in the DLQ) for a later delivery within the throttle back-off; nothing ran
+    assert claims == [1] * CLAIM_ROUNDS
+    assert result.outcome is Outcome.IN_PROGRESS
+    assert not result.delete
+    assert result.visible_in is not None
+    assert THROTTLE_BACKOFF[0] <= result.visible_in <= THROTTLE_BACKOFF[1]
+    assert spy.visibility == [(delivery.receipt_handle, result.visible_in)]
+    assert handler.count == 0
+    assert state(aws, occ) is S.SCHEDULED
+    assert dead_letters(aws) == []
+
+
+def test_worker_claim_that_loses_one_race_reads_again_and_runs(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN the first claim transaction loses a race, the second does not
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    handler = Calls()
+    work = worker(aws, handler)
+    real = work.runs.claim
+    claims: list[int] = []
+
+    def first_refused(lease: Any, **kwargs: Any) -> None:
+        claims.append(lease.attempt_no)
+        if len(claims) == 1:
+            raise ConditionFailed("occurrence", None)
+        real(lease, **kwargs)
+
+    work.runs.claim = first_refused  # type: ignore[method-assign]
+    # WHEN the worker processes the message; THEN the second round claims it and it runs once
+    assert work.process(delivery).outcome is Outcome.SUCCEEDED
+    assert claims == [1, 1]
+    assert handler.count == 1
+    assert outcomes(aws, occ) == [AttemptOutcome.SUCCEEDED]
+
+
+@pytest.mark.parametrize(("fault", "ours"), [("throttled", True), ("taken over", False)])
+def test_worker_heartbeat_under_a_fault_keeps_the_lease_only_if_it_is_still_ours(
+    alice: Api, aws: Services, clock: Clock, fault: str, ours: bool
+):
+    # GIVEN a running job whose heartbeat's write is throttled, or refused (another worker
+    # took the lease over)
+    due(aws, clock)
+    [delivery] = receive(aws)
+    spy = SpySQS(aws.sqs)
+    work = worker(with_sqs(aws, spy), Calls())
+    seen: dict[str, Any] = {}
+
+    def refused(lease: Any, expires_at: int) -> None:
+        raise Retryable("slow") if fault == "throttled" else ConditionFailed("occurrence", None)
+
+    def job(job: Job) -> None:
+        work.runs.extend = refused  # type: ignore[method-assign]
+        clock.advance(30)
+        # WHEN the handler heartbeats twice
+        seen["beats"] = [job.heartbeat(), job.heartbeat()]
+        seen["lost"] = job.lease_lost
+        seen["visibility"] = list(spy.visibility)
+
+    work.handler = job
+    work.process(delivery)
+    # THEN a throttled beat says the lease is still ours (the next beat tries again) and a
+    # refused one says it is lost, for good; neither extends the message's visibility
+    # (only the claim set it)
+    assert seen["beats"] == [ours, ours]
+    assert seen["lost"] is (not ours)
+    assert seen["visibility"] == [(delivery.receipt_handle, 60)]
+
+
+def test_worker_heartbeat_thread_beats_on_after_a_failed_beat(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a worker heartbeating on a thread every 10 ms, whose first beat fails with an
+    # SQS error (the visibility change), the lease extension having been written
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    failures: list[int] = []
+
+    class FailOnce(SpySQS):
+        def change_message_visibility(self, **kwargs: Any) -> Any:
+            if len(self.visibility) == 1 and not failures:  # the claim's change went through
+                failures.append(1)
+                raise ClientError({"Error": {"Code": "InternalError"}}, "ChangeMessageVisibility")
+            return super().change_message_visibility(**kwargs)
+
+    spy = FailOnce(aws.sqs)
+    seen: dict[str, Any] = {}
+
+    def slow(job: Job) -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(spy.visibility) < 3:
+            time.sleep(0.01)
+        seen["visibility"] = len(spy.visibility)
+        seen["lost"] = job.lease_lost
+
+    # WHEN the handler runs while the thread beats
+    result = worker(with_sqs(aws, spy), slow, heartbeat_seconds=0.01).process(delivery)
+    # THEN the thread beat again after the failure: the message's visibility was extended
+    # by later beats, the lease is still ours, and the run succeeded
+    assert failures == [1]
+    assert seen["visibility"] >= 3
+    assert seen["lost"] is False
+    assert result.outcome is Outcome.SUCCEEDED
+    assert state(aws, occ) is S.SUCCEEDED
+
+
+@pytest.mark.parametrize(("limit", "scanned"), [(SLOT_PROBES + 4, True), (SLOT_PROBES, False)])
+def test_worker_slots_all_probed_busy_are_followed_by_a_scan_of_every_slot(
+    aws: Services, clock: Clock, limit: int, scanned: bool
+):
+    # GIVEN alice may run ``limit`` at a time, and every slot the worker probes first looks
+    # busy (the others are free)
+    bootstrap("alice", ALICE, max_concurrency=limit)
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    held: list[dict[str, Any]] = []
+    work = worker(aws, Calls(lambda job: held.extend(concurrency_slots(aws))))
+    real = work.runs.busy_slots
+    asked: list[list[int]] = []
+
+    def probed_busy(tenant_id: str, candidates: list[int], now: int) -> set[int]:
+        asked.append(list(candidates))
+        return set(asked[0]) & set(candidates) | real(tenant_id, candidates, now)
+
+    work.runs.busy_slots = probed_busy  # type: ignore[method-assign]
+    # WHEN the worker looks for a slot
+    result = work.process(delivery)
+    # THEN with more slots than probes it reads them all and claims one it had not probed;
+    # with no slot left unprobed it is throttled at once
+    assert len(asked[0]) == SLOT_PROBES
+    if scanned:
+        assert asked[1:] == [list(range(limit))]
+        assert result.outcome is Outcome.SUCCEEDED
+        [slot] = [s for s in held if s.get("occurrence_id") == occ]
+        assert int(str(slot["sk"]).removeprefix("RUN#")) not in asked[0]
+    else:
+        assert asked[1:] == []
+        assert result.outcome is Outcome.THROTTLED
+
+
+def test_worker_reads_the_tenant_limit_again_once_its_cache_expires(aws: Services, clock: Clock):
+    # GIVEN alice may run 1 at a time and a worker that has read that limit
+    bootstrap("alice", ALICE, max_concurrency=1)
+    work = worker(aws, Calls())
+    assert work._concurrency_limit() == 1
+    # WHEN the operator raises it to 5
+    aws.tenants.set_quotas(
+        "alice", aws.tenants.get("alice").quotas.model_copy(update={"max_concurrency": 5})
+    )
+    # THEN the worker keeps the cached limit for TENANT_CACHE_SECONDS, then reads the new one
+    clock.advance(TENANT_CACHE_SECONDS)
+    assert work._concurrency_limit() == 1
+    clock.advance(1)
+    assert work._concurrency_limit() == 5
+
+
+def test_worker_of_a_tenant_that_does_not_exist_says_so(aws: Services, clock: Clock):
+    # GIVEN a worker for a tenant that was never created; WHEN it needs the tenant's limit
+    # THEN it fails naming the tenant, instead of running without a limit
+    with pytest.raises(ValueError, match="tenant ghost does not exist"):
+        Worker(aws, "ghost", Calls())._concurrency_limit()
+
+
+def test_worker_refusal_that_loses_its_race_reads_again(alice: Api, aws: Services, clock: Clock):
+    # GIVEN an abandoned run whose schedule was paused meanwhile (the worker must refuse it
+    # once its lease expired), and whose refusal write loses a race every time
+    occ, delivery = abandoned(aws, clock)
+    ControlPlane(aws).pause("alice", stored(aws, occ)[0].schedule_id)
+    clock.advance(61)
+    delivery = redeliver(aws, delivery)
+    work = worker(aws, Calls())
+    real = work.runs.refuse
+    refusals: list[str] = []
+
+    def lost(occurrence_id: str, **kwargs: Any) -> bool:
+        refusals.append(kwargs["reason"])
+        return False
+
+    work.runs.refuse = lost  # type: ignore[method-assign]
+    # WHEN the worker processes the message
+    result = work.process(delivery)
+    # THEN each lost refusal is a lost race, read again: no verdict is reported on a write
+    # that did not happen, and after CLAIM_ROUNDS the message is left for a later delivery
+    assert len(refusals) == CLAIM_ROUNDS
+    assert result.outcome is Outcome.IN_PROGRESS
+    assert not result.delete
+    assert state(aws, occ) is S.RUNNING
+    # AND once the refusal is written, the verdict carries its reason
+    work.runs.refuse = real  # type: ignore[method-assign]
+    refused = work.process(delivery)
+    assert refused.outcome is Outcome.STALE
+    assert refused.detail == refusals[0]
+    assert "version 2" in refused.detail
+    assert state(aws, occ) is S.CANCELED
+
+
+class SendSpy(SpySQS):
+    """Also records every SendMessage's queue and delay."""
+
+    def __init__(self, real: Any) -> None:
+        super().__init__(real)
+        self.sent: list[tuple[str, int | None]] = []
+
+    def send_message(self, **kwargs: Any) -> Any:
+        self.sent.append((kwargs["QueueUrl"], kwargs.get("DelaySeconds")))
+        return self.real.send_message(**kwargs)
+
+
+def test_worker_requeue_delays_the_copy_by_what_the_outcome_says_within_sqs_bounds(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a message on its 10th receive while another worker holds a 20-minute lease on
+    # its occurrence, and another whose completion loses the lease (no time to wait given)
+    [held, lost] = due(aws, clock, 2)
+    deliveries = by_occurrence(receive(aws))
+    spy = SendSpy(aws.sqs)
+    seen: dict[str, Result] = {}
+
+    def long_job(job: Job) -> None:
+        tenth = replace_receive_count(deliveries[held], REQUEUE_AFTER_RECEIVES)
+        seen["held"] = worker(with_sqs(aws, spy), Calls()).process(tenth)
+
+    worker(aws, long_job, lease_seconds=1200).process(deliveries[held])
+    work = worker(with_sqs(aws, spy), Calls())
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise ConditionFailed("occurrence", None)
+
+    work.runs.finish = refused  # type: ignore[method-assign]
+    seen["lost"] = work.process(replace_receive_count(deliveries[lost], REQUEUE_AFTER_RECEIVES))
+    # THEN each is replaced by a fresh copy (the original deleted): the first delayed by the
+    # longest delay SQS allows (900 s, the lease had 1,200 s left), the second at once
+    assert (seen["held"].outcome, seen["held"].visible_in) == (Outcome.IN_PROGRESS, 1200)
+    assert (seen["lost"].outcome, seen["lost"].visible_in) == (Outcome.LEASE_LOST, None)
+    assert seen["held"].requeued
+    assert seen["lost"].requeued
+    assert spy.sent == [(url_of(aws), 900), (url_of(aws), 0)]
+
+
+def replace_receive_count(delivery: Delivery, count: int) -> Delivery:
+    return Delivery(
+        delivery.body, delivery.receipt_handle, delivery.queue_url, count, delivery.sent_at
+    )
+
+
+def test_queue_url_of_asks_for_the_queue_of_the_account_in_the_arn():
+    # GIVEN an SQS client in the tenant's account (the queue is in Punctual's)
+    asked: list[dict[str, str]] = []
+
+    class Sqs:
+        def get_queue_url(self, **kwargs: str) -> dict[str, str]:
+            asked.append(kwargs)
+            return {"QueueUrl": "https://sqs/999988887777/punctual-alice-default"}
+
+    # WHEN the worker turns the event source's ARN into the queue URL
+    url = queue_url_of(Sqs(), "arn:aws:sqs:us-east-1:999988887777:punctual-alice-default")
+    # THEN it names the owner account: without it SQS looks in the caller's own account
+    assert asked == [
+        {"QueueName": "punctual-alice-default", "QueueOwnerAWSAccountId": "999988887777"}
+    ]
+    assert url == "https://sqs/999988887777/punctual-alice-default"
+
+
+class EmptyReceives(SpySQS):
+    """An SQS whose receives find nothing (SQS then leaves Messages out of the answer), the
+    first ``failures`` of them failing; records each receive's arguments."""
+
+    def __init__(self, real: Any, failures: int = 0) -> None:
+        super().__init__(real)
+        self.failures = failures
+        self.receives: list[dict[str, Any]] = []
+
+    def receive_message(self, **kwargs: Any) -> Any:
+        self.receives.append(kwargs)
+        if len(self.receives) <= self.failures:
+            raise ClientError({"Error": {"Code": "InternalError"}}, "ReceiveMessage")
+        if len(self.receives) == self.failures + 1:
+            return {}
+        return self.real.receive_message(**kwargs)
+
+
+def test_consumer_long_polls_20_s_and_an_empty_receive_is_no_work(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a consumer with its default settings on an empty queue
+    spy = EmptyReceives(aws.sqs)
+    work = worker(with_sqs(aws, spy), Calls())
+    # WHEN it polls once; THEN it long-polls for 20 s (the longest SQS allows: fewest empty
+    # receives) and the empty answer is no results
+    assert QueueConsumer(work, url_of(aws)).poll_once() == []
+    assert spy.receives[0]["WaitTimeSeconds"] == 20
+
+
+def test_consumer_run_polls_on_after_a_failed_receive_until_stopped(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence in the queue and an SQS whose first receive fails
+    [occ] = due(aws, clock)
+    spy = EmptyReceives(aws.sqs, failures=1)
+    handled = threading.Event()
+    work = worker(with_sqs(aws, spy), Calls(lambda job: handled.set()))
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=QueueConsumer(work, url_of(aws), wait_seconds=0, threads=1).run, args=(stop,)
+    )
+    # WHEN the consumer runs
+    loop.start()
+    ran = handled.wait(10)
+    stop.set()
+    loop.join(10)
+    # THEN after the failure it waited and polled again, ran the occurrence, and stopped
+    # when told
+    assert ran
+    assert not loop.is_alive()
+    assert len(spy.receives) >= 3
+    assert state(aws, occ) is S.SUCCEEDED
+
+
+def test_worker_lambda_handler_passes_receive_count_and_sent_time_and_counts_outcomes(
+    alice: Api, aws: Services, clock: Clock, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN an occurrence's message on its 10th receive by Lambda, whose handler fails
+    [occ] = due(aws, clock)
+    event = sqs_event(aws)
+    [record] = event["Records"]
+    record["attributes"]["ApproximateReceiveCount"] = str(REQUEUE_AFTER_RECEIVES)
+    sent_at = int(record["attributes"]["SentTimestamp"]) // 1000
+
+    def flaky(job: Job) -> None:
+        raise Flaky("503")
+
+    capsys.readouterr()
+    # WHEN Lambda invokes the handler
+    answer = sqs_lambda_handler(worker(aws, flaky))(event, LambdaContextStub())
+    # THEN the claim recorded the message's SentTimestamp; the RETRY on the 10th receive was
+    # replaced by a fresh copy, so the original is not reported kept (Lambda deletes it);
+    # and one Retried metric (a Count) was emitted
+    assert stored(aws, occ)[0].enqueued_at == sent_at
+    assert answer == {"batchItemFailures": []}
+    assert depth(aws) == 2  # the original (in flight, Lambda deletes it) and the copy
+    units = {}
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("{") and "_aws" in line:
+            blob = json.loads(line)
+            for directive in blob["_aws"]["CloudWatchMetrics"]:
+                for metric in directive["Metrics"]:
+                    units[metric["Name"]] = (metric["Unit"], blob[metric["Name"]])
+    assert units == {"Retried": ("Count", [1.0])}

@@ -437,8 +437,8 @@ class ControlPlane:
     ) -> Exception:
         if refused.label == "tenant":
             # The tenant's item as the refusal found it (ALL_OLD): its usage, not ours.
-            now = tenant_from_item(refused.old_item) if refused.old_item else tenant
-            return self._quota_error(tenant.quotas, now, load)
+            found = tenant_from_item(refused.old_item) if refused.old_item else tenant
+            return self._quota_error(tenant.quotas, found, load)
         if refused.label == "schedule" and refused.old_item:
             current = stored_schedule(refused.old_item).schedule
             if old is not None and current.version == old.schedule.version:
