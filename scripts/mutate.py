@@ -237,7 +237,8 @@ def report(chosen: list[str], statuses: dict[str, str], equivalents: dict[str, s
         print("\nsurvivors (`cd .mutate/MODULE && ../../.venv/bin/mutmut show NAME`: the change):")
         for name, status in survivors:
             print(f"  {name}  [{status}]")
-    stale = sorted(n for n in equivalents if n not in statuses)
+    # Only the chosen modules' entries: another module's mutants are not in ``statuses``.
+    stale = sorted(n for n in equivalents if module_of(n) in chosen and n not in statuses)
     if stale:
         print(f"\n{len(stale)} entries of {EQUIVALENT.name} name no mutant now (code changed):")
         for name in stale:
@@ -273,9 +274,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str, str]) -> None:
-    """Bring the module's workspace up to date with the repo and run mutmut there: the
-    mutants not tested yet or whose function changed, then, if the tests changed, the
-    survivors of earlier runs (mutmut keeps a result until its function changes)."""
+    """Bring the module's workspace up to date with the repo and run mutmut there: if the
+    tests changed, the survivors of earlier runs first (mutmut keeps a result until its
+    function changes; new tests are what a triage adds, so a stopped run has checked them
+    first), then the mutants not tested yet or whose function changed."""
     before = {n for n, s in results(workspace).items() if s in SURVIVED} - set(equivalents)
     workspace.mkdir(parents=True, exist_ok=True)
     written = {part: sync(source, workspace / part) for part, source in MIRRORED.items()}
@@ -292,7 +294,7 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
     retry = sorted(before) if written["tests"] else []
     engine = start_dynamodb_local()  # one for every mutant's run (tests' conftest)
     try:
-        for names in ([], retry) if retry else ([],):
+        for names in (retry, []) if retry else ([],):
             if names:
                 print(f"== {name}: the tests changed: {len(names)} earlier survivors again")
             subprocess.run(

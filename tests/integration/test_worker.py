@@ -6,6 +6,7 @@ quota, cooperative cancel, the Lambda feed, rejected messages and claim races.""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 import time
@@ -51,6 +52,7 @@ from punctual_client.worker import (
 )
 from punctual_client.worker.core import (
     CLAIM_ROUNDS,
+    FINISH_ATTEMPTS,
     REQUEUE_AFTER_RECEIVES,
     SLOT_PROBES,
     TENANT_CACHE_SECONDS,
@@ -320,6 +322,7 @@ def test_worker_runs_an_enqueued_occurrence_and_deletes_its_message(
     assert occurrence.attempt_count == 1
     assert occurrence.lease_token is None
     assert [(a.attempt_no, a.outcome) for a in attempts] == [(1, AttemptOutcome.SUCCEEDED)]
+    assert (attempts[0].started_at, attempts[0].finished_at) == (int(clock.now),) * 2
     assert all("lease_token" not in slot for slot in concurrency_slots(aws))
     assert depth(aws) == 0
 
@@ -328,7 +331,7 @@ def test_worker_runs_an_enqueued_occurrence_and_deletes_its_message(
 
 
 def test_worker_lost_ack_redelivery_is_already_done_and_the_effect_is_not_repeated(
-    alice: Api, aws: Services, clock: Clock
+    alice: Api, aws: Services, clock: Clock, caplog: pytest.LogCaptureFixture
 ):
     # GIVEN a handler that credits alice's balance once per occurrence, and an SQS whose
     # DeleteMessageBatch reports the entry as Failed (crash point: after the handler and
@@ -338,9 +341,14 @@ def test_worker_lost_ack_redelivery_is_already_done_and_the_effect_is_not_repeat
     handler = Calls(lambda job: ledger.apply(job.occurrence_id, [credit()]))
     lossy = SpySQS(aws.sqs, lose_acks=True)
     seen: list[tuple[Delivery, Result]] = []
-    [first] = consumer(worker(with_sqs(aws, lossy), handler), seen).poll_once()
+    with caplog.at_level(logging.WARNING, logger="punctual"):
+        [first] = consumer(worker(with_sqs(aws, lossy), handler), seen).poll_once()
     assert first.outcome is Outcome.SUCCEEDED
+    assert seen[0][1] is first  # on_result is told each delivery's result
     assert depth(aws) == 1  # the ack was lost: the message is still there
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "delete failed; the re-delivery will be recognized"
+    ]
     # WHEN the message comes back (its visibility ran out) to a consumer whose acks work
     make_visible(aws, seen[0][0])
     [second] = consumer(worker(aws, handler)).poll_once()
@@ -506,6 +514,7 @@ def test_worker_lease_expiry_b_takes_over_and_a_late_completion_is_rejected(
     # rejected without touching the occurrence or either attempt
     assert seen["heartbeat"] is False
     assert late.outcome is Outcome.LEASE_LOST
+    assert late.detail == "attempt 1 lost its lease"
     assert not late.delete
     assert stored(aws, occ) == seen["after_b"]
 
@@ -2034,3 +2043,80 @@ def test_worker_lambda_handler_passes_receive_count_and_sent_time_and_counts_out
                 for metric in directive["Metrics"]:
                     units[metric["Name"]] = (metric["Unit"], blob[metric["Name"]])
     assert units == {"Retried": ("Count", [1.0])}
+
+
+def test_consumer_takes_up_to_10_messages_a_poll_and_acks_them_in_one_batch(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN three occurrences in alice's queue
+    made = due(aws, clock, 3)
+    acks: list[list[str]] = []
+
+    class AckSpy(SpySQS):
+        def delete_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> Any:
+            acks.append([e["Id"] for e in Entries])
+            answer = super().delete_message_batch(QueueUrl=QueueUrl, Entries=Entries)
+            # SQS's JSON protocol leaves an empty list out: no "Failed" when none failed
+            return {k: v for k, v in answer.items() if v != []}
+
+    handler = Calls()
+    # WHEN a consumer polls once
+    results = consumer(worker(with_sqs(aws, AckSpy(aws.sqs)), handler)).poll_once()
+    # THEN it received all three at once, ran each, and deleted them in one batch whose
+    # entry ids are distinct (SQS refuses a batch with repeated ids)
+    assert [r.outcome for r in results] == [Outcome.SUCCEEDED] * 3
+    assert sorted(j.occurrence_id for j in handler.jobs) == sorted(made)
+    [ids] = acks
+    assert len(set(ids)) == 3
+    assert depth(aws) == 0
+
+
+def test_consumer_replaces_a_message_kept_on_its_10th_receive(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence's message already received 9 times (SQS counts them), whose
+    # handler fails transiently
+    [occ] = due(aws, clock)
+    for _ in range(REQUEUE_AFTER_RECEIVES - 1):
+        make_visible(aws, receive(aws)[0])
+
+    def flaky(job: Job) -> None:
+        raise Flaky("503")
+
+    # WHEN the consumer receives it the 10th time
+    spy = SendSpy(aws.sqs)
+    [result] = consumer(worker(with_sqs(aws, spy), flaky)).poll_once()
+    # THEN the consumer read the receive count from SQS: the kept message is replaced by a
+    # fresh copy (receive count 0), delayed by the back-off, instead of nearing the queue's
+    # redrive to the DLQ; the original is deleted
+    assert result.outcome is Outcome.RETRY
+    assert result.requeued
+    assert spy.sent == [(url_of(aws), result.visible_in)]
+    assert depth(aws) == 1
+    assert state(aws, occ) is S.RETRY_WAIT
+
+
+def test_worker_completion_throttled_every_time_is_tried_four_times_then_raised(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a run whose completion write is throttled every time it is tried
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    work = worker(aws, Calls())
+    finishes: list[int] = []
+    sleeps: list[float] = []
+
+    def throttled(lease: Any, **kwargs: Any) -> None:
+        finishes.append(lease.attempt_no)
+        raise Retryable("throttled")
+
+    work.runs.finish = throttled  # type: ignore[method-assign]
+    monkeypatch.setattr("punctual_client.worker.core.time.sleep", sleeps.append)
+    # WHEN the handler returns; THEN the same fenced completion is tried FINISH_ATTEMPTS
+    # times with a doubling pause, and the fault is raised (the message stays, its lease
+    # runs out and a redelivery takes over): never reported done without the write
+    with pytest.raises(Retryable):
+        work.process(delivery)
+    assert finishes == [1] * FINISH_ATTEMPTS
+    assert sleeps == [0.05, 0.1, 0.2]
+    assert state(aws, occ) is S.RUNNING
