@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import hashlib
 import os
 import shutil
 import subprocess
@@ -273,11 +274,20 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if survived else 0
 
 
+def tests_digest(workspace: Path) -> str:
+    """A digest of the workspace's tests: what the last complete run was judged against."""
+    digest = hashlib.sha256()
+    for path in sorted((workspace / "tests").rglob("*.py")):
+        digest.update(str(path.relative_to(workspace)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str, str]) -> None:
     """Bring the module's workspace up to date with the repo and run mutmut there: if the
-    tests changed, the survivors of earlier runs first (mutmut keeps a result until its
-    function changes; new tests are what a triage adds, so a stopped run has checked them
-    first), then the mutants not tested yet or whose function changed."""
+    tests changed since the last complete run, the survivors of earlier runs first (mutmut
+    keeps a result until its function changes; new tests are what a triage adds, so a
+    stopped run has checked them first), then the mutants not tested yet or whose function
+    changed."""
     before = {n for n, s in results(workspace).items() if s in SURVIVED} - set(equivalents)
     workspace.mkdir(parents=True, exist_ok=True)
     written = {part: sync(source, workspace / part) for part, source in MIRRORED.items()}
@@ -291,13 +301,17 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
     print(
         f"== {name}: workspace {workspace.relative_to(REPO)}, {sum(written.values())} files updated"
     )
-    retry = sorted(before) if written["tests"] else []
+    # Written after a run that was not stopped: a stopped one leaves the survivors to retry.
+    judged = workspace / "tests-judged.sha256"
+    digest = tests_digest(workspace)
+    changed = not judged.exists() or judged.read_text(encoding="utf-8") != digest
+    retry = sorted(before) if changed else []
     engine = start_dynamodb_local()  # one for every mutant's run (tests' conftest)
     try:
         for names in (retry, []) if retry else ([],):
             if names:
                 print(f"== {name}: the tests changed: {len(names)} earlier survivors again")
-            subprocess.run(
+            run = subprocess.run(
                 [
                     sys.executable,
                     "-m",
@@ -311,6 +325,9 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
                 env=os.environ | {SHARED_PORT: str(engine.port)},
                 check=False,
             )
+            if run.returncode != 0:
+                return
+        judged.write_text(digest, encoding="utf-8")
     finally:
         engine.stop()
 

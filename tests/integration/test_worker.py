@@ -803,6 +803,7 @@ def test_worker_transient_failures_back_off_within_full_jitter_bounds_then_dead_
             # THEN each failure is RETRY_WAIT, visible again after a delay in
             # [0, min(max, base * 2^(attempt-1))], the value given to ChangeMessageVisibility
             assert result.outcome is Outcome.RETRY, (seed, attempt)
+            assert result.detail == "Flaky: try later"
             assert result.visible_in is not None
             assert 0 <= result.visible_in <= backoff_ceiling(policy, attempt)
             assert spy.last_visibility(delivery.receipt_handle) == result.visible_in
@@ -825,6 +826,8 @@ def test_worker_transient_failures_back_off_within_full_jitter_bounds_then_dead_
         assert json.loads(body)["occurrence_id"] == occ
         assert reason is not None
         assert "retries exhausted" in reason
+        assert last.detail == reason
+        assert last.detail.endswith("; last: Flaky: try later")
         assert depth(aws) == 0
     # AND the delays are jittered, not a fixed schedule
     assert len(set(delays)) > 3
@@ -964,7 +967,9 @@ def test_worker_permanent_error_is_dead_at_once_and_in_the_dlq(
     occurrence, attempts = stored(aws, occ)
     assert occurrence.state is S.DEAD
     assert [(a.attempt_no, a.outcome) for a in attempts] == [(1, AttemptOutcome.DEAD)]
+    assert attempts[0].finished_at == int(clock.now)
     assert f"permanent: {reason}" in (occurrence.reason or "")
+    assert result.detail.startswith(f"permanent: {reason}")
     [(body, dead_reason)] = dead_letters(aws)
     assert json.loads(body)["occurrence_id"] == occ
     assert f"permanent: {reason}" in (dead_reason or "")
