@@ -822,6 +822,7 @@ def test_worker_transient_failures_back_off_within_full_jitter_bounds_then_dead_
         occurrence, attempts = stored(aws, occ)
         assert occurrence.state is S.DEAD
         assert [a.outcome for a in attempts] == [AttemptOutcome.RETRY] * 3 + [AttemptOutcome.DEAD]
+        assert attempts[-1].finished_at == int(clock.now)
         [(body, reason)] = dead_letters(aws)
         assert json.loads(body)["occurrence_id"] == occ
         assert reason is not None
@@ -2125,3 +2126,28 @@ def test_worker_completion_throttled_every_time_is_tried_four_times_then_raised(
     assert finishes == [1] * FINISH_ATTEMPTS
     assert sleeps == [0.05, 0.1, 0.2]
     assert state(aws, occ) is S.RUNNING
+
+
+class Edge(random.Random):
+    """A random generator whose uniform draws are always the low (or high) end."""
+
+    def __init__(self, high: bool) -> None:
+        super().__init__(7)
+        self.high = high
+
+    def uniform(self, a: float, b: float) -> float:
+        return b if self.high else a
+
+
+@pytest.mark.parametrize("high", [False, True])
+def test_worker_backoff_is_full_jitter_from_zero_to_the_ceiling(
+    alice: Api, aws: Services, clock: Clock, high: bool
+):
+    # GIVEN a handler that fails transiently, and draws at each end of the jitter's range
+    due(aws, clock, retry={"backoff_base_seconds": 10})
+    # WHEN it fails its first attempt
+    [result] = consumer(worker(aws, fail_transiently, rng=Edge(high))).poll_once()
+    # THEN the retry waits anywhere from 0 s (full jitter, not "equal jitter") to the
+    # ceiling: 10 s after attempt 1
+    assert result.outcome is Outcome.RETRY
+    assert result.visible_in == (10 if high else 0)
