@@ -53,6 +53,7 @@ from punctual_client.worker import (
 from punctual_client.worker.core import (
     CLAIM_ROUNDS,
     FINISH_ATTEMPTS,
+    MAX_VISIBILITY,
     REQUEUE_AFTER_RECEIVES,
     SLOT_PROBES,
     TENANT_CACHE_SECONDS,
@@ -677,7 +678,7 @@ def test_worker_refuses_an_abandoned_run_that_is_stale_or_exhausted(
     assert (result.outcome, state(aws, occ)) == expected
     assert handler.count == 0
     assert len(dead_letters(aws)) == (1 if ending == "exhausted" else 0)
-    why = {"canceled": "canceled", "updated": "version 2", "paused": "version 2"}
+    why = {"canceled": "the schedule was canceled", "updated": "version 2", "paused": "version 2"}
     if ending in why:
         assert why[ending] in (stored(aws, occ)[0].reason or "")
 
@@ -1822,6 +1823,7 @@ def test_worker_slots_all_probed_busy_are_followed_by_a_scan_of_every_slot(
     asked: list[list[int]] = []
 
     def probed_busy(tenant_id: str, candidates: list[int], now: int) -> set[int]:
+        assert (tenant_id, now) == ("alice", int(clock.now))
         asked.append(list(candidates))
         return set(asked[0]) & set(candidates) | real(tenant_id, candidates, now)
 
@@ -2151,3 +2153,50 @@ def test_worker_backoff_is_full_jitter_from_zero_to_the_ceiling(
     # ceiling: 10 s after attempt 1
     assert result.outcome is Outcome.RETRY
     assert result.visible_in == (10 if high else 0)
+
+
+@pytest.mark.parametrize(("after", "outcome"), [(60, Outcome.SUCCEEDED), (61, Outcome.DEAD)])
+def test_worker_deadline_admits_an_attempt_starting_exactly_at_it(
+    alice: Api, aws: Services, clock: Clock, after: int, outcome: Outcome
+):
+    # GIVEN an occurrence with a 60 s deadline from when it became receivable
+    [occ] = due(aws, clock, retry={"deadline_seconds": 60})
+    clock.now = stored(aws, occ)[0].available_at + after
+    # WHEN a worker gets it ``after`` seconds after that; THEN an attempt may start at the
+    # deadline itself ("no attempt starts after available_at + deadline"), not a second later
+    [result] = consumer(worker(aws, Calls())).poll_once()
+    assert result.outcome is outcome
+
+
+def test_worker_refuses_the_occurrence_of_a_schedule_that_no_longer_exists(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an abandoned run whose schedule's item is gone (removed by an operator)
+    occ, delivery = abandoned(aws, clock)
+    sid = stored(aws, occ)[0].schedule_id
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.schedules_table, Key=to_dynamo({"schedule_id": sid, "sk": "CURRENT"})
+    )
+    clock.advance(61)
+    handler = Calls()
+    # WHEN the message comes back after the lease expired
+    result = worker(aws, handler).process(redeliver(aws, delivery))
+    # THEN it is refused as stale, saying why, and the handler never ran
+    assert (result.outcome, result.detail) == (Outcome.STALE, "the schedule no longer exists")
+    assert state(aws, occ) is S.CANCELED
+    assert handler.count == 0
+
+
+def test_worker_message_visibility_stays_within_the_12_hours_sqs_allows(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a worker whose leases are longer than SQS's longest visibility timeout
+    due(aws, clock)
+    [delivery] = receive(aws)
+    spy = SpySQS(aws.sqs)
+    # WHEN it claims and runs the occurrence; THEN the message is hidden for a minute less
+    # than 12 hours from its receive (SQS refuses more), not for the lease
+    result = worker(with_sqs(aws, spy), Calls(), lease_seconds=50_000).process(delivery)
+    assert result.outcome is Outcome.SUCCEEDED
+    assert spy.visibility == [(delivery.receipt_handle, MAX_VISIBILITY)]
+    assert MAX_VISIBILITY == 43_200 - 60

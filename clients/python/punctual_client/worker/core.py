@@ -46,6 +46,10 @@ THROTTLE_BACKOFF = (5, 30)
 # ApproximateReceiveCount is approximate.
 REQUEUE_AFTER_RECEIVES = 10
 FINISH_ATTEMPTS = 4
+# SQS refuses to hide a message for more than 12 hours counted from its receive; the minute
+# off covers the time since this receive (a claim comes seconds after it). A handler that
+# runs longer sees its message again: the claim answers IN_PROGRESS while the lease lives.
+MAX_VISIBILITY = 43_200 - 60
 
 
 class PermanentError(Exception):
@@ -500,7 +504,7 @@ class Worker:
         self.services.sqs.change_message_visibility(
             QueueUrl=delivery.queue_url,
             ReceiptHandle=delivery.receipt_handle,
-            VisibilityTimeout=max(0, min(seconds, 43_200)),
+            VisibilityTimeout=max(0, min(seconds, MAX_VISIBILITY)),
         )
 
     def _rejected(self, delivery: Delivery, reason: str) -> Result:
