@@ -679,7 +679,9 @@ def test_worker_refuses_an_abandoned_run_that_is_stale_or_exhausted(
     assert handler.count == 0
     assert len(dead_letters(aws)) == (1 if ending == "exhausted" else 0)
     why = {"canceled": "the schedule was canceled", "updated": "version 2", "paused": "version 2"}
-    if ending in why:
+    if ending == "canceled":
+        assert stored(aws, occ)[0].reason == why[ending]
+    elif ending in why:
         assert why[ending] in (stored(aws, occ)[0].reason or "")
 
 
@@ -1599,6 +1601,8 @@ def test_worker_rejects_what_is_not_an_occurrence_message_of_this_tenant(
     # what the worker reports (logs, on_result) says why; the DLQ's attribute keeps 256
     assert result.detail
     assert reason == result.detail[:256]
+    if kind in ("bob's occurrence claimed as alice's", "an unknown occurrence"):
+        assert result.detail == "no such occurrence"
     assert depth(aws) == 0
     if kind.startswith("bob"):
         bobs = json.loads(body)["occurrence_id"]
