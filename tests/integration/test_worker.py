@@ -1042,6 +1042,7 @@ def test_worker_stale_or_canceled_occurrence_is_refused_before_the_handler_runs(
     occurrence, attempts = stored(aws, occ)
     assert (occurrence.state, occurrence.attempt_count, attempts) == (S.CANCELED, 0, [])
     assert occurrence.reason
+    assert result.detail == f"canceled: {occurrence.reason}"
     assert depth(aws) == 0
     assert dead_letters(aws) == []
 
