@@ -338,8 +338,9 @@ def test_materializer_catchup_is_paced_by_the_tenant_rate(aws: Services, clock: 
 def test_materializer_daily_0230_new_york_skips_spring_forward_day(
     alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN a daily 02:30 America/New_York schedule created after the 2026-03-07 fire
-    clock.now = epoch("2026-03-07T08:00:00Z")
+    # GIVEN a daily 02:30 America/New_York schedule created at 01:50 EST on 2026-03-08
+    # (its shard's walk starts an hour before: each minute walked is a moto update)
+    clock.now = epoch("2026-03-08T06:50:00Z")
     sid = make(aws, spec=cron_spec("30 2 * * *", "America/New_York"))
     # WHEN the materializer ticks through the night of 2026-03-08 and the next morning
     for at in ("2026-03-08T06:58:00Z", "2026-03-08T07:28:00Z", "2026-03-09T06:28:00Z"):
