@@ -355,7 +355,7 @@ def test_worker_lost_ack_redelivery_is_already_done_and_the_effect_is_not_repeat
     [second] = consumer(worker(aws, handler)).poll_once()
     # THEN it is recognized as done: the handler did not run again, the effect was applied
     # once, the occurrence stays SUCCEEDED with its one attempt, and the message is deleted
-    assert second.outcome is Outcome.ALREADY_DONE
+    assert (second.outcome, second.detail) == (Outcome.ALREADY_DONE, "already SUCCEEDED")
     assert handler.count == 1
     assert balance(aws) == 1
     assert state(aws, occ) is S.SUCCEEDED
@@ -501,6 +501,7 @@ def test_worker_lease_expiry_b_takes_over_and_a_late_completion_is_rejected(
     # THEN while A's lease was live B refused (IN_PROGRESS, back when the lease ends); after
     # it expired B claimed with a new token as attempt 2 (attempt 1 LOST) and succeeded
     assert seen["live"].outcome is Outcome.IN_PROGRESS
+    assert seen["live"].detail == "another worker holds the lease"
     assert seen["live"].visible_in == 60
     assert seen["b"].outcome is Outcome.SUCCEEDED
     assert [job.attempt for job in b_handler.jobs] == [2]
@@ -701,6 +702,28 @@ def test_worker_refusing_an_abandoned_run_marks_its_attempt_lost(
     assert outcomes(aws, occ) == [AttemptOutcome.LOST]
 
 
+def test_worker_lease_ending_this_second_is_taken_over_not_waited_for(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN worker A running an occurrence under a 60 s lease, stalled exactly 60 s
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    b_handler = Calls()
+    seen: dict[str, Result] = {}
+
+    def stall(job: Job) -> None:
+        clock.advance(60)
+        # WHEN the message comes back to B at the very second A's lease ends
+        seen["b"] = worker(aws, b_handler).process(redeliver(aws, delivery))
+
+    worker(aws, stall).process(delivery)
+    # THEN B takes over at once (the claim's condition allows a lease ending now), rather
+    # than waiting a round for a lease that no longer protects anything
+    assert seen["b"].outcome is Outcome.SUCCEEDED
+    assert [job.attempt for job in b_handler.jobs] == [2]
+    assert outcomes(aws, occ) == [AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
+
+
 def test_worker_heartbeat_extends_the_lease_and_both_slots(alice: Api, aws: Services, clock: Clock):
     # GIVEN a SKIP_IF_RUNNING schedule's occurrence running under a 60 s lease
     sid, [occ, *_] = rate_schedule(aws, "rate(5 minutes)", overlap="SKIP_IF_RUNNING")
@@ -855,6 +878,7 @@ def test_worker_duplicate_delivery_during_the_back_off_waits_out_the_rest_of_it(
     result = worker(aws, handler).process(redeliver(aws, delivery))
     # THEN it does not run: it waits, hidden for the rest of the back-off, like the original
     assert (result.outcome, result.visible_in) == (Outcome.RETRY, first.visible_in - 10)
+    assert result.detail == "backing off"
     assert handler.count == 0
     assert stored(aws, occ)[0] == before  # nothing written
     assert outcomes(aws, occ) == [AttemptOutcome.RETRY]
