@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
-from punctual.dal.runs import run_partition, run_slot_sk
+from punctual.dal.runs import OVERLAP, run_partition, run_slot_sk
 from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
 from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
@@ -1132,7 +1132,7 @@ def test_worker_skip_if_running_second_occurrence_is_skipped_while_the_first_run
     assert other.count == 0
     skipped, attempts = stored(aws, second)
     assert (skipped.state, attempts) == (S.SKIPPED_OVERLAP, [])
-    assert first in (skipped.reason or "")
+    assert skipped.reason == seen["second"].detail == f"{first} of this schedule is running"
     assert state(aws, first) is S.SUCCEEDED
     # AND the run slot was released on completion
     assert "lease_token" not in run_slot(aws, sid)
@@ -1319,7 +1319,10 @@ def test_worker_concurrency_quota_throttles_and_keeps_the_message(aws: Services,
     # THEN it is THROTTLED: kept (not deleted), visible again within the throttle back-off,
     # the handler did not run and the occurrence did not change
     throttled = seen["throttled"]
-    assert throttled.outcome is Outcome.THROTTLED
+    assert (throttled.outcome, throttled.detail) == (
+        Outcome.THROTTLED,
+        "tenant concurrency limit reached",
+    )
     assert not throttled.delete
     assert throttled.visible_in is not None
     assert THROTTLE_BACKOFF[0] <= throttled.visible_in <= THROTTLE_BACKOFF[1]
@@ -1704,6 +1707,32 @@ def test_worker_runs_a_sent_scheduled_occurrence_and_records_when_it_was_sent(
     assert again.outcome is Outcome.ALREADY_DONE
     assert handler.count == 1
     assert depth(aws) == 0
+
+
+def test_worker_overlap_refused_without_the_holders_item_still_says_why(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a due occurrence of a SKIP_IF_RUNNING schedule, and a claim refused on the run
+    # slot whose answer does not carry the slot's item (DynamoDB returns it only when asked,
+    # and only if the item exists)
+    _, [first, *_] = two_due(aws, clock, overlap="SKIP_IF_RUNNING")
+    delivery = by_occurrence(receive(aws))[first]
+    handler = Calls()
+    work = worker(aws, handler)
+
+    def refused(lease: Any, **_: Any) -> None:
+        raise ConditionFailed(OVERLAP, None)
+
+    work.runs.claim = refused  # type: ignore[method-assign]
+    # WHEN the worker processes the message
+    result = work.process(delivery)
+    # THEN it is skipped, with a reason that still says what held it
+    assert (result.outcome, result.detail) == (
+        Outcome.SKIPPED_OVERLAP,
+        "another occurrence of this schedule is running",
+    )
+    assert stored(aws, first)[0].reason == result.detail
+    assert handler.count == 0
 
 
 # --- lost races, transient faults and the slot scan ------------------------------------------
