@@ -1432,8 +1432,9 @@ def test_worker_cooperative_cancel_is_seen_once_the_cache_expires(
         checks.append(job.canceled())
         checks.append(job.canceled())  # stays canceled
 
-    [result] = consumer(worker(aws, cooperative, cancel_check_seconds=5)).poll_once()
-    # THEN the handler sees it after the cache expires, and stopped on its own
+    [result] = consumer(worker(aws, cooperative)).poll_once()
+    # THEN the handler sees it once the cache (5 s unless the worker says otherwise) has
+    # expired, and stopped on its own
     assert checks == [False, False, True, True]
     assert result.outcome is Outcome.SUCCEEDED
 
@@ -1761,7 +1762,10 @@ def test_worker_claim_that_loses_every_round_leaves_the_message_for_a_later_deli
     # THEN it read and tried again CLAIM_ROUNDS times, then kept the message (not deleted,
     # not in the DLQ) for a later delivery within the throttle back-off; nothing ran
     assert claims == [1] * CLAIM_ROUNDS
-    assert result.outcome is Outcome.IN_PROGRESS
+    assert (result.outcome, result.detail) == (
+        Outcome.IN_PROGRESS,
+        "contended; left for a later delivery",
+    )
     assert not result.delete
     assert result.visible_in is not None
     assert THROTTLE_BACKOFF[0] <= result.visible_in <= THROTTLE_BACKOFF[1]
@@ -2126,11 +2130,13 @@ def test_consumer_takes_up_to_10_messages_a_poll_and_acks_them_in_one_batch(
             return {k: v for k, v in answer.items() if v != []}
 
     handler = Calls()
+    work = worker(with_sqs(aws, AckSpy(aws.sqs)), handler)
     # WHEN a consumer polls once
-    results = consumer(worker(with_sqs(aws, AckSpy(aws.sqs)), handler)).poll_once()
-    # THEN it received all three at once, ran each, and deleted them in one batch whose
-    # entry ids are distinct (SQS refuses a batch with repeated ids)
+    results = consumer(work).poll_once()
+    # THEN it received all three at once, ran each (the worker's counts say so), and
+    # deleted them in one batch whose entry ids are distinct (SQS refuses repeated ids)
     assert [r.outcome for r in results] == [Outcome.SUCCEEDED] * 3
+    assert dict(work.stats) == {Outcome.SUCCEEDED: 3}
     assert sorted(j.occurrence_id for j in handler.jobs) == sorted(made)
     [ids] = acks
     assert len(set(ids)) == 3
