@@ -14,7 +14,7 @@ import pytest
 from punctual.dal.common import to_dynamo
 from punctual.dal.leases import LeaseStore
 from punctual.dal.schedules import schedule_from_item
-from punctual.dal.tables import DUE_INDEX
+from punctual.dal.tables import DUE_INDEX, occurrence_key
 from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import LEASE_SECONDS, Materializer
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
@@ -385,6 +385,86 @@ def test_materializer_cancel_racing_a_step_leaves_no_stale_scheduled_occurrence(
     assert report.conflicts == 1
     assert all(o["state"] != OccurrenceState.SCHEDULED for o in occurrences(aws, sid))
     assert current(aws, sid)["state"] == ScheduleState.CANCELED
+
+
+def crowded_bucket(aws: Services, expression: str, count: int) -> tuple[int, list[str]]:
+    """``count`` schedules due in one bucket of one shard (made until one shard has that
+    many): the bucket's minute, and its schedules in the order the walk reads them."""
+    by_shard: dict[int, list[str]] = {}
+    while max((len(v) for v in by_shard.values()), default=0) < count:
+        sid = make(aws, spec=cron_spec(expression))
+        by_shard.setdefault(shard(aws, sid), []).append(sid)
+    crowded = next(v for v in by_shard.values() if len(v) >= count)
+    minute = current(aws, crowded[0])["next_available_at"] // 60 * 60
+    order = [s.schedule.schedule_id for s in aws.schedules.due_in(minute, shard(aws, crowded[0]))]
+    return minute, [sid for sid in order if sid in crowded]
+
+
+def test_materializer_a_batch_refused_by_some_schedules_goes_on_with_the_others(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN four schedules due in one bucket of one shard, stepped in one transaction
+    minute, [a, b, c, d, *_] = crowded_bucket(aws, "*/5 * * * *", 4)
+    fire = current(aws, a)["next_run_at"]
+    clock.now = fire - 120
+    plane = ControlPlane(aws)
+
+    def cancel_two(point: str) -> None:
+        if point == "before_commit" and not cancel_two.done:  # type: ignore[attr-defined]
+            cancel_two.done = True  # type: ignore[attr-defined]
+            plane.cancel("alice", b)
+            plane.cancel("alice", d)
+
+    cancel_two.done = False  # type: ignore[attr-defined]
+    # WHEN the second and the fourth are canceled between the walk's read and its commit
+    report = tick(aws, clock, a, crash=cancel_two)
+    # THEN exactly those two are conflicts; the others (before, between and after them in
+    # the transaction) got their occurrence in the same tick, and the bucket is done
+    assert report.conflicts == 2
+    for stepped in (a, c):
+        assert [f for f in instants(aws, stepped) if f >= fire] == [fire]  # (the API: before)
+    for canceled in (b, d):
+        assert all(o["state"] != OccurrenceState.SCHEDULED for o in occurrences(aws, canceled))
+    assert report.watermark is not None
+    assert report.watermark > minute
+
+
+def test_materializer_an_occurrence_already_made_is_left_and_the_step_goes_on(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN three minutely schedules due in one bucket of one shard, the second of which
+    # already has its second fire's occurrence (a repair made it, and it ran)
+    minute, [a, b, c, *_] = crowded_bucket(aws, "* * * * *", 3)
+    fire = current(aws, a)["next_run_at"]
+    clock.now = fire - 120
+    made = occurrence_id(b, 1, fire + 60)
+    aws.dynamodb.put_item(
+        TableName=aws.settings.occurrences_table,
+        Item={
+            **to_dynamo(occurrence_key(made)),
+            "occurrence_id": {"S": made},
+            "state": {"S": "SUCCEEDED"},
+        },
+    )
+    # WHEN the materializer steps the bucket (each step makes several fires)
+    report = tick(aws, clock, a)
+    # THEN the second's refused put is no conflict: its other fires are made, its cursor
+    # moved on, the existing occurrence is untouched; the third's step was not dropped
+    assert report.conflicts == 0
+    steps = [f for f in instants(aws, a) if f >= fire]  # (the API made the ones before)
+    assert steps[:2] == [fire, fire + 60]
+    assert [f for f in instants(aws, c) if f >= fire] == steps
+    assert current(aws, b)["next_run_at"] == current(aws, a)["next_run_at"] > fire
+    states = {
+        f: aws.dynamodb.get_item(
+            TableName=aws.settings.occurrences_table,
+            Key=to_dynamo(occurrence_key(occurrence_id(b, 1, f))),
+        )["Item"]["state"]["S"]
+        for f in steps
+    }
+    assert states == {f: "SUCCEEDED" if f == fire + 60 else "SCHEDULED" for f in steps}
+    assert report.watermark is not None
+    assert report.watermark > minute
 
 
 def test_materializer_update_after_step_cancels_the_old_versions_occurrence(
