@@ -467,6 +467,39 @@ def test_materializer_an_occurrence_already_made_is_left_and_the_step_goes_on(
     assert report.watermark > minute
 
 
+def test_materializer_replans_a_refused_schedule_at_once_where_the_index_lags(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely schedule the walk is about to step, on a due index that serves
+    # every query 100 s behind (its creation is older: the walk sees it)
+    sid = make(aws, spec=cron_spec("* * * * *"))
+    fire = current(aws, sid)["next_run_at"]
+    clock.now = fire - 120
+    faults = Faults(FaultPlan(index_lag=1.0, index_lag_seconds=100), clock)
+    lagging = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # (an API whose clock is 170 s behind the ticker's: its cursor lands inside this walk)
+    behind = ControlPlane(dataclasses.replace(lagging, now=lambda: clock.now - 170))
+
+    def update_first(point: str) -> None:
+        if point == "before_commit" and not update_first.done:  # type: ignore[attr-defined]
+            update_first.done = True  # type: ignore[attr-defined]
+            behind.update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+
+    update_first.done = False  # type: ignore[attr-defined]
+    # WHEN the schedule is updated between the walk's read and its commit
+    report = Materializer(lagging, "m1", crash=update_first).run_shard(
+        int(clock.now), shard(aws, sid)
+    )
+    # THEN the refused step is re-read and version 2 is planned at once, through the end of
+    # the walk: the bucket its cursor moved to is read later in this walk from the lagging
+    # index, which does not show it there yet (and the next walk starts past it)
+    assert report.conflicts == 1
+    cursor = current(aws, sid)
+    assert (cursor["version"], cursor["next_run_at"]) == (2, fire + 120)
+    v2 = [o["scheduled_for"] for o in occurrences(aws, sid) if o["schedule_version"] == 2]
+    assert fire + 60 in v2
+
+
 def test_materializer_update_after_step_cancels_the_old_versions_occurrence(
     alice: Api, aws: Services, clock: Clock
 ):
