@@ -387,12 +387,12 @@ def test_materializer_cancel_racing_a_step_leaves_no_stale_scheduled_occurrence(
     assert current(aws, sid)["state"] == ScheduleState.CANCELED
 
 
-def crowded_bucket(aws: Services, expression: str, count: int) -> tuple[int, list[str]]:
+def crowded_bucket(aws: Services, spec: dict[str, Any], count: int) -> tuple[int, list[str]]:
     """``count`` schedules due in one bucket of one shard (made until one shard has that
     many): the bucket's minute, and its schedules in the order the walk reads them."""
     by_shard: dict[int, list[str]] = {}
     while max((len(v) for v in by_shard.values()), default=0) < count:
-        sid = make(aws, spec=cron_spec(expression))
+        sid = make(aws, spec=spec)
         by_shard.setdefault(shard(aws, sid), []).append(sid)
     crowded = next(v for v in by_shard.values() if len(v) >= count)
     minute = current(aws, crowded[0])["next_available_at"] // 60 * 60
@@ -404,7 +404,7 @@ def test_materializer_a_batch_refused_by_some_schedules_goes_on_with_the_others(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN four schedules due in one bucket of one shard, stepped in one transaction
-    minute, [a, b, c, d, *_] = crowded_bucket(aws, "*/5 * * * *", 4)
+    minute, [a, b, c, d, *_] = crowded_bucket(aws, cron_spec("*/5 * * * *"), 4)
     fire = current(aws, a)["next_run_at"]
     clock.now = fire - 120
     plane = ControlPlane(aws)
@@ -434,7 +434,7 @@ def test_materializer_an_occurrence_already_made_is_left_and_the_step_goes_on(
 ):
     # GIVEN three minutely schedules due in one bucket of one shard, the second of which
     # already has its second fire's occurrence (a repair made it, and it ran)
-    minute, [a, b, c, *_] = crowded_bucket(aws, "* * * * *", 3)
+    minute, [a, b, c, *_] = crowded_bucket(aws, cron_spec("* * * * *"), 3)
     fire = current(aws, a)["next_run_at"]
     clock.now = fire - 120
     made = occurrence_id(b, 1, fire + 60)
@@ -498,6 +498,21 @@ def test_materializer_replans_a_refused_schedule_at_once_where_the_index_lags(
     assert (cursor["version"], cursor["next_run_at"]) == (2, fire + 120)
     v2 = [o["scheduled_for"] for o in occurrences(aws, sid) if o["schedule_version"] == 2]
     assert fire + 60 in v2
+
+
+def test_materializer_reports_every_completion_of_a_transaction(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN three one-shots at the same instant an hour ahead, in one bucket of one shard
+    at = int(clock.now) + 3600
+    spec = {"kind": "at", "at": utc_text(at)}
+    _, ids = crowded_bucket(aws, spec, 3)
+    # WHEN the materializer steps them (one transaction)
+    clock.now = at - 60
+    report = tick(aws, clock, ids[0])
+    # THEN its report counts each completion and each occurrence
+    assert (report.completed, report.occurrences) == (len(ids), len(ids))
+    assert all(current(aws, sid)["state"] == ScheduleState.COMPLETED for sid in ids)
 
 
 def test_materializer_update_after_step_cancels_the_old_versions_occurrence(
