@@ -963,6 +963,56 @@ def test_materializer_crash_before_the_hand_over_gives_the_quota_back_exactly_on
     assert _usage(alice) == 0
 
 
+def test_materializer_hands_each_release_over_once_across_walks(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a cron schedule that stays, and two one-shots an hour apart in one shard
+    make(aws, spec=cron_spec("0 0 1 1 *"))
+    first, at = _one_shot_in(aws, clock, 3600)
+    while True:
+        second, later = _one_shot_in(aws, clock, 7200)
+        if shard(aws, second) == shard(aws, first):
+            break
+    made = _usage(alice)
+    # WHEN one walk completes the first and hands its release over, and a later walk
+    # completes the second
+    for instant in (at, later):
+        clock.now = instant - 60
+        tick(aws, clock, first, holder=f"m{instant}")
+    # THEN the tenant got exactly those two back: the first walk emptied the shard's tally,
+    # so the second did not hand the first's release over again
+    assert current(aws, second)["state"] == ScheduleState.COMPLETED
+    assert _usage(alice) == made - 2
+
+
+def test_materializer_that_loses_its_lease_before_the_hand_over_leaves_it_to_the_next(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot an hour ahead, and a walk that stalls after completing it, past its
+    # lease, while another materializer takes the shard over
+    sid, at = _one_shot_in(aws, clock, 3600)
+    clock.now = at - 60
+
+    def taken_over(point: str) -> None:
+        if point == "before_hand_over":
+            clock.advance(LEASE_SECONDS + 1)
+            number = shard(aws, sid)
+            taken = aws.leases.claim(
+                number, "m2", now=int(clock.now), ttl=LEASE_SECONDS, start_at=0
+            )
+            assert taken is not None
+
+    # WHEN the stalled walk goes on to hand the released quota over
+    report = tick(aws, clock, sid, crash=taken_over)
+    # THEN it is fenced off and says it lost the lease; the release waits on the shard, and
+    # the next walk hands it over
+    assert report.lease_lost
+    assert _usage(alice) == 1
+    clock.advance(LEASE_SECONDS + 1)
+    assert tick(aws, clock, sid, holder="m3").claimed
+    assert _usage(alice) == 0
+
+
 def _schedule_ids(aws: Services) -> list[str]:
     return [
         s.schedule_id
