@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from punctual.dal.common import to_dynamo
-from punctual.dal.leases import LeaseStore
+from punctual.dal.leases import LeaseStore, shard_key
 from punctual.dal.schedules import schedule_from_item
 from punctual.dal.tables import DUE_INDEX, occurrence_key
 from punctual.ids import available_at, occurrence_id, shard_of
-from punctual.materializer import LEASE_SECONDS, Materializer
+from punctual.materializer import LEASE_SECONDS, RENEW_AFTER, Materializer
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
 from punctual.reconciler import Reconciler
 from punctual.scheduling import ControlPlane
@@ -1011,6 +1011,33 @@ def test_materializer_that_loses_its_lease_before_the_hand_over_leaves_it_to_the
     clock.advance(LEASE_SECONDS + 1)
     assert tick(aws, clock, sid, holder="m3").claimed
     assert _usage(alice) == 0
+
+
+@pytest.mark.parametrize("elapsed", [RENEW_AFTER - 1, RENEW_AFTER])
+def test_materializer_renews_its_lease_during_a_long_bucket(
+    alice: Api, aws: Services, clock: Clock, elapsed: int
+):
+    # GIVEN two schedules due in one bucket of one shard, stepped one transaction each
+    _, [a, *_] = crowded_bucket(aws, cron_spec("*/5 * * * *"), 2)
+    clock.now = current(aws, a)["next_run_at"] - 120
+    number = shard(aws, a)
+    expiries: list[tuple[int, int]] = []
+
+    def slow(point: str) -> None:
+        if point == "before_commit":
+            found = aws.dynamodb.get_item(
+                TableName=aws.settings.leases_table, Key=shard_key(number), ConsistentRead=True
+            )["Item"]
+            expiries.append((int(clock.now), int(found["expires_at"]["N"])))
+            clock.advance(elapsed)
+
+    # WHEN each of the walk's commits takes just under, or exactly, a third of the lease
+    Materializer(aws, "m1", crash=slow, max_actions=3).run_shard(int(clock.now), number)
+    # THEN the lease is renewed (to a whole lease from then) once a third of it has passed
+    # since the last renewal, and not before (a write per commit would be wasted)
+    assert len(expiries) >= 2
+    (_, first), (now, second) = expiries[:2]
+    assert second == (now + LEASE_SECONDS if elapsed >= RENEW_AFTER else first)
 
 
 def _schedule_ids(aws: Services) -> list[str]:
