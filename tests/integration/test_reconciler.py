@@ -45,7 +45,7 @@ from punctual.services import Services
 from punctual.settings import Settings
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
-from tests.integration.conftest import OPERATOR, Api, Clock, LambdaContextStub
+from tests.integration.conftest import Api, Clock, LambdaContextStub
 from tests.integration.helpers import (
     cron_spec,
     current_item,
@@ -59,10 +59,10 @@ DAY = "2026-11-19"  # after the fixtures' tenants exist (START is 2026-11-18T11:
 
 
 @pytest.fixture
-def settings() -> Settings:
+def settings(settings: Settings) -> Settings:
     """Two shards, not eight: each test walks every minute of its hours on each shard its
     schedules land in (a moto update a minute), and two still cover its work across shards."""
-    return Settings(operator_principals=frozenset({OPERATOR}), shard_count=2)
+    return settings.model_copy(update={"shard_count": 2})
 
 
 def at(hhmm: str, day: str = DAY) -> int:

@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 
 from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
 from punctual.dal.runs import OVERLAP, run_partition, run_slot_sk
+from punctual.dal.tables import current_key
 from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
 from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
@@ -2239,7 +2240,7 @@ def test_worker_refuses_the_occurrence_of_a_schedule_that_no_longer_exists(
     occ, delivery = abandoned(aws, clock)
     sid = stored(aws, occ)[0].schedule_id
     aws.dynamodb.delete_item(
-        TableName=aws.settings.schedules_table, Key=to_dynamo({"schedule_id": sid, "sk": "CURRENT"})
+        TableName=aws.settings.schedules_table, Key=to_dynamo(current_key(sid))
     )
     clock.advance(61)
     handler = Calls()
