@@ -8,9 +8,13 @@ mutmut's settings: the module's files and the tests aimed at it), runs mutmut th
 prints the kill rate per module and each survivor.
 
 The workspaces are kept between runs: mutmut remembers each mutant's result and re-tests only
-the functions that changed (and their callers), so a rerun after a fix is quick. Mutants
-listed in ``tests/mutation/equivalent.txt`` (each with its reason) are equivalent: they
-cannot change behaviour, count as neither killed nor survived, and are not printed.
+the functions that changed (and their callers), so a rerun after a fix is quick. Every
+result is also recorded in the repo (``tests/mutation/results/<module>.json``: per file, each
+function's hash and each mutant's exit code), and a new workspace (a fresh clone) starts from
+that record: a run goes on where the last one, on any machine, stopped, and ``--report``
+prints the recorded figures without running anything. Mutants listed in
+``tests/mutation/equivalent.txt`` (each with its reason) are equivalent: they cannot change
+behaviour, count as neither killed nor survived, and are not printed.
 
     python -m scripts.mutate                  # every module
     python -m scripts.mutate relay worker     # some of them
@@ -21,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import fnmatch
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +36,7 @@ import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from punctual_local.dynamodb import SHARED_PORT
 from punctual_local.dynamodb import start as start_dynamodb_local
@@ -37,6 +44,7 @@ from punctual_local.dynamodb import start as start_dynamodb_local
 REPO = Path(__file__).resolve().parent.parent
 WORKSPACE = REPO / ".mutate"
 EQUIVALENT = REPO / "tests" / "mutation" / "equivalent.txt"
+RECORDS = REPO / "tests" / "mutation" / "results"
 
 # What goes into the workspace (its path there: where it is in the repo).
 MIRRORED = {
@@ -117,9 +125,21 @@ MODULES = {
 }
 
 LOG_CALL = r"\blogger\.(debug|info|warning|error|exception)\("
-# Exit statuses mutmut reports, and what each means for the kill rate.
-KILLED = {"killed", "timeout", "caught by type check", "segfault"}
-SURVIVED = {"survived", "no tests", "suspicious"}
+# mutmut's exit codes for a mutant's run (mutmut/stats.py, `status_by_exit_code`), and what
+# each means for the kill rate: pytest failed (1), errored (3), ran out of time (36, 24, -24,
+# 152, 255), crashed (-11, -9), or the type checker refused the mutant (37); it passed (0), no
+# test reached the mutant (5, 33), or something else happened (mutmut's "suspicious").
+# None: not checked; 2: interrupted; 34: skipped. Neither counts.
+KILLED_CODES = frozenset({1, 3, 24, -24, 36, 37, 152, 255, -11, -9})
+UNJUDGED_CODES = frozenset({None, 2, 34})
+
+
+def killed(code: int | None) -> bool:
+    return code in KILLED_CODES
+
+
+def survived(code: int | None) -> bool:
+    return code not in KILLED_CODES | UNJUDGED_CODES
 
 
 def sync(source: Path, target: Path) -> int:
@@ -188,39 +208,113 @@ def equivalent() -> dict[str, str]:
     return found
 
 
-def results(workspace: Path) -> dict[str, str]:
-    """Every mutant's status in ``workspace``, from ``mutmut results --all true``."""
-    if not (workspace / "mutants").exists():
-        return {}
-    answer = subprocess.run(
-        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
-        cwd=workspace,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    found = {}
-    for line in answer.stdout.splitlines():
-        name, sep, status = line.strip().rpartition(": ")
-        if sep:
-            found[name] = status
+def record_path(module: str) -> Path:
+    return RECORDS / f"{module}.json"
+
+
+def read_record(module: str) -> dict[str, Any]:
+    """The module's recorded results: ``tests_judged`` (the digest of the tests the last
+    complete run was judged against, or None) and, per file, its functions' hashes and its
+    mutants' exit codes."""
+    path = record_path(module)
+    if not path.exists():
+        return {"tests_judged": None, "files": {}}
+    found: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return found
+
+
+def write_record(module: str, record: dict[str, Any]) -> None:
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record, indent=1, sort_keys=True)
+    record_path(module).write_text(text + "\n", encoding="utf-8")
+
+
+def results(module: str) -> dict[str, int | None]:
+    """Every mutant's recorded exit code."""
+    return {
+        name: code
+        for entry in read_record(module)["files"].values()
+        for name, code in entry["mutants"].items()
+    }
+
+
+def function_of(mutant: str) -> str:
+    """The (mangled) function a mutant of mutmut's belongs to:
+    ``punctual.relay.xǁRelayǁrelay__mutmut_3`` -> ``xǁRelayǁrelay``."""
+    return mutant.rpartition("__mutmut_")[0].rpartition(".")[2]
+
+
+def metas(module: str, workspace: Path) -> dict[str, Path]:
+    """The module's files (as mutmut names them) and where mutmut keeps their results."""
+    found = {}
+    for meta in (workspace / "mutants").rglob("*.py.meta"):
+        file = meta.relative_to(workspace / "mutants").as_posix().removesuffix(".meta")
+        if any(fnmatch.fnmatch(file, glob) for glob in MODULES[module].files):
+            found[file] = meta
+    return found
+
+
+def restore(module: str, workspace: Path) -> int:
+    """Bring the recorded results into the workspace where it has none of its own (a fresh
+    clone, or mutants made again); returns how many. mutmut keeps a result only while its
+    function's hash is the one recorded, so a result recorded for other code is dropped when
+    mutmut makes the mutants."""
+    restored = 0
+    for file, entry in read_record(module)["files"].items():
+        meta = workspace / "mutants" / f"{file}.meta"
+        if meta.exists():
+            data = json.loads(meta.read_text(encoding="utf-8"))
+            same = {
+                f
+                for f, h in entry["functions"].items()
+                if data["hash_by_function_name"].get(f) == h
+            }
+            for name, code in entry["mutants"].items():
+                mine = data["exit_code_by_key"].get(name, 0)
+                if code is not None and mine is None and function_of(name) in same:
+                    data["exit_code_by_key"][name] = code
+                    restored += 1
+        else:
+            data = {
+                "exit_code_by_key": entry["mutants"],
+                "hash_by_function_name": entry["functions"],
+                "type_check_error_by_key": {},
+                "durations_by_key": {},
+                "estimated_durations_by_key": {},
+            }
+            restored += sum(1 for code in entry["mutants"].values() if code is not None)
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
+    return restored
+
+
+def record(module: str, workspace: Path, tests_judged: str | None) -> None:
+    """Record the workspace's results in the repo (after every run, a stopped one too)."""
+    files = {}
+    for file, meta in sorted(metas(module, workspace).items()):
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        files[file] = {
+            "functions": data["hash_by_function_name"],
+            "mutants": data["exit_code_by_key"],
+        }
+    if files:
+        write_record(module, {"tests_judged": tests_judged, "files": files})
 
 
 def module_of(name: str) -> str | None:
     return next((m for m, spec in MODULES.items() if name.startswith(spec.prefixes)), None)
 
 
-def report(chosen: list[str], statuses: dict[str, str], equivalents: dict[str, str]) -> int:
+def report(chosen: list[str], statuses: dict[str, int | None], equivalents: dict[str, str]) -> int:
     """Print the kill rate per module and the survivors; returns how many survived."""
     survivors = []
     print(f"{'module':<14}{'mutants':>9}{'killed':>9}{'survived':>10}{'equivalent':>12}  kill rate")
     for module in chosen:
         mine = {n: s for n, s in statuses.items() if module_of(n) == module}
         counts = Counter(
-            "equivalent" if n in equivalents else "killed" if s in KILLED else "survived"
+            "equivalent" if n in equivalents else "killed" if killed(s) else "survived"
             for n, s in mine.items()
-            if s in KILLED | SURVIVED
+            if killed(s) or survived(s)
         )
         judged = counts["killed"] + counts["survived"]
         rate = f"{100 * counts['killed'] / judged:.1f}%" if judged else "-"
@@ -228,16 +322,14 @@ def report(chosen: list[str], statuses: dict[str, str], equivalents: dict[str, s
             f"{module:<14}{len(mine):>9}{counts['killed']:>9}{counts['survived']:>10}"
             f"{counts['equivalent']:>12}  {rate}"
         )
-        survivors += sorted(
-            (n, s) for n, s in mine.items() if s in SURVIVED and n not in equivalents
-        )
-        unchecked = sum(1 for s in mine.values() if s not in KILLED | SURVIVED)
+        survivors += sorted(n for n, s in mine.items() if survived(s) and n not in equivalents)
+        unchecked = sum(1 for s in mine.values() if not (killed(s) or survived(s)))
         if unchecked:
             print(f"  ({unchecked} not checked yet)")
     if survivors:
         print("\nsurvivors (`cd .mutate/MODULE && ../../.venv/bin/mutmut show NAME`: the change):")
-        for name, status in survivors:
-            print(f"  {name}  [{status}]")
+        for name in survivors:
+            print(f"  {name}  [exit code {statuses[name]}]")
     # Only the chosen modules' entries: another module's mutants are not in ``statuses``.
     stale = sorted(n for n in equivalents if module_of(n) in chosen and n not in statuses)
     if stale:
@@ -264,12 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     chosen = args.modules or list(MODULES)
     equivalents = equivalent()
-    statuses: dict[str, str] = {}
+    statuses: dict[str, int | None] = {}
     for name in chosen:
-        workspace = WORKSPACE / name
         if not args.report:
-            mutate(name, workspace, args.max_children, equivalents)
-        statuses |= results(workspace)
+            mutate(name, WORKSPACE / name, args.max_children, equivalents)
+        statuses |= results(name)
     survived = report(chosen, statuses, equivalents)
     return 1 if survived else 0
 
@@ -288,7 +379,7 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
     keeps a result until its function changes; new tests are what a triage adds, so a
     stopped run has checked them first), then the mutants not tested yet or whose function
     changed."""
-    before = {n for n, s in results(workspace).items() if s in SURVIVED} - set(equivalents)
+    before = {n for n, s in results(name).items() if survived(s)} - set(equivalents)
     workspace.mkdir(parents=True, exist_ok=True)
     written = {part: sync(source, workspace / part) for part, source in MIRRORED.items()}
     config = workspace / "pyproject.toml"
@@ -298,14 +389,15 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
         # are left alone), so they are made again.
         shutil.rmtree(workspace / "mutants", ignore_errors=True)
         config.write_text(text, encoding="utf-8")
+    restored = restore(name, workspace)
     print(
-        f"== {name}: workspace {workspace.relative_to(REPO)}, {sum(written.values())} files updated"
+        f"== {name}: workspace {workspace.relative_to(REPO)}, {sum(written.values())} files"
+        f" updated, {restored} results restored from {record_path(name).relative_to(REPO)}"
     )
-    # Written after a run that was not stopped: a stopped one leaves the survivors to retry.
-    judged = workspace / "tests-judged.sha256"
+    # Recorded after a run that was not stopped: a stopped one leaves the survivors to retry.
+    judged = read_record(name)["tests_judged"]
     digest = tests_digest(workspace)
-    changed = not judged.exists() or judged.read_text(encoding="utf-8") != digest
-    retry = sorted(before) if changed else []
+    retry = sorted(before) if judged != digest else []
     engine = start_dynamodb_local()  # one for every mutant's run (tests' conftest)
     try:
         for names in (retry, []) if retry else ([],):
@@ -327,9 +419,10 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
             )
             if run.returncode != 0:
                 return
-        judged.write_text(digest, encoding="utf-8")
+        judged = digest
     finally:
         engine.stop()
+        record(name, workspace, judged)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ import pytest
 from punctual.dal.common import to_dynamo
 from punctual.dal.leases import LeaseStore, shard_key
 from punctual.dal.schedules import schedule_from_item
-from punctual.dal.tables import DUE_INDEX, occurrence_key
+from punctual.dal.tables import DUE_INDEX, current_key, occurrence_key
 from punctual.ids import available_at, occurrence_id, shard_of
-from punctual.materializer import LEASE_SECONDS, RENEW_AFTER, Materializer
+from punctual.materializer import LEASE_SECONDS, RENEW_AFTER, STEP_LIMIT, Materializer
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
 from punctual.reconciler import Reconciler
 from punctual.scheduling import ControlPlane
@@ -430,6 +430,35 @@ def test_materializer_a_batch_refused_by_some_schedules_goes_on_with_the_others(
     assert report.watermark > minute
 
 
+def test_materializer_drops_the_step_of_a_schedule_deleted_between_read_and_commit(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN three schedules due in one bucket of one shard, stepped in one transaction
+    minute, [a, b, c, *_] = crowded_bucket(aws, cron_spec("*/5 * * * *"), 3)
+    fire = current(aws, a)["next_run_at"]
+    clock.now = fire - 120
+
+    def delete_second(point: str) -> None:
+        if point == "before_commit" and not delete_second.done:  # type: ignore[attr-defined]
+            delete_second.done = True  # type: ignore[attr-defined]
+            # (an operator's clean-up: the schedule's item is gone, not canceled)
+            aws.dynamodb.delete_item(
+                TableName=aws.settings.schedules_table, Key=to_dynamo(current_key(b))
+            )
+
+    delete_second.done = False  # type: ignore[attr-defined]
+    # WHEN the second's item is deleted between the walk's read and its commit
+    report = tick(aws, clock, a, crash=delete_second)
+    # THEN its step is a conflict and is dropped (the re-read finds nothing to plan), without
+    # failing the walk: the others got their occurrence and the bucket is done
+    assert report.conflicts == 1
+    for stepped in (a, c):
+        assert [f for f in instants(aws, stepped) if f >= fire] == [fire]
+    assert [f for f in instants(aws, b) if f >= fire] == []
+    assert report.watermark is not None
+    assert report.watermark > minute
+
+
 def test_materializer_an_occurrence_already_made_is_left_and_the_step_goes_on(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -499,6 +528,31 @@ def test_materializer_replans_a_refused_schedule_at_once_where_the_index_lags(
     assert (cursor["version"], cursor["next_run_at"]) == (2, fire + 120)
     v2 = [o["scheduled_for"] for o in occurrences(aws, sid) if o["schedule_version"] == 2]
     assert fire + 60 in v2
+
+
+def test_materializer_continues_a_full_step_up_to_the_walks_very_last_second(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely rate fired at second 59 of each minute, from an hour ahead, and a walk
+    # whose window ends exactly on its 21st fire (the step limit is 20), over a due index
+    # that serves every query 100 s behind (the schedule is older: the walk sees it)
+    assert STEP_LIMIT == 20
+    first = (int(clock.now) + 3600) // 60 * 60 + 59
+    rate = {"kind": "rate", "expression": "rate(1 minute)", "start_at": utc_text(first)}
+    sid = make(aws, spec=rate)
+    clock.now = first - 59 - 60
+    wide = aws.settings.model_copy(update={"lookahead_seconds": 21 * 60})
+    faults = Faults(FaultPlan(index_lag=1.0, index_lag_seconds=100), clock)
+    lagging = dataclasses.replace(aws, settings=wide, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN one walk runs: the first step makes 20 fires and leaves its cursor on the 21st,
+    # receivable at the walk's last second
+    report = Materializer(lagging, "m1").run_shard(int(clock.now), shard(aws, sid))
+    # THEN the step is continued in the same walk (the lagging index would not show the
+    # schedule in the last bucket, and the next walk starts past it): all 21 are made and
+    # the cursor is past the window
+    assert report.watermark == first - 59 + 21 * 60
+    assert instants(aws, sid) == [first + 60 * k for k in range(21)]
+    assert current(aws, sid)["next_run_at"] == first + 21 * 60
 
 
 def test_materializer_reports_every_completion_of_a_transaction(

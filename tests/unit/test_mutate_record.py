@@ -1,0 +1,118 @@
+"""`make mutate`'s record in the repo: a fresh workspace starts from it, and a result recorded
+for other code is not carried over."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts import mutate
+
+FILE = "punctual/relay.py"
+SEND = "xǁRelayǁ_send_batch"
+RELAY = "xǁRelayǁrelay"
+
+
+def name(function: str, number: int) -> str:
+    return f"punctual.relay.{function}__mutmut_{number}"
+
+
+@pytest.fixture
+def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(mutate, "RECORDS", tmp_path / "records")
+    mutate.write_record(
+        "relay",
+        {
+            "tests_judged": "abc",
+            "files": {
+                FILE: {
+                    "functions": {SEND: "h-send", RELAY: "h-relay"},
+                    "mutants": {name(SEND, 1): 1, name(SEND, 2): 0, name(RELAY, 1): 1},
+                }
+            },
+        },
+    )
+    return tmp_path
+
+
+def meta_of(workspace: Path) -> dict[str, dict[str, object]]:
+    data: dict[str, dict[str, object]] = json.loads(
+        (workspace / "mutants" / f"{FILE}.meta").read_text(encoding="utf-8")
+    )
+    return data
+
+
+def test_a_fresh_workspace_starts_from_the_recorded_results(records: Path):
+    workspace = records / "ws"
+    assert mutate.restore("relay", workspace) == 3
+    meta = meta_of(workspace)
+    # (mutmut reads every key it wrote: a meta file without them fails its load)
+    assert set(meta) == {
+        "exit_code_by_key",
+        "hash_by_function_name",
+        "type_check_error_by_key",
+        "durations_by_key",
+        "estimated_durations_by_key",
+    }
+    assert meta["exit_code_by_key"] == {name(SEND, 1): 1, name(SEND, 2): 0, name(RELAY, 1): 1}
+    assert meta["hash_by_function_name"] == {SEND: "h-send", RELAY: "h-relay"}
+
+
+def test_a_workspace_takes_only_results_recorded_for_the_same_code(records: Path):
+    # GIVEN a workspace whose mutants were made again: _send_batch is unchanged, relay changed
+    workspace = records / "ws"
+    meta = workspace / "mutants" / f"{FILE}.meta"
+    meta.parent.mkdir(parents=True)
+    unchecked = {name(SEND, 1): None, name(SEND, 2): None, name(RELAY, 1): None}
+    meta.write_text(
+        json.dumps(
+            {
+                "exit_code_by_key": unchecked,
+                "hash_by_function_name": {SEND: "h-send", RELAY: "h-relay-2"},
+                "type_check_error_by_key": {},
+                "durations_by_key": {},
+                "estimated_durations_by_key": {},
+            }
+        ),
+        encoding="utf-8",
+    )
+    # WHEN the record is restored into it
+    restored = mutate.restore("relay", workspace)
+    # THEN _send_batch's results come back; relay's mutants stay to be checked
+    assert restored == 2
+    assert meta_of(workspace)["exit_code_by_key"] == {
+        name(SEND, 1): 1,
+        name(SEND, 2): 0,
+        name(RELAY, 1): None,
+    }
+
+
+def test_a_run_is_recorded_and_reported_from_the_record(records: Path):
+    # GIVEN a workspace after a run (a mutant of relay checked since)
+    workspace = records / "ws"
+    mutate.restore("relay", workspace)
+    meta = workspace / "mutants" / f"{FILE}.meta"
+    data = json.loads(meta.read_text(encoding="utf-8"))
+    data["exit_code_by_key"][name(RELAY, 2)] = 0
+    meta.write_text(json.dumps(data), encoding="utf-8")
+    # WHEN it is recorded
+    mutate.record("relay", workspace, "def")
+    # THEN the record holds it, with the digest of the tests it was judged against
+    assert mutate.read_record("relay")["tests_judged"] == "def"
+    assert mutate.results("relay")[name(RELAY, 2)] == 0
+    survivors = {n for n, code in mutate.results("relay").items() if mutate.survived(code)}
+    assert survivors == {name(SEND, 2), name(RELAY, 2)}
+
+
+@pytest.mark.parametrize(
+    ("code", "killed", "survived"),
+    [(1, True, False), (36, True, False), (0, False, True), (5, False, True), (None, False, False)],
+)
+def test_exit_codes_count_as_mutmut_reports_them(code: int | None, killed: bool, survived: bool):
+    assert (mutate.killed(code), mutate.survived(code)) == (killed, survived)
+
+
+def test_a_mutant_belongs_to_its_function():
+    assert mutate.function_of(name(SEND, 12)) == SEND
