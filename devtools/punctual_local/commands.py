@@ -83,6 +83,7 @@ def _local_up(args: argparse.Namespace, data: Path) -> int:
     engines = stack.engines
     state = "reattached to" if engines.reattached else "started"
     print(f"Punctual local: API {stack.gateway.url} (data in {data})", flush=True)
+    print(f"  console {stack.gateway.url}/console (read-only, in a browser)", flush=True)
     print(
         f"  engines {state}: DynamoDB {engines.dynamodb.endpoint}, SQS {engines.sqs.endpoint}",
         flush=True,

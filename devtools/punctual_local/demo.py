@@ -26,6 +26,12 @@ DEMO_SCHEDULES = (
         0,
     ),
     ("every 2 minutes, flexible 60 s", {"kind": "rate", "expression": "rate(2 minutes)"}, 60),
+    # (a zone with clock changes: the console shows what the next one does to it)
+    (
+        "daily 02:30, America/New_York",
+        {"kind": "cron", "expression": "30 2 * * *", "timezone": "America/New_York"},
+        0,
+    ),
 )
 
 

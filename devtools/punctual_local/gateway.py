@@ -26,6 +26,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from punctual_local.engines import ACCOUNT
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+# Pages the gateway serves itself under a path prefix (the local console): (method, path,
+# query) -> an answer in the Lambda proxy answer's shape. Not signed, not the API's lock.
+Pages = Callable[[str, str, dict[str, list[str]]], dict[str, Any]]
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 # API Gateway's payload limit; a larger body is refused before it is read.
 MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -140,7 +143,8 @@ def _content_length(value: str | None) -> int:
 
 
 class Gateway:
-    """A threaded HTTP server on 127.0.0.1 that invokes ``handler`` per request, one at a time."""
+    """A threaded HTTP server on 127.0.0.1 that invokes ``handler`` per request, one at a
+    time (the ``pages`` aside)."""
 
     def __init__(
         self,
@@ -148,7 +152,9 @@ class Gateway:
         port: int,
         clock: Callable[[], float],
         read_timeout: float = READ_TIMEOUT_SECONDS,
+        pages: tuple[str, Pages] | None = None,
     ) -> None:
+        """``pages``: a path prefix and what serves the requests under it."""
         gateway = self
 
         class Request(BaseHTTPRequestHandler):
@@ -166,7 +172,12 @@ class Gateway:
                     self.close_connection = True
                     self._answer(refused.answer)
                     return
-                if event["requestContext"]["identity"]["userArn"] is None:
+                path = event["path"]
+                if pages is not None and (path == pages[0] or path.startswith(pages[0] + "/")):
+                    # (outside the one-at-a-time lock: the console calls the API over HTTP)
+                    query = event["multiValueQueryStringParameters"] or {}
+                    answer = pages[1](self.command, path, query)
+                elif event["requestContext"]["identity"]["userArn"] is None:
                     # API Gateway with AWS_IAM auth refuses unsigned requests itself.
                     answer = gateway_error(
                         403, "MISSING_AUTHENTICATION_TOKEN", "Missing Authentication Token"

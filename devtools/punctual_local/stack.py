@@ -188,12 +188,17 @@ def claim(data: Path, holder: str) -> IO[str]:
 
 
 def bind_gateway(port: int, functions: Path) -> Gateway:
-    """The API's port, taken before any engine starts, so that a busy port costs nothing."""
+    """The API's port, taken before any engine starts, so that a busy port costs nothing;
+    the console is served on it too (``/console``), reading through the API."""
+    from punctual_local.console import PREFIX, Console
+
+    console = Console("", default_key=DEMO_KEY, operator_key=OPERATOR_KEY)
     try:
-        return Gateway(
+        gateway = Gateway(
             lambda event, context: _handler(functions, "api.handler")(event, context),
             port,
             time.time,
+            pages=(PREFIX, console.answer),
         )
     except OSError as error:
         if error.errno != errno.EADDRINUSE:
@@ -202,6 +207,8 @@ def bind_gateway(port: int, functions: Path) -> Gateway:
             f"port {port} is already in use (another program, or a local stack on another "
             "data folder); choose another with --port"
         ) from None
+    console.endpoint = gateway.url  # (the port bound: 0 picks one)
+    return gateway
 
 
 @dataclass

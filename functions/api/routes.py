@@ -23,6 +23,7 @@ from api.views import (
     TargetListOut,
     TargetOut,
     TenantOut,
+    VersionListOut,
     WorkerPolicyOut,
     fires_out,
     missed_out,
@@ -33,6 +34,7 @@ from api.views import (
     schedule_out,
     target_out,
     tenant_out,
+    version_out,
 )
 from punctual.access import worker_policy
 from punctual.errors import InvalidInput
@@ -161,6 +163,18 @@ def get_schedule(schedule_id: ScheduleId) -> ScheduleDetailOut:
     return ScheduleDetailOut(
         schedule=schedule_out(schedule), next_fires=next_fires_out(fires), notes=fires.notes
     )
+
+
+@router.get(
+    "/v1/schedules/<schedule_id>/versions",
+    summary="A schedule's versions, newest first, each with when it took effect",
+    responses=answers(errors={400: "Invalid limit or next_token", **_NO_SCHEDULE}),
+)
+def list_versions(
+    schedule_id: ScheduleId, limit: Limit = 50, next_token: Token = None
+) -> VersionListOut:
+    found, token = context.plane().versions(_tenant(), schedule_id, limit=limit, token=next_token)
+    return VersionListOut(versions=[version_out(v) for v in found], next_token=token)
 
 
 class SchedulePatch(BaseModel):

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from punctual.dal.schedules import ScheduleVersion
 from punctual.models import (
     TARGET_NAME_PATTERN,
     Attempt,
@@ -138,6 +139,25 @@ class ScheduleListOut(BaseModel):
     next_token: str | None
 
 
+class VersionOut(BaseModel):
+    version: int
+    effective_from: str = Field(description="When this version took effect (UTC).")
+    state: str
+    name: str | None
+    spec: ScheduleSpec
+    target: str
+    payload: dict[str, Any]
+    flexible_window_seconds: int
+    misfire: MisfirePolicy
+    overlap: OverlapPolicy
+    retry: RetryPolicy
+
+
+class VersionListOut(BaseModel):
+    versions: list[VersionOut] = Field(description="Newest first.")
+    next_token: str | None
+
+
 class AttemptOut(BaseModel):
     attempt_no: int
     started_at: str
@@ -201,6 +221,14 @@ class MetaOut(BaseModel):
 class PreviewOut(BaseModel):
     fires: list[FireOut]
     notes: list[str]
+
+
+def version_out(version: ScheduleVersion) -> VersionOut:
+    schedule = version.schedule
+    return VersionOut(
+        **schedule.model_dump(include=set(ScheduleDefinition.model_fields) | {"version", "state"}),
+        effective_from=utc_text(version.effective_from),
+    )
 
 
 def schedule_out(schedule: Schedule) -> ScheduleOut:

@@ -232,7 +232,8 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         assert (
             names.count("every minute, Asia/Kolkata"),
             names.count("every 2 minutes, flexible 60 s"),
-        ) == (1, 1)
+            names.count("daily 02:30, America/New_York"),
+        ) == (1, 1, 1)
 
         # WHEN `local down` runs beside the running stack
         refused = run_punctual("local", "down", "--data", str(tmp_path))

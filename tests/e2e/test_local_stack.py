@@ -672,6 +672,16 @@ def test_cli_list_get_and_occurrences_print_tables_and_json(stack: Stack):
     }
     assert {"available_at", "state", "enqueued_at", "attempt_count"} <= set(only)
 
+    # WHEN `versions` prints the cron's history for people and as JSON
+    versions = stack.cli("versions", cron["schedule_id"])
+    [version] = stack.cli_json("versions", cron["schedule_id"])
+    # THEN its one version, with when it took effect
+    assert versions.code == 0
+    assert versions.out.splitlines() == [
+        f"v1  from {version['effective_from']}  ACTIVE  cron 0 9 * * * Asia/Tokyo  target default"
+    ]
+    assert (version["version"], version["name"]) == (1, "tokyo-morning")
+
 
 # --- `local up` beside a running stack --------------------------------------------------
 

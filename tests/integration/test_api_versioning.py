@@ -3,7 +3,9 @@ occurrences of older versions (answered with their real states), and the version
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +21,15 @@ from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import iso
 from tests.integration.conftest import START, Answer, Api, Clock
-from tests.integration.helpers import create, cron, delete, one_shot, patch, set_occurrence_state
+from tests.integration.helpers import (
+    all_pages,
+    create,
+    cron,
+    delete,
+    one_shot,
+    patch,
+    set_occurrence_state,
+)
 
 
 def _occurrence(api: Api, occurrence_id: str) -> dict[str, Any]:
@@ -316,6 +326,73 @@ def test_version_history_keeps_one_immutable_item_per_version(
     ]
     assert [int(h["effective_from"]["N"]) for h in history] == [START + 60 * n for n in range(5)]
     assert [h["definition"]["M"]["name"]["S"] for h in history] == ["v1"] + ["v2"] * 4
+
+
+def test_versions_are_listed_newest_first_with_when_each_took_effect(
+    alice: Api, bob: Api, clock: Clock
+) -> None:
+    # GIVEN a schedule created, renamed and paused, a minute apart
+    schedule_id = create(alice, cron("*/5 * * * *", name="v1"))["schedule"]["schedule_id"]
+    clock.advance(60)
+    assert patch(alice, schedule_id, {"name": "v2"}, 1).status == 200
+    clock.advance(60)
+    assert alice.post(f"/v1/schedules/{schedule_id}/pause").status == 200
+
+    # WHEN its versions are listed, one to a page
+    pages = all_pages(alice, f"/v1/schedules/{schedule_id}/versions", "versions", limit=1)
+
+    # THEN every version comes once, newest first, with its own state, definition and time
+    versions = [v for page in pages for v in page]
+    assert [len(page) for page in pages[:3]] == [1, 1, 1]
+    assert [v["version"] for v in versions] == [3, 2, 1]
+    assert [v["state"] for v in versions] == ["PAUSED", "ACTIVE", "ACTIVE"]
+    assert [v["name"] for v in versions] == ["v2", "v2", "v1"]
+    assert [v["effective_from"] for v in versions] == [
+        iso(START + 120),
+        iso(START + 60),
+        iso(START),
+    ]
+    assert versions[-1]["spec"]["expression"] == "*/5 * * * *"
+    # AND another tenant is answered as if the schedule did not exist
+    assert bob.get(f"/v1/schedules/{schedule_id}/versions").status == 404
+
+
+def test_versions_refuse_a_token_minted_for_another_schedule(alice: Api) -> None:
+    # GIVEN a page token of one schedule's versions
+    first = create(alice, cron(name="a"))["schedule"]["schedule_id"]
+    second = create(alice, cron(name="b"))["schedule"]["schedule_id"]
+    assert patch(alice, first, {"name": "a2"}, 1).status == 200
+    token = alice.get(f"/v1/schedules/{first}/versions", limit=1).body["next_token"]
+    assert token
+    # WHEN it is sent with another schedule's listing
+    answer = alice.get(f"/v1/schedules/{second}/versions", next_token=token)
+    # THEN it is refused, naming the field
+    assert answer.status == 400
+    assert answer.body["error"]["fields"][0]["field"] == "next_token"
+
+
+@pytest.mark.parametrize(
+    ("listing", "sk"),
+    [
+        ("versions", "CURRENT"),
+        ("versions", "W#0000000001"),
+        ("occurrences", "CURRENT"),
+        ("occurrences", "V#0000000001"),
+    ],
+)
+def test_a_token_naming_a_key_outside_the_listing_is_refused_not_a_500(
+    alice: Api, listing: str, sk: str
+) -> None:
+    # GIVEN a token crafted for the schedule (the tenant's own) with a sort key the
+    # listing's query does not cover (DynamoDB refuses such a start key: a ValidationException)
+    schedule_id = create(alice, cron(name="a"))["schedule"]["schedule_id"]
+    key = json.dumps({"schedule_id": schedule_id, "sk": sk}).encode()
+    token = base64.urlsafe_b64encode(key).decode().rstrip("=")
+    # WHEN it is sent
+    answer = alice.get(f"/v1/schedules/{schedule_id}/{listing}", next_token=token)
+    # THEN it is a 400 naming the field
+    assert answer.status == 400, answer.body
+    assert answer.body["error"]["fields"][0]["field"] == "next_token"
 
 
 def test_version_history_is_not_rewritten_by_a_refused_change(

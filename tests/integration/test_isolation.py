@@ -226,10 +226,12 @@ def test_crafted_ids_never_reach_another_tenants_schedule_or_occurrences(
     occ = saved["materialized"][0]["occurrence_id"]
     for crafted in _crafted(schedule_id):
         with subtests.test(crafted=crafted):
-            # WHEN bob reads, lists, changes or cancels it under a crafted id
+            # WHEN bob reads, lists (occurrences, versions), changes or cancels it under a
+            # crafted id
             answers = [
                 bob.get(f"/v1/schedules/{crafted}"),
                 bob.get(f"/v1/schedules/{crafted}/occurrences"),
+                bob.get(f"/v1/schedules/{crafted}/versions"),
                 bob.call(
                     "PATCH", f"/v1/schedules/{crafted}", {"name": "x"}, headers={"If-Match": "1"}
                 ),

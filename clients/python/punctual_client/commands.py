@@ -107,6 +107,7 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         ("resume", "resume a schedule"),
         ("cancel", "cancel a schedule"),
         ("occurrences", "a schedule's occurrences"),
+        ("versions", "a schedule's versions, newest first"),
     ):
         add(name, text).add_argument("schedule_id", metavar="ID")
     listing = add("list", "your schedules")
@@ -247,6 +248,16 @@ def _each(printer: Callable[[Any], None]) -> Callable[[list[Any]], None]:
     return print_all
 
 
+def _print_version(version: dict[str, Any]) -> None:
+    spec = version["spec"]
+    rule = spec.get("expression") or spec.get("at")
+    zone = spec.get("timezone") or "UTC"
+    print(
+        f"v{version['version']}  from {version['effective_from']}  {version['state']}  "
+        f"{spec['kind']} {rule} {zone}  target {version['target']}"
+    )
+
+
 def _print_target(target: dict[str, Any]) -> None:
     print(f"{target['name']}  {target['queue_url']}")
 
@@ -316,6 +327,9 @@ def run_client_command(args: argparse.Namespace) -> int:
     elif command == "occurrences":
         rows = client.pages(f"/v1/schedules/{args.schedule_id}/occurrences", "occurrences")
         _emit(args, rows, _print_occurrences)
+    elif command == "versions":
+        rows = client.pages(f"/v1/schedules/{args.schedule_id}/versions", "versions")
+        _emit(args, rows, _each(_print_version))
     elif command == "occurrence":
         found = client.get(f"/v1/occurrences/{args.occurrence_id}")
         _emit(args, found, lambda o: _print_occurrences([o]))

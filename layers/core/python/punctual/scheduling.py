@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from punctual.dal.common import ConditionFailed
 from punctual.dal.leases import watermark_of
 from punctual.dal.schedules import (
+    ScheduleVersion,
     StoredSchedule,
     schedule_to_item,
     stored_schedule,
@@ -176,6 +177,13 @@ class ControlPlane:
 
     def get(self, tenant_id: str, schedule_id: str) -> Schedule:
         return self._owned(tenant_id, schedule_id).schedule
+
+    def versions(
+        self, tenant_id: str, schedule_id: str, *, limit: int, token: str | None
+    ) -> tuple[list[ScheduleVersion], str | None]:
+        """A page of the schedule's versions, newest first, each with when it took effect."""
+        self._owned(tenant_id, schedule_id)
+        return self.schedules.versions(schedule_id, limit=limit, token=token)
 
     def list_schedules(
         self, tenant_id: str, *, state: ScheduleState | None, limit: int, token: str | None

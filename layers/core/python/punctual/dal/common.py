@@ -95,10 +95,16 @@ def encode_token(key: Mapping[str, Any] | None) -> str | None:
 
 
 def decode_token(
-    token: str | None, *, expect: Mapping[str, Any], keys: frozenset[str]
+    token: str | None,
+    *,
+    expect: Mapping[str, Any],
+    keys: frozenset[str],
+    sk_within: tuple[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """Back to ExclusiveStartKey. A mangled token, one missing or adding key attributes
-    (``keys``), or one minted for another tenant or schedule (``expect``) is a 400."""
+    (``keys``), one minted for another tenant or schedule (``expect``), or one whose sort
+    key lies outside the query's range (``sk_within``: DynamoDB refuses such a start key
+    with a ValidationException, which would be a 500) is a 400."""
     if not token:
         return None
     problem = InvalidInput(
@@ -114,6 +120,7 @@ def decode_token(
         or set(key) != keys
         or not all(isinstance(v, str | int) and not isinstance(v, bool) for v in key.values())
         or any(key.get(k) != v for k, v in expect.items())
+        or (sk_within is not None and not sk_within[0] <= str(key.get("sk")) <= sk_within[1])
     ):
         raise problem
     return to_dynamo(key)

@@ -84,15 +84,20 @@ def _occurrences(page: dict[str, Any]) -> list[Occurrence]:
     return [occurrence_from_item(from_dynamo(item)) for item in page["Items"]]
 
 
+def _sk_range(since: int, until: int) -> tuple[str, str]:
+    """The sort keys of the occurrence items with scheduled_for in [since, until]."""
+    return (
+        occurrence_sk(min(max(since, 0), _LAST), 0),
+        occurrence_sk(min(until, _LAST), 10**10 - 1),
+    )
+
+
 def _between(schedule_id: str, since: int, until: int) -> dict[str, Any]:
     """Query arguments for the schedule's occurrence items with scheduled_for in [since, until]."""
+    low, high = _sk_range(since, until)
     return {
         "KeyConditionExpression": "schedule_id = :s AND sk BETWEEN :a AND :b",
-        "ExpressionAttributeValues": values(
-            s=schedule_id,
-            a=occurrence_sk(min(max(since, 0), _LAST), 0),
-            b=occurrence_sk(min(until, _LAST), 10**10 - 1),
-        ),
+        "ExpressionAttributeValues": values(s=schedule_id, a=low, b=high),
     }
 
 
@@ -136,7 +141,10 @@ class OccurrenceStore:
             "Limit": limit,
         }
         start = decode_token(
-            token, expect={"schedule_id": schedule_id}, keys=OCCURRENCES.page_key()
+            token,
+            expect={"schedule_id": schedule_id},
+            keys=OCCURRENCES.page_key(),
+            sk_within=_sk_range(since, until),
         )
         if start:
             request["ExclusiveStartKey"] = start

@@ -310,6 +310,32 @@ class ScheduleStore:
                     return found[::-1]
         return found[::-1]
 
+    def versions(
+        self, schedule_id: str, *, limit: int, token: str | None
+    ) -> tuple[list[ScheduleVersion], str | None]:
+        """One page of the schedule's history, newest first. Consistent: an update answered
+        a moment ago must be listed (its history item is written in the same transaction
+        as the CURRENT item the caller has just read)."""
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "schedule_id = :s AND begins_with(sk, :v)",
+            "ExpressionAttributeValues": values(s=schedule_id, v="V#"),
+            "ScanIndexForward": False,
+            "ConsistentRead": True,
+            "Limit": limit,
+        }
+        start = decode_token(
+            token,
+            expect={"schedule_id": schedule_id},
+            keys=SCHEDULES.page_key(),
+            sk_within=("V#", "V#\uffff"),
+        )
+        if start:
+            request["ExclusiveStartKey"] = start
+        page = self._client.query(**request)
+        found = [version_from_item(from_dynamo(item)) for item in page["Items"]]
+        return found, encode_token(page.get("LastEvaluatedKey"))
+
     # --- transaction actions ----------------------------------------------------------
 
     def put_new(self, item: Item) -> dict[str, Any]:
