@@ -170,6 +170,10 @@ class Console:
             fires = _marked_fires(detail["next_fires"][:3])
             missed = _missed_summary(schedule)
             notes = "".join(f"<div class=note>{_esc(n)}</div>" for n in detail["notes"])
+            change = next_clock_change(zone, int(self.now()))
+            if change is not None and schedule["state"] == "ACTIVE":
+                day = datetime.fromtimestamp(change[0], ZoneInfo(zone)).date()
+                notes += f"<div class=note>next clock change {day}: see the schedule</div>"
             schedule_id = schedule["schedule_id"]
             name = _link(f"schedules/{schedule_id}", key, schedule["name"] or schedule_id)
             rows.append(

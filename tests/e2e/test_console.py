@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from punctual.scheduling import PREVIEW_COUNT
+from punctual_local.console import next_clock_change
 from tests.e2e.conftest import REPO, Stack, StackFailed, launch, ready, stop, tail, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -94,6 +97,11 @@ def demo(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
     assert stopped == (0, []), f"unclean stop {stopped}:\n{tail(stack.log)}"
 
 
+def new_york_date(instant: int) -> str:
+    """The date in New York of an instant, as the console shows it."""
+    return str(datetime.fromtimestamp(instant, ZoneInfo("America/New_York")).date())
+
+
 class Page:
     """A browser tab that records every console error and uncaught page error."""
 
@@ -142,6 +150,10 @@ def test_console_lists_the_demos_schedules_with_their_next_fires(page: Page):
         assert name in text
     assert "cron 30 2 * * *" in text
     assert "America/New_York" in text
+    change = next_clock_change("America/New_York", int(time.time()))
+    assert change is not None
+    day = new_york_date(change[0])
+    assert text.count(f"next clock change {day}") == 1  # (New York's; Kolkata has none)
     assert ONE_SHOT in text
     # AND every active schedule shows its next fires in local time
     assert page.tab.locator(".fires").count() >= 3
@@ -153,10 +165,15 @@ def test_console_shows_a_schedules_next_clock_change_and_what_it_does(page: Page
     page.tab.get_by_role("link", name=NEW_YORK).click()
     page.shoot("schedule")
     # THEN its versions, its next fires on a timeline, and the zone's next clock change are
-    # shown, with what the change does to the 02:30 fire (it does not exist that night)
+    # shown, with what the change does to the 02:30 fire: it does not exist the night the
+    # clocks spring forward (when they fall back, 01:00-01:59 repeats and 02:30 is unmoved)
     text = page.text()
-    assert "Next clock change in America/New_York" in text
-    assert "02:30 does not exist in America/New_York" in text
+    change = next_clock_change("America/New_York", int(time.time()))
+    assert change is not None
+    _, before, after = change
+    assert f"Next clock change in America/New_York: {new_york_date(change[0])}" in text
+    springs_forward = int(after) > int(before)
+    assert ("02:30 does not exist in America/New_York" in text) == springs_forward
     assert page.tab.locator("svg[aria-label='next fires'] circle").count() == PREVIEW_COUNT
     assert page.tab.locator("table").first.inner_text().count("v1") == 1
     assert "ACTIVE" in text
