@@ -225,7 +225,7 @@ def read_record(module: str) -> dict[str, Any]:
 
 def write_record(module: str, record: dict[str, Any]) -> None:
     RECORDS.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(record, indent=1, sort_keys=True)
+    text = json.dumps(record, indent=1, sort_keys=True, ensure_ascii=False)
     record_path(module).write_text(text + "\n", encoding="utf-8")
 
 

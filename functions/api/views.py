@@ -69,10 +69,9 @@ _MISSED = (
 )
 
 
-class ScheduleOut(BaseModel):
-    schedule_id: str
-    version: int
-    state: str
+class _DefinitionOut(BaseModel):
+    """What a schedule's version defines (ScheduleDefinition's fields, as stored)."""
+
     name: str | None
     spec: ScheduleSpec
     target: str
@@ -81,6 +80,12 @@ class ScheduleOut(BaseModel):
     misfire: MisfirePolicy
     overlap: OverlapPolicy
     retry: RetryPolicy
+
+
+class ScheduleOut(_DefinitionOut):
+    schedule_id: str
+    version: int
+    state: str
     created_at: str
     updated_at: str
     next_run_at: str | None = Field(description="The next fire not yet materialized (UTC).")
@@ -139,18 +144,10 @@ class ScheduleListOut(BaseModel):
     next_token: str | None
 
 
-class VersionOut(BaseModel):
+class VersionOut(_DefinitionOut):
     version: int
     effective_from: str = Field(description="When this version took effect (UTC).")
     state: str
-    name: str | None
-    spec: ScheduleSpec
-    target: str
-    payload: dict[str, Any]
-    flexible_window_seconds: int
-    misfire: MisfirePolicy
-    overlap: OverlapPolicy
-    retry: RetryPolicy
 
 
 class VersionListOut(BaseModel):

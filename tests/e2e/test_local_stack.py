@@ -678,7 +678,7 @@ def test_cli_list_get_and_occurrences_print_tables_and_json(stack: Stack):
     # THEN its one version, with when it took effect
     assert versions.code == 0
     assert versions.out.splitlines() == [
-        f"v1  from {version['effective_from']}  ACTIVE  cron 0 9 * * * Asia/Tokyo  target default"
+        f"v1  from {version['effective_from']}  ACTIVE  cron '0 9 * * *' Asia/Tokyo  -> default"
     ]
     assert (version["version"], version["name"]) == (1, "tokyo-morning")
 

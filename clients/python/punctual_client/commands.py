@@ -200,13 +200,16 @@ def _flat(saved: dict[str, Any]) -> dict[str, Any]:
     return {**saved["schedule"], **{k: v for k, v in saved.items() if k != "schedule"}}
 
 
-def _print_schedule(found: dict[str, Any]) -> None:
-    spec = found["spec"]
+def _rule(spec: dict[str, Any]) -> str:
+    """A spec in one phrase: ``cron '0 9 * * *' Asia/Tokyo``."""
     when = spec.get("expression") or spec.get("at")
-    zone = spec.get("timezone") or "UTC"
+    return f"{spec['kind']} {when!r} {spec.get('timezone') or 'UTC'}"
+
+
+def _print_schedule(found: dict[str, Any]) -> None:
     print(
-        f"{found['schedule_id']}  {found['state']}  v{found['version']}  {spec['kind']} "
-        f"{when!r} {zone}  -> {found['target']}"
+        f"{found['schedule_id']}  {found['state']}  v{found['version']}  "
+        f"{_rule(found['spec'])}  -> {found['target']}"
     )
     for fire in found.get("next_fires", []):
         made = f"  made as {fire['occurrence_id']}" if fire.get("occurrence_id") else ""
@@ -249,12 +252,9 @@ def _each(printer: Callable[[Any], None]) -> Callable[[list[Any]], None]:
 
 
 def _print_version(version: dict[str, Any]) -> None:
-    spec = version["spec"]
-    rule = spec.get("expression") or spec.get("at")
-    zone = spec.get("timezone") or "UTC"
     print(
         f"v{version['version']}  from {version['effective_from']}  {version['state']}  "
-        f"{spec['kind']} {rule} {zone}  target {version['target']}"
+        f"{_rule(version['spec'])}  -> {version['target']}"
     )
 
 
