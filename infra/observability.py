@@ -457,7 +457,8 @@ class Observability(Construct):
             cw.TextWidget(
                 markdown=(
                     "**Workers** emit their own metrics (namespace `Punctual`: Succeeded, "
-                    "Retried, Dead, StaleRefused, SkippedOverlap, ConcurrencyThrottled, "
+                    "Retried, Dead, StaleRefused, SkippedOverlap, OverlapWaiting, "
+                    "ConcurrencyThrottled, "
                     "DuplicateClaims, Rejected) in the account where each worker runs. "
                     "This account sees their outcomes in the reconciler's hourly counts. "
                     "See docs/deploy.md, *Watching workers*."

@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
-from punctual.dal.runs import OVERLAP, run_partition, run_slot_sk
+from punctual.dal.runs import OVERLAP, run_partition, run_slot_sk, wait_slot_sk
 from punctual.dal.tables import current_key
 from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
@@ -1292,6 +1292,180 @@ def test_worker_skip_if_running_race_never_runs_two_at_once(local_aws: Services,
         assert sorted([state(aws, first), state(aws, second)]) == sorted(
             [S.SUCCEEDED, S.SKIPPED_OVERLAP]
         )
+
+
+# --- overlap control (QUEUE_ONE) -------------------------------------------------------------
+
+
+def three_due(aws: Services, clock: Clock) -> tuple[str, list[str], dict[str, Delivery]]:
+    """A QUEUE_ONE rate(1 minute) schedule with its first three occurrences due and relayed."""
+    sid, occurrences = rate_schedule(aws, "rate(1 minute)", overlap="QUEUE_ONE")
+    clock.advance(120)
+    relay(aws, *occurrences[:3])
+    return sid, occurrences[:3], by_occurrence(receive(aws))
+
+
+def wait_slot(aws: Services, schedule_id: str) -> dict[str, Any] | None:
+    """The schedule's wait slot if an occurrence holds it (an emptied one is free)."""
+    raw = aws.dynamodb.get_item(
+        TableName=aws.settings.tenants_table,
+        Key=to_dynamo({"pk": run_partition("alice"), "sk": wait_slot_sk(schedule_id)}),
+        ConsistentRead=True,
+    ).get("Item")
+    return from_dynamo(raw) if raw and "occurrence_id" in raw else None
+
+
+def test_worker_queue_one_the_next_waits_for_the_running_one_and_a_third_is_skipped(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN three due occurrences of a QUEUE_ONE schedule, the first one running
+    sid, [first, second, third], deliveries = three_due(aws, clock)
+    others = Calls()
+    seen: dict[str, Any] = {}
+
+    def running(job: Job) -> None:
+        # WHEN the second, then the third, are delivered while the first runs
+        seen["second"] = worker(aws, others).process(deliveries[second])
+        seen["third"] = worker(aws, others).process(deliveries[third])
+        seen["waiting"] = wait_slot(aws, sid)
+
+    assert worker(aws, running).process(deliveries[first]).outcome is Outcome.SUCCEEDED
+    # THEN the second waits: not run, its message kept and visible again in a few seconds,
+    # the occurrence still SCHEDULED, the wait slot its own
+    waited = seen["second"]
+    assert (waited.outcome, waited.delete, waited.visible_in) == (Outcome.WAITING, False, 5)
+    assert waited.detail == f"{first} of this schedule is running; this one runs next"
+    assert seen["waiting"]["occurrence_id"] == second
+    assert state(aws, second) is S.SCHEDULED
+    # AND the third, finding one waiting already, is SKIPPED_OVERLAP naming both
+    skipped = seen["third"]
+    assert (skipped.outcome, skipped.delete) == (Outcome.SKIPPED_OVERLAP, True)
+    reason = f"{first} of this schedule is running and {second} waits to run"
+    assert skipped.detail == stored(aws, third)[0].reason == reason
+    assert state(aws, third) is S.SKIPPED_OVERLAP
+    assert others.count == 0
+    # WHEN the second's message comes back after the first finished
+    result = worker(aws, others).process(redeliver(aws, deliveries[second]))
+    # THEN it runs, and gives up the wait slot as it takes the run slot
+    assert result.outcome is Outcome.SUCCEEDED
+    assert [job.occurrence_id for job in others.jobs] == [second]
+    assert wait_slot(aws, sid) is None
+    assert "lease_token" not in run_slot(aws, sid)
+
+
+def test_worker_queue_one_a_later_occurrence_does_not_jump_the_one_waiting(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a QUEUE_ONE schedule whose second occurrence waited while the first ran
+    _, [first, second, third], deliveries = three_due(aws, clock)
+    handler = Calls()
+
+    def running(job: Job) -> None:
+        assert worker(aws, handler).process(deliveries[second]).outcome is Outcome.WAITING
+
+    assert worker(aws, running).process(deliveries[first]).outcome is Outcome.SUCCEEDED
+    # WHEN the third is delivered after the first finished, before the second's next try
+    result = worker(aws, handler).process(deliveries[third])
+    # THEN the run slot is free, but the third does not run ahead of the second
+    assert result.outcome is Outcome.SKIPPED_OVERLAP
+    assert result.detail == f"{second} of this schedule waits to run"
+    assert handler.count == 0
+    # AND the second runs at its next try
+    assert worker(aws, handler).process(redeliver(aws, deliveries[second])).outcome is (
+        Outcome.SUCCEEDED
+    )
+
+
+def test_worker_queue_one_a_wait_holds_its_place_until_it_runs_out(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a QUEUE_ONE schedule's first occurrence running under a long lease, and the
+    # second waiting (its message not back yet)
+    _, [first, second, third], deliveries = three_due(aws, clock)
+    seen: dict[str, Any] = {}
+
+    def running(job: Job) -> None:
+        assert worker(aws, Calls()).process(deliveries[second]).outcome is Outcome.WAITING
+        # WHEN the third is delivered a second before the second's wait runs out
+        clock.advance(59)
+        seen["third"] = worker(aws, Calls()).process(deliveries[third]).outcome
+
+    worker(aws, running, lease_seconds=600).process(deliveries[first])
+    # THEN the second keeps its place: the third is skipped
+    assert seen["third"] is Outcome.SKIPPED_OVERLAP
+    assert state(aws, third) is S.SKIPPED_OVERLAP
+
+
+def test_worker_queue_one_an_expired_wait_lets_the_next_one_wait(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a QUEUE_ONE schedule's first occurrence running under a long lease, and the
+    # second waiting, whose worker then dies (its message does not come back in time)
+    sid, [first, second, third], deliveries = three_due(aws, clock)
+    seen: dict[str, Any] = {}
+
+    def running(job: Job) -> None:
+        assert worker(aws, Calls()).process(deliveries[second]).outcome is Outcome.WAITING
+        # WHEN the third is delivered once the second's wait has run out
+        clock.advance(60)
+        seen["third"] = worker(aws, Calls()).process(deliveries[third])
+        seen["waiting"] = wait_slot(aws, sid)
+
+    worker(aws, running, lease_seconds=600).process(deliveries[first])
+    # THEN the third waits in its place
+    assert seen["third"].outcome is Outcome.WAITING
+    assert seen["waiting"]["occurrence_id"] == third
+
+
+def test_worker_queue_one_a_waiting_occurrence_made_stale_frees_the_wait(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a QUEUE_ONE schedule's second occurrence waiting while the first runs
+    sid, [first, second, _], deliveries = three_due(aws, clock)
+
+    def running(job: Job) -> None:
+        assert worker(aws, Calls()).process(deliveries[second]).outcome is Outcome.WAITING
+        # WHEN the schedule is updated (its open occurrences of version 1 are canceled)
+        # and the second's message comes back
+        changes = {"payload": {"v": 2}}
+        ControlPlane(aws).update("alice", sid, if_match=1, changes=changes)
+        seen["second"] = worker(aws, Calls()).process(redeliver(aws, deliveries[second]))
+
+    seen: dict[str, Any] = {}
+    worker(aws, running).process(deliveries[first])
+    # THEN it is refused as stale and the wait slot is free for the new version's
+    assert seen["second"].outcome is Outcome.STALE
+    assert wait_slot(aws, sid) is None
+
+
+def test_worker_queue_one_race_lets_exactly_one_wait(local_aws: Services, clock: Clock):
+    # GIVEN DynamoDB Local (real conditional writes) and QUEUE_ONE schedules, each with its
+    # first occurrence running and two more due
+    aws = local_aws
+    bootstrap("alice", ALICE)
+    schedules = [
+        rate_schedule(aws, "rate(1 minute)", overlap="QUEUE_ONE") for _ in range(RACE_ROUNDS // 3)
+    ]
+    clock.advance(120)
+    relay(aws, *[occ for _, occurrences in schedules for occ in occurrences[:3]])
+    deliveries = receive_all(aws)
+    for sid, (first, second, third, *_) in schedules:
+        seen: dict[str, Any] = {}
+
+        def running(job: Job) -> None:
+            # WHEN the other two are claimed at the same moment while the first runs
+            seen["race"] = race(aws, deliveries[second], deliveries[third])  # noqa: B023
+
+        assert worker(aws, running).process(deliveries[first]).outcome is Outcome.SUCCEEDED
+        results, ran, _ = seen["race"]
+        # THEN neither ran; exactly one waits (and holds the wait slot), the other is skipped
+        assert ran == [], (first, results)
+        outcomes = {r.outcome: n for n, r in enumerate(results)}
+        assert set(outcomes) == {Outcome.WAITING, Outcome.SKIPPED_OVERLAP}, (first, results)
+        waiting = (second, third)[outcomes[Outcome.WAITING]]
+        held = wait_slot(aws, sid)
+        assert held is not None
+        assert held["occurrence_id"] == waiting
 
 
 # --- the tenant's concurrency quota ------------------------------------------------------

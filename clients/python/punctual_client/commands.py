@@ -55,7 +55,7 @@ def _definition_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--misfire", choices=["SKIP", "FIRE_ONCE", "CATCHUP"])
     parser.add_argument("--max-lateness", type=int, metavar="S")
     parser.add_argument("--catchup-limit", type=int, metavar="K")
-    parser.add_argument("--overlap", choices=["ALLOW", "SKIP_IF_RUNNING"])
+    parser.add_argument("--overlap", choices=["ALLOW", "SKIP_IF_RUNNING", "QUEUE_ONE"])
     parser.add_argument("--name")
 
 

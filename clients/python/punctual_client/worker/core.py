@@ -22,13 +22,22 @@ from typing import Any
 from pydantic import ValidationError
 
 from punctual.dal.common import ConditionFailed
-from punctual.dal.runs import OVERLAP, RunLease, RunStore, ScheduleForRun, Seen, StoredRun
+from punctual.dal.runs import (
+    OVERLAP,
+    WAITING,
+    RunLease,
+    RunStore,
+    ScheduleForRun,
+    Seen,
+    StoredRun,
+)
 from punctual.errors import NotFound, Retryable
 from punctual.message import Message, parse_message
 from punctual.models import (
     TERMINAL,
     AttemptOutcome,
     OccurrenceState,
+    OverlapPolicy,
     RetryPolicy,
     ScheduleState,
 )
@@ -50,6 +59,10 @@ FINISH_ATTEMPTS = 4
 # off covers the time since this receive (a claim comes seconds after it). A handler that
 # runs longer sees its message again: the claim answers IN_PROGRESS while the lease lives.
 MAX_VISIBILITY = 43_200 - 60
+# QUEUE_ONE: the waiting occurrence's message comes back this often to try its claim again,
+# and holds the wait slot this long past each try (a worker that dies waiting frees it).
+QUEUE_RETRY_SECONDS = 5
+QUEUE_WAIT_SECONDS = 60
 
 
 class PermanentError(Exception):
@@ -63,7 +76,9 @@ class Outcome(StrEnum):
     ALREADY_DONE = "ALREADY_DONE"  # a re-delivery of a finished occurrence (a lost ack)
     IN_PROGRESS = "IN_PROGRESS"  # another worker holds a live lease on it
     STALE = "STALE"  # its schedule was updated, paused or canceled: refused, CANCELED
-    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"  # SKIP_IF_RUNNING and another run holds the slot
+    # SKIP_IF_RUNNING and another run holds the slot; or QUEUE_ONE and another one waits too
+    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
+    WAITING = "WAITING"  # QUEUE_ONE: next in line while another runs; visible again soon
     THROTTLED = "THROTTLED"  # the tenant's concurrency limit is reached: visible again later
     LEASE_LOST = "LEASE_LOST"  # our lease expired and another worker took over
     REJECTED = "REJECTED"  # not an occurrence message of this tenant: to the DLQ
@@ -89,6 +104,7 @@ METRICS = {
     Outcome.IN_PROGRESS: "DuplicateClaims",
     Outcome.STALE: "StaleRefused",
     Outcome.SKIPPED_OVERLAP: "SkippedOverlap",
+    Outcome.WAITING: "OverlapWaiting",
     Outcome.THROTTLED: "ConcurrencyThrottled",
     Outcome.LEASE_LOST: "WorkerLeasesLost",
     Outcome.REJECTED: "Rejected",
@@ -260,6 +276,7 @@ class Worker:
         if seen.state is OccurrenceState.CANCELED:
             # An update, pause or cancel got to it first (or our own refusal's delete was
             # lost): the message of a canceled occurrence is dropped, never run.
+            self._leave_queue(message, schedule)
             return Result(Outcome.STALE, f"canceled: {occurrence.reason}")
         if seen.state in TERMINAL:
             if occurrence.dlq_pending:
@@ -275,6 +292,7 @@ class Worker:
             return Result(Outcome.RETRY, "backing off", retry_at - now)
         stale = _staleness(occurrence, schedule)
         if stale is not None:
+            self._leave_queue(message, schedule)
             return self._refuse(message, seen, OccurrenceState.CANCELED, stale, Outcome.STALE, now)
         assert schedule is not None
         policy = schedule.retry
@@ -298,7 +316,8 @@ class Worker:
             token=secrets.token_urlsafe(16),
             expires_at=now + self.lease_seconds,
             concurrency_slot=slot,
-            overlap=schedule.skip_if_running,
+            overlap=schedule.overlap is not OverlapPolicy.ALLOW,
+            queue_one=schedule.overlap is OverlapPolicy.QUEUE_ONE,
         )
         try:
             self.runs.claim(
@@ -309,21 +328,49 @@ class Worker:
                 queued_at=delivery.sent_at or now,
             )
         except ConditionFailed as refused:
+            holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
+            if refused.label == OVERLAP and lease.queue_one:
+                return self._wait(message, seen, holder, now)
             if refused.label == OVERLAP:
-                holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
                 reason = f"{holder} of this schedule is running"
-                return self._refuse(
-                    message,
-                    seen,
-                    OccurrenceState.SKIPPED_OVERLAP,
-                    reason,
-                    Outcome.SKIPPED_OVERLAP,
-                    now,
-                )
-            return None  # the occurrence, the schedule or the slot moved: read again
+            elif refused.label == WAITING:
+                # QUEUE_ONE: the run slot is free, but an earlier occurrence waits for it
+                # (its next try takes it): this one would jump the queue.
+                reason = f"{holder} of this schedule waits to run"
+            else:
+                return None  # the occurrence, the schedule or the slot moved: read again
+            return self._refuse(
+                message, seen, OccurrenceState.SKIPPED_OVERLAP, reason, Outcome.SKIPPED_OVERLAP, now
+            )
         except Retryable:
             return None
         return lease, policy, released
+
+    def _wait(self, message: Message, seen: Seen, running: str, now: int) -> Result | None:
+        """QUEUE_ONE and the run slot is held: wait for it if no other occurrence does."""
+        try:
+            waiting = self.runs.wait(
+                self.tenant_id,
+                message.schedule_id,
+                message.occurrence_id,
+                until=now + QUEUE_WAIT_SECONDS,
+                now=now,
+            )
+        except Retryable:
+            return None
+        if waiting is None:
+            reason = f"{running} of this schedule is running; this one runs next"
+            return Result(Outcome.WAITING, reason, QUEUE_RETRY_SECONDS)
+        reason = f"{running} of this schedule is running and {waiting} waits to run"
+        return self._refuse(
+            message, seen, OccurrenceState.SKIPPED_OVERLAP, reason, Outcome.SKIPPED_OVERLAP, now
+        )
+
+    def _leave_queue(self, message: Message, schedule: ScheduleForRun | None) -> None:
+        """A QUEUE_ONE occurrence that will not run gives up the wait slot it may hold, so
+        that the next one need not wait for the slot to expire."""
+        if schedule is not None and schedule.overlap is OverlapPolicy.QUEUE_ONE:
+            self.runs.stop_waiting(self.tenant_id, message.schedule_id, message.occurrence_id)
 
     def _refuse(
         self,

@@ -243,8 +243,13 @@ class MisfirePolicy(_Record):
 
 
 class OverlapPolicy(StrEnum):
+    """What an occurrence does while an earlier one of its schedule runs: run anyway; be
+    SKIPPED_OVERLAP; or wait for it, one at a time (a later one that finds another already
+    waiting is SKIPPED_OVERLAP)."""
+
     ALLOW = "ALLOW"
     SKIP_IF_RUNNING = "SKIP_IF_RUNNING"
+    QUEUE_ONE = "QUEUE_ONE"
 
 
 class RetryPolicy(_Record):

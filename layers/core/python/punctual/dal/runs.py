@@ -5,8 +5,12 @@ occurrence so that a crashed worker's slots free themselves when its lease expir
 live in the tenants table under the tenant's own run partition ``R#<tenant>``, apart from
 the tenant's record (``T#<tenant>``: quotas and usage), so a worker's role can write slots
 and nothing else of the tenants table (docs/security.md):
-- the schedule's run slot (sk ``SLOT#<schedule_id>``) for SKIP_IF_RUNNING schedules;
+- the schedule's run slot (sk ``SLOT#<schedule_id>``) for SKIP_IF_RUNNING and QUEUE_ONE
+  schedules;
 - the tenant's concurrency slots (sk ``RUN#00000`` .. ``RUN#<limit-1>``).
+A QUEUE_ONE schedule has a third, its wait slot (sk ``WAIT#<schedule_id>``): the one
+occurrence waiting for the run slot holds it, with an expiry of its own (a waiting
+occurrence holds no run lease), until its claim takes the run slot and empties it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ ATTEMPT = "attempt"
 PREVIOUS_ATTEMPT = "previous_attempt"
 CONCURRENCY = "concurrency_slot"
 OVERLAP = "run_slot"
+WAITING = "wait_slot"
 
 
 def run_partition(tenant_id: str) -> str:
@@ -57,6 +62,10 @@ def run_slot_sk(schedule_id: str) -> str:
     return f"SLOT#{schedule_id}"
 
 
+def wait_slot_sk(schedule_id: str) -> str:
+    return f"WAIT#{schedule_id}"
+
+
 @dataclass(frozen=True, slots=True)
 class RunLease:
     """What a claim took: the token fences every later write of this attempt."""
@@ -68,7 +77,8 @@ class RunLease:
     token: str
     expires_at: int
     concurrency_slot: int
-    overlap: bool
+    overlap: bool  # takes the schedule's run slot
+    queue_one: bool = False  # and frees its wait slot (QUEUE_ONE): no other may be waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +117,7 @@ class ScheduleForRun:
     version: int
     state: ScheduleState
     retry: RetryPolicy
-    skip_if_running: bool  # its overlap policy
+    overlap: OverlapPolicy
 
 
 def _stored_run(item: Item) -> StoredRun:
@@ -131,7 +141,7 @@ def _schedule_for_run(item: Item) -> ScheduleForRun:
         version=int(item["version"]),
         state=ScheduleState(item["state"]),
         retry=RetryPolicy.model_validate(definition.get("retry", {})),
-        skip_if_running=definition.get("overlap") == OverlapPolicy.SKIP_IF_RUNNING.value,
+        overlap=OverlapPolicy(definition.get("overlap", OverlapPolicy.ALLOW.value)),
     )
 
 
@@ -153,6 +163,10 @@ class RunStore:
     @staticmethod
     def _run_slot_key(tenant_id: str, schedule_id: str) -> dict[str, Any]:
         return to_dynamo({"pk": run_partition(tenant_id), "sk": run_slot_sk(schedule_id)})
+
+    @staticmethod
+    def _wait_slot_key(tenant_id: str, schedule_id: str) -> dict[str, Any]:
+        return to_dynamo({"pk": run_partition(tenant_id), "sk": wait_slot_sk(schedule_id)})
 
     @staticmethod
     def _concurrency_key(tenant_id: str, slot: int) -> dict[str, Any]:
@@ -334,7 +348,71 @@ class RunStore:
                     ),
                 )
             )
+        if lease.queue_one:
+            actions.append(
+                (
+                    WAITING,
+                    {
+                        # (an Update that empties it, not a Delete: a worker's role may
+                        # update its slots and nothing more, docs/security.md)
+                        "Update": {
+                            "TableName": self._tenants,
+                            "Key": self._wait_slot_key(lease.tenant_id, lease.schedule_id),
+                            "UpdateExpression": "REMOVE occurrence_id, expires_at",
+                            # Race: an occurrence that arrives while another waits for the
+                            # run slot must not run before it. Free (or expired), or this
+                            # occurrence's own wait, which the claim ends.
+                            "ConditionExpression": (
+                                "attribute_not_exists(occurrence_id) OR expires_at <= :now"
+                                " OR occurrence_id = :occ"
+                            ),
+                            "ExpressionAttributeValues": values(now=now, occ=lease.occurrence_id),
+                            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                        }
+                    },
+                )
+            )
         Transactions(self._client).commit(actions)
+
+    def wait(
+        self, tenant_id: str, schedule_id: str, occurrence_id: str, *, until: int, now: int
+    ) -> str | None:
+        """Hold the schedule's wait slot until ``until`` (QUEUE_ONE); None when held (taken
+        or renewed), else the occurrence that waits already."""
+        try:
+            with translated():
+                self._client.update_item(
+                    TableName=self._tenants,
+                    Key=self._wait_slot_key(tenant_id, schedule_id),
+                    UpdateExpression="SET occurrence_id = :occ, expires_at = :until",
+                    # Race: two occurrences that find the run slot held both try to wait;
+                    # one does. Free, expired (its holder gave up or died), or already ours.
+                    ConditionExpression=(
+                        "attribute_not_exists(occurrence_id) OR expires_at <= :now"
+                        " OR occurrence_id = :occ"
+                    ),
+                    ExpressionAttributeValues=values(occ=occurrence_id, until=until, now=now),
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+        except ConditionFailed as refused:
+            return str((refused.old_item or {}).get("occurrence_id", "another occurrence"))
+        return None
+
+    def stop_waiting(self, tenant_id: str, schedule_id: str, occurrence_id: str) -> None:
+        """Free the wait slot if this occurrence holds it (it will not run: stale, done);
+        best effort, since the slot expires anyway."""
+        try:
+            with translated():
+                self._client.update_item(
+                    TableName=self._tenants,
+                    Key=self._wait_slot_key(tenant_id, schedule_id),
+                    UpdateExpression="REMOVE occurrence_id, expires_at",
+                    # Race: the slot passed to another occurrence after ours expired.
+                    ConditionExpression="occurrence_id = :occ",
+                    ExpressionAttributeValues=values(occ=occurrence_id),
+                )
+        except (ConditionFailed, Retryable):
+            pass
 
     @staticmethod
     def _take_slot(table: str, key: dict[str, Any], lease: RunLease, now: int) -> dict[str, Any]:
