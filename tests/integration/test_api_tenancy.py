@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from punctual.errors import NotFound
 from punctual.services import Services
+from punctual.tenancy import Quotas
 from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, bootstrap
 from tests.integration.helpers import assert_error, create, cron, delete, patch
 
@@ -335,6 +337,18 @@ def test_operator_set_quotas_of_unknown_tenant_is_404(aws: Services) -> None:
     # THEN 404 like reading it, and no tenant record appears
     assert_error(answer, 404, "not_found")
     assert Api(OPERATOR).get("/v1/admin/tenants/ghost").status == 404
+
+
+def test_quotas_set_on_a_tenant_that_vanished_meanwhile_create_nothing(aws: Services) -> None:
+    # GIVEN no tenant 'ghost' (the API reads the tenant first; this is the race where it
+    # disappears between that read and the write)
+    # WHEN its quotas are written
+    with pytest.raises(NotFound) as missing:
+        aws.tenants.set_quotas("ghost", Quotas())
+    # THEN the write is refused, naming the tenant, and no partial tenant record appears
+    assert str(missing.value) == "tenant ghost not found"
+    with pytest.raises(NotFound):
+        aws.tenants.get("ghost")
 
 
 def _policy_principals(aws: Services, queue_url: str) -> list[str]:

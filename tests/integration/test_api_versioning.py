@@ -357,6 +357,22 @@ def test_versions_are_listed_newest_first_with_when_each_took_effect(
     assert bob.get(f"/v1/schedules/{schedule_id}/versions").status == 404
 
 
+def test_versions_list_a_change_made_a_moment_ago_on_a_lagging_replica(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a control plane whose eventually consistent reads lag a minute
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    plane = ControlPlane(dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)))
+    schedule_id = create(alice, cron(name="v1"))["schedule"]["schedule_id"]
+    clock.advance(120)
+    # WHEN it is changed, and its versions are listed a second later
+    plane.update("alice", schedule_id, if_match=1, changes={"name": "v2"})
+    clock.advance(1)
+    found, _ = plane.versions("alice", schedule_id, limit=10, token=None)
+    # THEN the new version is there (the caller has just been answered with it)
+    assert [v.schedule.version for v in found] == [2, 1]
+
+
 def test_versions_refuse_a_token_minted_for_another_schedule(alice: Api) -> None:
     # GIVEN a page token of one schedule's versions
     first = create(alice, cron(name="a"))["schedule"]["schedule_id"]

@@ -61,6 +61,7 @@ from punctual_client.worker.core import (
     THROTTLE_BACKOFF,
     queue_url_of,
 )
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import ALICE, Api, Clock, LambdaContextStub, bootstrap
 from tests.integration.helpers import patch, table_items
 from tests.integration.test_relay import one_shot, record
@@ -413,6 +414,42 @@ def test_effect_ledger_a_failing_business_write_is_not_mistaken_for_a_duplicate(
     assert raised.value.failed(0)
     assert not raised.value.failed(1)
     assert not ledger.applied("occ_1")
+
+
+def test_effect_ledger_record_in_a_transaction_of_ones_own_is_the_one_apply_checks(
+    aws: Services, clock: Clock
+):
+    # GIVEN an effect recorded by ``record`` in a transaction the tenant builds itself
+    ledger = effects_table(aws)
+    aws.dynamodb.transact_write_items(TransactItems=[credit(), ledger.record("occ_1")])
+    # THEN ``applied`` and ``apply`` (same default effect name) see it: nothing twice
+    assert ledger.applied("occ_1")
+    assert not ledger.apply("occ_1", [credit()])
+    assert balance(aws) == 1
+    # AND the record says what it is for, and when it was made; it expires after 35 days
+    raw = aws.dynamodb.get_item(TableName=EFFECTS, Key={"pk": {"S": "effect#default#occ_1"}})
+    now = int(clock.now)
+    assert from_dynamo(raw["Item"]) == {
+        "pk": "effect#default#occ_1",
+        "occurrence_id": "occ_1",
+        "effect": "default",
+        "recorded_at": now,
+        "expires_at": now + 35 * 86400,
+    }
+
+
+def test_effect_ledger_sees_an_effect_recorded_a_moment_ago_on_a_lagging_replica(
+    aws: Services, clock: Clock
+):
+    # GIVEN a ledger whose eventually consistent reads are served a minute stale
+    effects_table(aws)
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    ledger = EffectLedger(FaultyDynamoDB(aws.dynamodb, faults), EFFECTS, now=aws.now)
+    # WHEN an effect is recorded, and the same occurrence asks a second later
+    assert ledger.apply("occ_1", [credit()])
+    clock.advance(1)
+    # THEN it is applied (a stale read would say no, and the caller would apply it again)
+    assert ledger.applied("occ_1")
 
 
 def test_worker_crash_after_effect_before_completion_rerun_does_not_repeat_the_effect(
