@@ -254,13 +254,23 @@ def metas(module: str, workspace: Path) -> dict[str, Path]:
     return found
 
 
+def settings_digest(module: str) -> str:
+    """Which mutants mutmut makes depends on its settings (the lines left alone): a mutant's
+    name (its function and number) means the same mutation only under the same settings."""
+    return hashlib.sha256(settings(MODULES[module]).encode()).hexdigest()[:16]
+
+
 def restore(module: str, workspace: Path) -> int:
     """Bring the recorded results into the workspace where it has none of its own (a fresh
     clone, or mutants made again); returns how many. mutmut keeps a result only while its
     function's hash is the one recorded, so a result recorded for other code is dropped when
-    mutmut makes the mutants."""
+    mutmut makes the mutants; none is restored from a record made under other settings."""
     restored = 0
-    for file, entry in read_record(module)["files"].items():
+    found = read_record(module)
+    if found.get("settings", settings_digest(module)) != settings_digest(module):
+        print(f"== {module}: the record was made under other settings: every mutant again")
+        return 0
+    for file, entry in found["files"].items():
         meta = workspace / "mutants" / f"{file}.meta"
         if meta.exists():
             data = json.loads(meta.read_text(encoding="utf-8"))
@@ -298,7 +308,10 @@ def record(module: str, workspace: Path, tests_judged: str | None) -> None:
             "mutants": data["exit_code_by_key"],
         }
     if files:
-        write_record(module, {"tests_judged": tests_judged, "files": files})
+        write_record(
+            module,
+            {"settings": settings_digest(module), "tests_judged": tests_judged, "files": files},
+        )
 
 
 def module_of(name: str) -> str | None:

@@ -116,3 +116,17 @@ def test_exit_codes_count_as_mutmut_reports_them(code: int | None, killed: bool,
 
 def test_a_mutant_belongs_to_its_function():
     assert mutate.function_of(name(SEND, 12)) == SEND
+
+
+def test_a_record_made_under_other_settings_is_not_restored(records: Path):
+    # GIVEN a record, then other mutmut settings (other lines left alone: the same names
+    # would be other mutations)
+    mutate.record_path("relay").write_text(
+        json.dumps(mutate.read_record("relay") | {"settings": "made-elsewhere"}),
+        encoding="utf-8",
+    )
+    # WHEN a workspace is restored from it
+    restored = mutate.restore("relay", records / "ws")
+    # THEN nothing is restored
+    assert restored == 0
+    assert not (records / "ws" / "mutants" / f"{FILE}.meta").exists()
