@@ -17,7 +17,7 @@ from reconciler import handler
 from punctual.dal.common import to_dynamo
 from punctual.dal.reports import ReportStore
 from punctual.dal.schedules import ScheduleVersion
-from punctual.dal.tables import occurrence_key
+from punctual.dal.tables import current_key, occurrence_key
 from punctual.errors import InvalidInput
 from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import Materializer
@@ -368,6 +368,42 @@ def test_reconciler_recognizes_a_fire_once_outage_after_the_version_changed(
     # THEN the twelve gaps before the late-fired occurrence are MISSED by the policy
     assert total(results, Finding.MISSED) == 12
     assert total(results, Finding.MISSING) == 0
+
+
+@pytest.mark.parametrize(("recovery", "follower"), [("11:30", "11:25"), ("11:04", "11:00")])
+def test_reconciler_finds_the_late_fired_follower_past_the_window_when_no_episode_is_kept(
+    alice: Api, aws: Services, clock: Clock, recovery: str, follower: str
+):
+    # GIVEN a */5 FIRE_ONCE schedule through an outage from 09:55 to the recovery: the
+    # materializer fired the latest late instant (after the window below, or exactly at its
+    # end) and skipped the rest
+    clock.now = at("09:40")
+    sid = make(
+        aws,
+        spec=cron_spec("*/5 * * * *"),
+        misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 60},
+    )
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("09:55"), shards)
+    clock.now = at(recovery)
+    materialize_until(aws, clock, at(recovery) + 60, shards)
+    late = [o for o in stored(aws, until=at(recovery)) if o["available_at"] == at(recovery)]
+    assert [o["scheduled_for"] for o in late] == [at(follower)]
+    before = stored(aws, since=at("10:00"), until=at("11:00"))
+    # AND its MISSED episode no longer on the schedule (only the latest few are kept)
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo(current_key(sid)),
+        UpdateExpression="SET missed_ranges = :none",
+        ExpressionAttributeValues={":none": {"L": []}},
+    )
+    # WHEN the reconciler checks (and may repair) [10:00, 11:00)
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN the twelve gaps are MISSED by the policy, told by the late-fired occurrence read
+    # past the window: none is taken for MISSING, and none is fired by a repair
+    assert total(results, Finding.MISSED) == 12
+    assert total(results, Finding.MISSING) == 0
+    assert stored(aws, since=at("10:00"), until=at("11:00")) == before
 
 
 # --- versions --------------------------------------------------------------------------
