@@ -265,6 +265,26 @@ def test_list_schedules_paginates_every_schedule_exactly_once(alice: Api) -> Non
     assert len(listed) == len(set(listed)) == 7
 
 
+def test_list_schedules_by_state_fills_pages_across_the_ones_filtered_out(alice: Api) -> None:
+    # GIVEN nine schedules, every third one paused (the index holds all of them, so a page
+    # of ACTIVE ones takes more than one read of the index)
+    created = [create(alice, cron(name=f"s{i}"))["schedule"]["schedule_id"] for i in range(9)]
+    for paused in created[1::3]:
+        assert alice.post(f"/v1/schedules/{paused}/pause").status == 200
+    active = [sid for sid in created if sid not in created[1::3]]
+
+    # WHEN the ACTIVE ones are listed two at a time
+    pages = all_pages(alice, "/v1/schedules", "schedules", limit=2, state="ACTIVE")
+
+    # THEN every page but the last is full and none is larger, and each ACTIVE schedule
+    # appears exactly once (none lost between the reads of one page)
+    assert [len(page) for page in pages[:-1]] == [2] * (len(pages) - 1)
+    assert len(pages[-1]) <= 2
+    listed = [s["schedule_id"] for page in pages for s in page]
+    assert sorted(listed) == sorted(active)
+    assert len(listed) == len(set(listed)) == 6
+
+
 MANGLED_TOKENS = {
     "garbage": "not a token!!",
     "json-list": base64.urlsafe_b64encode(b"[1, 2]").decode(),
