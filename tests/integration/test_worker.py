@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
-from punctual.dal.runs import OVERLAP, run_partition, run_slot_sk, wait_slot_sk
+from punctual.dal.runs import OVERLAP, RunLease, run_partition, run_slot_sk, wait_slot_sk
 from punctual.dal.tables import current_key
 from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
@@ -846,6 +846,24 @@ def fail_transiently(job: Job) -> None:
     raise Flaky("try later")
 
 
+def test_worker_refusing_a_backed_off_occurrence_keeps_its_attempts_history(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence whose first attempt failed transiently (RETRY_WAIT), and its
+    # schedule paused during the back-off
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    assert worker(aws, Calls(fail_transiently)).process(delivery).outcome is Outcome.RETRY
+    ControlPlane(aws).pause("alice", stored(aws, occ)[0].schedule_id)
+    # WHEN its message comes back after the back-off
+    clock.advance(3600)
+    result = worker(aws, Calls()).process(redeliver(aws, delivery))
+    # THEN it is refused as stale, and its one attempt stays what it was (no LOST: no lease
+    # was abandoned)
+    assert result.outcome is Outcome.STALE
+    assert outcomes(aws, occ) == [AttemptOutcome.RETRY]
+
+
 def test_worker_transient_failures_back_off_within_full_jitter_bounds_then_dead_in_dlq(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -1072,6 +1090,26 @@ def test_worker_dead_whose_dlq_copy_was_never_made_is_copied_by_the_redelivery(
     worker(aws, handler).process(redeliver(aws, delivery))
     assert dead_letters(aws) == []  # (the DLQ's one message is in flight after the receive)
     assert depth(aws, DLQ) == 1
+
+
+def test_worker_dead_by_refusal_whose_dlq_copy_was_never_made_is_copied_by_the_redelivery(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-attempt occurrence whose worker died mid-run; after its lease expired the
+    # next worker refused it as DEAD (attempts exhausted), then died before the DLQ copy
+    occ, delivery = abandoned(aws, clock, retry={"max_attempts": 1})
+    clock.advance(61)
+    again = redeliver(aws, delivery)
+    with pytest.raises(WorkerDied):
+        worker(with_sqs(aws, DiesAtTheDlq(aws.sqs)), Calls()).process(again)
+    assert state(aws, occ) is S.DEAD
+    assert dead_letters(aws) == []
+    # WHEN the message comes back once more
+    result = worker(aws, Calls()).process(redeliver(aws, again))
+    # THEN the DLQ gets its copy (the refusal left the DEAD occurrence flagged for it)
+    assert result.outcome is Outcome.ALREADY_DONE
+    [(body, _)] = dead_letters(aws)
+    assert json.loads(body)["occurrence_id"] == occ
 
 
 # --- stale, paused and canceled schedules ----------------------------------------------------
@@ -2171,6 +2209,43 @@ def test_worker_refusal_that_loses_its_race_reads_again(alice: Api, aws: Service
     assert refused.detail == refusals[0]
     assert "version 2" in refused.detail
     assert state(aws, occ) is S.CANCELED
+
+
+def test_worker_dead_verdict_that_loses_its_race_to_a_late_completion_is_not_dead_lettered(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-attempt occurrence whose worker stalled mid-run; after its lease expired
+    # the next worker reads it and finds its attempts exhausted
+    occ, delivery = abandoned(aws, clock, retry={"max_attempts": 1})
+    clock.advance(61)
+    again = redeliver(aws, delivery)
+    item = stored(aws, occ)[0]
+    assert item.lease_token is not None
+    stalled = RunLease(
+        occ, "alice", item.schedule_id, 1, item.lease_token, item.lease_expires_at or 0, 0, False
+    )
+    work = worker(aws, Calls())
+    real = work.runs.refuse
+    returned: list[bool] = []
+
+    def late_completion_first(occurrence_id: str, **kwargs: Any) -> bool:
+        if not returned:
+            # WHEN the stalled worker returns and completes between that read and the
+            # DEAD refusal's write
+            work.runs.finish(
+                stalled, state=S.SUCCEEDED, outcome=AttemptOutcome.SUCCEEDED, now=int(clock.now)
+            )
+        returned.append(real(occurrence_id, **kwargs))
+        return returned[-1]
+
+    work.runs.refuse = late_completion_first  # type: ignore[method-assign]
+    result = work.process(again)
+    # THEN the refusal's write is refused, the worker reads again and finds it done: it
+    # reports no DEAD and sends nothing to the DLQ
+    assert returned == [False]
+    assert result.outcome is Outcome.ALREADY_DONE
+    assert state(aws, occ) is S.SUCCEEDED
+    assert dead_letters(aws) == []
 
 
 class SendSpy(SpySQS):
