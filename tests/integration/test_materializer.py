@@ -1040,6 +1040,25 @@ def test_materializer_hands_each_release_over_once_across_walks(
     assert _usage(alice) == made - 2
 
 
+def test_materializer_hands_a_release_over_whole_on_a_lagging_replica(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot an hour ahead, and a materializer whose eventually consistent reads
+    # are served a minute stale
+    sid, at = _one_shot_in(aws, clock, 3600)
+    made = _usage(alice)
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    lagging = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN one walk completes it and hands the release over (its tally written a moment
+    # before, in the walk's own transaction)
+    clock.now = at - 60
+    Materializer(lagging, "m1").run_shard(int(clock.now), shard(aws, sid))
+    # THEN the tenant got its schedule back at once: the tally was read whole (a stale read
+    # would hand nothing over and leave the release behind, the tenant no longer pending)
+    assert current(aws, sid)["state"] == ScheduleState.COMPLETED
+    assert _usage(alice) == made - 1
+
+
 def test_materializer_that_loses_its_lease_before_the_hand_over_leaves_it_to_the_next(
     alice: Api, aws: Services, clock: Clock
 ):
