@@ -343,8 +343,12 @@ def report(chosen: list[str], statuses: dict[str, int | None], equivalents: dict
         print("\nsurvivors (`cd .mutate/MODULE && ../../.venv/bin/mutmut show NAME`: the change):")
         for name in survivors:
             print(f"  {name}  [exit code {statuses[name]}]")
-    # Only the chosen modules' entries: another module's mutants are not in ``statuses``.
-    stale = sorted(n for n in equivalents if module_of(n) in chosen and n not in statuses)
+    # Only the entries of chosen modules with results: another module's mutants, or those
+    # of a module never run here, are not in ``statuses``.
+    checked = {module_of(n) for n in statuses}
+    stale = sorted(
+        n for n in equivalents if module_of(n) in checked & set(chosen) and n not in statuses
+    )
     if stale:
         print(f"\n{len(stale)} entries of {EQUIVALENT.name} name no mutant now (code changed):")
         for name in stale:

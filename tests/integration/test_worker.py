@@ -1067,6 +1067,24 @@ class DiesAtTheDlq(SpySQS):
         raise WorkerDied
 
 
+def test_worker_keeps_the_first_thousand_characters_of_a_long_error(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a handler failing permanently with a very long message
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+
+    def verbose(job: Job) -> None:
+        raise PermanentError("e" * 5000)
+
+    # WHEN it runs
+    assert worker(aws, verbose).process(delivery).outcome is Outcome.DEAD
+    # THEN the occurrence's reason and the attempt's error keep the first 1,000 characters
+    occurrence, [attempt] = stored(aws, occ)
+    expected = ("permanent: PermanentError: " + "e" * 5000)[:1000]
+    assert occurrence.reason == attempt.error == expected
+
+
 def test_worker_dead_whose_dlq_copy_was_never_made_is_copied_by_the_redelivery(
     alice: Api, aws: Services, clock: Clock
 ):
