@@ -137,7 +137,8 @@ class Api(Construct):
         data.grant(
             self.function,
             {
-                ("schedules_table", None): ("GetItem", "BatchGetItem", "PutItem"),
+                # Query: a schedule's versions (GET /v1/schedules/{id}/versions).
+                ("schedules_table", None): ("GetItem", "BatchGetItem", "PutItem", "Query"),
                 ("schedules_table", TENANT_INDEX): ("Query",),
                 ("occurrences_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),
