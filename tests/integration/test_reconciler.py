@@ -344,11 +344,10 @@ def test_reconciler_defers_to_a_materializer_behind_then_reads_its_missed_summar
     assert stored(aws, since=at("10:00"), until=at("11:00")) == []
 
 
-def test_reconciler_recognizes_a_fire_once_outage_after_the_version_changed(
-    alice: Api, aws: Services, clock: Clock
-):
-    # GIVEN a */5 FIRE_ONCE schedule through an outage from 09:55 to 11:30: the materializer
-    # fires the latest late instant (its available_at is the recovery time) and skips the rest
+def fire_once_outage(aws: Services, clock: Clock, recovery: str) -> tuple[str, int]:
+    """A */5 FIRE_ONCE schedule through an outage from 09:55 to ``recovery``: the
+    materializer fired the latest late instant (receivable at the recovery) and skipped the
+    rest. The schedule, and that instant."""
     clock.now = at("09:40")
     sid = make(
         aws,
@@ -357,10 +356,19 @@ def test_reconciler_recognizes_a_fire_once_outage_after_the_version_changed(
     )
     shards = shards_of(aws, [sid])
     materialize_until(aws, clock, at("09:55"), shards)
-    clock.now = at("11:30")
-    materialize_until(aws, clock, at("11:31"), shards)
-    late = [o for o in stored(aws) if o["scheduled_for"] < at("11:29")][-1]
-    assert late["available_at"] == at("11:30")
+    clock.now = at(recovery)
+    materialize_until(aws, clock, at(recovery) + 60, shards)
+    [late] = [o for o in stored(aws, until=at(recovery)) if o["available_at"] == at(recovery)]
+    return sid, late["scheduled_for"]
+
+
+def test_reconciler_recognizes_a_fire_once_outage_after_the_version_changed(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 FIRE_ONCE schedule through an outage from 09:55 to 11:30: the materializer
+    # fires the latest late instant (11:25) and skips the rest
+    sid, late = fire_once_outage(aws, clock, "11:30")
+    assert late == at("11:25")
     # AND then an update (a new version: the schedule's MISSED summary starts afresh)
     ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
     # WHEN the reconciler checks [10:00, 11:00)
@@ -377,18 +385,8 @@ def test_reconciler_finds_the_late_fired_follower_past_the_window_when_no_episod
     # GIVEN a */5 FIRE_ONCE schedule through an outage from 09:55 to the recovery: the
     # materializer fired the latest late instant (after the window below, or exactly at its
     # end) and skipped the rest
-    clock.now = at("09:40")
-    sid = make(
-        aws,
-        spec=cron_spec("*/5 * * * *"),
-        misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 60},
-    )
-    shards = shards_of(aws, [sid])
-    materialize_until(aws, clock, at("09:55"), shards)
-    clock.now = at(recovery)
-    materialize_until(aws, clock, at(recovery) + 60, shards)
-    late = [o for o in stored(aws, until=at(recovery)) if o["available_at"] == at(recovery)]
-    assert [o["scheduled_for"] for o in late] == [at(follower)]
+    sid, late = fire_once_outage(aws, clock, recovery)
+    assert late == at(follower)
     before = stored(aws, since=at("10:00"), until=at("11:00"))
     # AND its MISSED episode no longer on the schedule (only the latest few are kept)
     aws.dynamodb.update_item(

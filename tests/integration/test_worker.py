@@ -1469,45 +1469,32 @@ def test_worker_queue_one_a_later_occurrence_does_not_jump_the_one_waiting(
     )
 
 
+@pytest.mark.parametrize(("waited", "third_waits"), [(59, False), (60, True)])
 def test_worker_queue_one_a_wait_holds_its_place_until_it_runs_out(
-    alice: Api, aws: Services, clock: Clock
+    alice: Api, aws: Services, clock: Clock, waited: int, third_waits: bool
 ):
     # GIVEN a QUEUE_ONE schedule's first occurrence running under a long lease, and the
-    # second waiting (its message not back yet)
-    _, [first, second, third], deliveries = three_due(aws, clock)
-    seen: dict[str, Any] = {}
-
-    def running(job: Job) -> None:
-        assert worker(aws, Calls()).process(deliveries[second]).outcome is Outcome.WAITING
-        # WHEN the third is delivered a second before the second's wait runs out
-        clock.advance(59)
-        seen["third"] = worker(aws, Calls()).process(deliveries[third]).outcome
-
-    worker(aws, running, lease_seconds=600).process(deliveries[first])
-    # THEN the second keeps its place: the third is skipped
-    assert seen["third"] is Outcome.SKIPPED_OVERLAP
-    assert state(aws, third) is S.SKIPPED_OVERLAP
-
-
-def test_worker_queue_one_an_expired_wait_lets_the_next_one_wait(
-    alice: Api, aws: Services, clock: Clock
-):
-    # GIVEN a QUEUE_ONE schedule's first occurrence running under a long lease, and the
-    # second waiting, whose worker then dies (its message does not come back in time)
+    # second waiting, whose message does not come back (its worker died)
     sid, [first, second, third], deliveries = three_due(aws, clock)
     seen: dict[str, Any] = {}
 
     def running(job: Job) -> None:
         assert worker(aws, Calls()).process(deliveries[second]).outcome is Outcome.WAITING
-        # WHEN the third is delivered once the second's wait has run out
-        clock.advance(60)
-        seen["third"] = worker(aws, Calls()).process(deliveries[third])
+        # WHEN the third is delivered a second before, or as, the second's wait runs out
+        clock.advance(waited)
+        seen["third"] = worker(aws, Calls()).process(deliveries[third]).outcome
         seen["waiting"] = wait_slot(aws, sid)
 
     worker(aws, running, lease_seconds=600).process(deliveries[first])
-    # THEN the third waits in its place
-    assert seen["third"].outcome is Outcome.WAITING
-    assert seen["waiting"]["occurrence_id"] == third
+    # THEN before, the second keeps its place (the third is skipped); after, the third
+    # waits in its place
+    if third_waits:
+        assert seen["third"] is Outcome.WAITING
+        assert seen["waiting"]["occurrence_id"] == third
+    else:
+        assert seen["third"] is Outcome.SKIPPED_OVERLAP
+        assert state(aws, third) is S.SKIPPED_OVERLAP
+        assert seen["waiting"]["occurrence_id"] == second
 
 
 def test_worker_queue_one_a_waiting_occurrence_made_stale_frees_the_wait(
