@@ -47,6 +47,10 @@ PREVIOUS_ATTEMPT = "previous_attempt"
 CONCURRENCY = "concurrency_slot"
 OVERLAP = "run_slot"
 WAITING = "wait_slot"
+# The wait slot is free, its wait expired (the waiter gave up or died), or it is ours.
+WAIT_FREE_OR_MINE = (
+    "attribute_not_exists(occurrence_id) OR expires_at <= :now OR occurrence_id = :occ"
+)
 
 
 def run_partition(tenant_id: str) -> str:
@@ -362,10 +366,7 @@ class RunStore:
                             # Race: an occurrence that arrives while another waits for the
                             # run slot must not run before it. Free (or expired), or this
                             # occurrence's own wait, which the claim ends.
-                            "ConditionExpression": (
-                                "attribute_not_exists(occurrence_id) OR expires_at <= :now"
-                                " OR occurrence_id = :occ"
-                            ),
+                            "ConditionExpression": WAIT_FREE_OR_MINE,
                             "ExpressionAttributeValues": values(now=now, occ=lease.occurrence_id),
                             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                         }
@@ -387,10 +388,7 @@ class RunStore:
                     UpdateExpression="SET occurrence_id = :occ, expires_at = :until",
                     # Race: two occurrences that find the run slot held both try to wait;
                     # one does. Free, expired (its holder gave up or died), or already ours.
-                    ConditionExpression=(
-                        "attribute_not_exists(occurrence_id) OR expires_at <= :now"
-                        " OR occurrence_id = :occ"
-                    ),
+                    ConditionExpression=WAIT_FREE_OR_MINE,
                     ExpressionAttributeValues=values(occ=occurrence_id, until=until, now=now),
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
