@@ -70,8 +70,8 @@ unit: install ## only the unit tests
 
 # Three pytest processes side by side: the end-to-end tests, which mostly wait on the wall
 # clock (minute boundaries, restarts) and so leave a core idle, with the seeded simulation
-# beside them; and the rest split in two halves of about equal CPU (DynamoDB Local's Java
-# takes most of it). Each writes the AWS calls its integration tests recorded; together
+# beside them; and the rest split in two halves of about equal CPU (moto's Python takes
+# most of it; the CDK tests go with the other integration tests). Each writes the AWS calls its integration tests recorded; together
 # they must be the call inventory (the in-session check of test_inventory.py needs every
 # integration test in one process: `make inventory`). `PYTEST_ARGS=--durations=40` shows
 # where the time goes.
@@ -80,8 +80,8 @@ WITH_E2E := tests/integration/test_simulation.py
 # The console's browser tests (a stack of their own) run in the first half, not beside the
 # other end-to-end tests, which are the longest chain.
 CONSOLE := tests/e2e/test_console.py
-FIRST_HALF := tests/unit tests/infrastructure tests/integration/test_reconciler.py \
-	tests/integration/test_materializer.py $(CONSOLE)
+FIRST_HALF := tests/unit tests/integration/test_reconciler.py tests/integration/test_materializer.py \
+	$(CONSOLE)
 INTEGRATION_REST := $(addprefix --ignore=,$(WITH_E2E) $(filter tests/integration/%,$(FIRST_HALF)))
 test: browser-background lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)
 	@echo "== end-to-end tests and half the others running beside the rest (output shown after)"
@@ -89,11 +89,11 @@ test: browser-background lint typecheck cfn-lint tools ## lint, type checks, the
 	@PUNCTUAL_RECORD_TO=.pytest-recorded-3.txt $(BIN)/pytest -q $(PYTEST_ARGS) tests/e2e --ignore=$(CONSOLE) $(WITH_E2E) \
 		> .pytest-e2e.log 2>&1 & e2e=$$!; \
 	PUNCTUAL_RECORD_TO=.pytest-recorded-1.txt $(BIN)/pytest -q $(PYTEST_ARGS) $(FIRST_HALF) \
-		--deselect $(RECORDED) > .pytest-first.log 2>&1 & first=$$!; \
-	PUNCTUAL_RECORD_TO=.pytest-recorded-2.txt $(BIN)/pytest -q $(PYTEST_ARGS) tests/integration \
-		$(INTEGRATION_REST); rest=$$?; \
+		> .pytest-first.log 2>&1 & first=$$!; \
+	PUNCTUAL_RECORD_TO=.pytest-recorded-2.txt $(BIN)/pytest -q $(PYTEST_ARGS) tests/infrastructure \
+		tests/integration $(INTEGRATION_REST) --deselect $(RECORDED); rest=$$?; \
 	wait $$first; first_status=$$?; wait $$e2e; e2e_status=$$?; \
-	echo "== unit, CDK and the first half of the integration tests"; cat .pytest-first.log; \
+	echo "== unit tests, the reconciler's, the materializer's and the console's"; cat .pytest-first.log; \
 	echo "== end-to-end tests and the simulation"; cat .pytest-e2e.log; \
 	test $$rest -eq 0 && test $$first_status -eq 0 && test $$e2e_status -eq 0 && \
 	$(BIN)/python -m tests.aws_calls .pytest-recorded-*.txt

@@ -3,7 +3,8 @@ the HTTP API, with the engines read through their AWS endpoints.
 
 Each test that watches occurrences uses a target (a queue) of its own, so that no other
 test's messages land where it looks. The two minute crons are created before every other
-test, so that waiting for their minute boundary overlaps the rest of the module. Tests run
+test, so that waiting for their minute boundary overlaps the rest of the module, and so is
+a one-shot whose completion, a minute and a half later, is checked near the end. Tests run
 in file order; the one about an empty payload is last because, while that bug lasts, it
 stops the shared stack's relay.
 """
@@ -169,6 +170,30 @@ def minute_crons(stack: Stack) -> MinuteCrons:
     )
     canceled = create(stack, "--cron", "* * * * *", "--tz", "UTC", "--target", "canceled")
     return MinuteCrons(kolkata, canceled, stack.cli_json("cancel", canceled["schedule_id"]))
+
+
+@dataclass(frozen=True)
+class EarlyOneShot:
+    due: int
+    saved: dict[str, Any]  # the create answer
+    counted: int  # the tenant's schedule_count right after it
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early_one_shot(stack: Stack, minute_crons: MinuteCrons) -> EarlyOneShot:
+    """A one-shot 3 s ahead, of a tenant of its own (no other test changes its count), made
+    at module start: its completion, a minute and a half later, overlaps the other tests."""
+    principal = local_principal("completes")
+    made = stack.cli("tenants", "create", "completes", "--principal", principal, key="operator")
+    assert made.code == 0, made.err
+    client = stack.client("completes")
+    client.post("/v1/targets", {"name": "default"})
+    due = walked_minute(stack, 3)
+    saved = client.post(
+        "/v1/schedules",
+        {"spec": {"kind": "at", "at": iso(due)}, "target": "default", "payload": {"e2e": 1}},
+    )
+    return EarlyOneShot(due, saved, client.get("/v1/tenant")["schedule_count"])
 
 
 # --- one-shot: queue, timing, worker ----------------------------------------------------
@@ -434,29 +459,6 @@ def test_a_fire_just_beyond_the_api_horizon_is_still_materialized_in_time(stack:
         until(due - LOOKAHEAD_SECONDS) + 3 * TICK_SECONDS,
     )
     assert [o["scheduled_for"] for o in made] == [iso(due)]
-
-
-def test_a_one_shot_made_at_create_completes_after_its_time(stack: Stack):
-    # GIVEN a one-shot 3 s ahead (a minute the materializer has walked), its only occurrence
-    # made by the API itself
-    client = stack.client()
-    due = walked_minute(stack, 3)
-    saved = client.post(
-        "/v1/schedules",
-        {"spec": {"kind": "at", "at": iso(due)}, "target": "default", "payload": {"e2e": 1}},
-    )
-    assert [m["scheduled_for"] for m in saved["materialized"]] == [iso(due)]
-    counted = client.get("/v1/tenant")["schedule_count"]
-    # WHEN the materializer reaches the minute it waits in (past the planned horizon:
-    # lookahead + a minute), plus a few ticks (and a minute more for a busy machine)
-    path = f"/v1/schedules/{saved['schedule']['schedule_id']}"
-    state = eventually(
-        lambda: (found := client.get(path)["schedule"]["state"]) == "COMPLETED" and found,
-        until(due) + LOOKAHEAD_SECONDS + 2 * 60 + 4 * TICK_SECONDS,
-    )
-    # THEN it is COMPLETED and no longer counts against the tenant's schedules
-    assert state == "COMPLETED"
-    assert client.get("/v1/tenant")["schedule_count"] < counted
 
 
 # --- tenancy ------------------------------------------------------------------------------
@@ -779,6 +781,27 @@ def test_canceled_minute_cron_gets_no_further_occurrences(stack: Stack, minute_c
     after = occurrences_of(stack, created["schedule_id"])
     assert {o["occurrence_id"] for o in after} == made_before
     assert stack.cli_json("get", created["schedule_id"])["next_run_at"] is None
+
+
+def test_a_one_shot_made_at_create_completes_after_its_time(
+    stack: Stack, early_one_shot: EarlyOneShot
+):
+    # GIVEN a one-shot 3 s ahead (a minute the materializer has walked), its only occurrence
+    # made by the API itself, the tenant's only schedule; created at module start
+    due, saved = early_one_shot.due, early_one_shot.saved
+    assert [m["scheduled_for"] for m in saved["materialized"]] == [iso(due)]
+    assert early_one_shot.counted == 1
+    client = stack.client("completes")
+    # WHEN the materializer reaches the minute it waits in (past the planned horizon:
+    # lookahead + a minute), plus a few ticks (and a minute more for a busy machine)
+    path = f"/v1/schedules/{saved['schedule']['schedule_id']}"
+    state = eventually(
+        lambda: (found := client.get(path)["schedule"]["state"]) == "COMPLETED" and found,
+        until(due) + LOOKAHEAD_SECONDS + 2 * 60 + 4 * TICK_SECONDS,
+    )
+    # THEN it is COMPLETED and no longer counts against the tenant's schedules
+    assert state == "COMPLETED"
+    assert client.get("/v1/tenant")["schedule_count"] == 0
 
 
 # --- last: it stops the shared stack's relay for as long as the bug lasts ------------------

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from punctual.dal.common import ConditionFailed
 from punctual.dal.tables import OCCURRENCES, SchemaMismatch, create_tables
 from punctual.services import Services
 from tests.integration.conftest import Api
-from tests.integration.helpers import table_items
+from tests.integration.helpers import make, table_items
 
 
 def test_create_tables_again_keeps_the_existing_tables_and_their_items(aws: Services, alice: Api):
@@ -39,3 +40,26 @@ def test_create_tables_refuses_an_occurrences_table_with_the_old_keys(aws: Servi
     # first occurrence write
     with pytest.raises(SchemaMismatch, match=r"has keys \(occurrence_id, sk\).*needs "):
         create_tables(aws.dynamodb, aws.settings)
+
+
+def test_the_repairs_schedule_check_holds_only_while_the_cursor_is_past_the_instant(
+    aws: Services, alice: Api
+):
+    # GIVEN an ACTIVE cron whose cursor stands at planned_until (the API planned its horizon)
+    schedule_id = make(aws, spec={"kind": "cron", "expression": "* * * * *", "timezone": "UTC"})
+    stored = aws.schedules.current(schedule_id)
+    assert stored is not None and stored.schedule.planned_until is not None
+    schedule, planned = stored.schedule, stored.schedule.planned_until
+
+    def commit(stepped_past: int | None) -> None:
+        check = aws.schedules.unchanged(schedule, stepped_past=stepped_past)
+        aws.transactions.commit([("schedule", check)])
+
+    # THEN a repair of fires up to the cursor, or of older versions' only, passes the check
+    commit(planned)
+    commit(None)
+    # AND one past the cursor is refused: the materializer has not planned that instant
+    # yet, and its own put of the same occurrence would fail and stall the shard
+    with pytest.raises(ConditionFailed) as refused:
+        commit(planned + 60)
+    assert refused.value.label == "schedule"
