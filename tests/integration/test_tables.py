@@ -48,7 +48,8 @@ def test_the_repairs_schedule_check_holds_only_while_the_cursor_is_past_the_inst
     # GIVEN an ACTIVE cron whose cursor stands at planned_until (the API planned its horizon)
     schedule_id = make(aws, spec={"kind": "cron", "expression": "* * * * *", "timezone": "UTC"})
     stored = aws.schedules.current(schedule_id)
-    assert stored is not None and stored.schedule.planned_until is not None
+    assert stored is not None
+    assert stored.schedule.planned_until is not None
     schedule, planned = stored.schedule, stored.schedule.planned_until
 
     def commit(stepped_past: int | None) -> None:
