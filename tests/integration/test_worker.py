@@ -19,7 +19,7 @@ from botocore.exceptions import ClientError
 
 from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
 from punctual.dal.runs import OVERLAP, RunLease, run_partition, run_slot_sk, wait_slot_sk
-from punctual.dal.tables import current_key
+from punctual.dal.tables import current_key, occurrence_key
 from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
 from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
@@ -63,7 +63,7 @@ from punctual_client.worker.core import (
 )
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import ALICE, Api, Clock, LambdaContextStub, bootstrap
-from tests.integration.helpers import patch, table_items
+from tests.integration.helpers import patch, set_occurrence_state, table_items
 from tests.integration.test_relay import one_shot, record
 
 S = OccurrenceState
@@ -233,6 +233,16 @@ def stored(aws: Services, occurrence_id: str) -> tuple[Occurrence, list[Attempt]
     found = aws.occurrences.get_with_attempts(occurrence_id)
     assert found is not None
     return found
+
+
+def occurrence_item(aws: Services, occurrence_id: str) -> dict[str, Any]:
+    """The occurrence's stored item, as operators read it in the table."""
+    raw = aws.dynamodb.get_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(occurrence_id)),
+        ConsistentRead=True,
+    )["Item"]
+    return from_dynamo(raw)
 
 
 def state(aws: Services, occurrence_id: str) -> OccurrenceState:
@@ -1436,6 +1446,7 @@ def test_worker_queue_one_the_next_waits_for_the_running_one_and_a_third_is_skip
     reason = f"{first} of this schedule is running and {second} waits to run"
     assert skipped.detail == stored(aws, third)[0].reason == reason
     assert state(aws, third) is S.SKIPPED_OVERLAP
+    assert occurrence_item(aws, third)["finished_at"] == int(clock.now)  # when it was settled
     assert others.count == 0
     # WHEN the second's message comes back after the first finished
     result = worker(aws, others).process(redeliver(aws, deliveries[second]))
@@ -1497,18 +1508,22 @@ def test_worker_queue_one_a_wait_holds_its_place_until_it_runs_out(
         assert seen["waiting"]["occurrence_id"] == second
 
 
+@pytest.mark.parametrize("swept", [True, False], ids=["canceled", "missed_by_the_sweep"])
 def test_worker_queue_one_a_waiting_occurrence_made_stale_frees_the_wait(
-    alice: Api, aws: Services, clock: Clock
+    alice: Api, aws: Services, clock: Clock, swept: bool
 ):
     # GIVEN a QUEUE_ONE schedule's second occurrence waiting while the first runs
     sid, [first, second, _], deliveries = three_due(aws, clock)
 
     def running(job: Job) -> None:
         assert worker(aws, Calls()).process(deliveries[second]).outcome is Outcome.WAITING
-        # WHEN the schedule is updated (its open occurrences of version 1 are canceled)
-        # and the second's message comes back
+        # WHEN the schedule is updated (its open occurrences of version 1 are canceled, or
+        # this one is still SCHEDULED: the update's sweep read a replica without it) and
+        # the second's message comes back
         changes = {"payload": {"v": 2}}
         ControlPlane(aws).update("alice", sid, if_match=1, changes=changes)
+        if not swept:
+            set_occurrence_state(aws, second, "SCHEDULED")
         seen["second"] = worker(aws, Calls()).process(redeliver(aws, deliveries[second]))
 
     seen: dict[str, Any] = {}
