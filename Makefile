@@ -71,10 +71,10 @@ unit: install ## only the unit tests
 # Three pytest processes side by side: the end-to-end tests, which mostly wait on the wall
 # clock (minute boundaries, restarts) and so leave a core idle, with the seeded simulation
 # beside them; and the rest split in two halves of about equal CPU (moto's Python takes
-# most of it; the CDK tests go with the other integration tests). Each writes the AWS calls its integration tests recorded; together
-# they must be the call inventory (the in-session check of test_inventory.py needs every
-# integration test in one process: `make inventory`). `PYTEST_ARGS=--durations=40` shows
-# where the time goes.
+# most of it; the CDK tests go with the other integration tests). Each writes the AWS calls
+# its integration tests recorded; together they must be the call inventory (the in-session
+# check of test_inventory.py needs every integration test in one process: `make
+# inventory`). `PYTEST_ARGS=--durations=40` shows where the time goes.
 RECORDED := tests/infrastructure/test_inventory.py::test_inventory_is_what_the_integration_tests_recorded
 WITH_E2E := tests/integration/test_simulation.py
 # The console's browser tests (a stack of their own) run in the first half, not beside the
