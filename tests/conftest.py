@@ -1,4 +1,5 @@
-"""What every test shares: botocore's service models, parsed once per process.
+"""What every test shares: botocore's service models, parsed once per process, and moto's
+plain DynamoDB values written as they are (below).
 
 moto's ``mock_aws`` starts each test with no default boto3 session, so every client a test
 makes would come from a new session that parses the service's JSON model again (about 0.1 s
