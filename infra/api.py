@@ -138,7 +138,15 @@ class Api(Construct):
             self.function,
             {
                 # Query: a schedule's versions (GET /v1/schedules/{id}/versions).
-                ("schedules_table", None): ("GetItem", "BatchGetItem", "PutItem", "Query"),
+                # ConditionCheckItem: a run now checks the schedule's version in its
+                # transaction (POST /v1/schedules/{id}/trigger).
+                ("schedules_table", None): (
+                    "GetItem",
+                    "BatchGetItem",
+                    "PutItem",
+                    "Query",
+                    "ConditionCheckItem",
+                ),
                 ("schedules_table", TENANT_INDEX): ("Query",),
                 ("occurrences_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),

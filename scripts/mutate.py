@@ -301,8 +301,18 @@ def restore(module: str, workspace: Path) -> int:
 def record(module: str, workspace: Path, tests_judged: str | None) -> None:
     """Record the workspace's results in the repo (after every run, a stopped one too)."""
     files = {}
+    earlier = read_record(module)["files"]
     for file, meta in sorted(metas(module, workspace).items()):
-        data = json.loads(meta.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(meta.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            # mutmut was stopped while it wrote this file (it holds nothing): keep what the
+            # record had, and let the next run make the file again from it.
+            print(f"== {module}: {meta.name} was cut short (a stop mid-write): record kept")
+            meta.unlink()
+            if file in earlier:
+                files[file] = earlier[file]
+            continue
         files[file] = {
             "functions": data["hash_by_function_name"],
             "mutants": data["exit_code_by_key"],

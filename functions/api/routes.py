@@ -23,6 +23,7 @@ from api.views import (
     TargetListOut,
     TargetOut,
     TenantOut,
+    TriggerOut,
     VersionListOut,
     WorkerPolicyOut,
     fires_out,
@@ -276,6 +277,40 @@ def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
 )
 def cancel_schedule(schedule_id: ScheduleId) -> SavedOut:
     return saved_out(context.plane().cancel(_tenant(), schedule_id))
+
+
+@router.post(
+    "/v1/schedules/<schedule_id>/trigger",
+    summary="Run now: one manual occurrence, receivable at once",
+    responses=answers(
+        201,
+        {
+            **_NO_SCHEDULE,
+            409: "Not ACTIVE (details.state): a PAUSED, CANCELED or COMPLETED schedule does "
+            "not run now",
+            429: "Over quota (max_manual_runs_per_minute): details give the quota, its limit "
+            "and the usage",
+        },
+    ),
+    status_code=201,
+)
+def trigger_schedule(
+    schedule_id: ScheduleId,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=128,
+            description="The same key (per schedule) answers with the same occurrence "
+            "(replayed: true) instead of a second run; without one, every request runs.",
+        ),
+    ] = None,
+) -> TriggerOut:
+    triggered = context.plane().trigger(_tenant(), schedule_id, idempotency_key)
+    return TriggerOut(
+        occurrence=OccurrenceOut(**occurrence_out(triggered.occurrence)),
+        replayed=triggered.replayed,
+    )
 
 
 # --- occurrences ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from punctual.dal.schedules import ScheduleVersion
+from punctual.ids import is_manual
 from punctual.models import (
     TARGET_NAME_PATTERN,
     Attempt,
@@ -112,6 +113,17 @@ class OccurrenceOut(BaseModel):
         "the worker's first claim; null until a worker took it."
     )
     reason: str | None
+    manual: bool = Field(
+        description="Made by run now (POST /v1/schedules/{id}/trigger), not by a fire."
+    )
+
+
+class TriggerOut(BaseModel):
+    occurrence: OccurrenceOut
+    replayed: bool = Field(
+        description="True when an earlier request with the same Idempotency-Key made this "
+        "occurrence: nothing new was made."
+    )
 
 
 class AffectedOut(OccurrenceOut):
@@ -264,6 +276,7 @@ def occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
         scheduled_for=utc_text(occurrence.scheduled_for),
         available_at=utc_text(occurrence.available_at),
         enqueued_at=_iso(occurrence.enqueued_at),
+        manual=is_manual(occurrence.occurrence_id),
     ).model_dump(mode="json")
 
 

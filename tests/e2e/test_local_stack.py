@@ -378,6 +378,30 @@ def test_pause_and_resume_of_a_cron_stop_and_bring_back_its_next_fires(stack: St
     assert all(f["local"][10:19] == "T04:15:00" for f in resumed["next_fires"])
 
 
+def test_cli_trigger_runs_a_schedule_now_once_per_key(stack: Stack):
+    # GIVEN a daily cron on a target of its own (no fire for hours)
+    queue = queue_of(stack, "runnow")
+    created = create(stack, "--cron", "15 4 * * *", "--tz", "UTC", "--target", "runnow")
+    sid = created["schedule_id"]
+    # WHEN it is run now, twice with one key
+    asked = time.time()
+    first = stack.cli_json("trigger", sid, "--idempotency-key", "e2e-once")
+    again = stack.cli_json("trigger", sid, "--idempotency-key", "e2e-once")
+    # THEN one manual occurrence, answered twice, and its message is receivable at once
+    made = first["occurrence"]
+    assert (first["replayed"], again["replayed"]) == (False, True)
+    assert again["occurrence"]["occurrence_id"] == made["occurrence_id"]
+    assert made["manual"] is True
+    received: list[dict[str, Any]] = []
+    while not received and time.time() < asked + 20:
+        answer = stack.aws("sqs").receive_message(QueueUrl=queue, WaitTimeSeconds=2)
+        received = answer.get("Messages", [])
+    assert [json.loads(m["Body"])["occurrence_id"] for m in received] == [made["occurrence_id"]]
+    assert [o["occurrence_id"] for o in occurrences_of(stack, sid) if o["manual"]] == [
+        made["occurrence_id"]
+    ]
+
+
 def test_update_to_a_new_cron_bumps_the_version_and_cancels_the_old_occurrence(stack: Stack):
     # GIVEN a one-shot 4 s ahead on a target of its own
     queue = queue_of(stack, "updating")

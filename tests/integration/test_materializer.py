@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from punctual.dal.common import to_dynamo
+from punctual.dal.common import Transactions, to_dynamo
 from punctual.dal.leases import LeaseStore, shard_key
 from punctual.dal.schedules import schedule_from_item
 from punctual.dal.tables import DUE_INDEX, current_key, occurrence_key
@@ -83,6 +83,7 @@ def test_materializer_creates_each_due_fire_once_and_moves_the_cursor(
     assert [o["scheduled_for"] for o in found] == [first]
     assert found[0]["state"] == OccurrenceState.SCHEDULED
     assert found[0]["occurrence_id"] == occurrence_id(sid, 1, first)
+    assert found[0]["expires_at"] == first + aws.settings.retention_days * 86400
     assert current(aws, sid)["next_run_at"] == first + 3600
 
 
@@ -629,8 +630,77 @@ def test_materializer_completes_a_one_shot_and_releases_its_quota(
     assert alice.get("/v1/tenant").body["schedule_count"] == 0
 
 
-def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
+def test_materializer_completes_a_one_shot_the_api_made_itself_and_releases_its_quota(
     alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot due in 30 s: the API makes its occurrence itself, and the schedule
+    # waits in the due index with no next fire, for the materializer to complete it
+    sid, at = _one_shot_in(aws, clock, 30)
+    waiting = current(aws, sid)
+    assert instants(aws, sid) == [at]
+    assert waiting.get("next_run_at") is None
+    assert waiting["state"] == ScheduleState.ACTIVE
+    assert _usage(alice) == 1
+    # WHEN the walk reaches the minute it waits in
+    clock.now = waiting["next_available_at"]
+    report = tick(aws, clock, sid)
+    # THEN it is COMPLETED, its occurrence not made again, and its slot is given back
+    assert (report.completed, report.occurrences, report.conflicts) == (1, 0, 0)
+    assert instants(aws, sid) == [at]
+    assert current(aws, sid)["state"] == ScheduleState.COMPLETED
+    assert _usage(alice) == 0
+
+
+def test_materializer_reports_the_schedules_of_every_bucket_it_walked(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN one-shots in one shard due in two consecutive minutes an hour ahead (made
+    # alternately in the two minutes until one shard has both)
+    minute = int(clock.now) // 60 * 60 + 3600
+    by_shard: dict[int, dict[int, list[str]]] = {}
+    while not any(len(minutes) == 2 for minutes in by_shard.values()):
+        at = minute + 60 * (sum(len(v) for m in by_shard.values() for v in m.values()) % 2)
+        sid = make(aws, spec={"kind": "at", "at": utc_text(at)})
+        by_shard.setdefault(shard(aws, sid), {}).setdefault(at, []).append(sid)
+    both = next(minutes for minutes in by_shard.values() if len(minutes) == 2)
+    ids = [sid for group in both.values() for sid in group]
+    # WHEN one walk covers both minutes
+    clock.now = minute - 60
+    report = tick(aws, clock, ids[0])
+    # THEN its report counts the schedules of both buckets, not only the last one's
+    assert report.buckets >= 2
+    assert report.schedules == report.completed == len(ids)
+
+
+def test_materializer_goes_on_from_a_cursor_written_before_planned_until_existed(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an hourly schedule (misfires SKIPped) whose first fire was made, and whose
+    # CURRENT item then lost planned_until, as one written before the attribute existed
+    sid = make(aws, spec=cron_spec("0 * * * *"), misfire={"action": "SKIP"})
+    first = current(aws, sid)["next_run_at"]
+    clock.now = first - 120
+    tick(aws, clock, sid)
+    assert current(aws, sid)["next_run_at"] == first + 3600
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo(current_key(sid)),
+        UpdateExpression="REMOVE planned_until",
+    )
+    # WHEN the next fire comes within the lookahead
+    clock.now = first + 3600 - 120
+    report = tick(aws, clock, sid)
+    # THEN the legacy cursor means "every fire before next_run_at is handled": the next fire
+    # is made, the first is neither made again nor judged missed, and the cursor moves on
+    assert instants(aws, sid) == [first, first + 3600]
+    assert (report.occurrences, report.missed, report.conflicts) == (1, 0, 0)
+    after = current(aws, sid)
+    assert after["next_run_at"] == first + 7200
+    assert after["planned_until"] >= first + 3600
+
+
+def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):
     # GIVEN a minutely CATCHUP schedule keeping 50 late fires, and an hour without ticks
     # (more kept fires than one transaction step holds)
@@ -639,10 +709,20 @@ def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
     cursor = current(aws, sid)["next_run_at"]
     before = len(instants(aws, sid))
     clock.now = cursor + 3600
+    commit = Transactions.commit
+    puts: list[int] = []
+
+    def counting(self: Transactions, actions: list[tuple[str, dict[str, Any]]]) -> None:
+        puts.append(sum("Put" in action and label == "step" for label, action in actions))
+        commit(self, actions)
+
+    monkeypatch.setattr(Transactions, "commit", counting)
     # WHEN one tick runs
     report = tick(aws, clock, sid)
     # THEN it terminates with the 50 latest late fires, paced evenly from now (the
-    # compressed pace keeps the last within SQS's delay limit), the rest counted MISSED
+    # compressed pace keeps the last within SQS's delay limit), the rest counted MISSED,
+    # in steps of at most STEP_LIMIT occurrences
+    assert max(puts) == STEP_LIMIT
     now = int(clock.now)
     late = sorted(
         (o for o in occurrences(aws, sid)[before:] if o["scheduled_for"] < now - 60),
@@ -654,6 +734,26 @@ def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
     assert offsets == sorted(offsets)
     assert len({b - a for a, b in itertools.pairwise(offsets)}) == 1
     assert offsets[-1] <= 900
+
+
+def test_materializer_fault_hook_drops_exactly_the_chosen_instant_and_moves_on(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two minutely schedules, and the fault layer's hook set to drop one instant of
+    # one of them (the silent loss the reconciler must find, in the simulations)
+    a, b = (make(aws, spec=cron_spec("* * * * *")) for _ in range(2))
+    first = current(aws, a)["next_run_at"]
+    clock.now = first - 120
+    lost = first + 60
+    # WHEN each one's shard is walked with that hook
+    for sid in (a, b):
+        tick(aws, clock, sid, skip=lambda s, t: s == a and t == lost)
+    # THEN only that instant of that schedule is missing, and both cursors moved past it
+    made_a, made_b = instants(aws, a), instants(aws, b)
+    assert lost not in made_a
+    assert lost in made_b
+    assert set(made_b) - set(made_a) == {lost}
+    assert current(aws, a)["next_run_at"] == current(aws, b)["next_run_at"] > lost
 
 
 def test_materializer_skips_an_occurrence_that_already_exists_instead_of_stalling(

@@ -16,8 +16,11 @@ from hypothesis import strategies as st
 from punctual.ids import (
     MAX_WINDOW_SECONDS,
     available_at,
+    is_manual,
     jitter_seconds,
+    manual_tag,
     occurrence_id,
+    occurrence_name,
     occurrence_parts,
 )
 
@@ -128,6 +131,55 @@ def test_occurrence_id_no_collisions_among_similar_triples(
     ids = [occurrence_id(*t) for t in triples]
     # THEN every id is distinct
     assert len(set(ids)) == len(triples)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    schedule_id=st.text(min_size=1, max_size=12),
+    version=st.integers(0, 10**10 - 1),
+    scheduled_for=st.integers(0, 10**12 - 1),
+    key=st.text(max_size=20),
+)
+def test_manual_occurrence_id_reads_back_and_never_equals_a_fires(
+    schedule_id: str, version: int, scheduled_for: int, key: str
+):
+    # GIVEN a run-now request's tag for any schedule and Idempotency-Key
+    tag = manual_tag(schedule_id, key)
+    # WHEN its occurrence id is made
+    text = occurrence_id(schedule_id, version, scheduled_for, tag)
+    # THEN it reads back with its tag, is manual, and is no fire's id at the same instant
+    assert occurrence_name(text) == (schedule_id, version, scheduled_for, tag)
+    assert occurrence_parts(text) == (schedule_id, version, scheduled_for)
+    assert is_manual(text)
+    fire = occurrence_id(schedule_id, version, scheduled_for)
+    assert text != fire
+    assert not is_manual(fire)
+
+
+def test_manual_tag_is_one_per_schedule_and_key_and_random_without_a_key():
+    # GIVEN the same key on one schedule, on another, and no key at all
+    # THEN the same key on the same schedule gives the same tag; anything else another one
+    assert manual_tag("sch_a.x", "k") == manual_tag("sch_a.x", "k")
+    assert manual_tag("sch_a.x", "k") != manual_tag("sch_a.y", "k")
+    assert manual_tag("sch_a.x", "k") != manual_tag("sch_a.x", "k2")
+    assert manual_tag("sch_a.x", None) != manual_tag("sch_a.x", None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "occ_sch_1_100_1.m",  # no tag
+        "occ_sch_1_100_1.mABCDEFGHIJKLM",  # upper case: not base32 as made
+        "occ_sch_1_100_1.mabcdefghijkl",  # 12 characters
+        "occ_sch_1_100_1.mabcdefghijklmn",  # 14
+        "occ_sch_1_100_1.mabcdefghijk1m",  # 1 is not in the alphabet
+        "occ_sch_1_100_1.xabcdefghijklm",  # another mark
+        "occ_sch_1_100_01.mabcdefghijklm",  # leading zero
+    ],
+)
+def test_occurrence_name_refuses_a_manual_id_never_made(text: str):
+    with pytest.raises(ValueError, match="not an occurrence id"):
+        occurrence_name(text)
 
 
 def test_jitter_seconds_is_deterministic_and_in_window():

@@ -106,6 +106,20 @@ def test_a_run_is_recorded_and_reported_from_the_record(records: Path):
     assert survivors == {name(SEND, 2), name(RELAY, 2)}
 
 
+def test_a_result_file_cut_short_by_a_stop_keeps_the_record_and_is_made_again(records: Path):
+    # GIVEN a workspace whose mutmut was stopped while writing its result file (empty)
+    workspace = records / "ws"
+    mutate.restore("relay", workspace)
+    meta = workspace / "mutants" / f"{FILE}.meta"
+    meta.write_text("", encoding="utf-8")
+    # WHEN the run is recorded
+    mutate.record("relay", workspace, "def")
+    # THEN the record keeps the file's earlier results, and the next restore remakes it
+    assert mutate.results("relay") == {name(SEND, 1): 1, name(SEND, 2): 0, name(RELAY, 1): 1}
+    assert not meta.exists()
+    assert mutate.restore("relay", workspace) == 3
+
+
 @pytest.mark.parametrize(
     ("code", "killed", "survived"),
     [(1, True, False), (36, True, False), (0, False, True), (5, False, True), (None, False, False)],

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,7 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     create_tenant.add_argument("--max-strict-fires-per-minute", type=int)
     create_tenant.add_argument("--max-concurrency", type=int)
     create_tenant.add_argument("--catchup-per-minute", type=int)
+    create_tenant.add_argument("--max-manual-runs-per-minute", type=int)
     tenant_policy = tenant_commands.add_parser(
         "worker-policy",
         parents=[endpoint_flags],
@@ -110,6 +112,13 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         ("versions", "a schedule's versions, newest first"),
     ):
         add(name, text).add_argument("schedule_id", metavar="ID")
+    trigger = add("trigger", "run a schedule now: one manual occurrence, receivable at once")
+    trigger.add_argument("schedule_id", metavar="ID")
+    trigger.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="the same key runs once (default: a new key per command, kept on its retries)",
+    )
     listing = add("list", "your schedules")
     listing.add_argument("--state", choices=["ACTIVE", "PAUSED", "CANCELED", "COMPLETED"])
     add("occurrence", "one occurrence with its attempts").add_argument(
@@ -232,7 +241,7 @@ def _print_occurrences(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         print(
             f"{row['occurrence_id']:<32} {row['scheduled_for']:<21} {row['state']:<16} "
-            f"{row['attempt_count']}"
+            f"{row['attempt_count']}{' (manual)' if row.get('manual') else ''}"
         )
 
 
@@ -278,6 +287,7 @@ def run_client_command(args: argparse.Namespace) -> int:
                 "max_strict_fires_per_minute",
                 "max_concurrency",
                 "catchup_per_minute",
+                "max_manual_runs_per_minute",
             )
             if getattr(args, key) is not None
         }
@@ -318,6 +328,13 @@ def run_client_command(args: argparse.Namespace) -> int:
     elif command in ("pause", "resume"):
         saved = client.post(f"/v1/schedules/{args.schedule_id}/{command}")
         _emit(args, _flat(saved), _print_schedule)
+    elif command == "trigger":
+        # Always a key: the client's retries of one command must not run it twice.
+        key = args.idempotency_key or f"cli-{uuid.uuid4()}"
+        found = client.post(
+            f"/v1/schedules/{args.schedule_id}/trigger", headers={"Idempotency-Key": key}
+        )
+        _emit(args, found, lambda t: _print_occurrences([t["occurrence"]]))
     elif command == "cancel":
         saved = client.call("DELETE", f"/v1/schedules/{args.schedule_id}")
         _emit(args, _flat(saved), _print_schedule)

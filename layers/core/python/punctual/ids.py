@@ -19,31 +19,73 @@ def _digest(text: str, size: int, person: bytes) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=size, person=person).digest()
 
 
-def occurrence_id(schedule_id: str, version: int, scheduled_for: int) -> str:
+MANUAL_MARK = ".m"  # before a manual occurrence's tag in its id and its sort key
+_TAG_LENGTH = 13  # base32 of 8 bytes, no padding
+_TAG_ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyz234567")
+
+
+def manual_tag(schedule_id: str, idempotency_key: str | None) -> str:
+    """What tells a manual occurrence (run now) apart: a digest of the request's
+    Idempotency-Key (per schedule), or random when the request has none."""
+    if idempotency_key is None:
+        raw = secrets.token_bytes(8)
+    else:
+        raw = _digest(f"{schedule_id}\0{idempotency_key}", 8, b"punctual-manual")
+    return base64.b32encode(raw).decode("ascii").lower().rstrip("=")
+
+
+def occurrence_id(
+    schedule_id: str, version: int, scheduled_for: int, manual: str | None = None
+) -> str:
     """The id of the occurrence of ``schedule_id`` at ``version`` due at ``scheduled_for``:
-    ``occ_<schedule_id>_<scheduled_for>_<version>``.
+    ``occ_<schedule_id>_<scheduled_for>_<version>``, and ``.m<tag>`` after it for a manual
+    one (run now), which no fire's id can equal.
 
     Reversible on purpose: the occurrences table is keyed by schedule (docs/data-model.md),
     so the id itself names the item's key and no index maps ids to schedules."""
     if not schedule_id or scheduled_for < 0 or version < 0:
         raise ValueError("an occurrence needs a schedule id and a non-negative version and time")
-    return f"occ_{schedule_id}_{scheduled_for}_{version}"
+    if manual is not None and not _is_tag(manual):
+        raise ValueError(f"not a manual tag: {manual!r}")
+    suffix = "" if manual is None else MANUAL_MARK + manual
+    return f"occ_{schedule_id}_{scheduled_for}_{version}{suffix}"
 
 
-def occurrence_parts(text: str) -> tuple[str, int, int]:
-    """``(schedule_id, version, scheduled_for)`` of an occurrence id; ValueError if the text
-    is not one this module would make (so two spellings never name one item)."""
+def _is_tag(text: str) -> bool:
+    return len(text) == _TAG_LENGTH and set(text) <= _TAG_ALPHABET
+
+
+def occurrence_name(text: str) -> tuple[str, int, int, str | None]:
+    """``(schedule_id, version, scheduled_for, manual tag or None)`` of an occurrence id;
+    ValueError if the text is not one this module would make (so two spellings never name
+    one item)."""
     body = text.removeprefix("occ_")
     parts = body.rsplit("_", 2)
     if body == text or len(parts) != 3 or not parts[0]:
         raise ValueError(f"not an occurrence id: {text!r}")
     schedule_id, when, version = parts
+    version, mark, tag = version.partition(MANUAL_MARK)
     if not (when.isascii() and when.isdigit() and version.isascii() and version.isdigit()):
         raise ValueError(f"not an occurrence id: {text!r}")
-    parsed = (schedule_id, int(version), int(when))
-    if occurrence_id(*parsed) != text:  # leading zeros: another spelling
+    manual = tag if mark else None
+    if manual is not None and not _is_tag(manual):
         raise ValueError(f"not an occurrence id: {text!r}")
-    return parsed
+    named = (schedule_id, int(version), int(when), manual)
+    if occurrence_id(*named) != text:  # leading zeros: another spelling
+        raise ValueError(f"not an occurrence id: {text!r}")
+    return named
+
+
+def occurrence_parts(text: str) -> tuple[str, int, int]:
+    """``(schedule_id, version, scheduled_for)`` of an occurrence id (a manual one's too);
+    ValueError if the text is not an occurrence id."""
+    schedule_id, version, scheduled_for, _ = occurrence_name(text)
+    return schedule_id, version, scheduled_for
+
+
+def is_manual(occurrence_id: str) -> bool:
+    """Made by a request to run now, not by the schedule's timing."""
+    return occurrence_name(occurrence_id)[3] is not None
 
 
 def jitter_seconds(occurrence_id: str, window_seconds: int) -> int:

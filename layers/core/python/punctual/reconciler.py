@@ -31,7 +31,7 @@ from typing import Any
 from punctual.dal.common import ConditionFailed
 from punctual.dal.schedules import ScheduleVersion
 from punctual.errors import InvalidInput, Retryable
-from punctual.ids import available_at, minute_of, occurrence_id
+from punctual.ids import available_at, is_manual, minute_of, occurrence_id
 from punctual.models import (
     Finding,
     MisfireAction,
@@ -505,7 +505,10 @@ class Reconciler:
                 and owner.version == occurrence.schedule_version
                 and owner.scheduled_for == occurrence.scheduled_for
             )
-            if owner is None or not consistent:
+            if is_manual(occurrence.occurrence_id):
+                # Run now: no fire owes it, and none is owed it; judged by its state only.
+                finding = _BY_STATE[occurrence.state]
+            elif owner is None or not consistent:
                 finding = Finding.UNEXPECTED
             elif owner.required:
                 finding = _BY_STATE[occurrence.state]

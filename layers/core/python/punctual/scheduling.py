@@ -24,10 +24,11 @@ from punctual.dal.schedules import (
     stored_schedule,
     version_to_item,
 )
-from punctual.dal.tenants import tenant_from_item, usage_update
+from punctual.dal.tenants import manual_run_update, tenant_from_item, usage_update
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
 from punctual.ids import (
     available_at,
+    manual_tag,
     minute_of,
     new_schedule_id,
     occurrence_id,
@@ -87,6 +88,15 @@ class NextFire:
 class NextFires:
     fires: list[NextFire] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # DST-affected dates among them
+
+
+@dataclass(frozen=True, slots=True)
+class Triggered:
+    """A run-now request's occurrence; ``replayed`` when an earlier request with the same
+    Idempotency-Key made it."""
+
+    occurrence: Occurrence
+    replayed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +274,70 @@ class ControlPlane:
             ScheduleState.CANCELED,
             {ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.COMPLETED},
         )
+
+    def trigger(self, tenant_id: str, schedule_id: str, idempotency_key: str | None) -> Triggered:
+        """Run now: one manual occurrence of the current version, receivable at once, with
+        an id of its own (punctual.ids.manual_tag): the same Idempotency-Key answers with the
+        same occurrence instead of a second run. Counts against the tenant's
+        max_manual_runs_per_minute; refused unless the schedule is ACTIVE."""
+        tag = manual_tag(schedule_id, idempotency_key)
+        for _ in range(WALK_RETRIES):
+            stored = self._owned(tenant_id, schedule_id)
+            schedule = stored.schedule
+            if idempotency_key is not None:
+                made = self.occurrences.triggered(schedule_id, tag)
+                if made is not None:
+                    return Triggered(made, replayed=True)
+            if schedule.state is not ScheduleState.ACTIVE:
+                # Not a PAUSED, CANCELED or COMPLETED one: the reconciler reads nothing of
+                # those after they stopped (reconciler._dormant), so a run there would go
+                # unwatched; resume it, or create a one-shot.
+                raise Conflict(
+                    f"the schedule is {schedule.state.value}; only an ACTIVE schedule runs now",
+                    state=schedule.state.value,
+                )
+            tenant = self.tenants.get(tenant_id)
+            now = self._now()
+            minute = minute_of(now)
+            limit = tenant.quotas.max_manual_runs_per_minute
+            used = tenant.manual_runs if tenant.manual_minute == minute else 0
+            if used >= limit:
+                raise QuotaExceeded(
+                    f"the tenant ran {used} schedules now this minute, the limit is {limit}",
+                    quota="max_manual_runs_per_minute",
+                    limit=limit,
+                    usage=used,
+                )
+            expires_at = now + self.settings.retention_days * 86400
+            occurrence = Occurrence(
+                occurrence_id=occurrence_id(schedule_id, schedule.version, now, tag),
+                tenant_id=tenant_id,
+                schedule_id=schedule_id,
+                schedule_version=schedule.version,
+                scheduled_for=now,
+                available_at=now,  # no jitter: run now means now
+                target=schedule.target,
+                expires_at=expires_at,
+            )
+            record = self.occurrences.put_trigger(
+                schedule_id, tag, occurrence.occurrence_id, expires_at
+            )
+            try:
+                self._s.transactions.commit(
+                    [
+                        ("trigger", record),
+                        ("schedule", self.schedules.unchanged(schedule, stepped_past=None)),
+                        ("tenant", manual_run_update(tenant, self.tenants.table, minute)),
+                        ("occurrence", self.occurrences.put_new(occurrence, schedule.payload)),
+                    ]
+                )
+            except ConditionFailed:
+                # The same key's first request won (its run is then found above), the
+                # schedule changed (paused, updated: read again), or the minute's count moved
+                # (over the quota now, or opened by another request): each is read again.
+                continue
+            return Triggered(occurrence, replayed=False)
+        raise Retryable("concurrent changes kept refusing this run; retry")
 
     def _transition(
         self,

@@ -20,6 +20,7 @@ class Quotas(BaseModel):
     max_strict_fires_per_minute: int = Field(default=10_000, ge=0, le=1_000_000)
     max_concurrency: int = Field(default=1_000, ge=1, le=100_000)
     catchup_per_minute: int = Field(default=600, ge=1, le=1_000_000)
+    max_manual_runs_per_minute: int = Field(default=60, ge=0, le=100_000)
 
     @property
     def catchup_pace(self) -> int:
@@ -36,6 +37,9 @@ class Tenant(BaseModel):
     minute_load: list[int] = Field(default_factory=lambda: [0] * 60)
     created_at: datetime
     principals: list[str] = Field(default_factory=list)  # bound callers and workers
+    # Manual runs (run now) counted in one UTC minute, against max_manual_runs_per_minute.
+    manual_minute: int = 0
+    manual_runs: int = 0
 
 
 class Target(BaseModel):

@@ -19,6 +19,7 @@ from punctual.dal.common import (
 from punctual.dal.tables import (
     OCCURRENCE_PREFIX,
     OCCURRENCES,
+    TRIGGER_PREFIX,
     attempts_prefix,
     occurrence_key,
     occurrence_sk,
@@ -36,7 +37,7 @@ _LAST = 10**12 - 1  # the largest scheduled_for (and version) a fixed-width sk h
 def occurrence_to_item(occurrence: Occurrence, payload: dict[str, Any]) -> Item:
     """The payload is copied in: the relay then sends without reading the schedule."""
     return {
-        "sk": occurrence_sk(occurrence.scheduled_for, occurrence.schedule_version),
+        "sk": occurrence_key(occurrence.occurrence_id)["sk"],
         **occurrence.model_dump(),
         "payload": payload,
     }
@@ -117,6 +118,37 @@ class OccurrenceStore:
                 "ConditionExpression": "attribute_not_exists(occurrence_id)",
             }
         }
+
+    def put_trigger(
+        self, schedule_id: str, tag: str, occurrence_id: str, expires_at: int
+    ) -> dict[str, Any]:
+        """Transaction action recording which occurrence a run-now request (its tag) made."""
+        return {
+            "Put": {
+                "TableName": self.table,
+                "Item": to_dynamo(
+                    {
+                        "schedule_id": schedule_id,
+                        "sk": TRIGGER_PREFIX + tag,
+                        "occurrence_id": occurrence_id,
+                        "expires_at": expires_at,
+                    }
+                ),
+                # Race: the same request twice at once (a client's retry, or two clients
+                # with one Idempotency-Key): the second must not make a second run.
+                "ConditionExpression": "attribute_not_exists(sk)",
+            }
+        }
+
+    def triggered(self, schedule_id: str, tag: str) -> Occurrence | None:
+        """The occurrence a run-now request with this tag made, if any. Strongly
+        consistent: a retry a moment after the first request must find its run."""
+        found = self._client.get_item(
+            TableName=self.table,
+            Key=to_dynamo({"schedule_id": schedule_id, "sk": TRIGGER_PREFIX + tag}),
+            ConsistentRead=True,
+        ).get("Item")
+        return self.get(str(from_dynamo(found)["occurrence_id"])) if found else None
 
     def get_with_attempts(self, occurrence_id: str) -> tuple[Occurrence, list[Attempt]] | None:
         occurrence = self.get(occurrence_id)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from punctual.ids import occurrence_parts
+from punctual.ids import MANUAL_MARK, occurrence_name
 from punctual.settings import Settings
 
 SCHEDULE_CURRENT = "CURRENT"
 OCCURRENCE_PREFIX = "OCC#"  # sk of an occurrence item: OCC#<scheduled_for>#<version>
 ATTEMPT_PREFIX = "ATT#"  # sk of an attempt item: ATT#<scheduled_for>#<version>#<attempt_no>
+# A manual occurrence (run now) has ".m<tag>" after the version in both (punctual.ids);
+# TRG#<tag> records which occurrence a run-now request made (its Idempotency-Key's tag).
+TRIGGER_PREFIX = "TRG#"
 
 DUE_INDEX = "due"  # due_bucket ("YYYYMMDDHHMM#SSSS") -> due_at: only ACTIVE schedules
 TENANT_INDEX = "by_tenant"  # tenant_id -> created_key: current schedule items only
@@ -136,9 +139,11 @@ OCCURRENCES = TableSpec(
 )
 
 
-def occurrence_sk(scheduled_for: int, version: int) -> str:
-    """Fixed width, so the sort order is (scheduled_for, version)."""
-    return f"{OCCURRENCE_PREFIX}{scheduled_for:012d}#{version:010d}"
+def occurrence_sk(scheduled_for: int, version: int, manual: str | None = None) -> str:
+    """Fixed width, so the sort order is (scheduled_for, version); a manual occurrence's
+    (run now) sorts right after the fire of the same instant and version, if any."""
+    suffix = "" if manual is None else MANUAL_MARK + manual
+    return f"{OCCURRENCE_PREFIX}{scheduled_for:012d}#{version:010d}{suffix}"
 
 
 def current_key(schedule_id: str) -> dict[str, str]:
@@ -148,8 +153,8 @@ def current_key(schedule_id: str) -> dict[str, str]:
 
 def occurrence_key(occurrence_id: str) -> dict[str, str]:
     """The item key an occurrence id names; ValueError if it is not an occurrence id."""
-    schedule_id, version, scheduled_for = occurrence_parts(occurrence_id)
-    return {"schedule_id": schedule_id, "sk": occurrence_sk(scheduled_for, version)}
+    schedule_id, version, scheduled_for, manual = occurrence_name(occurrence_id)
+    return {"schedule_id": schedule_id, "sk": occurrence_sk(scheduled_for, version, manual)}
 
 
 def attempts_prefix(occurrence_id: str) -> dict[str, str]:

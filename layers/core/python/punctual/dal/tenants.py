@@ -51,6 +51,8 @@ def tenant_from_item(item: Item) -> Tenant:
         minute_load=[item.get(_minute_attr(m), 0) for m in MINUTES],
         created_at=datetime.fromisoformat(item["created_at"]),
         principals=sorted(item.get("principals", ())),
+        manual_minute=item.get("manual_minute", 0),
+        manual_runs=item.get("manual_runs", 0),
     )
 
 
@@ -241,3 +243,32 @@ def usage_update(
     update["ExpressionAttributeValues"] = values(**{f"d{k}": v for k, v in adds.items()}, **bound)
     update["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
     return {"Update": update}
+
+
+def manual_run_update(tenant: Tenant, table: str, minute: int) -> dict[str, Any]:
+    """A transaction action counting one manual run (run now) in ``minute`` (a UTC minute's
+    start) against the tenant's max_manual_runs_per_minute, as ``tenant`` was read. The
+    caller refuses a run over the quota before writing; the condition settles races."""
+    if tenant.manual_minute == minute:
+        # Race: concurrent run-now requests of one minute counting past the quota together;
+        # the count is checked in the transaction that writes the occurrence.
+        condition = "manual_minute = :m AND manual_runs < :limit"
+        expression = "SET manual_runs = manual_runs + :one"
+        named = {"m": minute, "limit": tenant.quotas.max_manual_runs_per_minute, "one": 1}
+    else:
+        # Race: another request opened this minute's count since the read (the caller reads
+        # the tenant again and counts on top of it), or the tenant is gone.
+        condition = (
+            "attribute_exists(pk) AND (attribute_not_exists(manual_minute) OR manual_minute < :m)"
+        )
+        expression = "SET manual_minute = :m, manual_runs = :one"
+        named = {"m": minute, "one": 1}
+    return {
+        "Update": {
+            "TableName": table,
+            "Key": tenant_key(tenant.tenant_id),
+            "UpdateExpression": expression,
+            "ConditionExpression": condition,
+            "ExpressionAttributeValues": values(**named),
+        }
+    }
