@@ -120,7 +120,7 @@ MODULES = {
         ("punctual/tenancy.py",),
         ("punctual.tenancy.",),
         _tests("integration", "api_quotas_and_idempotency", "api_tenancy", "isolation")
-        + _tests("unit", "models"),
+        + _tests("unit", "models", "tenancy"),
     ),
 }
 
