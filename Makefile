@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-stamp
 STAMP := $(VENV)/.installed-stamp
 # uv (Astral's installer, pinned) installs into the venv: 12 s from nothing against pip's
-# 133 s on a clean machine (docs/decisions.md, 2026-12-02). pip only bootstraps it.
+# 133 s on a clean machine (docs/decisions.md, 2026-12-03). pip only bootstraps it.
 UV := $(BIN)/uv
 PIP := $(UV) pip install --python $(BIN)/python
 # jsii (the CDK's bridge to Node) prints a banner on Node 20 otherwise.

@@ -287,7 +287,7 @@ def cancel_schedule(schedule_id: ScheduleId) -> SavedOut:
         {
             **_NO_SCHEDULE,
             409: "Not ACTIVE (details.state): a PAUSED, CANCELED or COMPLETED schedule does "
-            "not run now",
+            "not run now; or the Idempotency-Key's run has expired (use a new key)",
             429: "Over quota (max_manual_runs_per_minute): details give the quota, its limit "
             "and the usage",
         },

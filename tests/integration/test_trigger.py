@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import occurrence_key
 from punctual.ids import occurrence_parts, shard_of
 from punctual.message import parse_message
 from punctual.models import AttemptOutcome, Finding, OccurrenceState
@@ -79,6 +81,9 @@ def test_trigger_with_one_idempotency_key_runs_once_and_another_key_runs_again(
     loose = [trigger(alice, sid, None).body["occurrence"]["occurrence_id"] for _ in range(2)]
     assert len({first["occurrence_id"], other, *loose}) == 4
     assert sorted(manual_ids(alice, sid)) == sorted({first["occurrence_id"], other, *loose})
+    # ... and an empty key is a key like any other
+    empty = [trigger(alice, sid, "").body for _ in range(2)]
+    assert [e["replayed"] for e in empty] == [False, True]
 
 
 @pytest.mark.parametrize("action", ["pause", "cancel"])
@@ -154,6 +159,45 @@ def test_trigger_racing_another_run_of_the_minute_is_held_to_the_quota(
     error = assert_error(answer, 429, "quota_exceeded")
     assert error["details"]["usage"] == limit
     assert sorted(manual_ids(carol, sid)) == sorted([*made, raced[0].occurrence_id])
+
+
+def test_trigger_on_a_host_behind_counts_in_the_minute_a_host_ahead_opened(
+    aws: Services, clock: Clock
+):
+    # GIVEN a tenant allowed two runs now per minute, one of which a host whose clock is a
+    # few seconds ahead already counted in the next minute
+    carol = bootstrap("carol", "arn:aws:iam::111111111111:role/carol", max_manual_runs_per_minute=2)
+    sid = create(carol, HOURLY)["schedule"]["schedule_id"]
+    clock.now = clock.now - clock.now % 60 + 58
+    clock.advance(3)
+    trigger(carol, sid, "ahead")
+    clock.advance(-3)
+    # WHEN this host, still in the earlier minute, runs it now twice
+    second = trigger(carol, sid, "behind")
+    third = trigger(carol, sid, "over")
+    # THEN its run counts in the later minute (it is not refused on every retry for
+    # re-opening an earlier one), and the next one is over the quota
+    assert second.status == 201, second.body
+    assert assert_error(third, 429, "quota_exceeded")["details"]["usage"] == 2
+    tenant = aws.tenants.get("carol")
+    assert (tenant.manual_minute, tenant.manual_runs) == (clock.now - clock.now % 60 + 60, 2)
+
+
+def test_trigger_with_the_key_of_an_expired_run_is_a_conflict_not_a_second_run(
+    alice: Api, aws: Services
+):
+    # GIVEN a run now whose occurrence TTL deleted before its run-now record
+    sid = create(alice, HOURLY)["schedule"]["schedule_id"]
+    made = trigger(alice, sid, "old").body["occurrence"]["occurrence_id"]
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.occurrences_table, Key=to_dynamo(occurrence_key(made))
+    )
+    # WHEN the key is used again
+    answer = trigger(alice, sid, "old")
+    # THEN 409 naming the expired run, nothing made; a new key runs
+    assert made in assert_error(answer, 409, "conflict")["message"]
+    assert manual_ids(alice, sid) == []
+    assert trigger(alice, sid, "new").status == 201
 
 
 def test_trigger_of_another_tenants_schedule_is_not_found_even_with_its_key(

@@ -58,6 +58,9 @@ PREVIEW_COUNT = 5
 # change is the first in its shard, which it opens first).
 WALK_RETRIES = 4
 _LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
+# A run now read again after its transaction was refused (the key's first request won, the
+# schedule or the minute's count moved); more refusals in a row answer "retry".
+TRIGGER_RETRIES = 4
 
 _AFFECTED_NOTES = {
     OccurrenceState.CANCELED: "canceled: it will not run (a message already sent is dropped)",
@@ -281,13 +284,23 @@ class ControlPlane:
         same occurrence instead of a second run. Counts against the tenant's
         max_manual_runs_per_minute; refused unless the schedule is ACTIVE."""
         tag = manual_tag(schedule_id, idempotency_key)
-        for _ in range(WALK_RETRIES):
+        for _ in range(TRIGGER_RETRIES):
             stored = self._owned(tenant_id, schedule_id)
             schedule = stored.schedule
-            if idempotency_key is not None:
-                made = self.occurrences.triggered(schedule_id, tag)
-                if made is not None:
-                    return Triggered(made, replayed=True)
+            made = (
+                self.occurrences.triggered(schedule_id, tag)
+                if idempotency_key is not None
+                else None
+            )
+            if made is not None:
+                made_id, occurrence = made
+                if occurrence is None:
+                    # Its record outlived it (TTL deletes the two independently): the key
+                    # stays used until the record goes too.
+                    raise Conflict(
+                        f"this Idempotency-Key ran {made_id}, which has expired; use a new key"
+                    )
+                return Triggered(occurrence, replayed=True)
             if schedule.state is not ScheduleState.ACTIVE:
                 # Not a PAUSED, CANCELED or COMPLETED one: the reconciler reads nothing of
                 # those after they stopped (reconciler._dormant), so a run there would go
@@ -298,7 +311,10 @@ class ControlPlane:
                 )
             tenant = self.tenants.get(tenant_id)
             now = self._now()
-            minute = minute_of(now)
+            # A host whose clock is ahead may have opened a later minute's count already:
+            # this run counts in that minute (never re-opening an earlier one, which its
+            # condition would refuse on every retry).
+            minute = max(minute_of(now), tenant.manual_minute)
             limit = tenant.quotas.max_manual_runs_per_minute
             used = tenant.manual_runs if tenant.manual_minute == minute else 0
             if used >= limit:

@@ -140,15 +140,19 @@ class OccurrenceStore:
             }
         }
 
-    def triggered(self, schedule_id: str, tag: str) -> Occurrence | None:
-        """The occurrence a run-now request with this tag made, if any. Strongly
-        consistent: a retry a moment after the first request must find its run."""
+    def triggered(self, schedule_id: str, tag: str) -> tuple[str, Occurrence | None] | None:
+        """The id of the occurrence a run-now request with this tag made, and the
+        occurrence (None once it expired before its record); None if no request made one.
+        Strongly consistent: a retry a moment after the first request must find its run."""
         found = self._client.get_item(
             TableName=self.table,
             Key=to_dynamo({"schedule_id": schedule_id, "sk": TRIGGER_PREFIX + tag}),
             ConsistentRead=True,
         ).get("Item")
-        return self.get(str(from_dynamo(found)["occurrence_id"])) if found else None
+        if not found:
+            return None
+        made = str(from_dynamo(found)["occurrence_id"])
+        return made, self.get(made)
 
     def get_with_attempts(self, occurrence_id: str) -> tuple[Occurrence, list[Attempt]] | None:
         occurrence = self.get(occurrence_id)
