@@ -114,7 +114,7 @@ MODULES = {
     "reconciler": Module(
         ("punctual/reconciler.py",),
         ("punctual.reconciler.",),
-        _tests("integration", "reconciler", "handlers"),
+        _tests("integration", "reconciler", "handlers") + _tests("unit", "reconciler_rules"),
     ),
     "tenancy": Module(
         ("punctual/tenancy.py",),

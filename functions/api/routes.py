@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api import context
 from api.views import (
+    BackfillOut,
     ErrorOut,
     MetaOut,
     OccurrenceDetailOut,
@@ -310,6 +311,49 @@ def trigger_schedule(
     return TriggerOut(
         occurrence=OccurrenceOut(**occurrence_out(triggered.occurrence)),
         replayed=triggered.replayed,
+    )
+
+
+class BackfillIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"from": "2026-11-01T00:00:00Z", "to": "2026-11-08T00:00:00Z", "dry_run": True}
+            ]
+        },
+    )
+
+    since: Instant = Field(alias="from", description="The first instant (inclusive).")
+    until: Instant = Field(alias="to", description="The end (exclusive).")
+    dry_run: bool = Field(default=False, description="Count and show; make nothing.")
+
+
+@router.post(
+    "/v1/schedules/<schedule_id>/backfill",
+    summary="Backfill: an occurrence for every fire in [from, to) that has none",
+    responses=answers(
+        errors={
+            400: "Invalid from or to (to not after from), or more fires in the range than "
+            "the tenant's max_backfill_occurrences",
+            **_NO_SCHEDULE,
+            409: "Not ACTIVE (details.state): only an ACTIVE schedule is backfilled",
+        },
+        body=True,
+    ),
+)
+def backfill_schedule(schedule_id: ScheduleId, body: BackfillIn) -> BackfillOut:
+    since, until = to_epoch(body.since), to_epoch(body.until)
+    if until <= since:
+        raise InvalidInput("to is not after from", [{"field": "to", "reason": "not after from"}])
+    done = context.plane().backfill(_tenant(), schedule_id, since, until, dry_run=body.dry_run)
+    return BackfillOut(
+        dry_run=done.dry_run,
+        fires=done.fires,
+        existing=done.existing,
+        planned=done.planned,
+        created=len(done.made),
+        occurrences=[OccurrenceOut(**occurrence_out(o)) for o in done.shown],
     )
 
 

@@ -114,7 +114,9 @@ class OccurrenceOut(BaseModel):
     )
     reason: str | None
     manual: bool = Field(
-        description="Made by run now (POST /v1/schedules/{id}/trigger), not by a fire."
+        description="Made by a request (run now: POST /v1/schedules/{id}/trigger, or a "
+        "backfill), not by the schedule's timing; a backfill of an instant the schedule "
+        "passed with no record at all makes that fire's own occurrence (manual: false)."
     )
 
 
@@ -123,6 +125,23 @@ class TriggerOut(BaseModel):
     replayed: bool = Field(
         description="True when an earlier request with the same Idempotency-Key made this "
         "occurrence: nothing new was made."
+    )
+
+
+class BackfillOut(BaseModel):
+    dry_run: bool
+    fires: int = Field(description="The current version's fires in [from, to).")
+    existing: int = Field(
+        description="Fires with an occurrence already (one that ran or will run, of any "
+        "version, or an earlier backfill's): not made again."
+    )
+    planned: int = Field(
+        description="Fires the materializer has not reached yet: it makes them on time."
+    )
+    created: int = Field(description="Occurrences made (dry run: that would be made).")
+    occurrences: list[OccurrenceOut] = Field(
+        description="The first of them (10 at most), in time order, receivable from now on "
+        "at the tenant's catch-up pace."
     )
 
 

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -400,6 +400,32 @@ def test_cli_trigger_runs_a_schedule_now_once_per_key(stack: Stack):
     assert [o["occurrence_id"] for o in occurrences_of(stack, sid) if o["manual"]] == [
         made["occurrence_id"]
     ]
+
+
+def test_cli_backfill_delivers_the_past_fires_once(stack: Stack):
+    # GIVEN a daily cron made now on a target of its own: three fires in the last 3 days
+    queue = queue_of(stack, "backfill")
+    created = create(stack, "--cron", "15 4 * * *", "--tz", "UTC", "--target", "backfill")
+    sid = created["schedule_id"]
+    now = int(time.time())
+    since = datetime.fromtimestamp(now - 3 * 86400, UTC).isoformat()
+    until = datetime.fromtimestamp(now, UTC).isoformat()
+    # WHEN a dry run, then the backfill, of those 3 days
+    dry = stack.cli_json("backfill", sid, "--from", since, "--to", until, "--dry-run")
+    done = stack.cli_json("backfill", sid, "--from", since, "--to", until)
+    # THEN the dry run counts 3 to make, the backfill makes them, and their messages arrive
+    assert (dry["fires"], dry["created"], dry["dry_run"]) == (3, 3, True)
+    assert (done["created"], done["existing"]) == (3, 0)
+    made = {o["occurrence_id"] for o in done["occurrences"]}
+    received: set[str] = set()
+    while len(received) < 3 and time.time() < now + 30:
+        answer = stack.aws("sqs").receive_message(
+            QueueUrl=queue, WaitTimeSeconds=2, MaxNumberOfMessages=10
+        )
+        received |= {json.loads(m["Body"])["occurrence_id"] for m in answer.get("Messages", [])}
+    assert received == made
+    # AND a second backfill of the range makes none
+    assert stack.cli_json("backfill", sid, "--from", since, "--to", until)["created"] == 0
 
 
 def test_update_to_a_new_cron_bumps_the_version_and_cancels_the_old_occurrence(stack: Stack):

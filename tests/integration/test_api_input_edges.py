@@ -299,6 +299,7 @@ def test_quotas_are_numbers_and_put_sets_only_those_given(alice: Api) -> None:
         "max_concurrency": 7,
         "catchup_per_minute": 600,
         "max_manual_runs_per_minute": 60,
+        "max_backfill_occurrences": 1_000,
     }
 
 

@@ -837,6 +837,7 @@ def test_tenant_shows_quotas_and_usage(alice: Api) -> None:
             "max_concurrency": 1_000,
             "catchup_per_minute": 600,
             "max_manual_runs_per_minute": 60,
+            "max_backfill_occurrences": 1_000,
         },
         "schedule_count": 3,
         "strict_fires_per_minute_peak": 2,

@@ -43,7 +43,7 @@ from punctual.reconciler import (
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.settings import Settings
-from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB, client_error
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock, LambdaContextStub
 from tests.integration.helpers import (
@@ -960,3 +960,174 @@ def test_reconciler_reports_an_hour_that_leaves_its_horizon_still_open(
     checked = {(r.report.shard, r.report.window_start) for r in results}
     assert min(start for _, start in checked) == leaving[1]
     assert (0, leaving[1]) in checked
+
+
+# --- repairs under races and failures -------------------------------------------------------
+
+
+def occurrence_item(aws: Services, oid: str) -> dict[str, Any]:
+    [item] = [
+        i
+        for i in table_items(aws, aws.settings.occurrences_table)
+        if i.get("occurrence_id", {}).get("S") == oid and i["sk"]["S"].startswith("OCC#")
+    ]
+    return item
+
+
+def test_reconciler_records_a_superseded_versions_gap_missed_and_fires_the_current_ones(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule (payload v1) whose 10:15 instant the materializer dropped, updated
+    # at 10:22 (payload v2), whose version 2 then lost its 10:40 instant as well
+    clock.now = at("09:40")
+    misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 7 * 86400}
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire, payload={"v": 1})
+    shards = shards_of(aws, [sid])
+    dropped = {at("10:15"), at("10:40")}
+    materialize_until(aws, clock, at("10:20"), shards, skip=lambda s, t: t in dropped)
+    clock.now = at("10:22")
+    ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    materialize_until(aws, clock, at("11:10"), shards, skip=lambda s, t: t in dropped)
+    old, new = occurrence_id(sid, 1, at("10:15")), occurrence_id(sid, 2, at("10:40"))
+    # WHEN the reconciler checks and repairs [10:00, 11:00)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN both are MISSING; version 1's is recorded MISSED (no worker would run a
+    # superseded version's occurrence), with the reason, and version 2's fires now
+    assert ids(results, "missing") == {old, new}
+    assert ids(results, "recorded_missed") == {old}
+    assert ids(results, "fired") == {new}
+    missed = occurrence_item(aws, old)
+    assert missed["state"]["S"] == "MISSED"
+    assert missed["schedule_version"]["N"] == "1"
+    assert missed["reason"]["S"] == "reconciler: missing; version 1 was superseded by 2"
+    fired = occurrence_item(aws, new)
+    assert (fired["state"]["S"], fired["available_at"]["N"]) == ("SCHEDULED", str(at("12:05")))
+    # AND the repaired fire carries the current payload (the relay sends it without reading
+    # the schedule), the MISSED record none
+    assert fired["payload"] == {"M": {"v": {"N": "2"}}}
+    assert missed["payload"] == {"M": {}}
+    # AND the tenant reads both through the API (the MISSED record's item parses)
+    answer = alice.get(f"/v1/occurrences/{old}")
+    assert answer.status == 200, answer.body
+    assert (answer.body["state"], answer.body["reason"]) == (
+        "MISSED",
+        "reconciler: missing; version 1 was superseded by 2",
+    )
+    assert alice.get(f"/v1/occurrences/{new}").body["state"] == "SCHEDULED"
+
+
+@pytest.mark.parametrize("refusals", [1, 2])
+def test_reconciler_retries_a_refused_repair_once_then_counts_a_conflict_keeping_the_deferred(
+    alice: Api, aws: Services, clock: Clock, refusals: int
+):
+    # GIVEN a */5 schedule whose 10:15 instant was dropped and whose materializer stopped
+    # after its 10:30 tick (the later instants of the hour are the materializer's to make)
+    clock.now = at("09:40")
+    misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 7 * 86400}
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    materialize_until(
+        aws, clock, at("10:30"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:15")
+    )
+    made = {o["scheduled_for"] for o in stored(aws, since=at("10:00"), until=at("11:00"))}
+    later = {occurrence_id(sid, 1, t) for t in range(max(made) + 300, at("11:00"), 300)}
+    assert later
+    lost = occurrence_id(sid, 1, at("10:15"))
+    # AND the repair's transaction refused (a conflict on the schedule, say) once or twice
+    faults = Faults(FaultPlan.none(), clock)
+    refused: list[str] = []
+
+    def refuse(_: str, request: dict[str, Any]) -> None:
+        puts = [a["Put"]["Item"] for a in request["TransactItems"] if "Put" in a]
+        if (
+            any(p.get("occurrence_id", {}).get("S") == lost for p in puts)
+            and len(refused) < refusals
+        ):
+            refused.append(lost)
+            error = client_error("TransactionCanceledException", "TransactWriteItems")
+            error.response["CancellationReasons"] = [{"Code": "TransactionConflict"}] * 2
+            raise error
+
+    faults.before["transact_write_items"] = refuse
+    racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN the reconciler checks the hour
+    clock.now = at("11:05")
+    [result] = Reconciler(racing).run(shards_of(aws, [sid]), at("10:00"), at("11:00"))
+    # THEN the later instants stay deferred to the materializer through the second round
+    assert set(result.deferred) == later
+    assert result.report.deferred == len(later)
+    if refusals == 1:
+        # AND a refusal is retried: the gap fires
+        assert result.fired == [lost]
+        assert result.report.repair_conflicts == 0
+        assert [o["state"] for o in stored(aws, since=at("10:15"), until=at("10:16"))] == [
+            "SCHEDULED"
+        ]
+    else:
+        # AND two refusals leave it to the next run, counted as a conflict (unsettled)
+        assert result.fired == []
+        assert result.report.repair_conflicts == 1
+        assert not result.report.settled
+        assert stored(aws, since=at("10:15"), until=at("10:16")) == []
+    assert len(refused) == refusals
+
+
+def test_reconciler_catch_up_checks_the_other_shards_when_reading_ones_reports_fails(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    from botocore.exceptions import ClientError
+
+    # GIVEN a scheduled run whose read of shard 0's earlier reports fails
+    clock.now = at("12:05")
+    reconciler = Reconciler(aws)
+    read = reconciler.reports.in_windows
+
+    def flaky(shard: int, windows: list[tuple[int, int]]) -> Any:
+        if shard == 0:
+            raise ClientError({"Error": {"Code": "ThrottlingException"}}, "Query")
+        return read(shard, windows)
+
+    monkeypatch.setattr(reconciler.reports, "in_windows", flaky)
+    # WHEN it runs; THEN it fails, so that the caller retries ...
+    with pytest.raises(ClientError):
+        reconciler.catch_up([0, 1], at("12:05"))
+    # ... having checked every window of shard 1 all the same
+    windows = [(at("10:00") - k * 3600, at("11:00") - k * 3600) for k in range(CATCHUP_WINDOWS + 1)]
+    store = ReportStore(aws.dynamodb, aws.settings.leases_table)
+    assert store.settled_windows(1, windows) == set(windows)
+
+
+def test_reconciler_catch_up_fails_when_a_window_fails_and_time_runs_out_before_its_retry(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    from botocore.exceptions import ClientError
+
+    # GIVEN a run whose check of its own hour fails once, after which it is out of time
+    clock.now = at("12:05")
+    late = [False]
+    reconciler = Reconciler(aws, out_of_time=lambda: late[0])
+    check = reconciler.run_shard
+    own = (at("10:00"), at("11:00"))
+
+    def flaky(shard: int, start: int, end: int) -> Any:
+        if (start, end) == own:
+            late[0] = True
+            raise ClientError({"Error": {"Code": "ThrottlingException"}}, "Query")
+        return check(shard, start, end)
+
+    monkeypatch.setattr(reconciler, "run_shard", flaky)
+    # WHEN it catches up; THEN it fails (the hour was not checked: the caller retries)
+    with pytest.raises(ClientError):
+        reconciler.catch_up([0], at("12:05"))
+
+
+def test_read_reports_reads_the_window_asked_for(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a shard's reports of [10:00, 11:00) and of the two hours [10:00, 12:00)
+    clock.now = at("12:05")
+    reconcile(aws, at("10:00"), at("11:00"), shards=[0])
+    reconcile(aws, at("10:00"), at("12:00"), shards=[0])
+    # THEN each window reads its own report, an hour by default
+    [hour] = read_reports(aws, at("10:00"))
+    [two] = read_reports(aws, at("10:00"), at("12:00"), shards=[0])
+    assert (hour.window_end, two.window_end) == (at("11:00"), at("12:00"))
+    assert read_reports(aws, at("10:00"), at("12:00"), shards=[1]) == []

@@ -79,6 +79,7 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     create_tenant.add_argument("--max-concurrency", type=int)
     create_tenant.add_argument("--catchup-per-minute", type=int)
     create_tenant.add_argument("--max-manual-runs-per-minute", type=int)
+    create_tenant.add_argument("--max-backfill-occurrences", type=int)
     tenant_policy = tenant_commands.add_parser(
         "worker-policy",
         parents=[endpoint_flags],
@@ -118,6 +119,15 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         "--idempotency-key",
         metavar="KEY",
         help="the same key runs once (default: a new key per command, kept on its retries)",
+    )
+    backfill = add(
+        "backfill", "an occurrence for every fire in [--from, --to) that has none (not twice)"
+    )
+    backfill.add_argument("schedule_id", metavar="ID")
+    backfill.add_argument("--from", dest="since", required=True, metavar="INSTANT")
+    backfill.add_argument("--to", dest="until", required=True, metavar="INSTANT")
+    backfill.add_argument(
+        "--dry-run", action="store_true", help="count and show the first ones; make nothing"
     )
     listing = add("list", "your schedules")
     listing.add_argument("--state", choices=["ACTIVE", "PAUSED", "CANCELED", "COMPLETED"])
@@ -245,6 +255,16 @@ def _print_occurrences(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def _print_backfill(found: dict[str, Any]) -> None:
+    verb = "would make" if found["dry_run"] else "made"
+    print(
+        f"{found['fires']} fires: {found['existing']} have an occurrence, {found['planned']} "
+        f"are still to be made on time; {verb} {found['created']}"
+    )
+    if found["occurrences"]:
+        _print_occurrences(found["occurrences"])
+
+
 def _emit(args: argparse.Namespace, value: Any, human: Callable[[Any], None]) -> None:
     if args.json:
         print(json.dumps(value, indent=2))
@@ -288,6 +308,7 @@ def run_client_command(args: argparse.Namespace) -> int:
                 "max_concurrency",
                 "catchup_per_minute",
                 "max_manual_runs_per_minute",
+                "max_backfill_occurrences",
             )
             if getattr(args, key) is not None
         }
@@ -335,6 +356,10 @@ def run_client_command(args: argparse.Namespace) -> int:
             f"/v1/schedules/{args.schedule_id}/trigger", headers={"Idempotency-Key": key}
         )
         _emit(args, found, lambda t: _print_occurrences([t["occurrence"]]))
+    elif command == "backfill":
+        body = {"from": args.since, "to": args.until, "dry_run": args.dry_run}
+        found = client.post(f"/v1/schedules/{args.schedule_id}/backfill", body)
+        _emit(args, found, _print_backfill)
     elif command == "cancel":
         saved = client.call("DELETE", f"/v1/schedules/{args.schedule_id}")
         _emit(args, _flat(saved), _print_schedule)

@@ -34,6 +34,14 @@ def manual_tag(schedule_id: str, idempotency_key: str | None) -> str:
     return base64.b32encode(raw).decode("ascii").lower().rstrip("=")
 
 
+def backfill_tag(schedule_id: str) -> str:
+    """The manual tag of the schedule's backfilled occurrences: one per schedule, so a
+    backfill asked again (a retry, an overlapping range) names the same occurrences and its
+    conditional puts make none twice."""
+    raw = _digest(schedule_id, 8, b"punctual-bfill")
+    return base64.b32encode(raw).decode("ascii").lower().rstrip("=")
+
+
 def occurrence_id(
     schedule_id: str, version: int, scheduled_for: int, manual: str | None = None
 ) -> str:

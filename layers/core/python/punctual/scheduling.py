@@ -28,10 +28,13 @@ from punctual.dal.tenants import manual_run_update, tenant_from_item, usage_upda
 from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
 from punctual.ids import (
     available_at,
+    backfill_tag,
+    is_manual,
     manual_tag,
     minute_of,
     new_schedule_id,
     occurrence_id,
+    occurrence_name,
     shard_of,
     tenant_of_schedule,
 )
@@ -47,7 +50,7 @@ from punctual.models import (
     ScheduleState,
     field_errors,
 )
-from punctual.planning import plan
+from punctual.planning import MAX_CATCHUP_SPREAD, plan
 from punctual.principals import PrincipalError, normalize_principal
 from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
@@ -61,6 +64,11 @@ _LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
 # A run now read again after its transaction was refused (the key's first request won, the
 # schedule or the minute's count moved); more refusals in a row answer "retry".
 TRIGGER_RETRIES = 4
+# A backfill's puts per transaction, next to the schedule's version check (100 actions).
+BACKFILL_CHUNK = 99
+BACKFILL_SHOWN = 10  # occurrences a backfill's answer lists
+# States of an occurrence that never ran and never will: a backfill may make its instant anew.
+_NOT_RUN = frozenset({OccurrenceState.MISSED, OccurrenceState.CANCELED})
 
 _AFFECTED_NOTES = {
     OccurrenceState.CANCELED: "canceled: it will not run (a message already sent is dropped)",
@@ -103,6 +111,23 @@ class Triggered:
 
 
 @dataclass(frozen=True, slots=True)
+class Backfilled:
+    """What a backfill of [since, until) found and made (or, dry, would make): its fires,
+    those that already have an occurrence, those the materializer will still make, and the
+    occurrences made, paced from now (the first BACKFILL_SHOWN in ``shown``)."""
+
+    fires: int
+    existing: int
+    planned: int
+    made: list[Occurrence]
+    dry_run: bool
+
+    @property
+    def shown(self) -> list[Occurrence]:
+        return self.made[:BACKFILL_SHOWN]
+
+
+@dataclass(frozen=True, slots=True)
 class Saved:
     schedule: Schedule
     next_fires: NextFires
@@ -123,6 +148,23 @@ def _handled_until(schedule: Schedule) -> int:
         return schedule.planned_until
     # A cursor written before planned_until existed: every fire before next_run_at.
     return (schedule.next_run_at or 0) - 1
+
+
+def _fires_in(schedule: Schedule, since: int, until: int, limit: int) -> list[int]:
+    """The schedule's fires in [since, until), refused when there are more than ``limit``
+    (read one at a time: a wide range of a frequent schedule is never listed whole)."""
+    rule = schedule.rule()
+    found: list[int] = []
+    fire = rule.next_after(since - 1)
+    while fire is not None and fire < until:
+        if len(found) == limit:
+            raise InvalidInput(
+                f"the range holds more than {limit} fires (max_backfill_occurrences); narrow it",
+                [{"field": "to", "reason": f"more than {limit} fires from from"}],
+            )
+        found.append(fire)
+        fire = rule.next_after(fire)
+    return found
 
 
 class _StateMoved(Exception):
@@ -354,6 +396,115 @@ class ControlPlane:
                 continue
             return Triggered(occurrence, replayed=False)
         raise Retryable("concurrent changes kept refusing this run; retry")
+
+    def backfill(
+        self, tenant_id: str, schedule_id: str, since: int, until: int, *, dry_run: bool
+    ) -> Backfilled:
+        """An occurrence for every fire of the current version in [since, until) that has
+        none: not one that already ran or will (any version's, a backfill's), not one the
+        materializer has still to make (it will). Paced from now at the tenant's catch-up
+        rate (within SQS's 15 minutes of delay), at most the tenant's
+        max_backfill_occurrences fires per request. Its ids are deterministic, so a repeated
+        or overlapping backfill makes nothing twice, and one cut short by a failure is
+        finished by asking again."""
+        for _ in range(TRIGGER_RETRIES):
+            stored = self._owned(tenant_id, schedule_id)
+            schedule = stored.schedule
+            if schedule.state is not ScheduleState.ACTIVE:
+                # As for run now: the reconciler does not watch a stopped schedule's runs.
+                raise Conflict(
+                    f"the schedule is {schedule.state.value}; only an ACTIVE schedule is "
+                    "backfilled",
+                    state=schedule.state.value,
+                )
+            limit = self.tenants.get(tenant_id).quotas.max_backfill_occurrences
+            fires = _fires_in(schedule, since, until, limit)
+            # Consistent: an occurrence made a moment ago (a repair, an earlier backfill) is
+            # one this backfill must not make again.
+            stored_ones = self.occurrences.in_window(
+                schedule_id, since=since, until=until - 1, consistent=True
+            )
+            tag = backfill_tag(schedule_id)
+            # Ran or will: a fire's occurrence (any version) unless it never ran, and any of
+            # this schedule's backfilled ones (their ids are taken). A run now is not a fire.
+            ran = {
+                o.scheduled_for
+                for o in stored_ones
+                if (not is_manual(o.occurrence_id) and o.state not in _NOT_RUN)
+                or occurrence_name(o.occurrence_id)[3] == tag
+            }
+            regular = {
+                o.scheduled_for
+                for o in stored_ones
+                if o.schedule_version == schedule.version and not is_manual(o.occurrence_id)
+            }
+            handled = _handled_until(schedule)
+            todo, planned = [], 0
+            for fire in fires:
+                if fire in ran:
+                    continue
+                own = occurrence_id(schedule_id, schedule.version, fire)
+                owned = fire > schedule.fires_after
+                if owned and available_at(own, fire, schedule.flexible_window_seconds) > handled:
+                    planned += 1  # the materializer has not got here: it makes this one
+                    continue
+                # A fire the version owns and the materializer passed without a record (lost,
+                # or skipped by its misfire policy) gets its own id: the reconciler's repair
+                # of the same gap then meets this occurrence instead of making a second.
+                mark = None if owned and fire not in regular else tag
+                todo.append(occurrence_id(schedule_id, schedule.version, fire, mark))
+            made = self._backfilled(schedule, todo)
+            result = Backfilled(
+                len(fires), len(fires) - planned - len(todo), planned, made, dry_run
+            )
+            if dry_run or not made:
+                return result
+            try:
+                self._commit_backfill(schedule, made)
+            except ConditionFailed:
+                # The schedule changed (read again: paused, updated), or one of them was
+                # made meanwhile (a repair, a concurrent backfill): it exists when read again.
+                continue
+            return result
+        raise Retryable("concurrent changes kept refusing this backfill; retry")
+
+    def _backfilled(self, schedule: Schedule, ids: list[str]) -> list[Occurrence]:
+        """The occurrences of ``ids`` (in time order), paced from now: the tenant's catch-up
+        pace, compressed to fit SQS's delay as the materializer's catch-up is."""
+        now = self._now()
+        pace = self.tenants.get(schedule.tenant_id).quotas.catchup_pace
+        if len(ids) > 1:
+            pace = min(pace, MAX_CATCHUP_SPREAD // (len(ids) - 1))
+        retention = self.settings.retention_days * 86400
+        made = []
+        for index, oid in enumerate(ids):
+            _, version, fire, _ = occurrence_name(oid)
+            receivable = now + index * pace
+            made.append(
+                Occurrence(
+                    occurrence_id=oid,
+                    tenant_id=schedule.tenant_id,
+                    schedule_id=schedule.schedule_id,
+                    schedule_version=version,
+                    scheduled_for=fire,
+                    available_at=receivable,
+                    target=schedule.target,
+                    expires_at=receivable + retention,
+                )
+            )
+        return made
+
+    def _commit_backfill(self, schedule: Schedule, made: list[Occurrence]) -> None:
+        """Chunks of puts, each with the version check: a change of the schedule refuses the
+        rest (the caller reads again); what committed stays, and is found on the next read."""
+        for first in range(0, len(made), BACKFILL_CHUNK):
+            self._s.transactions.commit(
+                [("schedule", self.schedules.unchanged(schedule, stepped_past=None))]
+                + [
+                    ("occurrence", self.occurrences.put_new(o, schedule.payload))
+                    for o in made[first : first + BACKFILL_CHUNK]
+                ]
+            )
 
     def _transition(
         self,

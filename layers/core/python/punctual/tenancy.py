@@ -21,6 +21,7 @@ class Quotas(BaseModel):
     max_concurrency: int = Field(default=1_000, ge=1, le=100_000)
     catchup_per_minute: int = Field(default=600, ge=1, le=1_000_000)
     max_manual_runs_per_minute: int = Field(default=60, ge=0, le=100_000)
+    max_backfill_occurrences: int = Field(default=1_000, ge=0, le=100_000)
 
     @property
     def catchup_pace(self) -> int:

@@ -191,10 +191,13 @@ class OccurrenceStore:
         pages = self._client.get_paginator("query").paginate(TableName=self.table, **request)
         return [o for page in pages for o in _occurrences(page)]
 
-    def in_window(self, schedule_id: str, *, since: int, until: int) -> list[Occurrence]:
+    def in_window(
+        self, schedule_id: str, *, since: int, until: int, consistent: bool = False
+    ) -> list[Occurrence]:
         """Every occurrence of the schedule (any version, any state) with ``scheduled_for``
-        in [since, until], all pages."""
-        return self._query_all(**_between(schedule_id, since, until))
+        in [since, until], all pages; ``consistent`` for a caller that must see one written
+        a moment ago."""
+        return self._query_all(**_between(schedule_id, since, until), ConsistentRead=consistent)
 
     def first_after(self, schedule_id: str, *, after: int, limit: int) -> list[Occurrence]:
         """Up to ``limit`` of the schedule's occurrences scheduled after ``after``, earliest

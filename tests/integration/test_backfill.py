@@ -1,0 +1,253 @@
+"""Backfill (POST /v1/schedules/{id}/backfill, issue 22): an occurrence for every fire of the
+current version in a range that has none, never a second one for an instant that ran or will
+run, nothing for the fires the materializer has still to make, paced from now, bounded in
+count; a dry run makes nothing; the reconciler finds neither a gap nor a stray afterwards."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from punctual.ids import backfill_tag, occurrence_id, occurrence_name
+from punctual.models import Finding
+from punctual.reconciler import Reconciler
+from punctual.services import Services
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.instants import epoch
+from tests.integration.conftest import Api, Clock, bootstrap
+from tests.integration.helpers import (
+    assert_error,
+    create,
+    cron,
+    make,
+    patch,
+    set_occurrence_state,
+    table_items,
+)
+from tests.integration.test_reconciler import materialize_until, shards_of
+
+DAY = "2026-11-19"
+
+
+def at(hhmm: str) -> int:
+    return epoch(f"{DAY}T{hhmm}Z")
+
+
+def iso(instant: int) -> str:
+    return f"{DAY}T{(instant // 3600) % 24:02d}:{(instant // 60) % 60:02d}:00Z"
+
+
+def backfill(api: Api, sid: str, since: int, until: int, **extra: Any) -> Any:
+    return api.post(
+        f"/v1/schedules/{sid}/backfill", {"from": iso(since), "to": iso(until), **extra}
+    )
+
+
+def occurrences(aws: Services, sid: str) -> dict[int, list[dict[str, Any]]]:
+    """The schedule's occurrence items by instant."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    for item in table_items(aws, aws.settings.occurrences_table):
+        if item["schedule_id"]["S"] == sid and item["sk"]["S"].startswith("OCC#"):
+            found.setdefault(int(item["scheduled_for"]["N"]), []).append(item)
+    return found
+
+
+def running_since_0940(aws: Services, clock: Clock, *, lost: set[int]) -> str:
+    """A */5 schedule made at 09:40, materialized up to 10:30 but for the ``lost`` instants
+    (the materializer passed them with no record)."""
+    clock.now = at("09:40")
+    sid = make(aws, spec={"kind": "cron", "expression": "*/5 * * * *", "timezone": "UTC"})
+    materialize_until(aws, clock, at("10:30"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    return sid
+
+
+def test_backfill_makes_only_the_fires_without_an_occurrence_and_a_dry_run_makes_none(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule made at 09:40 whose 10:15 instant was lost
+    sid = running_since_0940(aws, clock, lost={at("10:15")})
+    before = occurrences(aws, sid)
+    clock.now = at("10:31")
+    # WHEN its owner asks for a dry run of [09:00, 10:30)
+    dry = backfill(alice, sid, at("09:00"), at("10:30"), dry_run=True)
+    # THEN 18 fires: 9 with an occurrence, 9 to make (the 8 before it existed, and 10:15)
+    assert dry.status == 200, dry.body
+    assert {k: dry.body[k] for k in ("dry_run", "fires", "existing", "planned", "created")} == {
+        "dry_run": True,
+        "fires": 18,
+        "existing": 9,
+        "planned": 0,
+        "created": 9,
+    }
+    shown = [o["scheduled_for"] for o in dry.body["occurrences"]]
+    assert shown == [iso(t) for t in [*range(at("09:00"), at("09:40"), 300), at("10:15")]]
+    # AND nothing was written
+    assert occurrences(aws, sid) == before
+    # WHEN it backfills for real
+    done = backfill(alice, sid, at("09:00"), at("10:30"))
+    assert done.status == 200, done.body
+    assert (done.body["created"], done.body["existing"], done.body["dry_run"]) == (9, 9, False)
+    # THEN every instant of the range has exactly one occurrence
+    after = occurrences(aws, sid)
+    assert {t: len(items) for t, items in after.items() if t < at("10:30")} == dict.fromkeys(
+        range(at("09:00"), at("10:30"), 300), 1
+    )
+    # AND the lost fire got its own id (not manual: the reconciler's repair meets it), the
+    # ones before the schedule existed the schedule's backfill ids (manual)
+    [lost] = after[at("10:15")]
+    assert lost["occurrence_id"]["S"] == occurrence_id(sid, 1, at("10:15"))
+    tag = backfill_tag(sid)
+    for instant in range(at("09:00"), at("09:40"), 300):
+        [made] = after[instant]
+        assert occurrence_name(made["occurrence_id"]["S"]) == (sid, 1, instant, tag)
+    # AND they are receivable from now, one a second (the default catch-up pace), in order
+    made_ids = {o["occurrence_id"] for o in done.body["occurrences"]}
+    assert len(made_ids) == 9
+    receivable = sorted(
+        int(items[0]["available_at"]["N"])
+        for items in after.values()
+        if items[0]["occurrence_id"]["S"] in made_ids
+    )
+    assert receivable == list(range(at("10:31"), at("10:31") + 9))
+    listed = alice.get(f"/v1/schedules/{sid}/occurrences").body["occurrences"]
+    assert sum(o["manual"] for o in listed) == 8
+    # AND asking again makes nothing (a retry, an overlapping range)
+    again = backfill(alice, sid, at("08:50"), at("10:30"))
+    assert (again.body["created"], again.body["existing"]) == (2, 18)
+    assert backfill(alice, sid, at("09:00"), at("10:30")).body["created"] == 0
+
+
+def test_backfill_leaves_the_fires_the_materializer_has_not_reached_to_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN the schedule planned up to a little after 10:30
+    sid = running_since_0940(aws, clock, lost=set())
+    clock.now = at("10:31")
+    # WHEN the next hour is backfilled
+    answer = backfill(alice, sid, at("10:30"), at("11:30"))
+    # THEN the fires already made exist, the others are planned, and none is made
+    body = answer.body
+    assert answer.status == 200, body
+    assert body["fires"] == 12
+    assert body["created"] == 0
+    assert body["existing"] == len([t for t in occurrences(aws, sid) if t >= at("10:30")])
+    assert body["planned"] == 12 - body["existing"] > 0
+
+
+def test_backfill_never_doubles_a_fire_of_an_earlier_version_and_remakes_a_missed_one(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN the schedule's fires from 09:40 run (SUCCEEDED), but 10:05's recorded MISSED,
+    # then the schedule updated at 10:31 (version 2)
+    sid = running_since_0940(aws, clock, lost=set())
+    for instant in range(at("09:40"), at("10:30"), 300):
+        state = "MISSED" if instant == at("10:05") else "SUCCEEDED"
+        set_occurrence_state(aws, occurrence_id(sid, 1, instant), state)
+    clock.now = at("10:31")
+    assert patch(alice, sid, {"payload": {"v": 2}}, 1).status == 200
+    # WHEN version 2 backfills [09:40, 10:30), which version 1 owned
+    answer = backfill(alice, sid, at("09:40"), at("10:30"))
+    # THEN only the MISSED instant is made again, under version 2 with its backfill id
+    assert (answer.body["created"], answer.body["existing"]) == (1, 9), answer.body
+    [made] = answer.body["occurrences"]
+    assert occurrence_name(made["occurrence_id"]) == (sid, 2, at("10:05"), backfill_tag(sid))
+    assert made["manual"] is True
+
+
+def test_backfill_then_reconcile_finds_no_gap_and_no_stray(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a schedule whose 10:15 instant was lost, backfilled over the hour before
+    sid = running_since_0940(aws, clock, lost={at("10:15")})
+    clock.now = at("10:31")
+    assert backfill(alice, sid, at("09:00"), at("10:30")).body["created"] == 9
+    materialize_until(aws, clock, at("11:10"), shards_of(aws, [sid]))
+    # WHEN the reconciler checks [09:00, 10:00) and [10:00, 11:00)
+    clock.now = at("11:05")
+    results = Reconciler(aws, repair=True).run(shards_of(aws, [sid]), at("09:00"), at("11:00"))
+    # THEN nothing is missing (10:15 exists), nothing unexpected, nothing repaired again
+    counts = results[0].report.counts
+    assert counts.get(Finding.MISSING, 0) == 0
+    assert counts.get(Finding.UNEXPECTED, 0) == 0
+    assert results[0].fired == []
+    assert len(occurrences(aws, sid)[at("10:15")]) == 1
+
+
+def test_backfill_whose_commit_answer_was_lost_makes_nothing_twice_when_asked_again(
+    alice: Api, aws: Services, clock: Clock
+):
+    from botocore.exceptions import ReadTimeoutError
+
+    from punctual.scheduling import ControlPlane
+
+    # GIVEN a backfill whose transaction commits but whose answer is lost (a timeout)
+    sid = running_since_0940(aws, clock, lost={at("10:15")})
+    clock.now = at("10:31")
+    faults = Faults(FaultPlan.none(), clock)
+    lossy = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    calls: list[int] = []
+
+    def commit_then_time_out(_: str, request: dict[str, Any]) -> None:
+        calls.append(len(request["TransactItems"]))
+        if len(calls) == 1:
+            aws.dynamodb.transact_write_items(**request)
+            raise ReadTimeoutError(endpoint_url="https://injected.local")
+
+    faults.before["transact_write_items"] = commit_then_time_out
+    # WHEN the control plane backfills: the call fails (the API answers 5xx) ...
+    with pytest.raises(ReadTimeoutError):
+        ControlPlane(lossy).backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)
+    # ... and the client asks again
+    again = ControlPlane(lossy).backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)
+    # THEN the second finds them all made, and each instant has one occurrence
+    assert calls == [10]
+    assert (len(again.made), again.existing) == (0, 18)
+    assert {len(v) for t, v in occurrences(aws, sid).items() if t < at("10:30")} == {1}
+
+
+def test_backfill_is_refused_with_its_reason(alice: Api, bob: Api, aws: Services, clock: Clock):
+    sid = create(alice, cron())["schedule"]["schedule_id"]
+    # to not after from: 400 naming "to"
+    answer = alice.post(
+        f"/v1/schedules/{sid}/backfill",
+        {"from": "2026-11-18T10:00:00Z", "to": "2026-11-18T10:00:00Z"},
+    )
+    assert assert_error(answer, 400, "invalid_input")["fields"][0]["field"] == "to"
+    # a missing or unknown field: 400
+    missing = alice.post(f"/v1/schedules/{sid}/backfill", {"from": "2026-11-18T10:00:00Z"})
+    assert missing.status == 400
+    # another tenant's schedule: 404, as if it did not exist
+    theirs = bob.post(
+        f"/v1/schedules/{sid}/backfill",
+        {"from": "2026-11-18T09:00:00Z", "to": "2026-11-18T10:00:00Z"},
+    )
+    assert_error(theirs, 404, "not_found")
+    # a paused one: 409 with its state
+    assert alice.post(f"/v1/schedules/{sid}/pause").status == 200
+    paused = alice.post(
+        f"/v1/schedules/{sid}/backfill",
+        {"from": "2026-11-18T09:00:00Z", "to": "2026-11-18T10:00:00Z"},
+    )
+    assert assert_error(paused, 409, "conflict")["details"] == {"state": "PAUSED"}
+
+
+def test_backfill_is_bounded_by_max_backfill_occurrences(aws: Services, clock: Clock):
+    carol = bootstrap("carol", "arn:aws:iam::111111111111:role/carol", max_backfill_occurrences=12)
+    sid = create(carol, cron())["schedule"]["schedule_id"]
+    # 12 fires in an hour of */5: allowed; 13 (an hour and 5 minutes): refused, nothing made
+    assert (
+        carol.post(
+            f"/v1/schedules/{sid}/backfill",
+            {"from": "2026-11-18T08:00:00Z", "to": "2026-11-18T09:00:00Z", "dry_run": True},
+        ).body["fires"]
+        == 12
+    )
+    refused = carol.post(
+        f"/v1/schedules/{sid}/backfill",
+        {"from": "2026-11-18T08:00:00Z", "to": "2026-11-18T09:05:00Z"},
+    )
+    error = assert_error(refused, 400, "invalid_input")
+    assert error["fields"][0]["field"] == "to"
+    assert "max_backfill_occurrences" in error["message"]
+    listed = carol.get(f"/v1/schedules/{sid}/occurrences").body["occurrences"]
+    assert all(o["scheduled_for"] >= "2026-11-18T11" for o in listed)

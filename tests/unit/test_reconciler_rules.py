@@ -1,0 +1,201 @@
+"""The reconciler's pure rules: which schedules it may leave unread (_dormant), which gaps it
+leaves to the materializer (_not_handled_yet), and the metric totals it emits. A dormant rule
+too wide hides strays and missing fires; one too narrow reads every dead schedule each hour.
+A deferral too wide leaves a lost fire unrepaired; too narrow, the repair races the
+materializer's own misfire handling."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from punctual.dal.schedules import ScheduleVersion
+from punctual.models import Finding, ReconcileReport, Schedule, ScheduleState
+from punctual.reconciler import (
+    METRIC_NAMES,
+    Expected,
+    ShardResult,
+    _dormant,
+    _not_handled_yet,
+    metric_values,
+)
+from tests.instants import epoch
+
+CREATED = datetime(2026, 11, 1, tzinfo=UTC)
+SINCE = epoch("2026-11-19T09:00:00Z")  # the history margin's start before a window
+
+
+def schedule(spec: dict[str, Any], **fields: Any) -> Schedule:
+    return Schedule.model_validate(
+        {
+            "target": "default",
+            "spec": spec,
+            "tenant_id": "t_alice",
+            "schedule_id": "sch_rules",
+            "version": 1,
+            "created_at": CREATED,
+            "updated_at": CREATED,
+            **fields,
+        }
+    )
+
+
+HOURLY = {"kind": "cron", "expression": "0 * * * *", "timezone": "UTC"}
+
+
+def one_shot(at: str) -> dict[str, Any]:
+    return {"kind": "at", "at": at}
+
+
+# --- _dormant ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", [ScheduleState.PAUSED, ScheduleState.CANCELED])
+def test_a_schedule_stopped_by_the_margin_is_dormant_from_that_very_instant(state: ScheduleState):
+    stopped = schedule(HOURLY, state=state)
+    assert _dormant(ScheduleVersion(stopped, effective_from=SINCE), SINCE)
+    assert _dormant(ScheduleVersion(stopped, effective_from=SINCE - 3600), SINCE)
+
+
+@pytest.mark.parametrize("state", [ScheduleState.PAUSED, ScheduleState.CANCELED])
+def test_a_schedule_stopped_after_the_margin_began_is_read(state: ScheduleState):
+    # its version may have owned (or been planned with) fires inside the history margin
+    stopped = schedule(HOURLY, state=state)
+    assert not _dormant(ScheduleVersion(stopped, effective_from=SINCE + 1), SINCE)
+
+
+def test_an_active_schedule_is_read_even_in_an_hour_where_it_owns_no_fire():
+    # (a stray, e.g. a nonexistent wall time fired anyway, is found only by reading it)
+    daily = schedule({"kind": "cron", "expression": "0 3 * * *", "timezone": "UTC"})
+    assert not _dormant(ScheduleVersion(daily, effective_from=SINCE - 86400), SINCE)
+
+
+def test_a_completed_schedule_is_dormant_once_its_last_fire_is_before_the_margin():
+    done = schedule(one_shot("2026-11-19T08:30:00Z"), state=ScheduleState.COMPLETED)
+    assert _dormant(ScheduleVersion(done, effective_from=SINCE - 600), SINCE)
+
+
+def test_a_completed_schedule_whose_last_fire_is_inside_the_margin_is_read():
+    done = schedule(one_shot("2026-11-19T09:30:00Z"), state=ScheduleState.COMPLETED)
+    assert not _dormant(ScheduleVersion(done, effective_from=SINCE - 600), SINCE)
+
+
+def test_an_active_schedule_with_no_fire_left_is_still_read():
+    # ACTIVE until the materializer completes it: its last fire may still be in flight
+    ending = schedule(one_shot("2026-11-19T08:30:00Z"))
+    assert not _dormant(ScheduleVersion(ending, effective_from=SINCE - 600), SINCE)
+
+
+# --- _not_handled_yet ------------------------------------------------------------------------
+
+
+def gap(scheduled_for: int, available: int, version: int = 1) -> Expected:
+    return Expected("sch_rules", version, scheduled_for, f"occ_{scheduled_for}", available, True)
+
+
+T = epoch("2026-11-19T10:00:00Z")
+
+
+def cursor(**fields: Any) -> Schedule:
+    return schedule(HOURLY, **fields)
+
+
+def test_a_fire_due_after_the_planned_until_is_left_to_the_materializer():
+    current = cursor(planned_until=T + 100, next_run_at=T + 60)
+    assert _not_handled_yet(current, gap(T + 60, T + 101))
+
+
+def test_a_fire_due_exactly_at_planned_until_is_handled():
+    current = cursor(planned_until=T + 100, next_run_at=T + 120)
+    assert not _not_handled_yet(current, gap(T + 60, T + 100))
+
+
+def test_the_cursor_judges_by_due_time_not_by_fire_time_under_a_flexible_window():
+    # GIVEN fires at T (jittered, due at T+250) and T+60 (due at T+70), planned up to T+100:
+    # the fire at T+60 is handled, the one at T is not, so the cursor's next fire is T
+    current = cursor(planned_until=T + 100, next_run_at=T)
+    # THEN the handled later fire is not deferred, the unhandled earlier one is
+    assert not _not_handled_yet(current, gap(T + 60, T + 70))
+    assert _not_handled_yet(current, gap(T, T + 250))
+
+
+def test_a_cursor_from_before_planned_until_defers_from_its_next_fire_on():
+    current = cursor(planned_until=None, next_run_at=T + 60)
+    assert _not_handled_yet(current, gap(T + 60, T + 90))
+    assert _not_handled_yet(current, gap(T + 120, T + 120))
+    assert not _not_handled_yet(current, gap(T, T + 30))
+
+
+def test_a_cursor_with_nothing_left_to_fire_defers_nothing():
+    current = cursor(planned_until=T - 3600, next_run_at=None)
+    assert not _not_handled_yet(current, gap(T, T))
+
+
+def test_a_superseded_versions_gap_is_never_left_to_the_materializer():
+    # the materializer plans only the current version: it would never handle it
+    current = cursor(version=2, planned_until=T - 3600, next_run_at=T - 60)
+    assert not _not_handled_yet(current, gap(T, T, version=1))
+
+
+# --- metric_values ----------------------------------------------------------------------------
+
+
+def result(shard: int, base: int, *, complete: bool = True) -> ShardResult:
+    """A shard's report whose every count is distinct (base, base+1, ...)."""
+    counts = {finding: base + index for index, finding in enumerate(Finding)}
+    report = ReconcileReport(
+        shard=shard,
+        window_start=T,
+        window_end=T + 3600,
+        run_at=T + 7200,
+        complete=complete,
+        repair=True,
+        schedules=base + 20,
+        counts=counts,
+        examples={},
+        repaired_fired=base + 21,
+        repaired_missed=base + 22,
+        deferred=base + 23,
+        repair_conflicts=base + 24,
+        cursors_moved=base + 25,
+        redriven=base + 26,
+    )
+    return ShardResult(report, [], [], [], [], [])
+
+
+def test_metric_values_are_zero_for_no_results_and_report_the_given_up_hours():
+    totals = metric_values([])
+    assert set(totals.values()) == {0}
+    assert set(totals) == {
+        *METRIC_NAMES.values(),
+        "ReconcileRepaired",
+        "ReconcileRepairFired",
+        "ReconcileRepairMissed",
+        "ReconcileRepairDeferred",
+        "ReconcileRepairConflicts",
+        "ReconcileSchedules",
+        "ReconcileIncomplete",
+        "ReconcileCursorsMoved",
+        "ReconcileRedriven",
+        "ReconcileGaveUp",
+    }
+    assert metric_values([], given_up=3)["ReconcileGaveUp"] == 3
+
+
+def test_metric_values_sum_every_count_over_the_shards():
+    first, second = result(0, 100), result(1, 1000, complete=False)
+    totals = metric_values([first, second], given_up=2)
+    for index, finding in enumerate(Finding):
+        assert totals[METRIC_NAMES[finding]] == 100 + index + 1000 + index
+    assert totals["ReconcileSchedules"] == 120 + 1020
+    assert totals["ReconcileRepairFired"] == 121 + 1021
+    assert totals["ReconcileRepairMissed"] == 122 + 1022
+    assert totals["ReconcileRepaired"] == 121 + 122 + 1021 + 1022
+    assert totals["ReconcileRepairDeferred"] == 123 + 1023
+    assert totals["ReconcileRepairConflicts"] == 124 + 1024
+    assert totals["ReconcileCursorsMoved"] == 125 + 1025
+    assert totals["ReconcileRedriven"] == 126 + 1026
+    assert totals["ReconcileIncomplete"] == 1
+    assert totals["ReconcileGaveUp"] == 2
