@@ -9,7 +9,7 @@ hourly counts stand in for the workers' outcomes (docs/deploy.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aws_cdk import ArnFormat, Duration, Stack
@@ -312,6 +312,42 @@ class Observability(Construct):
 
     # --- dashboard ------------------------------------------------------------------------
 
+    @staticmethod
+    def _backlog_widgets(graph: Callable[..., cw.GraphWidget]) -> list[cw.IWidget]:
+        """After an outage (docs/operations.md, *Backlog and drain*): the planning backlog
+        (the materializer's walks) and the delivery backlog (the tenants' queues), each by
+        the age of its oldest due work and how fast it drains; the largest tenants by
+        their queues (Metrics Insights, top 5)."""
+
+        def top(function: str, metric: str, label: str) -> cw.MathExpression:
+            return cw.MathExpression(
+                expression=(
+                    f'SELECT {function}({metric}) FROM SCHEMA("AWS/SQS", QueueName) '
+                    f"GROUP BY QueueName ORDER BY {function}() DESC LIMIT 5"
+                ),
+                label=label,
+                period=MINUTE,
+            )
+
+        return [
+            graph(
+                "Planning backlog: oldest unplanned (s), drain time (s)",
+                [
+                    punctual_metric("PlanningOldestAge", "Maximum", label="oldest unplanned"),
+                    punctual_metric("PlanningDrainSeconds", "Maximum", label="drain time"),
+                ],
+            ),
+            graph(
+                "Largest tenant queues: oldest message (s)",
+                [top("MAX", "ApproximateAgeOfOldestMessage", "")],
+            ),
+            graph(
+                "Largest tenant queues: waiting, consumed per minute",
+                [top("MAX", "ApproximateNumberOfMessagesVisible", "")],
+                right=[top("SUM", "NumberOfMessagesDeleted", "")],
+            ),
+        ]
+
     def _dashboard(self, w: Watched, settings: Settings, t: AlarmThresholds) -> cw.Dashboard:
         functions = {
             "api": w.api_function,
@@ -467,6 +503,7 @@ class Observability(Construct):
                 height=6,
             ),
         )
+        dashboard.add_widgets(*self._backlog_widgets(graph))
         dashboard.add_widgets(
             cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=24, height=4)
         )

@@ -126,6 +126,19 @@ def _local_down(data: Path) -> int:
     return 0
 
 
+def _drain_line(drain: dict[str, Any]) -> str:
+    from punctual.drain import NOT_DRAINING
+
+    if not drain["backlog"]:
+        return "0"
+    seconds = drain["drain_seconds"]
+    eta = "not draining" if seconds >= NOT_DRAINING else f"drains in ~{seconds} s"
+    return (
+        f"{drain['backlog']}, oldest due {drain['oldest_due']} "
+        f"({drain['oldest_age_seconds']} s ago), {drain['taken_per_minute']}/min taken, {eta}"
+    )
+
+
 def run_stats(args: argparse.Namespace) -> int:
     from punctual.services import Services
     from punctual_local.stats import figures
@@ -142,6 +155,10 @@ def run_stats(args: argparse.Namespace) -> int:
             f"p99 {lag['p99']:.0f} s ({lag['n']} sent)"
         )
     print(f"schedules: {found['schedules']}, MISSED (summaries) {found['missed_summarized']}")
+    drain = found["drain"]
+    print(f"backlog (due, not taken): {_drain_line(drain)}")
+    for tenant in drain["largest_tenants"]:
+        print(f"  {tenant['tenant_id']}: {_drain_line(tenant)}")
     r = found["reconcile"]
     print(
         f"reconciler, last window: {r['shards_reported']} shard reports, "

@@ -94,6 +94,11 @@ class ScheduleOut(_DefinitionOut):
         description="Every fire of this schedule recorded MISSED, all versions and episodes."
     )
     missed: list[MissedOut] = Field(description=_MISSED)
+    home_region: str | None = Field(
+        description="The region that plans it (docs/multi-region.md); null for a schedule "
+        "made before regions were recorded."
+    )
+    generation: int = Field(description="Incremented by each fail-over to another region.")
 
 
 class OccurrenceOut(BaseModel):
@@ -262,7 +267,8 @@ def version_out(version: ScheduleVersion) -> VersionOut:
 def schedule_out(schedule: Schedule) -> ScheduleOut:
     return ScheduleOut(
         **schedule.model_dump(
-            include=set(ScheduleDefinition.model_fields) | {"schedule_id", "version", "state"}
+            include=set(ScheduleDefinition.model_fields)
+            | {"schedule_id", "version", "state", "home_region", "generation"}
         ),
         created_at=schedule.created_at.isoformat(),
         updated_at=schedule.updated_at.isoformat(),

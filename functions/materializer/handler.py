@@ -10,6 +10,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from punctual.drain import walk_drain
 from punctual.ids import minute_of
 from punctual.materializer import Materializer
 from punctual.observability import logger, metrics
@@ -50,13 +51,24 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         value=(time.monotonic() - started) * 1000,
     )
     # Buckets (minutes) up to the planning horizon that this run left for the next tick:
-    # 0 when the shards are caught up; growing means the materializer falls behind.
-    horizon = minute_of(tick + materializer.settings.lookahead_seconds)
-    backlog = sum(
-        max(0, (horizon - r.watermark) // 60 + 1) for r in reports if r.watermark is not None
+    # 0 when the shards are caught up; growing means the materializer falls behind. After
+    # an outage: how old the oldest bucket not walked yet is (0 while every walk is at or
+    # ahead of the clock), and how long the slowest shard takes to catch up at this tick's
+    # pace (punctual.drain).
+    walks = [r for r in reports if r.watermark is not None]
+    planning = walk_drain(
+        [r.watermark for r in walks if r.watermark is not None],
+        [r.buckets for r in walks],
+        minute_of(tick + materializer.settings.lookahead_seconds),
     )
+    oldest = planning.oldest_due
+    for name, seconds in (
+        ("PlanningOldestAge", 0 if oldest is None else max(0, tick - oldest)),
+        ("PlanningDrainSeconds", planning.drain_seconds),
+    ):
+        metrics.add_metric(name=name, unit=MetricUnit.Seconds, value=seconds)
     for name, value in (
-        ("DueBacklog", backlog),
+        ("DueBacklog", planning.backlog),
         ("Occurrences", sum(r.occurrences for r in reports)),
         ("Missed", sum(r.missed for r in reports)),
         ("CursorConflicts", sum(r.conflicts for r in reports)),

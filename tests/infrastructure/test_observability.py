@@ -127,6 +127,17 @@ def test_observability_dashboard_shows_lag_percentiles_and_the_pipeline(service:
         "ReconcileRepaired",
     ):
         assert f'"{metric}"' in text, metric
+    # AND the backlog after an outage: the planning stage's oldest unplanned bucket and
+    # drain time, and the five largest tenant queues by oldest message, waiting and consumed
+    for metric in ("PlanningOldestAge", "PlanningDrainSeconds"):
+        assert f'"{metric}"' in text, metric
+    for query in (
+        'SELECT MAX(ApproximateAgeOfOldestMessage) FROM SCHEMA(\\"AWS/SQS\\", QueueName) '
+        "GROUP BY QueueName ORDER BY MAX() DESC LIMIT 5",
+        "SELECT MAX(ApproximateNumberOfMessagesVisible)",
+        "SELECT SUM(NumberOfMessagesDeleted)",
+    ):
+        assert query in text, query
     # AND nothing only workers emit: they run in tenants' accounts
     for metric in ("Succeeded", "Dead", "SkippedOverlap", "StaleRefused", "Retried"):
         assert f'"{metric}"' not in text, metric

@@ -11,6 +11,7 @@ import pytest
 from materializer import handler as materializer_handler
 from relay import handler as relay_handler
 
+from punctual.ids import minute_of
 from punctual.reconciler import Reconciler
 from punctual.services import Services
 from tests.instants import iso
@@ -105,3 +106,46 @@ def test_materializer_and_relay_handlers_carry_a_flexible_schedule_to_its_queue(
     metrics = emitted(capsys.readouterr().out)
     assert metrics["Relayed"] == len(items)
     assert "EnqueueLagFlexible" in metrics
+
+
+class Dwindling(LambdaContextStub):
+    """A Lambda context whose time runs out after ``calls`` looks at the clock."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+
+    def get_remaining_time_in_millis(self) -> int:  # type: ignore[override]
+        self.calls -= 1
+        return 60_000 if self.calls >= 0 else 1_000
+
+
+def test_materializer_handler_reports_the_oldest_unplanned_bucket_and_its_drain_time(
+    aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN one shard walked up to date, then a 30-minute outage
+    wire(materializer_handler, aws, monkeypatch)
+    materializer_handler.lambda_handler(
+        {"tick": iso(clock.now), "shards": [0]}, LambdaContextStub()
+    )
+    clock.advance(30 * 60)
+    capsys.readouterr()
+    # WHEN the next tick runs out of time after a few buckets
+    tick = int(clock.now)
+    answer = materializer_handler.lambda_handler({"tick": iso(tick), "shards": [0]}, Dwindling(6))
+    [shard] = answer["shards"]
+    metrics = emitted(capsys.readouterr().out)
+    # THEN the oldest bucket it did not walk is reported by age, and the drain time is what
+    # is left at the pace of this tick (its buckets, less the one a minute adds)
+    last = minute_of(tick + aws.settings.lookahead_seconds)
+    left = (last - shard["watermark"]) // 60 + 1
+    assert shard["buckets"] >= 2
+    assert metrics["DueBacklog"] == left
+    assert metrics["PlanningOldestAge"] == tick - shard["watermark"] > 0
+    assert metrics["PlanningDrainSeconds"] == -(-left * 60 // (shard["buckets"] - 1))
+    # AND a tick with time enough catches up: nothing left, nothing old
+    answer = materializer_handler.lambda_handler(
+        {"tick": iso(tick), "shards": [0]}, LambdaContextStub()
+    )
+    metrics = emitted(capsys.readouterr().out)
+    assert (metrics["DueBacklog"], metrics["PlanningOldestAge"]) == (0, 0)
+    assert metrics["PlanningDrainSeconds"] == 0

@@ -316,6 +316,26 @@ def test_reconciler_repairs_late_gaps_under_each_misfire_policy(
     assert not ids(again, "fired") | ids(again, "recorded_missed")
 
 
+@pytest.mark.parametrize(("after", "outcome"), [(0, "fired"), (1, "recorded_missed")])
+def test_reconciler_judges_lateness_at_the_boundary_as_the_materializer_does(
+    alice: Api, aws: Services, clock: Clock, after: int, outcome: str
+):
+    # GIVEN a */5 SKIP schedule with 5 minutes of lateness tolerance whose 10:10 was lost
+    clock.now = at("09:40")
+    misfire = {"action": "SKIP", "max_lateness_seconds": 300}
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    lost = occurrence_id(sid, 1, at("10:10"))
+    materialize_until(
+        aws, clock, at("10:10"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:10")
+    )
+    # WHEN the reconciler repairs it exactly max_lateness after it was due (not late, as
+    # the materializer's `available_at < now - max_lateness` says), or a second later
+    clock.now = at("10:15") + after
+    results = reconcile(aws, at("10:00"), at("10:15"))
+    # THEN it fires on time, or, late, SKIP records it MISSED
+    assert ids(results, outcome) == {lost}
+
+
 def test_reconciler_defers_to_a_materializer_behind_then_reads_its_missed_summary(
     alice: Api, aws: Services, clock: Clock
 ):

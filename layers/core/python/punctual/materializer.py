@@ -27,6 +27,7 @@ from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease
 from punctual.dal.schedules import (
     StoredSchedule,
     after_step,
+    homed_in,
 )
 from punctual.dal.tenants import released_usage
 from punctual.errors import Retryable
@@ -199,6 +200,10 @@ class Materializer:
     ) -> _Step | None:
         schedule = stored.schedule
         if schedule.state is not ScheduleState.ACTIVE or schedule.next_available_at is None:
+            return None
+        if not homed_in(schedule, self.settings.region):
+            # Another region's (a take-over moved it, docs/multi-region.md): only the region
+            # holding its generation plans it; the step's condition fences a stale read.
             return None
         if schedule.next_available_at > until:
             return None  # the index copy was stale: the schedule has moved on

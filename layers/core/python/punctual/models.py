@@ -415,6 +415,12 @@ class Schedule(ScheduleDefinition):
     # and the latest episodes (older ones are only counted).
     missed_total: int = 0
     missed: list[MissedEpisode] = Field(default_factory=list)
+    # Multi-region (docs/multi-region.md): the region whose materializer plans it, and the
+    # generation a take-over by another region increments; the materializer's step and the
+    # API's writes are fenced by both. None: written before regions were recorded (the
+    # region it was made in plans it; a take-over writes both).
+    home_region: str | None = None
+    generation: int = Field(default=1, ge=1)
 
     @property
     def fires_after(self) -> int:

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from punctual.dal.common import ConditionFailed
-from punctual.dal.schedules import ScheduleVersion
+from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.errors import InvalidInput, Retryable
 from punctual.ids import available_at, is_manual, minute_of, occurrence_id
 from punctual.models import (
@@ -451,6 +451,8 @@ class Reconciler:
                 stored = self.schedules.current(schedule_id)  # the index may be stale
                 if stored is None or stored.due_bucket != seen.due_bucket:
                     continue
+                if not homed_in(stored.schedule, self.settings.region):
+                    continue  # another region's walk plans it
                 ahead = max(walked, minute_of(self._now())) + 2 * 60
                 try:
                     self._s.transactions.commit(
@@ -471,6 +473,10 @@ class Reconciler:
     # --- one schedule -------------------------------------------------------------------
 
     def _schedule(self, current: ScheduleVersion, start: int, end: int) -> _ScheduleOutcome | None:
+        if not homed_in(current.schedule, self.settings.region):
+            # Another region plans it (a take-over): that region's reconciler checks it; a
+            # repair from here would materialize beside it.
+            return None
         schedule_id = current.schedule.schedule_id
         since = start - HISTORY_MARGIN
         versions = [current]
@@ -598,8 +604,8 @@ class Reconciler:
         pending = list(outcome.missing)
         for _ in range(REPAIR_ROUNDS):
             stored = self.schedules.current(outcome.schedule_id)
-            if stored is None:
-                return
+            if stored is None or not homed_in(stored.schedule, self.settings.region):
+                return  # gone, or taken over by another region since the index said otherwise
             current = stored.schedule
             now = self._now()
             decisions, deferred = self._decide(pending, current, now)

@@ -225,6 +225,7 @@ class ControlPlane:
                 "version": 1,
                 "created_at": moment,
                 "updated_at": moment,
+                "home_region": self.settings.region,
             }
         )
         # A fire exactly at the creation instant still fires (a rate anchored at creation).

@@ -55,7 +55,10 @@ def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, i
         "planned_until": schedule.planned_until,
         "next_run_at": schedule.next_run_at,
         "next_available_at": schedule.next_available_at,
+        "generation": schedule.generation,
     }
+    if schedule.home_region is not None:
+        item["home_region"] = schedule.home_region
     if schedule.state is ScheduleState.ACTIVE and schedule.next_available_at is not None:
         item["due_at"] = schedule.next_available_at
         item["due_bucket"] = due_bucket(schedule.next_available_at, shard)
@@ -94,7 +97,28 @@ def schedule_from_item(item: Item) -> Schedule:
         next_available_at=item.get("next_available_at"),
         missed_total=item.get("missed_total", 0),
         missed=missed_ranges_of(item),
+        home_region=item.get("home_region"),
+        generation=item.get("generation", 1),
     )
+
+
+def homed_in(schedule: Schedule, region: str) -> bool:
+    """The region's materializer and reconciler act on the schedule: its home, or a
+    schedule written before homes were recorded (homed nowhere)."""
+    return schedule.home_region in (None, region)
+
+
+def fence(schedule: Schedule, home_region: str | None) -> tuple[str, dict[str, Any]]:
+    """A condition that holds while the item still has ``schedule``'s generation and
+    ``home_region`` as its home (docs/multi-region.md), with its values. An item written
+    before regions were recorded has neither attribute: it is generation 1, homed nowhere."""
+    named: dict[str, Any] = {"gen": schedule.generation}
+    generation = "generation = :gen"
+    if schedule.generation == 1:
+        generation = f"(attribute_not_exists(generation) OR {generation})"
+    if home_region is None:
+        return f"{generation} AND attribute_not_exists(home_region)", named
+    return f"{generation} AND home_region = :home", named | {"home": home_region}
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,9 +395,11 @@ class ScheduleStore:
     ) -> dict[str, Any]:
         """A transaction action: the materializer's step of a schedule from the cursor it
         read (``stored``) to ``cursor``, or to COMPLETED when ``cursor`` is None; the
-        ``missed`` instants are added to its MISSED summary (``after_step``)."""
+        ``missed`` instants are added to its MISSED summary (``after_step``). The caller
+        steps only a schedule homed in its region (or homed nowhere)."""
         schedule = stored.schedule
-        named: dict[str, Any] = {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
+        fenced, named = fence(schedule, schedule.home_region)
+        named |= {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
         if schedule.next_run_at is None:
             cursor_unchanged = "attribute_not_exists(next_run_at)"
         elif schedule.planned_until is None:
@@ -418,9 +444,52 @@ class ScheduleStore:
                 "Key": self.key(schedule.schedule_id),
                 "UpdateExpression": expression,
                 # Race: an update, pause or cancel bumped the version (the old version must not
-                # fire), or another materializer already moved this cursor (no double step).
-                "ConditionExpression": f"version = :v AND {cursor_unchanged} AND #state = :active",
+                # fire), or another materializer already moved this cursor (no double step),
+                # or another region took the schedule over (a new generation: this region's
+                # materializer must not plan it any more).
+                "ConditionExpression": (
+                    f"version = :v AND {cursor_unchanged} AND #state = :active AND {fenced}"
+                ),
                 "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": values(**named),
+            }
+        }
+
+    def take_over(
+        self,
+        stored: StoredSchedule,
+        region: str,
+        *,
+        cursor: Cursor | None = None,
+        placed: int | None = None,
+    ) -> dict[str, Any]:
+        """A transaction action homing the schedule in ``region`` at the next generation
+        (punctual.failover); with ``cursor``, its cursor set to it and its due bucket to
+        the minute of ``placed``."""
+        schedule = stored.schedule
+        fenced, named = fence(schedule, schedule.home_region)
+        named |= {"v": schedule.version, "region": region, "next": schedule.generation + 1}
+        sets = ["home_region = :region", "generation = :next"]
+        if cursor is not None and cursor.next_available_at is not None:
+            assert placed is not None
+            sets += ["next_run_at = :n", "next_available_at = :a", "due_at = :a", "due_bucket = :b"]
+            named |= {
+                "n": cursor.next_run_at,
+                "a": cursor.next_available_at,
+                "b": due_bucket(placed, stored.shard),
+            }
+            if schedule.planned_until is not None:
+                sets.append("planned_until = :h")
+                named["h"] = cursor.planned_until
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.key(schedule.schedule_id),
+                "UpdateExpression": "SET " + ", ".join(sets),
+                # Race: an API change since the read (its new version would get a cursor
+                # planned for the old one), or another take-over of the same schedule (a
+                # second generation bump would fence the first taker off its own schedule).
+                "ConditionExpression": f"version = :v AND {fenced}",
                 "ExpressionAttributeValues": values(**named),
             }
         }
@@ -429,8 +498,9 @@ class ScheduleStore:
         """A transaction action that fails unless the schedule is still at ``schedule``'s
         version; with ``stepped_past``, also owning its fires (ACTIVE or COMPLETED) with
         the materializer's cursor past that instant."""
-        condition = "version = :v"
-        named: dict[str, Any] = {"v": schedule.version}
+        fenced, named = fence(schedule, schedule.home_region)
+        condition = f"version = :v AND {fenced}"
+        named["v"] = schedule.version
         check: dict[str, Any] = {"TableName": self.table, "Key": self.key(schedule.schedule_id)}
         if stepped_past is not None:
             condition += (
@@ -446,7 +516,8 @@ class ScheduleStore:
         # Race: an update, pause or cancel since the read (a SCHEDULED occurrence of the old
         # version put after the new version's invalidation swept would escape it), or the
         # materializer's cursor not yet past these instants (its own put of the same id
-        # would then fail and stall its whole shard).
+        # would then fail and stall its whole shard), or a take-over by another region
+        # since the read (a repair here would materialize beside that region's).
         check["ConditionExpression"] = condition
         check["ExpressionAttributeValues"] = values(**named)
         return {"ConditionCheck": check}
@@ -462,6 +533,7 @@ class ScheduleStore:
         }
 
     def replace_current(self, item: Item, *, expected: StoredSchedule) -> dict[str, Any]:
+        fenced, named = fence(expected.schedule, expected.schedule.home_region)
         return {
             "Put": {
                 "TableName": self.table,
@@ -469,11 +541,12 @@ class ScheduleStore:
                 # Race: a concurrent update, pause or cancel moved the version first, or the
                 # materializer completed the schedule (same version, state COMPLETED, quota
                 # given back): the loser must re-read instead of overwriting it, or the
-                # tenant's usage would count a live schedule as released.
-                "ConditionExpression": "version = :v AND #state = :s",
+                # tenant's usage would count a live schedule as released. Or another region
+                # took it over (generation, home): the put would hand it back to the old one.
+                "ConditionExpression": f"version = :v AND #state = :s AND {fenced}",
                 "ExpressionAttributeNames": {"#state": "state"},
                 "ExpressionAttributeValues": values(
-                    v=expected.schedule.version, s=expected.schedule.state.value
+                    v=expected.schedule.version, s=expected.schedule.state.value, **named
                 ),
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }

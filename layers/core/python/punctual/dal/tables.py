@@ -31,6 +31,9 @@ SHARD_INDEX_ATTRIBUTES = (
     "updated_at",
     "missed_total",
     "missed_ranges",
+    # Multi-region: the reconciler leaves another region's schedules alone without a read.
+    "home_region",
+    "generation",
 )
 
 

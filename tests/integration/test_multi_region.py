@@ -1,0 +1,212 @@
+"""Multi-region (docs/multi-region.md, issue 22 item 7): every schedule has a home region and
+a generation; only the home region's materializer and reconciler act on it; a take-over by
+another region moves the home, bumps the generation (fencing the old region's materializer
+off, even mid-step) and rewinds the cursor so the old region's last minutes are planned
+again. Two regions are two Services over the same tables here (a global table that
+replicates at once: kinder than AWS, whose replication lags; the doc says what that costs)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import occurrence_key
+from punctual.failover import main as failover_main
+from punctual.failover import take_over
+from punctual.ids import occurrence_id, shard_of
+from punctual.materializer import Materializer
+from punctual.reconciler import Reconciler
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.integration.conftest import Api, Clock
+from tests.integration.helpers import cron_spec, current_item, make
+from tests.integration.test_reconciler import at, materialize_until, stored
+
+WEST = "us-west-2"
+
+
+def region(aws: Services, name: str) -> Services:
+    """Another region over the same schedules and occurrences tables, with a leases table of
+    its own (regional: its shard walks, leases and reconcile reports)."""
+    leases = f"{aws.settings.leases_table}-{name}"
+    if leases not in aws.dynamodb.list_tables()["TableNames"]:
+        shape = aws.dynamodb.describe_table(TableName=aws.settings.leases_table)["Table"]
+        aws.dynamodb.create_table(
+            TableName=leases,
+            KeySchema=shape["KeySchema"],
+            AttributeDefinitions=shape["AttributeDefinitions"],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    settings = aws.settings.model_copy(update={"region": name, "leases_table": leases})
+    return dataclasses.replace(aws, settings=settings)
+
+
+def home(aws: Services, sid: str) -> tuple[str | None, int]:
+    item = current_item(aws, sid)
+    return item.get("home_region"), int(item.get("generation", 1))
+
+
+def every_five(aws: Services, clock: Clock) -> tuple[str, int]:
+    """A */5 schedule made at 09:40 (FIRE_ONCE, a week of lateness tolerance), and its shard."""
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 7 * 86400, "catchup_limit": 10}
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    return sid, shard_of(sid, aws.settings.shard_count)
+
+
+def test_a_schedule_is_homed_where_it_was_made_and_a_change_keeps_its_home(
+    alice: Api, aws: Services, clock: Clock
+):
+    sid, _ = every_five(aws, clock)
+    assert home(aws, sid) == (aws.settings.region, 1)
+    ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    assert home(aws, sid) == (aws.settings.region, 1)
+
+
+def test_only_the_home_regions_materializer_plans_a_schedule(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule homed in us-east-1 (the fixtures' region)
+    sid, shard = every_five(aws, clock)
+    made = {o["occurrence_id"] for o in stored(aws)}
+    before = current_item(aws, sid)
+    # WHEN us-west-2's materializer walks its shard for half an hour
+    west = region(aws, WEST)
+    materialize_until(west, clock, at("10:10"), [shard])
+    # THEN it made nothing and left the cursor alone
+    assert {o["occurrence_id"] for o in stored(aws)} == made
+    assert current_item(aws, sid)["planned_until"] == before["planned_until"]
+    # AND the home region's materializer plans it
+    clock.now = at("10:10")
+    Materializer(aws, "east").run_shard(int(clock.now), shard)
+    assert occurrence_id(sid, 1, at("10:10")) in {o["occurrence_id"] for o in stored(aws)}
+
+
+def test_take_over_moves_the_home_bumps_the_generation_and_replans_the_last_minutes(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule us-east-1 planned up to a little past 10:30, then us-east-1 failed:
+    # the occurrences of its last 15 minutes never reached a queue (gone with the region)
+    sid, shard = every_five(aws, clock)
+    materialize_until(aws, clock, at("10:30"), [shard])
+    lost = list(range(at("10:20"), at("10:45"), 300))
+    for instant in lost:
+        aws.dynamodb.delete_item(
+            TableName=aws.settings.occurrences_table,
+            Key=to_dynamo(occurrence_key(occurrence_id(sid, 1, instant))),
+        )
+    # WHEN us-west-2 takes over at 10:34 (rewinding 15 minutes, to 10:19)
+    clock.now = at("10:34")
+    west = region(aws, WEST)
+    report = take_over(west, shard, "us-east-1")
+    # THEN the schedule is homed there at generation 2, its cursor back at 10:19
+    assert (report.taken, report.conflicts) == ([sid], [])
+    assert home(aws, sid) == (WEST, 2)
+    assert current_item(aws, sid)["planned_until"] == at("10:19")
+    # AND us-west-2's materializer plans the lost fires again (same ids), the old region's
+    # plans nothing any more, and a second take-over changes nothing
+    Materializer(aws, "east").run_shard(int(clock.now), shard)
+    assert not {occurrence_id(sid, 1, t) for t in lost} & {o["occurrence_id"] for o in stored(aws)}
+    Materializer(west, "west").run_shard(int(clock.now), shard)
+    remade = {o["scheduled_for"] for o in stored(aws, since=at("10:20"))}
+    assert remade >= {at("10:20"), at("10:25"), at("10:30")}
+    assert take_over(west, shard, "us-east-1").taken == []
+    assert home(aws, sid) == (WEST, 2)
+
+
+def test_the_generation_fences_off_a_step_the_old_region_had_read_before_the_take_over(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN us-east-1's materializer reading the schedule, and us-west-2 taking it over
+    # between that read and its commit
+    sid, shard = every_five(aws, clock)
+    clock.now = at("10:00")
+    faults = Faults(FaultPlan.none(), clock)
+    east = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    taken: list[list[str]] = []
+
+    def take_over_first(_: str, request: dict[str, Any]) -> None:
+        steps = [a for a in request["TransactItems"] if "Update" in a]
+        if not taken and any(sid in str(a) for a in steps):
+            taken.append(take_over(region(aws, WEST), shard, "us-east-1", rewind=0).taken)
+
+    faults.before["transact_write_items"] = take_over_first
+    made = {o["occurrence_id"] for o in stored(aws)}
+    # WHEN us-east-1 commits its step
+    Materializer(east, "east").run_shard(int(clock.now), shard)
+    # THEN the commit is refused (the generation it read is gone): it made nothing
+    assert taken == [[sid]]
+    assert {o["occurrence_id"] for o in stored(aws)} == made
+    assert home(aws, sid) == (WEST, 2)
+
+
+def test_an_api_change_racing_a_take_over_keeps_the_new_home(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a take-over that lands between an update's read and its write
+    sid, shard = every_five(aws, clock)
+    faults = Faults(FaultPlan.none(), clock)
+    api = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    moved: list[bool] = []
+
+    def take_over_first(_: str, request: dict[str, Any]) -> None:
+        if not moved:
+            moved.append(bool(take_over(region(aws, WEST), shard, "us-east-1").taken))
+
+    faults.before["transact_write_items"] = take_over_first
+    # WHEN the update commits
+    saved = ControlPlane(api).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    # THEN it was decided again from a fresh read: version 2, still homed in us-west-2
+    assert moved == [True]
+    assert saved.schedule.version == 2
+    assert home(aws, sid) == (WEST, 2)
+
+
+def test_the_reconciler_checks_only_the_schedules_homed_in_its_region(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule whose 10:15 was lost, taken over by us-west-2 afterwards
+    sid, shard = every_five(aws, clock)
+    materialize_until(aws, clock, at("11:05"), [shard], skip=lambda s, t: t == at("10:15"))
+    clock.now = at("12:05")
+    take_over(region(aws, WEST), shard, "us-east-1")
+    # WHEN each region reconciles [10:00, 11:00)
+    [east] = Reconciler(aws).run([shard], at("10:00"), at("11:00"))
+    [west] = Reconciler(region(aws, WEST)).run([shard], at("10:00"), at("11:00"))
+    # THEN only us-west-2 reads it (and repairs the gap): no region repairs beside another
+    assert (east.report.schedules, east.missing) == (0, [])
+    assert west.missing == [occurrence_id(sid, 1, at("10:15"))]
+
+
+def test_a_schedule_written_before_homes_existed_is_planned_here_and_taken_over(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule item with neither home_region nor generation
+    sid, shard = every_five(aws, clock)
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=aws.schedules.key(sid),
+        UpdateExpression="REMOVE home_region, generation",
+    )
+    # THEN the materializer plans it, and a take-over homes it
+    materialize_until(aws, clock, at("10:00"), [shard])
+    assert occurrence_id(sid, 1, at("10:00")) in {o["occurrence_id"] for o in stored(aws)}
+    assert take_over(region(aws, WEST), shard, "us-east-1").taken == [sid]
+    assert home(aws, sid) == (WEST, 2)
+
+
+def test_failover_command_refuses_bad_input_with_exit_code_2(
+    aws: Services, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.setattr(Services, "from_environment", classmethod(lambda cls: aws))
+    assert failover_main(["--from", "us-east-1"]) == 2  # this region itself
+    assert "cannot take over from itself" in capsys.readouterr().err
+    assert failover_main(["--from", WEST, "--shards", "0-99"]) == 2
+    assert "shards are 0.." in capsys.readouterr().err
+    assert failover_main(["--from", WEST, "--rewind", "-1"]) == 2
+    assert failover_main(["--from", WEST]) == 0
+    assert "took over 0 schedules from us-west-2" in capsys.readouterr().out
