@@ -32,7 +32,7 @@ WEST = "us-west-2"
 def region(aws: Services, name: str) -> Services:
     """Another region over the same schedules and occurrences tables, with a leases table of
     its own (regional: its shard walks, leases and reconcile reports)."""
-    leases = f"{aws.settings.leases_table}-{name}"
+    leases = f"{name}-leases_table"  # (read as the deployed leases table by tests/aws_calls.py)
     if leases not in aws.dynamodb.list_tables()["TableNames"]:
         shape = aws.dynamodb.describe_table(TableName=aws.settings.leases_table)["Table"]
         aws.dynamodb.create_table(
