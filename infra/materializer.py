@@ -56,8 +56,10 @@ class Materialization(Construct):
                 ("schedules_table", DUE_INDEX): ("Query",),
                 ("schedules_table", None): ("GetItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem", "UpdateItem"),
-                # Occurrences are only put, in the step's transaction.
-                ("occurrences_table", None): ("PutItem",),
+                # Occurrences are put in the step's transaction; a schedule planned under
+                # older zone rules is re-planned first (punctual.rezone): its occurrences
+                # read, those at instants no longer fired canceled.
+                ("occurrences_table", None): ("PutItem", "Query", "UpdateItem"),
             },
         )
 

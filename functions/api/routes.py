@@ -1,5 +1,6 @@
 """Routes under /v1: parse, call the control plane once, shape the answer."""
 
+import math
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -343,7 +344,9 @@ class BackfillIn(BaseModel):
     ),
 )
 def backfill_schedule(schedule_id: ScheduleId, body: BackfillIn) -> BackfillOut:
-    since, until = to_epoch(body.since), to_epoch(body.until)
+    # Whole seconds, rounded up: [09:00:00.5, ...) does not hold the fire at 09:00:00, and
+    # [..., 09:05:00.5) holds the one at 09:05:00.
+    since, until = math.ceil(body.since.timestamp()), math.ceil(body.until.timestamp())
     if until <= since:
         raise InvalidInput("to is not after from", [{"field": "to", "reason": "not after from"}])
     done = context.plane().backfill(_tenant(), schedule_id, since, until, dry_run=body.dry_run)

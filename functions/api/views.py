@@ -99,6 +99,10 @@ class ScheduleOut(_DefinitionOut):
         "made before regions were recorded."
     )
     generation: int = Field(description="Incremented by each fail-over to another region.")
+    tzdata_version: str | None = Field(
+        description="The IANA tzdata release its fires were planned with (a zone-based "
+        "schedule's); a newer release deployed re-plans it (docs/time.md)."
+    )
 
 
 class OccurrenceOut(BaseModel):
@@ -268,7 +272,7 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
     return ScheduleOut(
         **schedule.model_dump(
             include=set(ScheduleDefinition.model_fields)
-            | {"schedule_id", "version", "state", "home_region", "generation"}
+            | {"schedule_id", "version", "state", "home_region", "generation", "tzdata_version"}
         ),
         created_at=schedule.created_at.isoformat(),
         updated_at=schedule.updated_at.isoformat(),

@@ -67,9 +67,9 @@ ACKNOWLEDGED: dict[tuple[str, str, str], str] = {
     **{
         (function, "dynamodb:UpdateItem", r".*:table/punctual-occurrences"): (
             "The relay's send settles an occurrence whose target is gone as DEAD (the relay's "
-            "tests make it); the re-drive and the reconciler's re-send run the same code."
+            "tests make it); the re-drive runs the same code."
         )
-        for function in ("redrive", "reconciler")
+        for function in ("redrive",)
     },
     ("api", "dynamodb:GetItem", r".*:table/punctual-idempotency"): (
         "Powertools' idempotency reads the record when a refused put returns none; DynamoDB "

@@ -251,3 +251,33 @@ def test_backfill_is_bounded_by_max_backfill_occurrences(aws: Services, clock: C
     assert "max_backfill_occurrences" in error["message"]
     listed = carol.get(f"/v1/schedules/{sid}/occurrences").body["occurrences"]
     assert all(o["scheduled_for"] >= "2026-11-18T11" for o in listed)
+
+
+def test_backfill_refuses_a_range_older_than_the_retention(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a schedule; its occurrences expire after retention_days (30)
+    sid = create(alice, cron())["schedule"]["schedule_id"]
+    # WHEN the range starts before that (whether those fires ran is no longer recorded)
+    for since in ("2026-10-18T00:00:00Z", "1969-12-31T23:00:00Z"):
+        answer = alice.post(
+            f"/v1/schedules/{sid}/backfill", {"from": since, "to": "2026-11-18T10:00:00Z"}
+        )
+        # THEN 400 naming from, and nothing is made
+        error = assert_error(answer, 400, "invalid_input")
+        assert error["fields"][0]["field"] == "from"
+        assert "retention" in error["message"]
+    within = alice.post(
+        f"/v1/schedules/{sid}/backfill",
+        {"from": "2026-10-20T00:00:00Z", "to": "2026-10-20T01:00:00Z", "dry_run": True},
+    )
+    assert within.status == 200, within.body
+
+
+def test_backfill_rounds_fractional_instants_up(alice: Api, aws: Services, clock: Clock):
+    sid = create(alice, cron())["schedule"]["schedule_id"]
+    # [09:00:00.5, 09:05:00.5) holds the fire at 09:05 and not the one at 09:00
+    answer = alice.post(
+        f"/v1/schedules/{sid}/backfill",
+        {"from": "2026-11-18T09:00:00.5Z", "to": "2026-11-18T09:05:00.5Z", "dry_run": True},
+    )
+    assert answer.status == 200, answer.body
+    assert [o["scheduled_for"] for o in answer.body["occurrences"]] == ["2026-11-18T09:05:00Z"]

@@ -169,17 +169,27 @@ def test_an_api_change_racing_a_take_over_keeps_the_new_home(
 def test_the_reconciler_checks_only_the_schedules_homed_in_its_region(
     alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN a schedule whose 10:15 was lost, taken over by us-west-2 afterwards
+    # GIVEN a schedule whose 10:15 was lost in us-east-1, taken over by us-west-2 at 12:05
+    # (fires due from 11:50 on are its own), whose own materializer then lost 12:20
     sid, shard = every_five(aws, clock)
     materialize_until(aws, clock, at("11:05"), [shard], skip=lambda s, t: t == at("10:15"))
     clock.now = at("12:05")
-    take_over(region(aws, WEST), shard, "us-east-1")
-    # WHEN each region reconciles [10:00, 11:00)
+    west = region(aws, WEST)
+    take_over(west, shard, "us-east-1")
+    assert current_item(aws, sid)["homed_since"] == at("11:50")
+    materialize_until(west, clock, at("13:00"), [shard], skip=lambda s, t: t == at("12:20"))
+    # WHEN each region reconciles [10:00, 11:00), and us-west-2 [12:00, 13:00)
+    clock.now = at("13:05")
     [east] = Reconciler(aws).run([shard], at("10:00"), at("11:00"))
-    [west] = Reconciler(region(aws, WEST)).run([shard], at("10:00"), at("11:00"))
-    # THEN only us-west-2 reads it (and repairs the gap): no region repairs beside another
+    [before] = Reconciler(west).run([shard], at("10:00"), at("11:00"))
+    [after] = Reconciler(west).run([shard], at("12:00"), at("13:00"))
+    # THEN us-east-1 no longer reads it; us-west-2 does not take the 10:15 gap for its own
+    # (that record is in us-east-1's table: a repair here could fire it twice), and finds
+    # and repairs its own
     assert (east.report.schedules, east.missing) == (0, [])
-    assert west.missing == [occurrence_id(sid, 1, at("10:15"))]
+    assert (before.report.schedules, before.missing) == (1, [])
+    assert after.missing == [occurrence_id(sid, 1, at("12:20"))]
+    assert after.fired == [occurrence_id(sid, 1, at("12:20"))]
 
 
 def test_a_schedule_written_before_homes_existed_is_planned_here_and_taken_over(
@@ -192,11 +202,18 @@ def test_a_schedule_written_before_homes_existed_is_planned_here_and_taken_over(
         Key=aws.schedules.key(sid),
         UpdateExpression="REMOVE home_region, generation",
     )
-    # THEN the materializer plans it, and a take-over homes it
+    # THEN the materializer plans it
     materialize_until(aws, clock, at("10:00"), [shard])
     assert occurrence_id(sid, 1, at("10:00")) in {o["occurrence_id"] for o in stored(aws)}
+    # AND homing the unhomed (before the table is replicated) homes it here, all of its
+    # history kept as this region's
+    assert take_over(aws, shard, None).taken == [sid]
+    assert home(aws, sid) == (aws.settings.region, 2)
+    assert "homed_since" not in current_item(aws, sid)
+    assert take_over(aws, shard, None).taken == []
+    # AND a take-over from that region homes it elsewhere
     assert take_over(region(aws, WEST), shard, "us-east-1").taken == [sid]
-    assert home(aws, sid) == (WEST, 2)
+    assert home(aws, sid) == (WEST, 3)
 
 
 def test_failover_command_refuses_bad_input_with_exit_code_2(
@@ -210,3 +227,5 @@ def test_failover_command_refuses_bad_input_with_exit_code_2(
     assert failover_main(["--from", WEST, "--rewind", "-1"]) == 2
     assert failover_main(["--from", WEST]) == 0
     assert "took over 0 schedules from us-west-2" in capsys.readouterr().out
+    assert failover_main(["--unhomed"]) == 0
+    assert "took over 0 schedules homed nowhere" in capsys.readouterr().out

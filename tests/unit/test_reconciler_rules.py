@@ -161,6 +161,7 @@ def result(shard: int, base: int, *, complete: bool = True) -> ShardResult:
         repair_conflicts=base + 24,
         cursors_moved=base + 25,
         redriven=base + 26,
+        replanned=base + 27,
     )
     return ShardResult(report, [], [], [], [], [])
 
@@ -179,6 +180,7 @@ def test_metric_values_are_zero_for_no_results_and_report_the_given_up_hours():
         "ReconcileIncomplete",
         "ReconcileCursorsMoved",
         "ReconcileRedriven",
+        "ReconcileReplanned",
         "ReconcileGaveUp",
     }
     assert metric_values([], given_up=3)["ReconcileGaveUp"] == 3
@@ -197,5 +199,6 @@ def test_metric_values_sum_every_count_over_the_shards():
     assert totals["ReconcileRepairConflicts"] == 124 + 1024
     assert totals["ReconcileCursorsMoved"] == 125 + 1025
     assert totals["ReconcileRedriven"] == 126 + 1026
+    assert totals["ReconcileReplanned"] == 127 + 1027
     assert totals["ReconcileIncomplete"] == 1
     assert totals["ReconcileGaveUp"] == 2

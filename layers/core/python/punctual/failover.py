@@ -45,8 +45,12 @@ class TakeOver:
 
 
 def take_over(
-    services: Services, shard: int, failed_region: str, *, rewind: int = REWIND_SECONDS
+    services: Services, shard: int, failed_region: str | None, *, rewind: int = REWIND_SECONDS
 ) -> TakeOver:
+    """Home here the shard's schedules homed in ``failed_region``, or, with None, those
+    homed nowhere (written before homes were recorded: every region plans those, so they
+    must be homed before the table is replicated; nothing is rewound, all their history
+    is here)."""
     region = services.settings.region
     if failed_region == region:
         raise ValueError(f"{region} cannot take over from itself")
@@ -59,15 +63,22 @@ def take_over(
             for _ in range(TAKE_RETRIES):
                 # Consistent: the generation read is the one the condition names.
                 stored = services.schedules.current(schedule_id)
-                if stored is None or stored.schedule.home_region not in (None, failed_region):
+                home = stored.schedule.home_region if stored else region
+                if home is not None and home != failed_region:
                     break  # gone, or not the failed region's (already taken, or another's)
+                assert stored is not None
                 walked = services.leases.watermark(shard)
                 if walked is None:
                     # This region never walked the shard: give it a watermark to walk from.
                     services.leases.open(shard, now=int(services.now()))
                     continue
+                actions = (
+                    [("schedule", services.schedules.take_over(stored, region, since=None))]
+                    if failed_region is None
+                    else _moved(services, stored, walked, rewind)
+                )
                 try:
-                    services.transactions.commit(_moved(services, stored, walked, rewind))
+                    services.transactions.commit(actions)
                 except (ConditionFailed, Retryable):
                     continue
                 report.taken.append(schedule_id)
@@ -84,10 +95,11 @@ def _moved(
     placed in a due bucket ahead of this region's walk of the shard (``walked``)."""
     schedule = stored.schedule
     region = services.settings.region
-    if schedule.state is not ScheduleState.ACTIVE or schedule.next_available_at is None:
-        return [("schedule", services.schedules.take_over(stored, region))]
-    cursor = Cursor(schedule.planned_until or 0, schedule.next_run_at, schedule.next_available_at)
+    # Fires due by then are the failed region's: their records are in its table.
     back = int(services.now()) - rewind
+    if schedule.state is not ScheduleState.ACTIVE or schedule.next_available_at is None:
+        return [("schedule", services.schedules.take_over(stored, region, since=back))]
+    cursor = Cursor(schedule.planned_until or 0, schedule.next_run_at, schedule.next_available_at)
     if schedule.planned_until is not None and schedule.planned_until > back:
         rewound = cursor_after(schedule, back)
         cursor = rewound if rewound.next_available_at is not None else cursor
@@ -96,7 +108,10 @@ def _moved(
     # (it walked by, skipping another region's schedule): place it ahead of the walk.
     placed = max(cursor.next_available_at, walked + 2 * 60)
     return [
-        ("schedule", services.schedules.take_over(stored, region, cursor=cursor, placed=placed)),
+        (
+            "schedule",
+            services.schedules.take_over(stored, region, since=back, cursor=cursor, placed=placed),
+        ),
         ("shard", services.leases.not_walked(stored.shard, minute_of(placed))),
     ]
 
@@ -111,7 +126,13 @@ def _shards(text: str, count: int) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m punctual.failover", description=__doc__)
-    parser.add_argument("--from", dest="failed", required=True, metavar="REGION")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from", dest="failed", metavar="REGION", help="the failed region")
+    source.add_argument(
+        "--unhomed",
+        action="store_true",
+        help="home here the schedules written before homes were recorded (before replicating)",
+    )
     parser.add_argument("--shards", metavar="A-B", help="default: every shard")
     parser.add_argument("--rewind", type=int, default=REWIND_SECONDS, metavar="SECONDS")
     args = parser.parse_args(argv)
@@ -127,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     taken = sum(len(r.taken) for r in reports)
     left = [sid for r in reports for sid in r.conflicts]
-    print(f"took over {taken} schedules from {args.failed}; {len(left)} kept changing")
+    what = f"from {args.failed}" if args.failed else "homed nowhere"
+    print(f"took over {taken} schedules {what}; {len(left)} kept changing")
     for schedule_id in left:
         print(f"  again: {schedule_id}")
     return 1 if left else 0

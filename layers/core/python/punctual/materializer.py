@@ -33,7 +33,9 @@ from punctual.dal.tenants import released_usage
 from punctual.errors import Retryable
 from punctual.ids import minute_of
 from punctual.models import MisfireAction, Occurrence, Schedule, ScheduleState
+from punctual.observability import logger
 from punctual.planning import Catchup, Plan, plan
+from punctual.rezone import replan, stale
 from punctual.services import Services
 from punctual.tenancy import Quotas
 
@@ -189,11 +191,30 @@ class Materializer:
         now = self._now()
         steps = [
             step
-            for stored in self._s.schedules.due_in(minute, lease.shard)
-            if (step := self._plan(stored, now, until)) is not None
+            for found in self._s.schedules.due_in(minute, lease.shard)
+            if (stored := self._under_rules_in_use(found)) is not None
+            and (step := self._plan(stored, now, until)) is not None
         ]
         report.schedules += len(steps)
         return self._commit(lease, steps, now, until, report)
+
+    def _under_rules_in_use(self, stored: StoredSchedule) -> StoredSchedule | None:
+        """``stored``, re-planned first if it was planned under older zone rules
+        (punctual.rezone): a step from its old cursor would fire a moved wall time twice or
+        not at all. None when the re-plan kept losing races (the reconciler re-plans it)."""
+        schedule = stored.schedule
+        if not stale(schedule) or not homed_in(schedule, self.settings.region):
+            return stored
+        try:
+            replan(self._s, schedule.schedule_id)
+        except Retryable:
+            logger.error(
+                "a schedule planned under older zone rules could not be re-planned; the "
+                "reconciler will",
+                extra={"schedule_id": schedule.schedule_id},
+            )
+            return None
+        return self._s.schedules.current(schedule.schedule_id)
 
     def _plan(
         self, stored: StoredSchedule, now: int, until: int, resume: Catchup | None = None

@@ -421,6 +421,20 @@ class Schedule(ScheduleDefinition):
     # region it was made in plans it; a take-over writes both).
     home_region: str | None = None
     generation: int = Field(default=1, ge=1)
+    # Fires due by this instant were the region's it was taken over from (its occurrences
+    # are in that region's table): not this region's to find missing, repair or backfill.
+    homed_since: int | None = None
+    # Time zone rules (docs/time.md, *When the rules change*): the tzdata release its cursor
+    # and occurrences were planned with (None: not zone-based, or written before it was).
+    tzdata_version: str | None = None
+
+    @property
+    def zone_name(self) -> str | None:
+        """The zone whose rules place its fires: a cron's, a one-shot's local time's; None
+        for a rate or a one-shot written with an offset."""
+        if isinstance(self.spec, CronSpec | AtSpec):
+            return self.spec.timezone
+        return None
 
     @property
     def fires_after(self) -> int:
@@ -516,6 +530,11 @@ class Occurrence(_Record):
     )
     reason: str | None = Field(default=None, description="Why it is DEAD, MISSED or CANCELED.")
     expires_at: int | None = Field(default=None, description="TTL: when retention ends.")
+    local: str | None = Field(
+        default=None,
+        description="The fire's local wall time in its schedule's zone, as planned (a "
+        "zone-based schedule's): what a change of the zone's rules keeps.",
+    )
 
 
 class AttemptOutcome(StrEnum):
@@ -603,6 +622,7 @@ class ReconcileReport(BaseModel):
     repair_conflicts: int  # MISSING ones whose repair lost a race twice: next run
     cursors_moved: int = 0  # schedules left in a due bucket the walk had passed, moved ahead
     redriven: int = 0  # open occurrences no worker took long after they were due: re-sent
+    replanned: int = 0  # schedules planned under older zone rules, re-planned (rezone.py)
 
     @property
     def missing(self) -> int:

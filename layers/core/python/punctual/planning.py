@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from punctual.ids import available_at, occurrence_id
 from punctual.models import Occurrence, OccurrenceState, Schedule
+from punctual.timing import get_zone, local_wall
 
 # A direct (API-side) materialization stays far below DynamoDB's 100 actions per
 # transaction; anything beyond is left to the materializer through the cursor.
@@ -165,8 +166,16 @@ def plan(
     )
 
 
+def wall_text(schedule: Schedule, instant: int) -> str | None:
+    """``instant`` as a local wall time in the schedule's zone under the rules in use
+    ('2026-12-02T09:00:00'); None for a schedule no zone places."""
+    zone = schedule.zone_name
+    return None if zone is None else local_wall(instant, get_zone(zone)).isoformat()
+
+
 def _occurrence(schedule: Schedule, fire: _Fire, receivable: int, retention: int) -> Occurrence:
     return Occurrence(
+        local=wall_text(schedule, fire.scheduled_for),
         occurrence_id=fire.occurrence_id,
         tenant_id=schedule.tenant_id,
         schedule_id=schedule.schedule_id,

@@ -42,9 +42,10 @@ from punctual.models import (
     ScheduleState,
 )
 from punctual.observability import logger
-from punctual.planning import MAX_CATCHUP_SPREAD, new_occurrence
+from punctual.planning import MAX_CATCHUP_SPREAD, new_occurrence, wall_text
 from punctual.redrive import REDRIVE_AFTER, overdue
 from punctual.relay import Relay, outbound
+from punctual.rezone import Replanned, replan, rezoned, stale
 from punctual.services import Services
 
 HOUR = 3600
@@ -238,6 +239,7 @@ class ShardResult:
     recorded_missed: list[str]
     deferred: list[str]
     moved: list[str] = field(default_factory=list)  # schedules moved ahead of the walk
+    replanned: list[str] = field(default_factory=list)  # re-planned under new zone rules
     redriven: list[str] = field(default_factory=list)  # occurrences re-sent
 
 
@@ -389,12 +391,17 @@ class Reconciler:
         run_at = self._now()
         tally = _Tally()
         complete = True
+        replanned: list[Replanned] = []
         moved = self._unstick(shard, start, end) if self.repair else []
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             for page in self.schedules.list_for_shard(shard, created_before=_iso(end)):
                 if self._out_of_time():
                     complete = False
                     break
+                if self.repair:
+                    # Planned under older zone rules (a new tzdata deployed): re-planned
+                    # before it is checked, so it is judged by the rules in use.
+                    complete = self._replan_stale(page, replanned) and complete
                 # Reads run concurrently (a history and an occurrence query per schedule);
                 # repairs, rare and racing the API and the materializer, one at a time.
                 for outcome in pool.map(lambda current: self._schedule(current, start, end), page):
@@ -421,6 +428,7 @@ class Reconciler:
             repair_conflicts=len(tally.of("conflicts")),
             cursors_moved=len(moved),
             redriven=len(tally.of("redriven")),
+            replanned=len(replanned),
         )
         self.reports.put(report, purge_at=end + self.settings.retention_days * 86400)
         return ShardResult(
@@ -432,7 +440,34 @@ class Reconciler:
             deferred=tally.of("deferred"),
             moved=moved,
             redriven=tally.of("redriven"),
+            replanned=[r.schedule_id for r in replanned],
         )
+
+    def _replan_stale(self, page: Sequence[ScheduleVersion], replanned: list[Replanned]) -> bool:
+        """Re-plan the page's schedules planned under older zone rules (punctual.rezone);
+        False if one kept losing races (the report is then incomplete: checked again)."""
+        ok = True
+        for current in page:
+            schedule = current.schedule
+            if not stale(schedule) or not homed_in(schedule, self.settings.region):
+                continue
+            try:
+                done = replan(self._s, schedule.schedule_id)
+            except Retryable:
+                ok = False
+                continue
+            if done is not None:
+                replanned.append(done)
+                logger.warning(
+                    "re-planned a schedule under new time zone rules",
+                    extra={
+                        "schedule_id": done.schedule_id,
+                        "tzdata": [done.before, done.after],
+                        "canceled": done.canceled,
+                        "made": done.made,
+                    },
+                )
+        return ok
 
     # --- cursors left behind ------------------------------------------------------------
 
@@ -489,6 +524,11 @@ class Reconciler:
         stored = self.occurrences.in_window(schedule_id, since=start, until=end - 1)
         outcome = _ScheduleOutcome(schedule_id, {v.schedule.version: v.schedule for v in versions})
         gaps = self._classify(outcome, expected, stored)
+        since_home = current.schedule.homed_since
+        if since_home is not None:
+            # Taken over from another region: what was due before is in that region's
+            # table, unknown here, and not this region's to find missing or to repair.
+            gaps = [g for g in gaps if g.available_at > since_home]
         policy_missed = self._missed_by_policy(gaps, stored, versions, current.schedule, end)
         for gap in gaps:
             if gap.occurrence_id in policy_missed:
@@ -504,15 +544,33 @@ class Reconciler:
     ) -> list[Expected]:
         """Stored occurrences by their state; returns the required instants with no record."""
         by_id = {e.occurrence_id: e for e in expected}
+        # A zone-based fire is its local wall time: one planned under older zone rules (an
+        # instant the rules in use no longer give it) is still that fire (punctual.rezone).
+        by_wall = {
+            (e.version, wall): e
+            for e in expected
+            if (wall := wall_text(outcome.versions[e.version], e.scheduled_for)) is not None
+        }
+        present: set[str] = set()
         for occurrence in stored:
             owner = by_id.get(occurrence.occurrence_id)
-            consistent = (
-                owner is not None
-                and owner.version == occurrence.schedule_version
-                and owner.scheduled_for == occurrence.scheduled_for
-            )
-            if is_manual(occurrence.occurrence_id):
-                # Run now: no fire owes it, and none is owed it; judged by its state only.
+            planned = outcome.versions.get(occurrence.schedule_version)
+            if (
+                owner is None
+                and occurrence.local is not None
+                and planned is not None
+                # (only when the rules in use no longer show its instant at its wall time:
+                # a stray fired at the second of a repeated hour still shows it, and stays
+                # UNEXPECTED)
+                and wall_text(planned, occurrence.scheduled_for) != occurrence.local
+            ):
+                owner = by_wall.get((occurrence.schedule_version, occurrence.local))
+            consistent = owner is not None and owner.version == occurrence.schedule_version
+            if owner is not None and consistent:
+                present.add(owner.occurrence_id)
+            if is_manual(occurrence.occurrence_id) or rezoned(occurrence):
+                # Run now: no fire owes it, and none is owed it; nor one a change of the
+                # zone's rules canceled (its replacement is the fire's). By state only.
                 finding = _BY_STATE[occurrence.state]
             elif owner is None or not consistent:
                 finding = Finding.UNEXPECTED
@@ -523,7 +581,7 @@ class Reconciler:
             outcome.findings.append((finding, occurrence.occurrence_id))
             if occurrence.state in _OPEN:
                 outcome.stalled.append(occurrence)
-        present = {o.occurrence_id for o in stored}
+        present |= {o.occurrence_id for o in stored}
         return [e for e in expected if e.required and e.occurrence_id not in present]
 
     def _missed_by_policy(
@@ -726,6 +784,7 @@ def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str
         "ReconcileIncomplete": 0,
         "ReconcileCursorsMoved": 0,
         "ReconcileRedriven": 0,
+        "ReconcileReplanned": 0,
         "ReconcileGaveUp": given_up,
     }
     for result in results:
@@ -741,6 +800,7 @@ def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str
         totals["ReconcileIncomplete"] += int(not report.complete)
         totals["ReconcileCursorsMoved"] += report.cursors_moved
         totals["ReconcileRedriven"] += report.redriven
+        totals["ReconcileReplanned"] += report.replanned
     return totals
 
 

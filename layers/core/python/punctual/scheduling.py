@@ -54,7 +54,7 @@ from punctual.planning import MAX_CATCHUP_SPREAD, plan
 from punctual.principals import PrincipalError, normalize_principal
 from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
-from punctual.timing import Fire, get_zone, preview
+from punctual.timing import Fire, get_zone, preview, utc_text
 
 PREVIEW_COUNT = 5
 # Plans re-made when the materializer's walk overtakes a change before it commits (or the
@@ -67,7 +67,8 @@ TRIGGER_RETRIES = 4
 # A backfill's puts per transaction, next to the schedule's version check (100 actions).
 BACKFILL_CHUNK = 99
 BACKFILL_SHOWN = 10  # occurrences a backfill's answer lists
-# States of an occurrence that never ran and never will: a backfill may make its instant anew.
+# States of an occurrence that was never delivered and never will be: a backfill may make
+# its instant anew. (SKIPPED_OVERLAP was delivered, and the overlap policy decided: kept.)
 _NOT_RUN = frozenset({OccurrenceState.MISSED, OccurrenceState.CANCELED})
 
 _AFFECTED_NOTES = {
@@ -407,7 +408,15 @@ class ControlPlane:
         rate (within SQS's 15 minutes of delay), at most the tenant's
         max_backfill_occurrences fires per request. Its ids are deterministic, so a repeated
         or overlapping backfill makes nothing twice, and one cut short by a failure is
-        finished by asking again."""
+        finished by asking again. Not older than the retention: whether an older fire ran
+        is no longer known (its record expired)."""
+        oldest = self._now() - self.settings.retention_days * 86400
+        if since < oldest:
+            raise InvalidInput(
+                f"from is older than the retention ({self.settings.retention_days} days): "
+                "whether those fires ran is no longer recorded",
+                [{"field": "from", "reason": f"before {utc_text(oldest)}"}],
+            )
         for _ in range(TRIGGER_RETRIES):
             stored = self._owned(tenant_id, schedule_id)
             schedule = stored.schedule
@@ -440,9 +449,11 @@ class ControlPlane:
                 if o.schedule_version == schedule.version and not is_manual(o.occurrence_id)
             }
             handled = _handled_until(schedule)
+            # Fires due before a take-over are the other region's: recorded there, not here.
+            elsewhere = schedule.homed_since or 0
             todo, planned = [], 0
             for fire in fires:
-                if fire in ran:
+                if fire in ran or fire <= elsewhere:
                     continue
                 own = occurrence_id(schedule_id, schedule.version, fire)
                 owned = fire > schedule.fires_after
@@ -474,13 +485,13 @@ class ControlPlane:
         pace, compressed to fit SQS's delay as the materializer's catch-up is."""
         now = self._now()
         pace = self.tenants.get(schedule.tenant_id).quotas.catchup_pace
-        if len(ids) > 1:
-            pace = min(pace, MAX_CATCHUP_SPREAD // (len(ids) - 1))
+        gaps = max(1, len(ids) - 1)
         retention = self.settings.retention_days * 86400
         made = []
         for index, oid in enumerate(ids):
             _, version, fire, _ = occurrence_name(oid)
-            receivable = now + index * pace
+            # At the pace, or spread over MAX_CATCHUP_SPREAD when that is too long for SQS.
+            receivable = now + min(index * pace, index * MAX_CATCHUP_SPREAD // gaps)
             made.append(
                 Occurrence(
                     occurrence_id=oid,

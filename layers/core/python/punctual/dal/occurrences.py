@@ -252,6 +252,25 @@ class OccurrenceStore:
             return False
         return True
 
+    def cancel_scheduled(self, occurrence_id: str, reason: str) -> dict[str, Any]:
+        """Transaction action: SCHEDULED -> CANCELED with ``reason``."""
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": to_dynamo(occurrence_key(occurrence_id)),
+                "UpdateExpression": "SET #state = :to, reason = :why",
+                # Race: a worker took it since it was read (RUNNING): it runs as planned,
+                # and the caller reads again before deciding anything about it.
+                "ConditionExpression": "#state = :scheduled",
+                "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": values(
+                    to=OccurrenceState.CANCELED.value,
+                    scheduled=OccurrenceState.SCHEDULED.value,
+                    why=reason,
+                ),
+            }
+        }
+
     def cancel_if_scheduled(self, occurrence_id: str, reason: str) -> OccurrenceState:
         """SCHEDULED -> CANCELED; answers the state the occurrence really ends up in."""
         if self.settle_scheduled(occurrence_id, OccurrenceState.CANCELED, reason):

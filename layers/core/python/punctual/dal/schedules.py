@@ -19,7 +19,7 @@ from punctual.dal.common import (
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
 from punctual.models import MissedEpisode, Schedule, ScheduleDefinition, ScheduleState
 from punctual.planning import Cursor
-from punctual.timing import to_epoch
+from punctual.timing import to_epoch, tzdata_version
 
 _DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
 
@@ -59,6 +59,9 @@ def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, i
     }
     if schedule.home_region is not None:
         item["home_region"] = schedule.home_region
+    if schedule.zone_name is not None:
+        # Every write of the whole item planned it under the rules in use now.
+        item["tzdata"] = tzdata_version()
     if schedule.state is ScheduleState.ACTIVE and schedule.next_available_at is not None:
         item["due_at"] = schedule.next_available_at
         item["due_bucket"] = due_bucket(schedule.next_available_at, shard)
@@ -99,6 +102,23 @@ def schedule_from_item(item: Item) -> Schedule:
         missed=missed_ranges_of(item),
         home_region=item.get("home_region"),
         generation=item.get("generation", 1),
+        tzdata_version=item.get("tzdata"),
+        homed_since=item.get("homed_since"),
+    )
+
+
+def _cursor_unchanged(schedule: Schedule) -> tuple[str, dict[str, Any]]:
+    """A condition that holds while the item's cursor is still ``schedule``'s, its values."""
+    if schedule.next_run_at is None:
+        return "attribute_not_exists(next_run_at)", {}
+    if schedule.planned_until is None:
+        return (
+            "next_run_at = :old AND attribute_not_exists(planned_until)",
+            {"old": schedule.next_run_at},
+        )
+    return (
+        "next_run_at = :old AND planned_until = :handled",
+        {"old": schedule.next_run_at, "handled": schedule.planned_until},
     )
 
 
@@ -400,14 +420,8 @@ class ScheduleStore:
         schedule = stored.schedule
         fenced, named = fence(schedule, schedule.home_region)
         named |= {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
-        if schedule.next_run_at is None:
-            cursor_unchanged = "attribute_not_exists(next_run_at)"
-        elif schedule.planned_until is None:
-            cursor_unchanged = "next_run_at = :old AND attribute_not_exists(planned_until)"
-            named["old"] = schedule.next_run_at
-        else:
-            cursor_unchanged = "next_run_at = :old AND planned_until = :handled"
-            named |= {"old": schedule.next_run_at, "handled": schedule.planned_until}
+        cursor_unchanged, was = _cursor_unchanged(schedule)
+        named |= was
         sets: list[str] = []
         removes: list[str] = []
         if cursor is None:
@@ -429,6 +443,11 @@ class ScheduleStore:
                 "a": cursor.next_available_at,
                 "b": due_bucket(cursor.next_available_at, stored.shard),
             }
+            if schedule.zone_name is not None:
+                # The caller plans a schedule only under the rules it was planned with
+                # (punctual.rezone re-plans it first): the release stays, or is recorded.
+                sets.append("tzdata = if_not_exists(tzdata, :tz)")
+                named["tz"] = tzdata_version()
         if missed:
             # MISSED is a bounded summary on the schedule, never an item per instant.
             sets += ["missed_total = if_not_exists(missed_total, :zero) + :m", "missed_ranges = :r"]
@@ -460,16 +479,27 @@ class ScheduleStore:
         stored: StoredSchedule,
         region: str,
         *,
+        since: int | None,
         cursor: Cursor | None = None,
         placed: int | None = None,
     ) -> dict[str, Any]:
         """A transaction action homing the schedule in ``region`` at the next generation
-        (punctual.failover); with ``cursor``, its cursor set to it and its due bucket to
-        the minute of ``placed``."""
+        (punctual.failover), its fires due after ``since`` this region's (None: all of them,
+        a schedule homed nowhere until now); with ``cursor``, its cursor set to it and its
+        due bucket to the minute of ``placed``."""
         schedule = stored.schedule
         fenced, named = fence(schedule, schedule.home_region)
-        named |= {"v": schedule.version, "region": region, "next": schedule.generation + 1}
+        cursor_unchanged, was = _cursor_unchanged(schedule)
+        named |= was | {
+            "v": schedule.version,
+            "region": region,
+            "next": schedule.generation + 1,
+            "s": schedule.state.value,
+        }
         sets = ["home_region = :region", "generation = :next"]
+        if since is not None:
+            sets.append("homed_since = :since")
+            named["since"] = since
         if cursor is not None and cursor.next_available_at is not None:
             assert placed is not None
             sets += ["next_run_at = :n", "next_available_at = :a", "due_at = :a", "due_bucket = :b"]
@@ -487,9 +517,62 @@ class ScheduleStore:
                 "Key": self.key(schedule.schedule_id),
                 "UpdateExpression": "SET " + ", ".join(sets),
                 # Race: an API change since the read (its new version would get a cursor
-                # planned for the old one), or another take-over of the same schedule (a
-                # second generation bump would fence the first taker off its own schedule).
-                "ConditionExpression": f"version = :v AND {fenced}",
+                # planned for the old one), another take-over of the same schedule (a
+                # second generation bump would fence the first taker off its own schedule),
+                # or the old region's last step or completion (a cursor or state written
+                # back from the read would undo it: a completed schedule back in the index).
+                "ConditionExpression": (
+                    f"version = :v AND {fenced} AND #state = :s AND {cursor_unchanged}"
+                ),
+                "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": values(**named),
+            }
+        }
+
+    def replanned(
+        self, stored: StoredSchedule, cursor: Cursor | None, placed: int | None, version: str
+    ) -> dict[str, Any]:
+        """A transaction action recording a re-plan under tzdata ``version``
+        (punctual.rezone): the new cursor (its due bucket at the minute of ``placed``), or
+        only the version for a schedule with no cursor to move."""
+        schedule = stored.schedule
+        fenced, named = fence(schedule, schedule.home_region)
+        named |= {"v": schedule.version, "tz": version}
+        sets = ["tzdata = :tz"]
+        if cursor is not None and cursor.next_available_at is not None:
+            assert placed is not None
+            assert schedule.planned_until is not None
+            sets += [
+                "planned_until = :h",
+                "next_run_at = :n",
+                "next_available_at = :a",
+                "due_at = :a",
+                "due_bucket = :b",
+            ]
+            named |= {
+                "h": cursor.planned_until,
+                "n": cursor.next_run_at,
+                "a": cursor.next_available_at,
+                "b": due_bucket(placed, stored.shard),
+                "old": schedule.planned_until,
+            }
+            moved = " AND planned_until = :old"
+        else:
+            moved = ""
+        if schedule.tzdata_version is None:
+            before = "attribute_not_exists(tzdata)"
+        else:
+            before = "tzdata = :was"
+            named["was"] = schedule.tzdata_version
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.key(schedule.schedule_id),
+                "UpdateExpression": "SET " + ", ".join(sets),
+                # Race: an API change (a new version, planned under the new rules already),
+                # the materializer's step (the cursor moved on from what was re-planned), or
+                # another re-plan of the same schedule since the read: read it again.
+                "ConditionExpression": f"version = :v AND {fenced} AND {before}{moved}",
                 "ExpressionAttributeValues": values(**named),
             }
         }

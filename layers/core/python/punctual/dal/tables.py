@@ -34,6 +34,9 @@ SHARD_INDEX_ATTRIBUTES = (
     # Multi-region: the reconciler leaves another region's schedules alone without a read.
     "home_region",
     "generation",
+    "homed_since",
+    # Time zone rules: the reconciler re-plans a schedule planned under an older release.
+    "tzdata",
 )
 
 

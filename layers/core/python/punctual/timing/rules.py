@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 
 from punctual.timing.cron import CronExpr, days_in_month, parse_cron
 from punctual.timing.zones import (
+    _FORGET,
     MAX_INSTANT,
     Resolution,
     get_zone,
@@ -141,6 +142,9 @@ def clear_plan_caches() -> None:
     """Forget cached parses and windows (benchmarks start cold; tests isolate)."""
     _cron_window.cache_clear()
     parse_cron_cached.cache_clear()
+
+
+_FORGET.append(_cron_window.cache_clear)  # its windows follow the zone rules in use
 
 
 def _clip_sorted(fires: tuple[int, ...], after: int, until: int) -> tuple[int, ...]:

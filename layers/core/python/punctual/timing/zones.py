@@ -8,9 +8,12 @@ rules, and the version the API reports is the one actually used.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from zoneinfo import ZoneInfo
 
 import tzdata
@@ -37,14 +40,43 @@ class Resolution(enum.Enum):
     SKIPPED = "skipped"  # does not exist (spring-forward gap or a skipped day)
 
 
+@dataclass(frozen=True)
+class ZoneSource:
+    """Where the zone rules come from: an IANA release's compiled zone files (``zoneinfo``)
+    and its list of names (``zones``), as the ``tzdata`` wheel lays them out."""
+
+    version: str
+    root: Traversable  # holds ``zones`` and ``zoneinfo/``
+
+
+_PINNED = ZoneSource(str(tzdata.IANA_VERSION), resources.files("tzdata"))
+_source = _PINNED
+
+
+def use_zone_source(source: ZoneSource | None) -> None:
+    """Plan with ``source``'s rules from now on (None: the pinned wheel's). Production runs
+    on the pinned wheel only; tests plan with an older release, then upgrade, as a deploy of
+    a new ``tzdata`` does (docs/time.md, *When the rules change*)."""
+    global _source
+    _source = source or _PINNED
+    zone_names.cache_clear()
+    get_zone.cache_clear()
+    for forget in _FORGET:
+        forget()
+
+
+# Caches that hold what a zone's rules computed (punctual.timing.rules registers its own).
+_FORGET: list[Callable[[], None]] = []
+
+
 def tzdata_version() -> str:
-    """The IANA release of the pinned rules, e.g. '2026f'."""
-    return str(tzdata.IANA_VERSION)
+    """The IANA release of the rules in use, e.g. '2026f'."""
+    return _source.version
 
 
 @cache
 def zone_names() -> frozenset[str]:
-    text = resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8")
+    text = _source.root.joinpath("zones").read_text(encoding="utf-8")
     return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
@@ -53,8 +85,7 @@ def get_zone(name: str) -> ZoneInfo:
     """The zone for an IANA name such as 'Europe/Berlin'; ZoneError if it is not one."""
     if name not in zone_names():
         raise ZoneError(f"{name!r} is not an IANA time zone name (tzdata {tzdata_version()})")
-    parts = name.split("/")
-    source = resources.files("tzdata.zoneinfo").joinpath(*parts)
+    source = _source.root.joinpath("zoneinfo", *name.split("/"))
     with source.open("rb") as handle:
         return ZoneInfo.from_file(handle, key=name)
 

@@ -1,0 +1,189 @@
+"""Re-planning a schedule whose zone rules changed (docs/time.md, *When the rules change*).
+
+A schedule records the tzdata release its cursor and occurrences were planned with, and
+each occurrence its fire's local wall time (``local``). When a new release moves the
+instants of a zone's wall times, a schedule planned under an older release is re-planned,
+once, under the rules in use, keeping the time contract's one rule: each wall time fires
+once (as in a DST fall-back, where a repeated wall time fires at its earlier instant):
+
+- an occurrence not receivable yet (SCHEDULED, due later than now) at an instant the new
+  rules still fire stays as it is; one at an instant they no longer fire is CANCELED (a
+  message already sent ahead is dropped by the worker), and its wall time fires at its new
+  instant: at once if that is now past, in its place if it is inside what was planned, by
+  the materializer if it is later; a wall time that no longer exists (a new gap) is not
+  made, as a cron fire in a gap is skipped;
+- a fire of the new rules inside what was planned, whose instant has no occurrence and
+  whose wall time was not planned (a time the old rules skipped), is made;
+- the cursor stays at ``planned_until`` and moves past any following fire whose wall time
+  was planned already (the new rules give it a later instant), its due bucket placed
+  ahead of the shard's walk.
+
+Everything in one transaction, conditional on what was read. Fires already receivable or
+taken stay as they are: they fired under the rules in force when they were due. The
+reconciler re-plans every stale schedule of its shards (each hour, and at once when run
+after a deploy); the materializer re-plans a stale schedule it is about to step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from punctual.dal.common import ConditionFailed
+from punctual.dal.schedules import StoredSchedule
+from punctual.errors import Retryable
+from punctual.ids import is_manual, minute_of
+from punctual.models import Occurrence, OccurrenceState, Schedule, ScheduleState
+from punctual.planning import Cursor, cursor_after, new_occurrence, wall_text
+from punctual.services import Services
+from punctual.timing import get_zone, resolve_wall, tzdata_version, utc_text
+
+DAY = 86_400
+# Zone offsets differ by at most 26 hours (and a dateline jump moved Samoa 24): a wall time
+# planned under old rules lies within two days of its instant under new ones.
+SPAN = 2 * DAY
+REPLAN_RETRIES = 3
+MAX_ACTIONS = 100
+
+
+@dataclass
+class Replanned:
+    """What one re-plan did (the reconciler's report counts and names them)."""
+
+    schedule_id: str
+    before: str | None
+    after: str
+    canceled: list[str] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)
+    next_run_at: int | None = None
+
+
+REASON = "time zone rules changed"  # how a re-plan's CANCELED occurrences begin their reason
+
+
+def rezoned(occurrence: Occurrence) -> bool:
+    """Canceled by a re-plan (replaced by its fire's occurrence under the new rules)."""
+    return occurrence.state is OccurrenceState.CANCELED and (occurrence.reason or "").startswith(
+        REASON
+    )
+
+
+def stale(schedule: Schedule) -> bool:
+    """Planned under another tzdata release than the one in use, in a zone."""
+    return (
+        schedule.zone_name is not None
+        and schedule.tzdata_version is not None
+        and schedule.tzdata_version != tzdata_version()
+    )
+
+
+def replan(services: Services, schedule_id: str) -> Replanned | None:
+    """Re-plan the schedule if it is stale (None when it is not, or is gone), reading it
+    again after a lost race; Retryable when it kept changing."""
+    for _ in range(REPLAN_RETRIES):
+        stored = services.schedules.current(schedule_id)  # consistent: the conditions name it
+        if stored is None or not stale(stored.schedule):
+            return None
+        walked = services.leases.watermark(stored.shard)
+        if walked is None:
+            services.leases.open(stored.shard, now=int(services.now()))
+            continue
+        actions, done = _plan(services, stored, walked)
+        try:
+            services.transactions.commit(actions)
+        except (ConditionFailed, Retryable):
+            continue
+        return done
+    raise Retryable(f"schedule {schedule_id} kept changing while it was re-planned; retry")
+
+
+def _instant(schedule: Schedule, wall: str) -> int | None:
+    """A local wall time's instant under the rules in use (None: it does not exist)."""
+    zone = schedule.zone_name
+    assert zone is not None
+    instant, _ = resolve_wall(datetime.fromisoformat(wall), get_zone(zone))
+    return instant
+
+
+def _plan(
+    services: Services, stored: StoredSchedule, walked: int
+) -> tuple[list[tuple[str, dict[str, Any]]], Replanned]:
+    schedule = stored.schedule
+    now = int(services.now())
+    version = tzdata_version()
+    done = Replanned(schedule.schedule_id, schedule.tzdata_version, version)
+    handled = schedule.planned_until
+    if schedule.state is not ScheduleState.ACTIVE or handled is None:
+        # Nothing planned ahead (paused, canceled, completed): only the release is new.
+        return [("schedule", services.schedules.replanned(stored, None, None, version))], done
+    # Consistent: an occurrence made or taken a moment ago decides what is replaced.
+    found = [
+        o
+        for o in services.occurrences.in_window(
+            schedule.schedule_id, since=now - SPAN, until=handled + SPAN, consistent=True
+        )
+        if o.schedule_version == schedule.version and not is_manual(o.occurrence_id)
+    ]
+    fires = set(schedule.rule().fires(now - SPAN, handled + SPAN))
+    at = {o.scheduled_for for o in found}
+    walls = {o.local for o in found if o.local is not None}  # each wall time fires once
+    actions: list[tuple[str, dict[str, Any]]] = []
+    retention = services.settings.retention_days * DAY
+    reason = f"{REASON} (tzdata {schedule.tzdata_version} -> {version})"
+
+    def make(instant: int) -> None:
+        occurrence = new_occurrence(schedule, instant, retention)
+        if occurrence.available_at <= now:  # moved into the past: late, so at once
+            occurrence = occurrence.model_copy(update={"available_at": now})
+        at.add(instant)
+        walls.add(occurrence.local or "")
+        actions.append(("occurrence", services.occurrences.put_new(occurrence, schedule.payload)))
+        done.made.append(occurrence.occurrence_id)
+
+    # Planned, not receivable yet, at an instant the rules in use no longer fire: canceled;
+    # its wall time fires at its new instant (at once if that is past, by the cursor if it
+    # is after what was planned), unless that instant has its occurrence already.
+    for occurrence in sorted(found, key=lambda o: o.scheduled_for):
+        if not _pending(occurrence, now) or occurrence.scheduled_for in fires:
+            continue
+        moved = None if occurrence.local is None else _instant(schedule, occurrence.local)
+        note = f"{reason}: {occurrence.local} is " + (
+            "no longer a time of its zone" if moved is None else f"now at {utc_text(moved)}"
+        )
+        actions.append(
+            ("occurrence", services.occurrences.cancel_scheduled(occurrence.occurrence_id, note))
+        )
+        done.canceled.append(occurrence.occurrence_id)
+        at.discard(occurrence.scheduled_for)
+        walls.discard(occurrence.local)
+        if moved is not None and moved not in at and schedule.fires_after < moved <= handled:
+            make(moved)
+    # Fires of the rules in use inside what was planned, at an instant with no occurrence
+    # and a wall time not planned yet (one the old rules did not have, or moved there).
+    for fire in sorted(fires):
+        new = max(now, schedule.fires_after) < fire <= handled and fire not in at
+        if new and wall_text(schedule, fire) not in walls:
+            make(fire)
+    # The cursor: the first fire after what was planned whose wall time is not planned yet
+    # (a wall time the new rules give a later instant has fired or is planned already).
+    cursor = cursor_after(schedule, handled)
+    while cursor.next_run_at is not None and wall_text(schedule, cursor.next_run_at) in walls:
+        due = new_occurrence(schedule, cursor.next_run_at, retention).available_at
+        cursor = cursor_after(schedule, max(cursor.planned_until, due))
+    if cursor.next_available_at is None:
+        # No fire left under the rules in use: the materializer completes it at its next step.
+        cursor = Cursor(cursor.planned_until, None, cursor.planned_until)
+    assert cursor.next_available_at is not None
+    placed = max(cursor.next_available_at, walked + 2 * 60)
+    done.next_run_at = cursor.next_run_at
+    actions.append(("schedule", services.schedules.replanned(stored, cursor, placed, version)))
+    actions.append(("shard", services.leases.not_walked(stored.shard, minute_of(placed))))
+    if len(actions) > MAX_ACTIONS:
+        raise Retryable(f"schedule {schedule.schedule_id}: too much to re-plan in one go")
+    return actions, done
+
+
+def _pending(occurrence: Occurrence, now: int) -> bool:
+    """Planned and not receivable yet: the only occurrences a new release still moves."""
+    return occurrence.state is OccurrenceState.SCHEDULED and occurrence.available_at > now

@@ -1,0 +1,191 @@
+"""Time zone rule changes (issue 22, item 6; docs/time.md, *When the rules change*): plan
+with IANA 2025b (tests/tzdata_2025b), then upgrade to the pinned release, where
+America/Vancouver keeps UTC-7 all year from November 2026: 09:00 there moves from 17:00Z
+to 16:00Z. Each wall time fires once: the occurrence planned at the old instant is
+replaced, the cursor follows the new rules, nothing fires twice or is lost, the change is
+reported (the schedule's tzdata_version, the canceled occurrence's reason, the reconciler)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from punctual.ids import occurrence_id, shard_of
+from punctual.reconciler import Reconciler
+from punctual.services import Services
+from punctual.timing import ZoneSource, tzdata_version, use_zone_source
+from tests.instants import epoch
+from tests.integration.conftest import Api, Clock
+from tests.integration.helpers import cron_spec, current_item, make
+from tests.integration.test_reconciler import materialize_until, stored
+
+OLD = ZoneSource("2025b", Path(__file__).parent.parent / "tzdata_2025b")
+NEW = tzdata_version()
+
+
+def at(text: str) -> int:
+    return epoch(f"2026-12-02T{text}Z")
+
+
+@pytest.fixture
+def old_rules() -> Iterator[None]:
+    use_zone_source(OLD)
+    yield
+    use_zone_source(None)
+
+
+def occurrences_of(aws: Services, sid: str) -> dict[str, dict[str, Any]]:
+    return {o["occurrence_id"]: o for o in stored(aws) if o["schedule_id"] == sid}
+
+
+def daily_nine_in_vancouver(aws: Services, clock: Clock) -> tuple[str, int]:
+    """A daily 09:00 America/Vancouver schedule made at 15:40Z under 2025b (09:00 = 17:00Z)
+    and planned by the materializer until 16:57Z (its 17:00Z occurrence made ahead)."""
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:57"), [shard], every=60)
+    assert occurrence_id(sid, 1, at("17:00")) in occurrences_of(aws, sid)
+    assert current_item(aws, sid)["tzdata"] == "2025b"
+    return sid, shard
+
+
+def test_the_reconciler_replans_a_schedule_whose_zone_rules_changed(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN the schedule planned under 2025b, its 17:00Z occurrence not yet receivable
+    sid, shard = daily_nine_in_vancouver(aws, clock)
+    old = occurrence_id(sid, 1, at("17:00"))
+    # WHEN the pinned release is deployed at 16:58Z and the reconciler runs
+    use_zone_source(None)
+    clock.now = at("16:58")
+    [result] = Reconciler(aws).run([shard], at("15:00"), at("16:00"))
+    # THEN it re-planned the schedule: the 17:00Z occurrence is canceled with the reason,
+    # and 09:00 (now 16:00Z, past) fires at once under its new id
+    assert result.replanned == [sid]
+    assert result.report.replanned == 1
+    found = occurrences_of(aws, sid)
+    assert found[old]["state"] == "CANCELED"
+    new = occurrence_id(sid, 1, at("16:00"))
+    assert (found[new]["state"], found[new]["available_at"]) == ("SCHEDULED", at("16:58"))
+    canceled = aws.occurrences.get(old)
+    assert canceled is not None
+    assert canceled.reason is not None
+    assert canceled.reason.startswith(f"time zone rules changed (tzdata 2025b -> {NEW})")
+    # AND the schedule records the release, its next fire tomorrow at 09:00 = 16:00Z
+    item = current_item(aws, sid)
+    assert item["tzdata"] == NEW
+    assert item["next_run_at"] == epoch("2026-12-03T16:00:00Z")
+    assert alice.get(f"/v1/schedules/{sid}").body["schedule"]["tzdata_version"] == NEW
+    # AND nothing more happens: a second run re-plans nothing, the materializer makes no
+    # second 09:00 today, and tomorrow's is made at its new instant
+    again = Reconciler(aws).run([shard], at("15:00"), at("16:00"))
+    assert again[0].replanned == []
+    materialize_until(aws, clock, epoch("2026-12-03T16:00:00Z"), [shard], every=300)
+    live = [o for o in occurrences_of(aws, sid).values() if o["state"] != "CANCELED"]
+    assert sorted(o["scheduled_for"] for o in live) == [at("16:00"), epoch("2026-12-03T16:00:00Z")]
+    # AND the reconciler's check of the day finds neither a gap nor a stray
+    clock.now = epoch("2026-12-03T18:05:00Z")
+    [day] = Reconciler(aws).run([shard], at("16:00"), at("17:00"))
+    assert day.missing == []
+    assert day.unexpected == []
+
+
+def test_the_materializer_replans_a_stale_schedule_before_it_steps_it(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN an every-five-minutes schedule in Vancouver from 08:00 to 09:55 local, planned
+    # under 2025b (16:00Z to 17:55Z) up to 16:50Z
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("*/5 8-9 * * *", "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:50"), [shard], every=60)
+    planned = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
+    assert planned[0] == at("16:00")  # 08:00 (old)
+    assert planned[-1] < at("16:55")
+    # WHEN the pinned release is deployed and the materializer ticks on (no reconciler)
+    use_zone_source(None)
+    materialize_until(aws, clock, at("18:10"), [shard], every=60)
+    # THEN it re-planned the schedule when its bucket came up, before stepping it: under
+    # the new rules 08:00-09:55 is 15:00Z-16:55Z, so after 16:55Z (09:55) nothing fires
+    # today, where the old rules would have gone on to 17:55Z
+    assert current_item(aws, sid)["tzdata"] == NEW
+    made = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
+    assert made == list(range(at("16:00"), at("17:00"), 300))
+    assert current_item(aws, sid)["next_run_at"] == epoch("2026-12-03T15:00:00Z")
+
+
+def test_a_schedule_in_a_zone_whose_rules_did_not_change_keeps_its_plan(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN a daily 18:00 Berlin schedule planned under 2025b
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("0 18 * * *", "Europe/Berlin"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:58"), [shard], every=60)
+    before = occurrences_of(aws, sid)
+    # WHEN the pinned release is deployed and the reconciler runs
+    use_zone_source(None)
+    [result] = Reconciler(aws).run([shard], at("15:00"), at("16:00"))
+    # THEN only the release is recorded: nothing canceled, nothing made
+    assert result.replanned == [sid]
+    assert occurrences_of(aws, sid) == before
+    assert current_item(aws, sid)["tzdata"] == NEW
+
+
+def test_a_wall_time_that_fired_is_not_fired_again_when_new_rules_give_it_a_later_instant(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a daily 09:00 Vancouver schedule under the pinned rules (09:00 = 16:00Z) whose
+    # fire of today went out at 16:00Z
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:30"), [shard], every=60)
+    assert sorted(occurrences_of(aws, sid)) == [occurrence_id(sid, 1, at("16:00"))]
+    # WHEN rules that put 09:00 at 17:00Z are deployed (2025b's: the mechanism does not
+    # care which release is newer), and the materializer goes on to the next day
+    use_zone_source(OLD)
+    try:
+        materialize_until(aws, clock, epoch("2026-12-03T17:10:00Z"), [shard], every=300)
+        # THEN today's 09:00 is not fired again at 17:00Z (nor late, tomorrow): tomorrow's
+        # fires at its instant under these rules
+        made = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
+        assert made == [at("16:00"), epoch("2026-12-03T17:00:00Z")]
+        # AND the reconciler takes today's 16:00Z for 09:00 (neither a stray, nor a gap)
+        clock.now = epoch("2026-12-03T19:05:00Z")
+        [day] = Reconciler(aws).run([shard], at("16:00"), at("18:00"))
+        assert day.unexpected == []
+        assert day.missing == []
+    finally:
+        use_zone_source(None)
+
+
+def test_each_wall_time_fires_once_across_a_change_the_materializer_meets_mid_plan(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an every-minute schedule for the 09:00 hour in Vancouver under the pinned rules
+    # (16:00Z-16:59Z), planned a few minutes ahead at 16:11Z
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("* 9 * * *", "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:11"), [shard], every=60)
+    ahead = [t for t in occurrences_of(aws, sid).values() if t["scheduled_for"] > at("16:12")]
+    assert ahead  # planned, not receivable yet
+    # WHEN rules that put 09:00 at 17:00Z are deployed, and the materializer goes on
+    use_zone_source(OLD)
+    try:
+        materialize_until(aws, clock, at("18:05"), [shard], every=60)
+    finally:
+        use_zone_source(None)
+    # THEN the occurrences planned ahead were canceled (their instants are no fire now) and
+    # every wall time of 09:00-09:59 fired once: 09:00-09:12 at the old instants, the rest
+    # at the new ones (17:13Z-17:59Z)
+    found = occurrences_of(aws, sid).values()
+    canceled = sorted(o["scheduled_for"] for o in found if o["state"] == "CANCELED")
+    assert canceled == sorted(o["scheduled_for"] for o in ahead)
+    live = sorted(o["scheduled_for"] for o in found if o["state"] != "CANCELED")
+    assert live == [*range(at("16:00"), at("16:13"), 60), *range(at("17:13"), at("18:00"), 60)]
