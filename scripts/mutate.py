@@ -114,7 +114,8 @@ MODULES = {
     "reconciler": Module(
         ("punctual/reconciler.py",),
         ("punctual.reconciler.",),
-        _tests("integration", "reconciler", "handlers") + _tests("unit", "reconciler_rules"),
+        _tests("integration", "reconciler", "handlers", "redrive", "tz_rules", "multi_region")
+        + _tests("unit", "reconciler_rules"),
     ),
     "tenancy": Module(
         ("punctual/tenancy.py",),

@@ -45,7 +45,7 @@ from punctual.services import Services
 from punctual.settings import Settings
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, client_error
 from tests.instants import epoch
-from tests.integration.conftest import Api, Clock, LambdaContextStub
+from tests.integration.conftest import Api, Clock, LambdaContextStub, bootstrap
 from tests.integration.helpers import (
     cron_spec,
     current_item,
@@ -306,6 +306,13 @@ def test_reconciler_repairs_late_gaps_under_each_misfire_policy(
     }
     states = {o["occurrence_id"]: o for o in stored(aws)}
     assert all(states[oid]["state"] == "MISSED" for oid in recorded)
+    skipped = aws.occurrences.get(occ("SKIP", gone[0]))
+    assert skipped is not None
+    assert skipped.reason == "reconciler: missing; later than max_lateness (300 s) under SKIP"
+    # AND a repaired occurrence is kept the retention (30 days) from its fire's instant
+    fired_once = aws.occurrences.get(occ("FIRE_ONCE", gone[2]))
+    assert fired_once is not None
+    assert fired_once.expires_at == gone[2] + 30 * 86400
     # catch-up_per_minute defaults to 600: one second apart, the earlier one first
     assert states[occ("CATCHUP", gone[1])]["available_at"] == at("12:05")
     assert states[occ("CATCHUP", gone[2])]["available_at"] == at("12:05") + 1
@@ -1151,3 +1158,123 @@ def test_read_reports_reads_the_window_asked_for(alice: Api, aws: Services, cloc
     [two] = read_reports(aws, at("10:00"), at("12:00"), shards=[0])
     assert (hour.window_end, two.window_end) == (at("11:00"), at("12:00"))
     assert read_reports(aws, at("10:00"), at("12:00"), shards=[1]) == []
+
+
+def test_reconciler_compresses_a_slow_catchup_pace_into_sqs_delay(aws: Services, clock: Clock):
+    # GIVEN a tenant that catches up one occurrence a minute, and its */5 CATCHUP schedule
+    # (limit 20) whose twelve instants of [10:00, 11:00) were all lost
+    carol = bootstrap("carol", "arn:aws:iam::111111111111:role/carol", catchup_per_minute=1)
+    assert carol
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 20}
+    sid = make(aws, "carol", spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    lost = set(range(at("10:00"), at("11:00"), 300))
+    materialize_until(aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    # WHEN the reconciler repairs them two hours later
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN all twelve fire, paced 60 s apart (the tenant's pace: 11 x 60 s fits in SQS's
+    # delay), the earliest first
+    assert len(ids(results, "fired")) == 12
+    made = sorted(
+        (o["scheduled_for"], o["available_at"])
+        for o in stored(aws, since=at("10:00"), until=at("11:00"))
+    )
+    assert [a for _, a in made] == [at("12:05") + 60 * k for k in range(12)]
+
+
+def test_reconciler_compresses_a_pace_too_slow_for_sqs(aws: Services, clock: Clock):
+    # GIVEN a tenant that catches up one occurrence a minute, and its */3 CATCHUP schedule
+    # (limit 20) whose twenty instants of [10:00, 11:00) were all lost
+    bootstrap("carol", "arn:aws:iam::111111111111:role/carol", catchup_per_minute=1)
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 20}
+    sid = make(aws, "carol", spec=cron_spec("*/3 * * * *"), misfire=misfire)
+    lost = set(range(at("10:00"), at("11:00"), 180))
+    materialize_until(aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    # WHEN the reconciler repairs them
+    clock.now = at("12:05")
+    reconcile(aws, at("10:00"), at("11:00"))
+    # THEN 19 x 60 s would pass SQS's 900 s of delay: the pace is compressed to 840 // 19
+    made = sorted(o["available_at"] for o in stored(aws, since=at("10:00"), until=at("11:00")))
+    assert made == [at("12:05") + 44 * k for k in range(20)]
+
+
+def test_reconciler_repairs_a_single_late_catchup_gap(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a CATCHUP schedule with one lost instant, repaired late
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 3}
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    materialize_until(
+        aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:15")
+    )
+    clock.now = at("12:05")
+    # THEN it fires now (a pace needs two)
+    assert ids(reconcile(aws, at("10:00"), at("11:00")), "fired") == {
+        occurrence_id(sid, 1, at("10:15"))
+    }
+
+
+def test_reconciler_repairs_more_gaps_than_one_transaction_holds(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an every-minute schedule (FIRE_ONCE, a week of lateness tolerance) whose 150
+    # instants of [10:00, 12:30) were all lost
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 7 * 86400, "catchup_limit": 1000}
+    sid = make(aws, spec=cron_spec("* * * * *"), misfire=misfire)
+    lost = set(range(at("10:00"), at("12:30"), 60))
+    materialize_until(aws, clock, at("12:40"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    # WHEN the reconciler repairs the 150 minutes at once (99 puts per transaction)
+    clock.now = at("12:45")
+    [result] = reconcile(aws, at("10:00"), at("12:30"), shards=shards_of(aws, [sid]))
+    # THEN every one is made once, none left as a conflict
+    assert len(result.fired) == 150
+    assert result.report.repair_conflicts == 0
+    made = [o["scheduled_for"] for o in stored(aws, since=at("10:00"), until=at("12:30"))]
+    assert sorted(made) == sorted(lost)
+
+
+def test_reconciler_counts_every_refused_chunk_of_a_large_repair(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN 150 lost instants of an every-minute schedule, and every repair transaction refused
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 7 * 86400, "catchup_limit": 1000}
+    sid = make(aws, spec=cron_spec("* * * * *"), misfire=misfire)
+    lost = set(range(at("10:00"), at("12:30"), 60))
+    materialize_until(aws, clock, at("12:40"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    faults = Faults(FaultPlan.none(), clock)
+
+    def refuse(_: str, request: dict[str, Any]) -> None:
+        if any("Put" in a for a in request["TransactItems"]):
+            error = client_error("TransactionCanceledException", "TransactWriteItems")
+            error.response["CancellationReasons"] = [{"Code": "TransactionConflict"}]
+            raise error
+
+    faults.before["transact_write_items"] = refuse
+    racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN the reconciler repairs them
+    clock.now = at("12:45")
+    [result] = Reconciler(racing).run(shards_of(aws, [sid]), at("10:00"), at("12:30"))
+    # THEN all 150 (in two chunks each round) are counted as conflicts for the next run
+    assert result.report.repair_conflicts == 150
+    assert result.fired == []
+
+
+def test_reconciler_records_a_lone_superseded_gap_missed(alice: Api, aws: Services, clock: Clock):
+    # GIVEN a */5 schedule whose 10:15 was lost, updated at 10:22: its only gap is version 1's
+    clock.now = at("09:40")
+    misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 7 * 86400}
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("10:20"), shards, skip=lambda s, t: t == at("10:15"))
+    clock.now = at("10:22")
+    ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    materialize_until(aws, clock, at("11:10"), shards)
+    # WHEN the reconciler repairs [10:00, 11:00)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN that gap alone is recorded MISSED (the transaction checks only the version)
+    assert ids(results, "recorded_missed") == {occurrence_id(sid, 1, at("10:15"))}
+    assert not ids(results, "fired")

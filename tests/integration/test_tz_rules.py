@@ -47,6 +47,7 @@ def daily_nine_in_vancouver(aws: Services, clock: Clock) -> tuple[str, int]:
     clock.now = at("15:40")
     sid = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
     shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:41"), [shard], every=600)  # then the clock is 16:50
     materialize_until(aws, clock, at("16:57"), [shard], every=60)
     assert occurrence_id(sid, 1, at("17:00")) in occurrences_of(aws, sid)
     assert current_item(aws, sid)["tzdata"] == "2025b"
@@ -62,7 +63,7 @@ def test_the_reconciler_replans_a_schedule_whose_zone_rules_changed(
     # WHEN the pinned release is deployed at 16:58Z and the reconciler runs
     use_zone_source(None)
     clock.now = at("16:58")
-    [result] = Reconciler(aws).run([shard], at("15:00"), at("16:00"))
+    [result] = Reconciler(aws).run([shard], at("16:00"), at("16:58"))
     # THEN it re-planned the schedule: the 17:00Z occurrence is canceled with the reason,
     # and 09:00 (now 16:00Z, past) fires at once under its new id
     assert result.replanned == [sid]
@@ -82,9 +83,9 @@ def test_the_reconciler_replans_a_schedule_whose_zone_rules_changed(
     assert alice.get(f"/v1/schedules/{sid}").body["schedule"]["tzdata_version"] == NEW
     # AND nothing more happens: a second run re-plans nothing, the materializer makes no
     # second 09:00 today, and tomorrow's is made at its new instant
-    again = Reconciler(aws).run([shard], at("15:00"), at("16:00"))
+    again = Reconciler(aws).run([shard], at("16:00"), at("16:58"))
     assert again[0].replanned == []
-    materialize_until(aws, clock, epoch("2026-12-03T16:00:00Z"), [shard], every=300)
+    materialize_until(aws, clock, epoch("2026-12-03T16:00:00Z"), [shard], every=1800)
     live = [o for o in occurrences_of(aws, sid).values() if o["state"] != "CANCELED"]
     assert sorted(o["scheduled_for"] for o in live) == [at("16:00"), epoch("2026-12-03T16:00:00Z")]
     # AND the reconciler's check of the day finds neither a gap nor a stray
@@ -125,7 +126,7 @@ def test_a_schedule_in_a_zone_whose_rules_did_not_change_keeps_its_plan(
     clock.now = at("15:40")
     sid = make(aws, spec=cron_spec("0 18 * * *", "Europe/Berlin"))
     shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, at("16:58"), [shard], every=60)
+    materialize_until(aws, clock, at("16:55"), [shard], every=300)
     before = occurrences_of(aws, sid)
     # WHEN the pinned release is deployed and the reconciler runs
     use_zone_source(None)
@@ -141,16 +142,16 @@ def test_a_wall_time_that_fired_is_not_fired_again_when_new_rules_give_it_a_late
 ):
     # GIVEN a daily 09:00 Vancouver schedule under the pinned rules (09:00 = 16:00Z) whose
     # fire of today went out at 16:00Z
-    clock.now = at("15:40")
+    clock.now = at("15:55")
     sid = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
     shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, at("16:30"), [shard], every=60)
+    materialize_until(aws, clock, at("16:30"), [shard], every=300)
     assert sorted(occurrences_of(aws, sid)) == [occurrence_id(sid, 1, at("16:00"))]
     # WHEN rules that put 09:00 at 17:00Z are deployed (2025b's: the mechanism does not
     # care which release is newer), and the materializer goes on to the next day
     use_zone_source(OLD)
     try:
-        materialize_until(aws, clock, epoch("2026-12-03T17:10:00Z"), [shard], every=300)
+        materialize_until(aws, clock, epoch("2026-12-03T17:10:00Z"), [shard], every=1800)
         # THEN today's 09:00 is not fired again at 17:00Z (nor late, tomorrow): tomorrow's
         # fires at its instant under these rules
         made = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())

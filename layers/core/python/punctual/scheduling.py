@@ -54,7 +54,7 @@ from punctual.planning import MAX_CATCHUP_SPREAD, plan
 from punctual.principals import PrincipalError, normalize_principal
 from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
-from punctual.timing import Fire, get_zone, preview, utc_text
+from punctual.timing import Fire, get_zone, preview, tzdata_version, utc_text
 
 PREVIEW_COUNT = 5
 # Plans re-made when the materializer's walk overtakes a change before it commits (or the
@@ -578,6 +578,9 @@ class ControlPlane:
     ) -> Saved:
         shard = shard_of(schedule.schedule_id, self.settings.shard_count)
         until = now + self.settings.planned_horizon_seconds
+        # Planned now, under the rules in use: the release is recorded (punctual.rezone).
+        release = tzdata_version() if schedule.zone_name is not None else None
+        schedule = schedule.model_copy(update={"tzdata_version": release})
         for _ in range(WALK_RETRIES):
             try:
                 return self._write(
