@@ -1215,16 +1215,22 @@ def test_reconciler_repairs_a_single_late_catchup_gap(alice: Api, aws: Services,
     }
 
 
-def test_reconciler_repairs_more_gaps_than_one_transaction_holds(
-    alice: Api, aws: Services, clock: Clock
-):
-    # GIVEN an every-minute schedule (FIRE_ONCE, a week of lateness tolerance) whose 150
-    # instants of [10:00, 12:30) were all lost
+def every_minute_losing_150(aws: Services, clock: Clock) -> tuple[str, set[int]]:
+    """An every-minute CATCHUP schedule (a week of lateness tolerance, limit 1,000) whose
+    150 instants of [10:00, 12:30) the materializer dropped: more than one transaction."""
     clock.now = at("09:40")
     misfire = {"action": "CATCHUP", "max_lateness_seconds": 7 * 86400, "catchup_limit": 1000}
     sid = make(aws, spec=cron_spec("* * * * *"), misfire=misfire)
     lost = set(range(at("10:00"), at("12:30"), 60))
     materialize_until(aws, clock, at("12:40"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    return sid, lost
+
+
+def test_reconciler_repairs_more_gaps_than_one_transaction_holds(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an every-minute schedule whose 150 instants of [10:00, 12:30) were all lost
+    sid, lost = every_minute_losing_150(aws, clock)
     # WHEN the reconciler repairs the 150 minutes at once (99 puts per transaction)
     clock.now = at("12:45")
     [result] = reconcile(aws, at("10:00"), at("12:30"), shards=shards_of(aws, [sid]))
@@ -1239,11 +1245,7 @@ def test_reconciler_counts_every_refused_chunk_of_a_large_repair(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN 150 lost instants of an every-minute schedule, and every repair transaction refused
-    clock.now = at("09:40")
-    misfire = {"action": "CATCHUP", "max_lateness_seconds": 7 * 86400, "catchup_limit": 1000}
-    sid = make(aws, spec=cron_spec("* * * * *"), misfire=misfire)
-    lost = set(range(at("10:00"), at("12:30"), 60))
-    materialize_until(aws, clock, at("12:40"), shards_of(aws, [sid]), skip=lambda s, t: t in lost)
+    sid, _ = every_minute_losing_150(aws, clock)
     faults = Faults(FaultPlan.none(), clock)
 
     def refuse(_: str, request: dict[str, Any]) -> None:

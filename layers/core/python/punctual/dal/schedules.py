@@ -122,6 +122,25 @@ def _cursor_unchanged(schedule: Schedule) -> tuple[str, dict[str, Any]]:
     )
 
 
+def _cursor_sets(cursor: Cursor, placed: int, shard: int) -> tuple[list[str], dict[str, Any]]:
+    """SET clauses and values writing ``cursor``, its due bucket at the minute of ``placed``."""
+    return (
+        [
+            "planned_until = :h",
+            "next_run_at = :n",
+            "next_available_at = :a",
+            "due_at = :a",
+            "due_bucket = :b",
+        ],
+        {
+            "h": cursor.planned_until,
+            "n": cursor.next_run_at,
+            "a": cursor.next_available_at,
+            "b": due_bucket(placed, shard),
+        },
+    )
+
+
 def homed_in(schedule: Schedule, region: str) -> bool:
     """The region's materializer and reconciler act on the schedule: its home, or a
     schedule written before homes were recorded (homed nowhere)."""
@@ -430,19 +449,9 @@ class ScheduleStore:
             named["completed"] = ScheduleState.COMPLETED.value
         else:
             assert cursor.next_available_at is not None
-            sets += [
-                "planned_until = :h",
-                "next_run_at = :n",
-                "next_available_at = :a",
-                "due_at = :a",
-                "due_bucket = :b",
-            ]
-            named |= {
-                "h": cursor.planned_until,
-                "n": cursor.next_run_at,
-                "a": cursor.next_available_at,
-                "b": due_bucket(cursor.next_available_at, stored.shard),
-            }
+            clauses, written = _cursor_sets(cursor, cursor.next_available_at, stored.shard)
+            sets += clauses
+            named |= written
             if schedule.zone_name is not None:
                 # The caller plans a schedule only under the rules it was planned with
                 # (punctual.rezone re-plans it first): the release stays, or is recorded.
@@ -542,20 +551,9 @@ class ScheduleStore:
         if cursor is not None and cursor.next_available_at is not None:
             assert placed is not None
             assert schedule.planned_until is not None
-            sets += [
-                "planned_until = :h",
-                "next_run_at = :n",
-                "next_available_at = :a",
-                "due_at = :a",
-                "due_bucket = :b",
-            ]
-            named |= {
-                "h": cursor.planned_until,
-                "n": cursor.next_run_at,
-                "a": cursor.next_available_at,
-                "b": due_bucket(placed, stored.shard),
-                "old": schedule.planned_until,
-            }
+            clauses, written = _cursor_sets(cursor, placed, stored.shard)
+            sets += clauses
+            named |= written | {"old": schedule.planned_until}
             moved = " AND planned_until = :old"
         else:
             moved = ""
