@@ -56,7 +56,6 @@ class Replanned:
     after: str
     canceled: list[str] = field(default_factory=list)
     made: list[str] = field(default_factory=list)
-    next_run_at: int | None = None
 
 
 REASON = "time zone rules changed"  # how a re-plan's CANCELED occurrences begin their reason
@@ -176,7 +175,6 @@ def _plan(
         cursor = Cursor(cursor.planned_until, None, cursor.planned_until)
     assert cursor.next_available_at is not None
     placed = max(cursor.next_available_at, walked + 2 * 60)
-    done.next_run_at = cursor.next_run_at
     actions.append(("schedule", services.schedules.replanned(stored, cursor, placed, version)))
     actions.append(("shard", services.leases.not_walked(stored.shard, minute_of(placed))))
     if len(actions) > MAX_ACTIONS:

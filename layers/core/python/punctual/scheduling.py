@@ -427,8 +427,8 @@ class ControlPlane:
                     "backfilled",
                     state=schedule.state.value,
                 )
-            limit = self.tenants.get(tenant_id).quotas.max_backfill_occurrences
-            fires = _fires_in(schedule, since, until, limit)
+            quotas = self.tenants.get(tenant_id).quotas
+            fires = _fires_in(schedule, since, until, quotas.max_backfill_occurrences)
             # Consistent: an occurrence made a moment ago (a repair, an earlier backfill) is
             # one this backfill must not make again.
             stored_ones = self.occurrences.in_window(
@@ -465,7 +465,7 @@ class ControlPlane:
                 # of the same gap then meets this occurrence instead of making a second.
                 mark = None if owned and fire not in regular else tag
                 todo.append(occurrence_id(schedule_id, schedule.version, fire, mark))
-            made = self._backfilled(schedule, todo)
+            made = self._backfilled(schedule, todo, quotas.catchup_pace)
             result = Backfilled(
                 len(fires), len(fires) - planned - len(todo), planned, made, dry_run
             )
@@ -480,11 +480,10 @@ class ControlPlane:
             return result
         raise Retryable("concurrent changes kept refusing this backfill; retry")
 
-    def _backfilled(self, schedule: Schedule, ids: list[str]) -> list[Occurrence]:
+    def _backfilled(self, schedule: Schedule, ids: list[str], pace: int) -> list[Occurrence]:
         """The occurrences of ``ids`` (in time order), paced from now: the tenant's catch-up
         pace, compressed to fit SQS's delay as the materializer's catch-up is."""
         now = self._now()
-        pace = self.tenants.get(schedule.tenant_id).quotas.catchup_pace
         gaps = max(1, len(ids) - 1)
         retention = self.settings.retention_days * 86400
         made = []
