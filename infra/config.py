@@ -72,6 +72,9 @@ class AlarmThresholds(BaseModel):
     # Oldest unread outbox record: strict occurrences are planned `lookahead_seconds`
     # ahead, so a relay this far behind is eating into that margin.
     stream_iterator_age_seconds: int = Field(default=60, ge=1, le=86_400)
+    # The catch-up lane's oldest unread record: a catch-up waits by design, but its records
+    # leave the stream after 6 hours (the mapping's maximum record age).
+    catchup_iterator_age_seconds: int = Field(default=3600, ge=1, le=21_600)
     # Entries SQS refused in 5 minutes (the stream retries them; a steady count is not normal).
     relay_send_failures: int = Field(default=0, ge=0)
     # Failed or timed-out ticks plus materializer Lambda errors in 5 minutes.
@@ -92,6 +95,9 @@ class DeployConfig(BaseModel):
     shard_group_size: int = Field(default=8, ge=1, le=256)
     map_concurrency: int = Field(default=40, ge=1, le=MAX_CONCURRENCY)
     relay_parallelization_factor: int = Field(default=10, ge=1, le=10)
+    # The catch-up lane's batches per stream shard at once: its Lambda concurrency is at
+    # most this times the shards, whatever the catch-up's size (docs/operations.md).
+    catchup_parallelization_factor: int = Field(default=2, ge=1, le=10)
     # Groups reconciled at once: the hourly run's groups must fit its 55 minutes.
     reconcile_concurrency: int = Field(default=32, ge=1, le=MAX_CONCURRENCY)
     # Shards per reconciler invocation: each reads every schedule of its shards (about

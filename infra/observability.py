@@ -95,6 +95,7 @@ class Watched:
     materializer: lambda_.Function
     ticker: sfn.StateMachine
     relay: lambda_.Function
+    catchup_relay: lambda_.Function
     relay_failures: sqs.Queue
     reconciler: lambda_.Function
     reconciler_machine: sfn.StateMachine
@@ -194,6 +195,15 @@ class Observability(Construct):
             "The relay is behind the outbox stream: occurrences wait to be sent.",
             evaluation_periods=3,
             datapoints=3,
+        )
+        self._alarm(
+            "CatchupIteratorAge",
+            w.catchup_relay.metric("IteratorAge", statistic="Maximum", period=MINUTE),
+            t.catchup_iterator_age_seconds * 1000,
+            "The catch-up lane's relay is far behind the outbox stream: catch-up occurrences "
+            "wait, and leave the stream unsent after 6 hours (the re-drive then sends them).",
+            evaluation_periods=5,
+            datapoints=5,
         )
         self._alarm(
             "RelayUndelivered",
@@ -353,6 +363,7 @@ class Observability(Construct):
             "api": w.api_function,
             "materializer": w.materializer,
             "relay": w.relay,
+            "catch-up relay": w.catchup_relay,
             "reconciler": w.reconciler,
         }
 
@@ -386,6 +397,11 @@ class Observability(Construct):
             graph(
                 "Schedule lag (s): receivable minus scheduled_for",
                 lag,
+                right=[
+                    punctual_metric(
+                        "EnqueueLagCatchup", "p99", label="catch-up p99 (behind its pace)"
+                    )
+                ],
                 annotations=[
                     cw.HorizontalAnnotation(
                         value=t.strict_lag_p99_seconds, label="strict p99 alarm"
@@ -407,7 +423,14 @@ class Observability(Construct):
         dashboard.add_widgets(
             graph(
                 "Outbox stream iterator age (ms)",
-                [w.relay.metric("IteratorAge", statistic="Maximum", period=MINUTE)],
+                [
+                    w.relay.metric(
+                        "IteratorAge", statistic="Maximum", period=MINUTE, label="on time"
+                    ),
+                    w.catchup_relay.metric(
+                        "IteratorAge", statistic="Maximum", period=MINUTE, label="catch-up"
+                    ),
+                ],
             ),
             graph(
                 "Errors",

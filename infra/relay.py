@@ -5,7 +5,10 @@ again (punctual.redrive)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from aws_cdk import Duration
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
@@ -17,6 +20,7 @@ from infra.data import DataReferences, TableGrants
 from infra.functions import FunctionDefaults, python_function
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import OCCURRENCE_PREFIX
+from punctual.models import Lane
 
 REDRIVE_TIMEOUT_SECONDS = 60
 
@@ -31,27 +35,33 @@ class Relaying(Construct):
         queues: TargetQueueAccess,
         defaults: FunctionDefaults,
         parallelization_factor: int,
+        catchup_parallelization_factor: int,
     ) -> None:
         super().__init__(scope, construct_id)
         occurrences = data.tables["occurrences_table"]
         stream_arn = occurrences.table_stream_arn
         assert stream_arn is not None, "the occurrences table is the outbox: it has a stream"
-        self.function = python_function(
-            self,
-            "Function",
-            handler="relay.handler.lambda_handler",
-            defaults=defaults,
-            # A batch of 500 is one BatchGetItem per 100, SendMessageBatch per 10 with up
-            # to 3 tries: seconds normally, a minute
-            # leaves room for throttled retries before the mapping retries the batch.
-            timeout=Duration.seconds(60),
-            # Sends run on 8 threads; more memory is more CPU for the JSON and TLS work.
-            memory_mb=1024,
-            description="Sends inserted occurrences to their tenant's SQS queue",
-            any_resource_reasons=(
-                "dynamodb:ListStreams (the event source mapping) has no resource-level permission.",
-            ),
-        )
+
+        def relay_function(construct_id: str, handler: str, what: str) -> lambda_.Function:
+            return python_function(
+                self,
+                construct_id,
+                handler=handler,
+                defaults=defaults,
+                # A batch of 500 is SendMessageBatch per 10 with up to 3 tries: seconds
+                # normally; a minute leaves room for throttled retries before the mapping
+                # retries the batch.
+                timeout=Duration.seconds(60),
+                # Sends run on 8 threads; more memory is more CPU for the JSON and TLS work.
+                memory_mb=1024,
+                description=f"Sends inserted {what} to their tenant's SQS queue",
+                any_resource_reasons=(
+                    "dynamodb:ListStreams (the event source mapping) has no resource-level "
+                    "permission.",
+                ),
+            )
+
+        self.function = relay_function("Function", "relay.handler.lambda_handler", "occurrences")
         # Exactly what the relay's code calls (tests/infrastructure/inventory.txt): it reads
         # the batch's occurrences and the targets' queue URLs, settles an occurrence whose
         # target is gone as DEAD, and sends (SendMessageBatch is authorized as SendMessage).
@@ -60,8 +70,12 @@ class Relaying(Construct):
             ("occurrences_table", None): ("UpdateItem",),
             ("tenants_table", None): ("GetItem",),
         }
-        data.grant(self.function, sending)
-        queues.grant(self.function, "SendMessage")
+
+        def grant_sending(function: lambda_.Function) -> None:
+            data.grant(function, sending)
+            queues.grant(function, "SendMessage")
+
+        grant_sending(self.function)
         self.failures = sqs.Queue(
             self,
             "UndeliveredBatches",
@@ -88,8 +102,7 @@ class Relaying(Construct):
             description="Reads a stream batch the relay gave up on back and relays it again",
         )
         # The relay's own sends, and the stream read back (GetShardIterator, GetRecords).
-        data.grant(self.redrive, sending)
-        queues.grant(self.redrive, "SendMessage")
+        grant_sending(self.redrive)
         self.redrive.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:GetShardIterator", "dynamodb:GetRecords"],
@@ -101,33 +114,73 @@ class Relaying(Construct):
             sources.SqsEventSource(self.failures, batch_size=1, report_batch_item_failures=True)
         )
         self.function.add_event_source(
-            sources.DynamoEventSource(
+            _mapping(
                 occurrences,
-                starting_position=lambda_.StartingPosition.TRIM_HORIZON,
-                batch_size=500,
-                # Shards of the stream are read this many batches at a time; records of
-                # one occurrence stay in order because they share a partition key.
-                parallelization_factor=parallelization_factor,
-                bisect_batch_on_error=True,
-                retry_attempts=10,
-                max_record_age=Duration.hours(6),
-                report_batch_item_failures=True,
-                on_failure=sources.SqsDlq(self.failures),
-                filters=[
-                    # The outbox: an occurrence item's INSERT. State changes and attempts
-                    # never invoke the relay.
-                    lambda_.FilterCriteria.filter(
-                        {
-                            "eventName": lambda_.FilterRule.is_equal("INSERT"),
-                            "dynamodb": {
-                                "NewImage": {
-                                    "sk": {"S": lambda_.FilterRule.begins_with(OCCURRENCE_PREFIX)},
-                                    # Inserted SCHEDULED: a repair's MISSED record is not sent.
-                                    "state": {"S": lambda_.FilterRule.is_equal("SCHEDULED")},
-                                }
-                            },
-                        }
-                    )
-                ],
+                self.failures,
+                parallelization_factor,
+                # The on-time lane: no lane attribute.
+                lambda_.FilterRule.not_exists(),
             )
         )
+        # The catch-up lane (punctual.models.Lane): the same code and grants, its own
+        # function, role and mapping. Both mappings read every shard of the stream, each at
+        # its own position, so a catch-up of any size never sits ahead of fires due now;
+        # its few batches at once bound the Lambda concurrency it takes.
+        self.catchup = relay_function(
+            "Catchup", "relay.catchup.lambda_handler", "catch-up occurrences"
+        )
+        grant_sending(self.catchup)
+        self.catchup.add_event_source(
+            _mapping(
+                occurrences,
+                self.failures,
+                catchup_parallelization_factor,
+                {"S": lambda_.FilterRule.is_equal(Lane.CATCHUP.value)},
+                # Paced occurrences, receivable seconds to minutes ahead: fuller batches.
+                batching_window=Duration.seconds(5),
+            )
+        )
+        # Which lane's batch failed: the re-drive re-sends only that lane's records.
+        self.redrive.add_environment("PUNCTUAL_CATCHUP_RELAY_FUNCTION", self.catchup.function_name)
+
+
+def _mapping(
+    occurrences: dynamodb.ITable,
+    failures: sqs.Queue,
+    parallelization_factor: int,
+    lane: Any,
+    batching_window: Duration | None = None,
+) -> sources.DynamoEventSource:
+    """The event source mapping of one lane: inserted SCHEDULED occurrence items whose
+    ``lane`` attribute matches ``lane`` (as punctual.integrations.streams.wanted)."""
+    return sources.DynamoEventSource(
+        occurrences,
+        starting_position=lambda_.StartingPosition.TRIM_HORIZON,
+        batch_size=500,
+        max_batching_window=batching_window,
+        # Shards of the stream are read this many batches at a time; records of
+        # one occurrence stay in order because they share a partition key.
+        parallelization_factor=parallelization_factor,
+        bisect_batch_on_error=True,
+        retry_attempts=10,
+        max_record_age=Duration.hours(6),
+        report_batch_item_failures=True,
+        on_failure=sources.SqsDlq(failures),
+        filters=[
+            # The outbox: an occurrence item's INSERT. State changes and attempts
+            # never invoke the relay.
+            lambda_.FilterCriteria.filter(
+                {
+                    "eventName": lambda_.FilterRule.is_equal("INSERT"),
+                    "dynamodb": {
+                        "NewImage": {
+                            "sk": {"S": lambda_.FilterRule.begins_with(OCCURRENCE_PREFIX)},
+                            # Inserted SCHEDULED: a repair's MISSED record is not sent.
+                            "state": {"S": lambda_.FilterRule.is_equal("SCHEDULED")},
+                            "lane": lane,
+                        }
+                    },
+                }
+            )
+        ],
+    )

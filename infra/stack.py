@@ -87,6 +87,7 @@ class PunctualStack(cdk.Stack):
             queues=queues,
             defaults=defaults,
             parallelization_factor=config.relay_parallelization_factor,
+            catchup_parallelization_factor=config.catchup_parallelization_factor,
         )
         self.reconciliation = Reconciliation(
             self,
@@ -107,6 +108,7 @@ class PunctualStack(cdk.Stack):
                 materializer=self.materialization.function,
                 ticker=self.materialization.state_machine,
                 relay=self.relaying.function,
+                catchup_relay=self.relaying.catchup,
                 relay_failures=self.relaying.failures,
                 reconciler=self.reconciliation.function,
                 reconciler_machine=self.reconciliation.state_machine,

@@ -98,7 +98,7 @@ MODULES = {
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),
         ("punctual.materializer.", "punctual.planning."),
-        _tests("integration", "materializer", "handlers"),
+        _tests("integration", "materializer", "handlers", "tz_rules"),
     ),
     "relay": Module(
         ("punctual/relay.py", "punctual/redrive.py", "punctual/message.py"),

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from punctual.ids import shard_groups
+from punctual.models import Lane
 from punctual.observability import logger
 from punctual.timing import utc_text
 from punctual_client.logs import plain_logs
@@ -65,7 +66,13 @@ class StackOptions:
     poll_seconds: float = 0.5
 
 
-HANDLERS = ("api.handler", "materializer.handler", "relay.handler", "reconciler.handler")
+HANDLERS = (
+    "api.handler",
+    "materializer.handler",
+    "relay.handler",
+    "relay.catchup",
+    "reconciler.handler",
+)
 
 
 def _handler(root: Path, module: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
@@ -74,6 +81,10 @@ def _handler(root: Path, module: str) -> Callable[[dict[str, Any], Any], dict[st
     if functions not in sys.path:
         sys.path.insert(0, functions)
     return importlib.import_module(module).lambda_handler  # type: ignore[no-any-return]
+
+
+def _relay_handler(root: Path, module: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda event: _handler(root, module)(event, LambdaContext("relay", 60, time.time))
 
 
 def load_handlers(root: Path) -> list[str]:
@@ -250,16 +261,21 @@ class LocalStack:
         self._serving = True
         self._loop("engine-watch", self._revive, WATCH_SECONDS)
         self._loop("ticker", self._tick, options.tick_seconds, aligned=True)
-        poller = StreamPoller(
-            services.dynamodb,
-            _client("dynamodbstreams"),
-            services.settings.occurrences_table,
-            lambda event: _handler(self.options.functions, "relay.handler")(
-                event, LambdaContext("relay", 60, time.time)
-            ),
-            options.data / "streams.json",
-        )
-        self._loop("stream-poller", poller.poll_once, options.poll_seconds)
+        # One poller per lane, as each lane has its own event source mapping (infra/relay.py).
+        for lane, module, checkpoints in (
+            (None, "relay.handler", "streams.json"),
+            (Lane.CATCHUP.value, "relay.catchup", "streams-catchup.json"),
+        ):
+            poller = StreamPoller(
+                services.dynamodb,
+                _client("dynamodbstreams"),
+                services.settings.occurrences_table,
+                _relay_handler(options.functions, module),
+                options.data / checkpoints,
+                lane=lane,
+                seed=options.data / "streams.json",
+            )
+            self._loop(f"stream-poller-{module}", poller.poll_once, options.poll_seconds)
         if "reconciler.handler" in handlers:
             self._loop("reconciler", self._reconcile, options.reconcile_seconds, aligned=True)
 

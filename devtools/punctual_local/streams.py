@@ -1,6 +1,6 @@
 """The local stand-in for the Lambda event source mapping on the occurrences stream.
 
-Like the mapping: records are filtered (INSERT of occurrence items only), handed to the
+Like a mapping: records are filtered (INSERT of occurrence items only, of one lane), handed to the
 relay handler in batches, and a record the handler reports as a batch item failure is
 retried from that record on (after a pause), so nothing is skipped. The position in
 each shard is checkpointed to a file, so a restarted stack carries on where it stopped;
@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from punctual.integrations.streams import event_record, wanted
+from punctual.integrations.streams import ANY_LANE, event_record, wanted
 from punctual.observability import logger
 
 BatchHandler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -34,20 +34,30 @@ class StreamPoller:
         table: str,
         handler: BatchHandler,
         checkpoints: Path,
+        lane: str | None = ANY_LANE,
+        seed: Path | None = None,
     ) -> None:
+        """``lane``: the records this poller hands over (``wanted``), as one lane's mapping.
+        ``seed``: checkpoints to start from when ``checkpoints`` does not exist yet (a lane
+        added to a stack that has run: its records before were sent by the other poller)."""
         self._dynamodb = dynamodb
         self._streams = streams
         self._table = table
         self._handler = handler
         self._checkpoints = checkpoints
+        self._lane = lane
+        self._seed = seed
         self._iterators: dict[str, str | None] = {}
         self._positions: dict[str, str] = {}
         self._stream_arn: str | None = None
         self._retry_after: dict[str, float] = {}
 
     def _load(self, stream_arn: str) -> None:
+        source = self._checkpoints
+        if self._seed is not None and not source.exists():
+            source = self._seed
         try:
-            saved = json.loads(self._checkpoints.read_text())
+            saved = json.loads(source.read_text())
         except (OSError, ValueError):
             saved = {}
         self._positions = dict(saved.get(stream_arn, {}))
@@ -111,14 +121,14 @@ class StreamPoller:
                     self._positions[shard_id] = done[-1]["dynamodb"]["SequenceNumber"]
                 self._iterators[shard_id] = self._iterator(shard_id)
                 self._retry_after[shard_id] = time.monotonic() + RETRY_PAUSE_SECONDS
-            handed += len([r for r in records if wanted(r)])
+            handed += len([r for r in records if wanted(r, self._lane)])
         self._save()
         return handed
 
     def _deliver(self, records: list[dict[str, Any]]) -> int | None:
         """Hand the wanted records to the relay; the first failed sequence number, if any."""
         assert self._stream_arn is not None
-        batch = [event_record(r, self._stream_arn) for r in records if wanted(r)]
+        batch = [event_record(r, self._stream_arn) for r in records if wanted(r, self._lane)]
         for start in range(0, len(batch), BATCH_SIZE):
             part = batch[start : start + BATCH_SIZE]
             try:

@@ -1,4 +1,7 @@
-"""Relay Lambda: the occurrences stream (INSERTs of occurrence items) -> tenant SQS queues."""
+"""Relay Lambda: the occurrences stream (INSERTs of occurrence items) -> tenant SQS queues.
+
+Two functions run this code, one per lane (infra/relay.py): each one's event source mapping
+hands it its lane's records only."""
 
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
             unit=MetricUnit.Seconds,
             value=lag,
         )
+    for lag in report.catchup_lags:
+        metrics.add_metric(name="EnqueueLagCatchup", unit=MetricUnit.Seconds, value=lag)
     metrics.add_metric(name="Relayed", unit=MetricUnit.Count, value=report.sent)
     metrics.add_metric(name="RelaySendFailures", unit=MetricUnit.Count, value=len(report.failures))
     metrics.add_metric(name="DeadUnknownTarget", unit=MetricUnit.Count, value=report.dead)

@@ -29,7 +29,11 @@ configure = wiring.configure  # tests and the local stack hand their services in
 
 
 def _redrive(services: Services) -> StreamRedrive:
-    return StreamRedrive(boto3.client("dynamodbstreams"), Relay(services))
+    return StreamRedrive(
+        boto3.client("dynamodbstreams"),
+        Relay(services),
+        services.settings.catchup_relay_function,
+    )
 
 
 def record_handler(record: SQSRecord) -> None:

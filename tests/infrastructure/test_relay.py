@@ -2,46 +2,140 @@
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
 from aws_cdk.assertions import Match, Template
 
-from .conftest import actions_of, render, resources_of, role_statements
+from punctual.integrations.streams import wanted
+from punctual.models import Lane
+
+from .conftest import actions_of, function_id, render, resources_of, role_statements
 
 HANDLER = "relay.handler.lambda_handler"
+CATCHUP_HANDLER = "relay.catchup.lambda_handler"
 
 
-def test_relay_reads_only_occurrence_inserts_and_reports_item_failures(service: Template):
-    # THEN the stream mapping filters to occurrence INSERTs made SCHEDULED (a repair's
-    # MISSED record is never sent), reports partial failures,
-    # bisects, bounds retries and keeps what it could not deliver
-    service.has_resource_properties(
-        "AWS::Lambda::EventSourceMapping",
-        {
-            "EventSourceArn": {"Ref": Match.string_like_regexp("^SsmParameterValue")},
-            "FunctionResponseTypes": ["ReportBatchItemFailures"],
-            "BisectBatchOnFunctionError": True,
-            "MaximumRetryAttempts": 10,
-            "ParallelizationFactor": 10,
-            "StartingPosition": "TRIM_HORIZON",
-            "FilterCriteria": {
-                "Filters": [
-                    {
-                        "Pattern": Match.serialized_json(
-                            {
-                                "eventName": ["INSERT"],
-                                "dynamodb": {
-                                    "NewImage": {
-                                        "sk": {"S": [{"prefix": "OCC#"}]},
-                                        "state": {"S": ["SCHEDULED"]},
-                                    }
-                                },
-                            }
-                        )
-                    }
-                ]
-            },
-            "DestinationConfig": {"OnFailure": {"Destination": Match.any_value()}},
-        },
-    )
+def _stream_mappings(service: Template) -> dict[str, dict[str, Any]]:
+    """The outbox stream's mappings by their function's handler."""
+    functions = service.find_resources("AWS::Lambda::Function")
+    return {
+        functions[m["Properties"]["FunctionName"]["Ref"]]["Properties"]["Handler"]: m["Properties"]
+        for m in service.find_resources("AWS::Lambda::EventSourceMapping").values()
+        if "StartingPosition" in m["Properties"]
+    }
+
+
+def _matches(pattern: Any, value: Any, present: bool = True) -> bool:
+    """Lambda's event filtering, the rules these patterns use: a list of literals or
+    {"prefix"} / {"exists"} rules for a leaf, a dict for a nested object."""
+    if isinstance(pattern, dict):
+        if not present or not isinstance(value, dict):
+            return False
+        return all(_matches(p, value.get(k), k in value) for k, p in pattern.items())
+    for rule in pattern:
+        if isinstance(rule, dict) and "exists" in rule:
+            if rule["exists"] == present:
+                return True
+        elif isinstance(rule, dict) and "prefix" in rule:
+            if present and isinstance(value, str) and value.startswith(rule["prefix"]):
+                return True
+        elif present and value == rule:
+            return True
+    return False
+
+
+def test_relay_lanes_read_only_their_occurrence_inserts_and_report_item_failures(
+    service: Template,
+):
+    mappings = _stream_mappings(service)
+    # THEN two mappings read the outbox stream, the on-time lane's and the catch-up lane's
+    assert set(mappings) == {HANDLER, CATCHUP_HANDLER}
+    for mapping in mappings.values():
+        # AND each reports partial failures, bisects, bounds retries and keeps what it could
+        # not deliver (in the one on-failure queue the re-drive reads)
+        assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+        assert mapping["BisectBatchOnFunctionError"] is True
+        assert mapping["MaximumRetryAttempts"] == 10
+        assert mapping["StartingPosition"] == "TRIM_HORIZON"
+        assert "OnFailure" in mapping["DestinationConfig"]
+    # AND the catch-up lane takes few batches per shard at once (bounded concurrency), the
+    # on-time lane the most
+    assert mappings[HANDLER]["ParallelizationFactor"] == 10
+    assert mappings[CATCHUP_HANDLER]["ParallelizationFactor"] == 2
+    assert mappings[CATCHUP_HANDLER]["MaximumBatchingWindowInSeconds"] == 5
+    assert "MaximumBatchingWindowInSeconds" not in mappings[HANDLER]
+    # AND their filters, as Lambda evaluates them, pass exactly the records each lane's
+    # code (punctual.integrations.streams.wanted, the local pollers and the re-drive) takes
+    # among: occurrence inserts of both lanes, a forged lane, a MISSED record, an attempt
+    # item and a modification; each occurrence insert reaches exactly one lane
+    patterns = {
+        handler: [json.loads(f["Pattern"]) for f in mapping["FilterCriteria"]["Filters"]]
+        for handler, mapping in mappings.items()
+    }
+
+    def record(event: str = "INSERT", sk: str = "OCC#1", state: str = "SCHEDULED", **more):
+        image = {"sk": {"S": sk}, "state": {"S": state}} | more
+        return {"eventName": event, "dynamodb": {"NewImage": image}}
+
+    catchup = {"S": Lane.CATCHUP.value}
+    records = {
+        "on time": record(),
+        "catch-up": record(lane=catchup),
+        "forged lane": record(lane={"S": "FAST"}),
+        "missed": record(state="MISSED"),
+        "catch-up missed": record(state="MISSED", lane=catchup),
+        "attempt": record(sk="ATT#1"),
+        "modified": record(event="MODIFY"),
+    }
+    lanes = {HANDLER: None, CATCHUP_HANDLER: Lane.CATCHUP.value}
+    sent = {}
+    for name, event in records.items():
+        sent[name] = {
+            handler
+            for handler, filters in patterns.items()
+            if any(_matches(p, event) for p in filters)
+        }
+        by_code = {
+            handler
+            for handler, lane in lanes.items()
+            if wanted(event, lane) and event["dynamodb"]["NewImage"]["state"]["S"] == "SCHEDULED"
+        }
+        assert sent[name] == by_code, name
+    assert sent["on time"] == {HANDLER}
+    assert sent["catch-up"] == {CATCHUP_HANDLER}
+    assert not any(sent[n] for n in records if n not in ("on time", "catch-up"))
+
+
+def test_relay_catchup_lane_runs_the_relays_code_under_its_role(service: Template):
+    functions = {
+        f["Properties"]["Handler"]: f["Properties"]
+        for f in service.find_resources("AWS::Lambda::Function").values()
+    }
+    # THEN the catch-up lane's function is the relay's code with a role of its own that
+    # grants exactly what the relay's grants (what the call inventory checks for the relay),
+    # its own log group and mapping aside, with the same limits
+    relay, catchup = functions[HANDLER], functions[CATCHUP_HANDLER]
+    assert catchup["Role"] != relay["Role"]
+
+    def grants(handler: str) -> set[tuple[str, str]]:
+        own = re.compile(r"<Relay(Function|Catchup)(Logs)?\w*\.Arn>")
+        return {
+            (action, own.sub("<own>", render(resource)))
+            for statement in role_statements(service, handler)
+            for action in actions_of(statement)
+            for resource in resources_of(statement)
+        }
+
+    assert grants(CATCHUP_HANDLER) == grants(HANDLER)
+    assert any(action == "sqs:SendMessage" for action, _ in grants(CATCHUP_HANDLER))
+    assert (catchup["Timeout"], catchup["MemorySize"]) == (relay["Timeout"], relay["MemorySize"])
+    # AND the re-drive knows it by name, to re-send only the failed lane's records
+    redrive = functions["relay.redrive.lambda_handler"]
+    assert redrive["Environment"]["Variables"]["PUNCTUAL_CATCHUP_RELAY_FUNCTION"] == {
+        "Ref": function_id(service, CATCHUP_HANDLER)
+    }
 
 
 def test_relay_on_failure_queue_is_encrypted_and_kept_two_weeks(service: Template):

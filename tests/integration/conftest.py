@@ -183,3 +183,16 @@ def local_aws(
     )
     with mock_aws():
         yield from _configured(dynamodb_local.client(), settings, clock)
+
+
+@pytest.fixture
+def streams(local_aws: Services, dynamodb_local: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """DynamoDB Streams through boto3 against DynamoDB Local."""
+    monkeypatch.setenv("AWS_ACCOUNT_ID_ENDPOINT_MODE", "disabled")
+    return boto3.client(
+        "dynamodbstreams",
+        endpoint_url=dynamodb_local.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )

@@ -111,12 +111,36 @@ def test_backfill_makes_only_the_fires_without_an_occurrence_and_a_dry_run_makes
         if items[0]["occurrence_id"]["S"] in made_ids
     )
     assert receivable == list(range(at("10:31"), at("10:31") + 9))
+    # AND they go by the catch-up lane (relayed apart from fires due now), the materializer's
+    # by the on-time lane
+    lanes = {i[0]["occurrence_id"]["S"]: i[0].get("lane", {}).get("S") for i in after.values()}
+    assert {lanes[o] for o in made_ids} == {"CATCHUP"}
+    assert {lane for o, lane in lanes.items() if o not in made_ids} == {None}
     listed = alice.get(f"/v1/schedules/{sid}/occurrences").body["occurrences"]
     assert sum(o["manual"] for o in listed) == 8
     # AND asking again makes nothing (a retry, an overlapping range)
     again = backfill(alice, sid, at("08:50"), at("10:30"))
     assert (again.body["created"], again.body["existing"]) == (2, 18)
     assert backfill(alice, sid, at("09:00"), at("10:30")).body["created"] == 0
+
+
+def test_backfill_of_a_lost_fire_still_ahead_makes_it_at_its_own_time_on_time(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule materialized up to 10:30 with no record of 10:15 and of 10:25,
+    # and now is 10:21: 10:25 is ahead, within what the materializer passed
+    sid = running_since_0940(aws, clock, lost={at("10:15"), at("10:25")})
+    clock.now = at("10:21")
+    # WHEN [10:00, 10:30) is backfilled
+    answer = backfill(alice, sid, at("10:00"), at("10:30"))
+    assert (answer.status, answer.body["created"]) == (200, 2), answer.body
+    after = occurrences(aws, sid)
+    [past], [ahead] = after[at("10:15")], after[at("10:25")]
+    # THEN the past one is receivable now, in the catch-up lane
+    assert (int(past["available_at"]["N"]), past["lane"]) == (at("10:21"), {"S": "CATCHUP"})
+    # AND the one ahead is receivable at its own time, never before, in the on-time lane
+    assert int(ahead["available_at"]["N"]) == at("10:25")
+    assert "lane" not in ahead
 
 
 def test_backfill_leaves_the_fires_the_materializer_has_not_reached_to_it(

@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 from materializer import handler as materializer_handler
+from relay import catchup as catchup_handler
 from relay import handler as relay_handler
 
 from punctual.ids import minute_of
+from punctual.integrations.streams import wanted
 from punctual.reconciler import Reconciler
 from punctual.services import Services
 from tests.instants import iso
 from tests.integration.conftest import OPERATOR, Api, Clock, LambdaContextStub
-from tests.integration.helpers import create, rate, table_items, wire
+from tests.integration.helpers import create, cron_spec, make, rate, table_items, wire
 
 
 def emitted(out: str) -> dict[str, float]:
@@ -149,3 +151,65 @@ def test_materializer_handler_reports_the_oldest_unplanned_bucket_and_its_drain_
     metrics = emitted(capsys.readouterr().out)
     assert (metrics["DueBacklog"], metrics["PlanningOldestAge"]) == (0, 0)
     assert metrics["PlanningDrainSeconds"] == 0
+
+
+def test_relay_lanes_send_a_catchup_apart_and_measure_it_behind_its_pace(
+    alice: Api,
+    aws: Services,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    # GIVEN a minutely CATCHUP schedule of alice's (3 fires at most) planned, then a
+    # ten-minute outage after which the materializer catches up
+    sid = make(
+        aws,
+        spec=cron_spec("* * * * *"),
+        misfire={"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 3},
+    )
+    wire(materializer_handler, aws, monkeypatch)
+    wire(relay_handler, aws, monkeypatch)
+    before = {i["sk"]["S"] for i in table_items(aws, aws.settings.occurrences_table)}
+    clock.advance(600)
+    materializer_handler.lambda_handler(
+        {"tick": iso(clock.now), "shards": list(range(aws.settings.shard_count))},
+        LambdaContextStub(),
+    )
+    made = [
+        item
+        for item in table_items(aws, aws.settings.occurrences_table)
+        if item["schedule_id"]["S"] == sid and item["sk"]["S"] not in before
+        if item["sk"]["S"].startswith("OCC#") and item["state"]["S"] == "SCHEDULED"
+    ]
+    records = [
+        {
+            "eventID": str(n),
+            "eventName": "INSERT",
+            "eventSource": "aws:dynamodb",
+            "dynamodb": {"NewImage": item, "SequenceNumber": str(n), "Keys": {}},
+        }
+        for n, item in enumerate(made, start=1)
+    ]
+    # WHEN each lane's function gets its lane's records, as its mapping's filter hands them
+    lanes = {lane: [r for r in records if wanted(r, lane)] for lane in (None, "CATCHUP")}
+    assert len(lanes["CATCHUP"]) == 3
+    assert len(lanes[None]) == len(records) - 3 >= 1
+    capsys.readouterr()
+    clock.advance(2)  # the first catch-up was receivable 2 s ago
+    answer = catchup_handler.lambda_handler({"Records": lanes["CATCHUP"]}, LambdaContextStub())
+    # THEN the catch-up lane sends its three and measures them behind their paced time only
+    # (they are minutes past their fires by design), not as strict or flexible lag
+    assert answer == {"batchItemFailures": []}
+    metrics = emitted(capsys.readouterr().out)
+    assert metrics["Relayed"] == 3
+    # paced 1 s apart from the catch-up's start: 2 s, 1 s and 0 s behind their times
+    assert metrics["EnqueueLagCatchup"] == 2 + 1 + 0
+    assert "EnqueueLagStrict" not in metrics
+    assert "EnqueueLagFlexible" not in metrics
+    # AND the on-time lane's function sends the fires due now as strict
+    answer = relay_handler.lambda_handler({"Records": lanes[None]}, LambdaContextStub())
+    metrics = emitted(capsys.readouterr().out)
+    assert answer == {"batchItemFailures": []}
+    assert metrics["Relayed"] == len(lanes[None])
+    assert "EnqueueLagStrict" in metrics
+    assert "EnqueueLagCatchup" not in metrics

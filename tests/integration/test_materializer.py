@@ -332,8 +332,12 @@ def test_materializer_catchup_is_paced_by_the_tenant_rate(aws: Services, clock: 
     sid, before, _ = _outage(aws, clock, misfire)
     # THEN the three catch-up occurrences become receivable 30 s apart from now
     now = int(clock.now)
-    late = [o for o in occurrences(aws, sid)[before:] if o["scheduled_for"] < now - 60]
+    made = occurrences(aws, sid)[before:]
+    late = [o for o in made if o["scheduled_for"] < now - 60]
     assert sorted(o["available_at"] for o in late) == [now, now + 30, now + 60]
+    # AND they go by the catch-up lane, apart from the fires due now, which go on time
+    assert {o.get("lane") for o in late} == {"CATCHUP"}
+    assert {o.get("lane") for o in made if o not in late} == {None}
 
 
 def test_materializer_daily_0230_new_york_skips_spring_forward_day(

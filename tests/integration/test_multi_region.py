@@ -192,6 +192,29 @@ def test_the_reconciler_checks_only_the_schedules_homed_in_its_region(
     assert after.fired == [occurrence_id(sid, 1, at("12:20"))]
 
 
+def test_the_old_regions_reconciler_repairs_nothing_its_lagging_index_still_shows_home(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule whose 10:15 was lost in us-east-1, taken over by us-west-2 at 12:05,
+    # and us-east-1's shard index still showing it homed there (an index lags its table)
+    sid, shard = every_five(aws, clock)
+    materialize_until(aws, clock, at("11:05"), [shard], skip=lambda s, t: t == at("10:15"))
+    faults = Faults(FaultPlan(index_lag=1.0, index_lag_seconds=2 * 3600), clock)
+    east = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    clock.now = at("12:05")
+    take_over(region(east, WEST), shard, "us-east-1")
+    # WHEN us-east-1 reconciles [10:00, 11:00) from its lagging index
+    clock.now = at("12:10")
+    [result] = Reconciler(east).run([shard], at("10:00"), at("11:00"))
+    # THEN it checked the schedule (the index said it was its own) and found the gap, but
+    # its consistent read before the repair saw the new home: nothing was made here (the
+    # fire is the new region's to judge: it would be fired twice otherwise)
+    assert result.report.schedules == 1
+    assert result.missing == [occurrence_id(sid, 1, at("10:15"))]
+    assert result.fired == []
+    assert at("10:15") not in {o["scheduled_for"] for o in stored(aws) if o["schedule_id"] == sid}
+
+
 def test_a_schedule_written_before_homes_existed_is_planned_here_and_taken_over(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -104,6 +104,7 @@ def stored(aws: Services, *, since: int = 0, until: int = 2**40) -> list[dict[st
             "scheduled_for": int(i["scheduled_for"]["N"]),
             "available_at": int(i["available_at"]["N"]),
             "state": i["state"]["S"],
+            "lane": i.get("lane", {}).get("S"),
         }
         for i in items
     ]
@@ -215,6 +216,9 @@ def test_reconciler_finds_exactly_the_deleted_and_skipped_occurrences_and_repair
     repaired = [o for o in after if o["occurrence_id"] in lost]
     assert {o["state"] for o in repaired} == {"SCHEDULED"}
     assert {o["available_at"] for o in repaired} == {at("12:05")}
+    # AND in the catch-up lane (relayed apart from fires due now); the others on time
+    assert {o["lane"] for o in repaired} == {"CATCHUP"}
+    assert {o["lane"] for o in after if o not in repaired} == {None}
     # AND a second run finds nothing missing and repairs nothing
     clock.advance(60)
     second = reconcile(aws, at("10:00"), at("11:00"))

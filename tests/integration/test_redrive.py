@@ -3,21 +3,21 @@ due, and the on-failure queue's stream batches are read back and relayed again."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import datetime
 from typing import Any
 
-import boto3
 import pytest
 from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 from botocore.exceptions import ClientError
 
 from punctual.dal.common import to_dynamo
-from punctual.dal.occurrences import StoredOccurrence
+from punctual.dal.occurrences import StoredOccurrence, occurrence_to_item
 from punctual.dal.tables import occurrence_key
-from punctual.ids import occurrence_id, shard_of
-from punctual.models import Occurrence, OccurrenceState, ScheduleDefinition
+from punctual.ids import MANUAL_MARK, backfill_tag, occurrence_id, shard_of
+from punctual.models import Lane, Occurrence, OccurrenceState, ScheduleDefinition
 from punctual.reconciler import Reconciler
 from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed, overdue
 from punctual.relay import Relay
@@ -66,6 +66,50 @@ def test_reconciler_resends_an_occurrence_no_worker_took_and_counts_it(
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [lost]
     assert sum(r.report.redriven for r in results) == 1
     assert [o for r in results for o in r.redriven] == [lost]
+
+
+def test_reconciler_counts_as_resent_only_what_sqs_took_of_a_schedules_occurrences(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely schedule whose first occurrences (made by the API at 00:10 of an hour)
+    # no worker took, and SQS refusing the message of one of them
+    clock.now = (int(clock.now) // HOUR + 1) * HOUR + 600
+    definition = ScheduleDefinition.model_validate(
+        {
+            "target": "default",
+            "spec": {"kind": "cron", "expression": "* * * * *", "timezone": "UTC"},
+        }
+    )
+    made = [o.occurrence_id for o in ControlPlane(aws).create("alice", definition).materialized]
+    assert len(made) >= 2
+    refused = made[0]
+
+    class RefusingOne:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(aws.sqs, name)
+
+        def send_message_batch(self, **request: Any) -> Any:
+            def named(entry: dict[str, Any]) -> str:
+                return str(entry["MessageAttributes"]["occurrence_id"]["StringValue"])
+
+            kept = [e for e in request["Entries"] if named(e) != refused]
+            answer = aws.sqs.send_message_batch(**(request | {"Entries": kept})) if kept else {}
+            failed = [
+                {"Id": e["Id"], "SenderFault": False, "Code": "InternalError"}
+                for e in request["Entries"]
+                if named(e) == refused
+            ]
+            return {"Successful": answer.get("Successful", []), "Failed": failed}
+
+    services = dataclasses.replace(aws, sqs=RefusingOne())
+    # WHEN the reconciler checks that hour, an hour after it ended
+    start, end = _window_of(int(clock.now))
+    clock.now = end + HOUR + 60
+    result = Reconciler(services).run_shard(_shard(aws, refused), start, end)
+    # THEN the others were re-sent and counted; the refused one is not counted as re-sent
+    # (the next run tries it again)
+    assert sorted(result.redriven) == sorted(made[1:])
+    assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted(made[1:])
 
 
 def test_reconciler_resends_a_retry_whose_message_was_lost(alice: Api, aws: Services, clock: Clock):
@@ -139,19 +183,6 @@ def _shard(aws: Services, occurrence_id: str) -> int:
 # --- the on-failure queue ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def streams(local_aws: Services, dynamodb_local: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    # DynamoDB Streams through boto3 against a local endpoint.
-    monkeypatch.setenv("AWS_ACCOUNT_ID_ENDPOINT_MODE", "disabled")
-    return boto3.client(
-        "dynamodbstreams",
-        endpoint_url=dynamodb_local.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-    )
-
-
 def _discarded_batch(aws: Services, streams: Any) -> dict[str, Any]:
     """What the event source mapping puts in the on-failure queue for the whole stream so far."""
     arn = aws.dynamodb.describe_table(TableName=aws.settings.occurrences_table)["Table"][
@@ -190,6 +221,47 @@ def test_stream_redrive_relays_a_discarded_batch_again(
     # THEN both occurrences are in the tenant's queue, once each
     assert report.sent == 2
     assert sorted(m["occurrence_id"] for m in messages(local_aws, "alice")) == sorted(made)
+
+
+@pytest.mark.parametrize(
+    ("function", "lanes"),
+    [
+        ("punctual-RelayFunction", {"on time"}),
+        ("punctual-RelayCatchup", {"catch-up"}),
+        (None, {"on time", "catch-up"}),  # the failure does not say: both, nothing lost
+    ],
+)
+def test_stream_redrive_resends_only_the_failed_lanes_records(
+    local_aws: Services, streams: Any, clock: Clock, function: str | None, lanes: set[str]
+):
+    # GIVEN a discarded stream batch whose range holds an on-time occurrence and a
+    # catch-up one (both lanes' mappings read the same shard)
+    from tests.integration.conftest import ALICE, bootstrap
+
+    bootstrap("alice", ALICE)
+    on_time = _one_shot(local_aws, clock)
+    catchup = _one_shot(local_aws, clock, 40)
+    stored = local_aws.occurrences.get(catchup)
+    assert stored is not None
+    tag = backfill_tag(stored.schedule_id)
+    late = stored.model_copy(
+        update={"occurrence_id": f"{catchup}{MANUAL_MARK}{tag}", "lane": Lane.CATCHUP}
+    )
+    local_aws.dynamodb.put_item(
+        TableName=local_aws.settings.occurrences_table,
+        Item=to_dynamo(occurrence_to_item(late, {})),
+    )
+    failure = _discarded_batch(local_aws, streams)
+    if function is not None:
+        arn = f"arn:aws:lambda:us-east-1:123456789012:function:{function}"
+        failure["requestContext"]["functionArn"] = arn
+    clock.advance(45)
+    # WHEN the re-drive, told which function is the catch-up lane's, handles it
+    StreamRedrive(streams, Relay(local_aws), "punctual-RelayCatchup").redrive(failure)
+    # THEN only the failed lane's records are sent again: the other lane sent its own
+    sent = {m["occurrence_id"] for m in messages(local_aws, "alice")}
+    expected = {"on time": {on_time, catchup}, "catch-up": {late.occurrence_id}}
+    assert sent == set().union(*(expected[lane] for lane in lanes))
 
 
 def _on_failure_event(failure: dict[str, Any]) -> dict[str, Any]:

@@ -463,6 +463,17 @@ class OccurrenceState(StrEnum):
     SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
 
 
+class Lane(StrEnum):
+    """Which relay delivers an occurrence; an occurrence without one goes in the on-time lane.
+
+    CATCHUP: a fire made after its time (a misfire's catch-up, a reconciler's repair, a
+    backfill). Its stream record is read by a relay of its own (its own event source
+    mapping, with bounded concurrency), so a catch-up of any size never queues ahead of
+    fires due now (docs/operations.md, *Catch-up lane*)."""
+
+    CATCHUP = "CATCHUP"
+
+
 # Every allowed move. Each is carried out as a conditional write from the expected state.
 TRANSITIONS: dict[OccurrenceState, frozenset[OccurrenceState]] = {
     # SCHEDULED covers "sent and waiting in the queue": the relay does not mark the send
@@ -534,6 +545,9 @@ class Occurrence(_Record):
         default=None,
         description="The fire's local wall time in its schedule's zone, as planned (a "
         "zone-based schedule's): what a change of the zone's rules keeps.",
+    )
+    lane: Lane | None = Field(
+        default=None, description="CATCHUP: made after its time, relayed in the catch-up lane."
     )
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from punctual.ids import available_at, occurrence_id
-from punctual.models import Occurrence, OccurrenceState, Schedule
+from punctual.models import Lane, Occurrence, OccurrenceState, Schedule
 from punctual.timing import get_zone, local_wall
 
 # A direct (API-side) materialization stays far below DynamoDB's 100 actions per
@@ -152,12 +152,22 @@ def plan(
     else:
         reached = until
     released = kept[: len(chosen)]
-    occurrences = [
-        _occurrence(schedule, f, now + (resume.released + i) * resume.pace, retention_seconds)
-        for i, f in enumerate(released)
-    ] + [
-        _occurrence(schedule, f, f.available_at, retention_seconds) for f in chosen[len(released) :]
-    ]
+    occurrences = (
+        [
+            _occurrence(
+                schedule,
+                f,
+                now + (resume.released + i) * resume.pace,
+                retention_seconds,
+                lane=Lane.CATCHUP,  # fired after its time: relayed apart from fires due now
+            )
+            for i, f in enumerate(released)
+        ]
+        + [
+            _occurrence(schedule, f, f.available_at, retention_seconds)
+            for f in chosen[len(released) :]
+        ]
+    )
     return Plan(
         occurrences=occurrences,
         missed=sorted(f.scheduled_for for f in missed),
@@ -173,8 +183,11 @@ def wall_text(schedule: Schedule, instant: int) -> str | None:
     return None if zone is None else local_wall(instant, get_zone(zone)).isoformat()
 
 
-def _occurrence(schedule: Schedule, fire: _Fire, receivable: int, retention: int) -> Occurrence:
+def _occurrence(
+    schedule: Schedule, fire: _Fire, receivable: int, retention: int, lane: Lane | None = None
+) -> Occurrence:
     return Occurrence(
+        lane=lane,
         local=wall_text(schedule, fire.scheduled_for),
         occurrence_id=fire.occurrence_id,
         tenant_id=schedule.tenant_id,

@@ -34,6 +34,7 @@ from punctual.errors import InvalidInput, Retryable
 from punctual.ids import available_at, is_manual, minute_of, occurrence_id
 from punctual.models import (
     Finding,
+    Lane,
     MisfireAction,
     Occurrence,
     OccurrenceState,
@@ -762,7 +763,10 @@ class Reconciler:
     def _put(self, schedule: Schedule, decision: _Decision, retention: int) -> dict[str, Any]:
         occurrence = new_occurrence(schedule, decision.expected.scheduled_for, retention)
         if decision.fire:
-            occurrence = occurrence.model_copy(update={"available_at": decision.available_at})
+            # A repair is always after the fire's time: the catch-up lane relays it.
+            occurrence = occurrence.model_copy(
+                update={"available_at": decision.available_at, "lane": Lane.CATCHUP}
+            )
             return self.occurrences.put_new(occurrence, schedule.payload)
         missed = occurrence.model_copy(
             update={"state": OccurrenceState.MISSED, "reason": f"reconciler: {decision.reason}"}

@@ -22,8 +22,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from punctual.dal.occurrences import StoredOccurrence
-from punctual.integrations.streams import read_range, wanted
-from punctual.models import OccurrenceState
+from punctual.integrations.streams import ANY_LANE, read_range, wanted
+from punctual.models import Lane, OccurrenceState
 from punctual.relay import Relay, RelayReport, SendFailed
 
 # An open occurrence this long past when a worker should have taken it is re-sent. Far
@@ -51,12 +51,24 @@ class Trimmed(Exception):
     """The stream no longer holds a discarded batch: only the reconciler can re-send it."""
 
 
+def failed_lane(failure: dict[str, Any], catchup_function: str) -> str | None:
+    """The lane (``wanted``'s argument) of the mapping whose batch ``failure`` names: both
+    lanes' mappings read the same shards, so a batch's range holds the other lane's records
+    too, which that lane has sent. ANY_LANE when the failure does not tell."""
+    arn = str(failure.get("requestContext", {}).get("functionArn", ""))
+    parts = arn.split(":")  # arn:aws:lambda:<region>:<account>:function:<name>[:<qualifier>]
+    if not catchup_function or len(parts) < 7 or parts[5] != "function":
+        return ANY_LANE
+    return Lane.CATCHUP.value if parts[6] == catchup_function else None
+
+
 class StreamRedrive:
     """Replays one discarded stream batch (the on-failure queue's message) through the relay."""
 
-    def __init__(self, streams: Any, relay: Relay) -> None:
+    def __init__(self, streams: Any, relay: Relay, catchup_function: str = "") -> None:
         self._streams = streams
         self._relay = relay
+        self._catchup_function = catchup_function
 
     def redrive(self, failure: dict[str, Any]) -> RelayReport:
         """Relay the batch again; SendFailed if some of it still could not be sent (the
@@ -76,7 +88,8 @@ class StreamRedrive:
             if error.response.get("Error", {}).get("Code") == "TrimmedDataAccessException":
                 raise Trimmed(f"stream records {info['startSequenceNumber']}.. expired") from error
             raise
-        report = self._relay.relay([r for r in records if wanted(r)])
+        lane = failed_lane(failure, self._catchup_function)
+        report = self._relay.relay([r for r in records if wanted(r, lane)])
         if report.failures:
             raise SendFailed(f"{len(report.failures)} of the batch not sent again yet")
         return report

@@ -42,6 +42,7 @@ from punctual.integrations.queues import QueueAdmin, TargetQueues
 from punctual.models import (
     AtSpec,
     Attempt,
+    Lane,
     MissedEpisode,
     Occurrence,
     OccurrenceState,
@@ -489,8 +490,10 @@ class ControlPlane:
         made = []
         for index, oid in enumerate(ids):
             _, version, fire, _ = occurrence_name(oid)
-            # At the pace, or spread over MAX_CATCHUP_SPREAD when that is too long for SQS.
-            receivable = now + min(index * pace, index * MAX_CATCHUP_SPREAD // gaps)
+            # At the pace, or spread over MAX_CATCHUP_SPREAD when that is too long for SQS;
+            # never before its own time (a fire of the lookahead the materializer passed).
+            own = available_at(oid, fire, schedule.flexible_window_seconds)
+            receivable = max(own, now + min(index * pace, index * MAX_CATCHUP_SPREAD // gaps))
             made.append(
                 Occurrence(
                     occurrence_id=oid,
@@ -501,6 +504,8 @@ class ControlPlane:
                     available_at=receivable,
                     target=schedule.target,
                     expires_at=receivable + retention,
+                    # A fire past its time is relayed apart from the fires due now.
+                    lane=Lane.CATCHUP if own < now else None,
                 )
             )
         return made

@@ -44,6 +44,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("region", "PUNCTUAL_REGION", "AWS_REGION"),
     )
     partition: str = Field(default="aws", pattern=r"^aws[a-z-]*$")
+    catchup_relay_function: str = Field(
+        default="",
+        description="The catch-up lane's relay function: the re-drive tells which lane's "
+        "stream batch failed by it (empty: every lane's records of the batch are re-sent).",
+    )
     operator_principals: Annotated[frozenset[str], NoDecode] = frozenset()
     version: str = "0.1.0"
 

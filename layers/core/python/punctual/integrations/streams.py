@@ -14,11 +14,20 @@ from punctual.dal.tables import OCCURRENCE_PREFIX
 PAGE = 1000  # records per GetRecords call (DynamoDB Streams' maximum)
 
 
-def wanted(record: dict[str, Any]) -> bool:
-    """The mapping's filter: eventName INSERT and NewImage.sk starting with OCC#."""
+ANY_LANE = "*"
+
+
+def wanted(record: dict[str, Any], lane: str | None = ANY_LANE) -> bool:
+    """A mapping's filter: eventName INSERT and NewImage.sk starting with OCC#, in ``lane``:
+    None is the on-time lane (no lane attribute), ANY_LANE either; as infra/relay.py's
+    filters say it."""
     image = record.get("dynamodb", {}).get("NewImage", {})
     sk = image.get("sk", {}).get("S", "")
-    return record.get("eventName") == "INSERT" and sk.startswith(OCCURRENCE_PREFIX)
+    if lane is None:
+        in_lane = "lane" not in image
+    else:
+        in_lane = lane == ANY_LANE or image.get("lane") == {"S": lane}
+    return record.get("eventName") == "INSERT" and sk.startswith(OCCURRENCE_PREFIX) and in_lane
 
 
 def _typed(value: Any) -> Any:

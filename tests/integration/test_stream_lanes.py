@@ -1,0 +1,100 @@
+"""The local stand-ins for the two lanes' event source mappings (punctual_local.streams, as
+`make run` runs them): each hands its lane's records only, keeps its own position, and a
+lane added to a stack that has run starts where the stack's poller was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from punctual.dal.common import to_dynamo
+from punctual.dal.occurrences import occurrence_to_item
+from punctual.ids import new_schedule_id, occurrence_id
+from punctual.models import Lane, Occurrence
+from punctual.services import Services
+from punctual_local.streams import StreamPoller
+
+
+def _put(aws: Services, fire: int, lane: Lane | None) -> str:
+    schedule_id = new_schedule_id("alice")
+    occurrence = Occurrence(
+        occurrence_id=occurrence_id(schedule_id, 1, fire),
+        tenant_id="alice",
+        schedule_id=schedule_id,
+        schedule_version=1,
+        scheduled_for=fire,
+        available_at=fire,
+        target="default",
+        lane=lane,
+    )
+    aws.dynamodb.put_item(
+        TableName=aws.settings.occurrences_table,
+        Item=to_dynamo(occurrence_to_item(occurrence, {})),
+    )
+    return occurrence.occurrence_id
+
+
+class Handed:
+    """A relay handler that notes the occurrence ids it was handed."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def __call__(self, event: dict[str, Any]) -> dict[str, Any]:
+        self.ids += [r["dynamodb"]["NewImage"]["occurrence_id"]["S"] for r in event["Records"]]
+        return {"batchItemFailures": []}
+
+
+def _poller(aws: Services, streams: Any, handed: Handed, path: Path, **lane: Any) -> StreamPoller:
+    return StreamPoller(aws.dynamodb, streams, aws.settings.occurrences_table, handed, path, **lane)
+
+
+def test_stream_lanes_each_poller_hands_its_lanes_records_once(
+    local_aws: Services,
+    streams: Any,
+    tmp_path: Path,
+):
+    # GIVEN on-time and catch-up occurrences in the stream, interleaved
+    made = {
+        lane: [_put(local_aws, 1_800_000_000 + n, lane) for n in range(3)]
+        for lane in (None, Lane.CATCHUP)
+    }
+    on_time, catchup = Handed(), Handed()
+    pollers = [
+        _poller(local_aws, streams, on_time, tmp_path / "streams.json", lane=None),
+        _poller(local_aws, streams, catchup, tmp_path / "catchup.json", lane="CATCHUP"),
+    ]
+    # WHEN each polls (twice: the second finds nothing new)
+    for _ in range(2):
+        for poller in pollers:
+            poller.poll_once()
+    # THEN each lane's poller was handed its lane's occurrences, each once
+    assert on_time.ids == made[None]
+    assert catchup.ids == made[Lane.CATCHUP]
+
+
+def test_stream_lanes_a_new_lane_starts_where_the_stacks_poller_was(
+    local_aws: Services,
+    streams: Any,
+    tmp_path: Path,
+):
+    # GIVEN a stack whose single poller (every lane) relayed a catch-up occurrence already
+    old = _put(local_aws, 1_800_000_000, Lane.CATCHUP)
+    checkpoints = tmp_path / "streams.json"
+    _poller(local_aws, streams, Handed(), checkpoints).poll_once()
+    new = _put(local_aws, 1_800_000_060, Lane.CATCHUP)
+    # WHEN the catch-up lane's poller starts with no checkpoint of its own, seeded from it
+    handed = Handed()
+    poller = _poller(
+        local_aws, streams, handed, tmp_path / "catchup.json", lane="CATCHUP", seed=checkpoints
+    )
+    poller.poll_once()
+    # THEN it hands only what came after (the old one was sent), and keeps its own position
+    assert handed.ids == [new]
+    assert old not in handed.ids
+    assert (tmp_path / "catchup.json").exists()
+    again = Handed()
+    _poller(
+        local_aws, streams, again, tmp_path / "catchup.json", lane="CATCHUP", seed=checkpoints
+    ).poll_once()
+    assert again.ids == []
