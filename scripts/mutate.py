@@ -255,10 +255,20 @@ def metas(module: str, workspace: Path) -> dict[str, Path]:
     return found
 
 
+# The settings that decide which mutants mutmut makes (the files, the lines left alone).
+MAKING = ("source_paths", "only_mutate", "do_not_mutate_patterns")
+
+
 def settings_digest(module: str) -> str:
-    """Which mutants mutmut makes depends on its settings (the lines left alone): a mutant's
-    name (its function and number) means the same mutation only under the same settings."""
-    return hashlib.sha256(settings(MODULES[module]).encode()).hexdigest()[:16]
+    """Which mutants mutmut makes depends on some of its settings (``MAKING``): a mutant's
+    name (its function and number) means the same mutation only under the same ones. The
+    tests selected are not among them: a test added to a module's selection keeps every
+    kill (the survivors are tried again, as after any change of the tests); a test taken
+    out of it would leave the kills it made standing (remove a test by hand: run again)."""
+    lines = [
+        line for line in settings(MODULES[module]).splitlines() if line.split(" = ")[0] in MAKING
+    ]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
 def restore(module: str, workspace: Path) -> int:
@@ -268,7 +278,7 @@ def restore(module: str, workspace: Path) -> int:
     mutmut makes the mutants; none is restored from a record made under other settings."""
     restored = 0
     found = read_record(module)
-    if found.get("settings", settings_digest(module)) != settings_digest(module):
+    if found.get("made_under", settings_digest(module)) != settings_digest(module):
         print(f"== {module}: the record was made under other settings: every mutant again")
         return 0
     for file, entry in found["files"].items():
@@ -321,7 +331,7 @@ def record(module: str, workspace: Path, tests_judged: str | None) -> None:
     if files:
         write_record(
             module,
-            {"settings": settings_digest(module), "tests_judged": tests_judged, "files": files},
+            {"made_under": settings_digest(module), "tests_judged": tests_judged, "files": files},
         )
 
 

@@ -136,7 +136,7 @@ def test_a_record_made_under_other_settings_is_not_restored(records: Path):
     # GIVEN a record, then other mutmut settings (other lines left alone: the same names
     # would be other mutations)
     mutate.record_path("relay").write_text(
-        json.dumps(mutate.read_record("relay") | {"settings": "made-elsewhere"}),
+        json.dumps(mutate.read_record("relay") | {"made_under": "made-elsewhere"}),
         encoding="utf-8",
     )
     # WHEN a workspace is restored from it
