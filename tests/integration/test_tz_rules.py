@@ -20,6 +20,7 @@ from punctual.timing import ZoneSource, tzdata_version, use_zone_source
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, current_item, make
+from tests.integration.test_multi_region import WEST, region
 from tests.integration.test_reconciler import materialize_until, stored
 
 OLD = ZoneSource("2025b", Path(__file__).parent.parent / "tzdata_2025b")
@@ -117,6 +118,26 @@ def test_the_materializer_replans_a_stale_schedule_before_it_steps_it(
     made = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
     assert made == list(range(at("16:00"), at("17:00"), 300))
     assert current_item(aws, sid)["next_run_at"] == epoch("2026-12-03T15:00:00Z")
+
+
+def test_another_regions_materializer_leaves_a_stale_schedule_to_its_home(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN the every-five-minutes Vancouver schedule planned under 2025b up to 16:50Z in
+    # us-east-1, its home (its next fires due in the minutes ahead)
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("*/5 8-9 * * *", "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:50"), [shard], every=60)
+    before = {o: (v["state"], v["available_at"]) for o, v in occurrences_of(aws, sid).items()}
+    # WHEN the pinned release is deployed and us-west-2's materializer walks the shard
+    use_zone_source(None)
+    materialize_until(region(aws, WEST), clock, at("17:10"), [shard], every=60)
+    # THEN it did not re-plan it (a re-plan moves the cursor and cancels and makes
+    # occurrences: the home region's to do): still under 2025b, its occurrences as they were
+    assert current_item(aws, sid)["tzdata"] == "2025b"
+    after = {o: (v["state"], v["available_at"]) for o, v in occurrences_of(aws, sid).items()}
+    assert after == before
 
 
 def test_a_schedule_in_a_zone_whose_rules_did_not_change_keeps_its_plan(
