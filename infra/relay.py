@@ -118,8 +118,9 @@ class Relaying(Construct):
                 occurrences,
                 self.failures,
                 parallelization_factor,
-                # The on-time lane: no lane attribute.
-                lambda_.FilterRule.not_exists(),
+                # The on-time lane: no lane. On the leaf (lane.S): Lambda's `exists`
+                # matches leaves only, so on `lane` itself it would take every record.
+                {"S": lambda_.FilterRule.not_exists()},
             )
         )
         # The catch-up lane (punctual.models.Lane): the same code and grants, its own
@@ -141,6 +142,7 @@ class Relaying(Construct):
             )
         )
         # Which lane's batch failed: the re-drive re-sends only that lane's records.
+        self.redrive.add_environment("PUNCTUAL_RELAY_FUNCTION", self.function.function_name)
         self.redrive.add_environment("PUNCTUAL_CATCHUP_RELAY_FUNCTION", self.catchup.function_name)
 
 

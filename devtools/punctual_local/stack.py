@@ -16,6 +16,7 @@ import errno
 import fcntl
 import importlib
 import os
+import shutil
 import sys
 import threading
 import time
@@ -85,6 +86,17 @@ def _handler(root: Path, module: str) -> Callable[[dict[str, Any], Any], dict[st
 
 def _relay_handler(root: Path, module: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return lambda event: _handler(root, module)(event, LambdaContext("relay", 60, time.time))
+
+
+def lane_checkpoints(data: Path) -> dict[str | None, Path]:
+    """Each lane's stream poller's checkpoint file. A stack that ran before the lanes had
+    one poller, whose checkpoints (streams.json) the on-time lane keeps; the catch-up lane
+    starts from a copy of them (what came before was sent), made before any poller runs:
+    copied later, the on-time poller could have moved past catch-up records not yet sent."""
+    on_time, catchup = data / "streams.json", data / "streams-catchup.json"
+    if on_time.exists() and not catchup.exists():
+        shutil.copyfile(on_time, catchup)
+    return {None: on_time, Lane.CATCHUP.value: catchup}
 
 
 def load_handlers(root: Path) -> list[str]:
@@ -262,18 +274,15 @@ class LocalStack:
         self._loop("engine-watch", self._revive, WATCH_SECONDS)
         self._loop("ticker", self._tick, options.tick_seconds, aligned=True)
         # One poller per lane, as each lane has its own event source mapping (infra/relay.py).
-        for lane, module, checkpoints in (
-            (None, "relay.handler", "streams.json"),
-            (Lane.CATCHUP.value, "relay.catchup", "streams-catchup.json"),
-        ):
+        checkpoints = lane_checkpoints(options.data)
+        for lane, module in ((None, "relay.handler"), (Lane.CATCHUP.value, "relay.catchup")):
             poller = StreamPoller(
                 services.dynamodb,
                 _client("dynamodbstreams"),
                 services.settings.occurrences_table,
                 _relay_handler(options.functions, module),
-                options.data / checkpoints,
+                checkpoints[lane],
                 lane=lane,
-                seed=options.data / "streams.json",
             )
             self._loop(f"stream-poller-{module}", poller.poll_once, options.poll_seconds)
         if "reconciler.handler" in handlers:

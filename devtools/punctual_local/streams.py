@@ -1,7 +1,7 @@
 """The local stand-in for the Lambda event source mapping on the occurrences stream.
 
-Like a mapping: records are filtered (INSERT of occurrence items only, of one lane), handed to the
-relay handler in batches, and a record the handler reports as a batch item failure is
+Like a mapping: records are filtered (INSERT of occurrence items only, of one lane), handed
+to the relay handler in batches, and a record the handler reports as a batch item failure is
 retried from that record on (after a pause), so nothing is skipped. The position in
 each shard is checkpointed to a file, so a restarted stack carries on where it stopped;
 re-delivering a few records after a crash is harmless (the relay skips what is no longer
@@ -35,29 +35,22 @@ class StreamPoller:
         handler: BatchHandler,
         checkpoints: Path,
         lane: str | None = ANY_LANE,
-        seed: Path | None = None,
     ) -> None:
-        """``lane``: the records this poller hands over (``wanted``), as one lane's mapping.
-        ``seed``: checkpoints to start from when ``checkpoints`` does not exist yet (a lane
-        added to a stack that has run: its records before were sent by the other poller)."""
+        """``lane``: the records this poller hands over (``wanted``), as one lane's mapping."""
         self._dynamodb = dynamodb
         self._streams = streams
         self._table = table
         self._handler = handler
         self._checkpoints = checkpoints
         self._lane = lane
-        self._seed = seed
         self._iterators: dict[str, str | None] = {}
         self._positions: dict[str, str] = {}
         self._stream_arn: str | None = None
         self._retry_after: dict[str, float] = {}
 
     def _load(self, stream_arn: str) -> None:
-        source = self._checkpoints
-        if self._seed is not None and not source.exists():
-            source = self._seed
         try:
-            saved = json.loads(source.read_text())
+            saved = json.loads(self._checkpoints.read_text())
         except (OSError, ValueError):
             saved = {}
         self._positions = dict(saved.get(stream_arn, {}))

@@ -32,6 +32,7 @@ def _redrive(services: Services) -> StreamRedrive:
     return StreamRedrive(
         boto3.client("dynamodbstreams"),
         Relay(services),
+        services.settings.relay_function,
         services.settings.catchup_relay_function,
     )
 

@@ -29,14 +29,15 @@ def _stream_mappings(service: Template) -> dict[str, dict[str, Any]]:
 
 def _matches(pattern: Any, value: Any, present: bool = True) -> bool:
     """Lambda's event filtering, the rules these patterns use: a list of literals or
-    {"prefix"} / {"exists"} rules for a leaf, a dict for a nested object."""
+    {"prefix"} / {"exists"} rules for a leaf, a dict for a nested object. `exists` is
+    judged on leaves only: an object at its path counts as no value (AWS's rule)."""
     if isinstance(pattern, dict):
-        if not present or not isinstance(value, dict):
-            return False
-        return all(_matches(p, value.get(k), k in value) for k, p in pattern.items())
+        fields = value if present and isinstance(value, dict) else {}
+        return all(_matches(p, fields.get(k), k in fields) for k, p in pattern.items())
+    leaf = present and not isinstance(value, dict | list)
     for rule in pattern:
         if isinstance(rule, dict) and "exists" in rule:
-            if rule["exists"] == present:
+            if rule["exists"] == leaf:
                 return True
         elif isinstance(rule, dict) and "prefix" in rule:
             if present and isinstance(value, str) and value.startswith(rule["prefix"]):
@@ -84,6 +85,7 @@ def test_relay_lanes_read_only_their_occurrence_inserts_and_report_item_failures
         "on time": record(),
         "catch-up": record(lane=catchup),
         "forged lane": record(lane={"S": "FAST"}),
+        "forged lane type": record(lane={"N": "1"}),
         "missed": record(state="MISSED"),
         "catch-up missed": record(state="MISSED", lane=catchup),
         "attempt": record(sk="ATT#1"),
@@ -105,7 +107,9 @@ def test_relay_lanes_read_only_their_occurrence_inserts_and_report_item_failures
         assert sent[name] == by_code, name
     assert sent["on time"] == {HANDLER}
     assert sent["catch-up"] == {CATCHUP_HANDLER}
-    assert not any(sent[n] for n in records if n not in ("on time", "catch-up"))
+    assert sent["forged lane type"] == {HANDLER}  # a tenant's own item: its own queue
+    others = ("on time", "catch-up", "forged lane type")
+    assert not any(sent[n] for n in records if n not in others)
 
 
 def test_relay_catchup_lane_runs_the_relays_code_under_its_role(service: Template):
@@ -132,10 +136,11 @@ def test_relay_catchup_lane_runs_the_relays_code_under_its_role(service: Templat
     assert any(action == "sqs:SendMessage" for action, _ in grants(CATCHUP_HANDLER))
     assert (catchup["Timeout"], catchup["MemorySize"]) == (relay["Timeout"], relay["MemorySize"])
     # AND the re-drive knows it by name, to re-send only the failed lane's records
-    redrive = functions["relay.redrive.lambda_handler"]
-    assert redrive["Environment"]["Variables"]["PUNCTUAL_CATCHUP_RELAY_FUNCTION"] == {
+    variables = functions["relay.redrive.lambda_handler"]["Environment"]["Variables"]
+    assert variables["PUNCTUAL_CATCHUP_RELAY_FUNCTION"] == {
         "Ref": function_id(service, CATCHUP_HANDLER)
     }
+    assert variables["PUNCTUAL_RELAY_FUNCTION"] == {"Ref": function_id(service, HANDLER)}
 
 
 def test_relay_on_failure_queue_is_encrypted_and_kept_two_weeks(service: Template):

@@ -16,7 +16,7 @@ from punctual.reconciler import Reconciler
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
-from tests.integration.conftest import Api, Clock, bootstrap
+from tests.integration.conftest import ALICE, Api, Clock, bootstrap
 from tests.integration.helpers import (
     assert_error,
     create,
@@ -125,20 +125,26 @@ def test_backfill_makes_only_the_fires_without_an_occurrence_and_a_dry_run_makes
 
 
 def test_backfill_of_a_lost_fire_still_ahead_makes_it_at_its_own_time_on_time(
-    alice: Api, aws: Services, clock: Clock
+    aws: Services, clock: Clock
 ):
-    # GIVEN a */5 schedule materialized up to 10:30 with no record of 10:15 and of 10:25,
-    # and now is 10:21: 10:25 is ahead, within what the materializer passed
+    # GIVEN a tenant allowed one catch-up fire a minute, a */5 schedule made at 09:40 and
+    # materialized up to 10:30 with no record of 10:15 and of 10:25, and now is 10:21:
+    # 10:25 is ahead, within what the materializer passed
+    alice = bootstrap("alice", ALICE, catchup_per_minute=1)
     sid = running_since_0940(aws, clock, lost={at("10:15"), at("10:25")})
     clock.now = at("10:21")
-    # WHEN [10:00, 10:30) is backfilled
-    answer = backfill(alice, sid, at("10:00"), at("10:30"))
-    assert (answer.status, answer.body["created"]) == (200, 2), answer.body
+    # WHEN [09:00, 10:30) is backfilled: 8 fires before the schedule existed, 10:15, 10:25
+    answer = backfill(alice, sid, at("09:00"), at("10:30"))
+    assert (answer.status, answer.body["created"]) == (200, 10), answer.body
     after = occurrences(aws, sid)
     [past], [ahead] = after[at("10:15")], after[at("10:25")]
-    # THEN the past one is receivable now, in the catch-up lane
-    assert (int(past["available_at"]["N"]), past["lane"]) == (at("10:21"), {"S": "CATCHUP"})
-    # AND the one ahead is receivable at its own time, never before, in the on-time lane
+    # THEN the past ones are paced from now (a minute apart), in the catch-up lane
+    assert (int(past["available_at"]["N"]), past["lane"]) == (
+        at("10:21") + 8 * 60,
+        {"S": "CATCHUP"},
+    )
+    # AND the one ahead is receivable at its own time, neither early nor held back by the
+    # pace (ninth in line, it would be paced to 10:30), in the on-time lane
     assert int(ahead["available_at"]["N"]) == at("10:25")
     assert "lane" not in ahead
 

@@ -18,6 +18,7 @@ from punctual.dal.tables import DUE_INDEX, current_key, occurrence_key
 from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import LEASE_SECONDS, RENEW_AFTER, STEP_LIMIT, Materializer
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
+from punctual.planning import CATCHUP_AFTER
 from punctual.reconciler import Reconciler
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
@@ -321,6 +322,22 @@ def test_materializer_ten_minute_outage_applies_the_misfire_policy(
     recent = [f for f in fired if f >= now - 60]
     assert recent == list(range(recent[0], recent[-1] + 1, 60))
     assert recent[0] == now - 60
+
+
+def test_materializer_fires_long_due_within_max_lateness_go_by_the_catchup_lane(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely schedule tolerating a day of lateness, and ten minutes with no tick
+    sid, before, _ = _outage(aws, clock, {"action": "FIRE_ONCE", "max_lateness_seconds": 86400})
+    now = int(clock.now)
+    made = occurrences(aws, sid)[before:]
+    # THEN every late fire fired (none is a misfire), at its own time; those due more than
+    # CATCHUP_AFTER ago go by the catch-up lane, the last minutes' and the coming ones on time
+    assert [o["scheduled_for"] for o in made] == sorted(o["scheduled_for"] for o in made)
+    lanes = {o["scheduled_for"]: o.get("lane") for o in made}
+    assert {lane for t, lane in lanes.items() if t < now - CATCHUP_AFTER} == {"CATCHUP"}
+    assert {lane for t, lane in lanes.items() if t >= now - CATCHUP_AFTER} == {None}
+    assert min(lanes) < now - CATCHUP_AFTER <= max(lanes)
 
 
 def test_materializer_catchup_is_paced_by_the_tenant_rate(aws: Services, clock: Clock):

@@ -229,6 +229,7 @@ def test_stream_redrive_relays_a_discarded_batch_again(
         ("punctual-RelayFunction", {"on time"}),
         ("punctual-RelayCatchup", {"catch-up"}),
         (None, {"on time", "catch-up"}),  # the failure does not say: both, nothing lost
+        ("punctual-RelayRetired", {"on time", "catch-up"}),  # neither lane's now: both
     ],
 )
 def test_stream_redrive_resends_only_the_failed_lanes_records(
@@ -256,8 +257,10 @@ def test_stream_redrive_resends_only_the_failed_lanes_records(
         arn = f"arn:aws:lambda:us-east-1:123456789012:function:{function}"
         failure["requestContext"]["functionArn"] = arn
     clock.advance(45)
-    # WHEN the re-drive, told which function is the catch-up lane's, handles it
-    StreamRedrive(streams, Relay(local_aws), "punctual-RelayCatchup").redrive(failure)
+    # WHEN the re-drive, told which function is which lane's, handles it
+    StreamRedrive(
+        streams, Relay(local_aws), "punctual-RelayFunction", "punctual-RelayCatchup"
+    ).redrive(failure)
     # THEN only the failed lane's records are sent again: the other lane sent its own
     sent = {m["occurrence_id"] for m in messages(local_aws, "alice")}
     expected = {"on time": {on_time, catchup}, "catch-up": {late.occurrence_id}}

@@ -12,6 +12,7 @@ from punctual.dal.occurrences import occurrence_to_item
 from punctual.ids import new_schedule_id, occurrence_id
 from punctual.models import Lane, Occurrence
 from punctual.services import Services
+from punctual_local.stack import lane_checkpoints
 from punctual_local.streams import StreamPoller
 
 
@@ -78,23 +79,22 @@ def test_stream_lanes_a_new_lane_starts_where_the_stacks_poller_was(
     streams: Any,
     tmp_path: Path,
 ):
-    # GIVEN a stack whose single poller (every lane) relayed a catch-up occurrence already
+    # GIVEN a stack whose single poller (before the lanes) relayed a catch-up occurrence
     old = _put(local_aws, 1_800_000_000, Lane.CATCHUP)
-    checkpoints = tmp_path / "streams.json"
-    _poller(local_aws, streams, Handed(), checkpoints).poll_once()
+    _poller(local_aws, streams, Handed(), tmp_path / "streams.json").poll_once()
     new = _put(local_aws, 1_800_000_060, Lane.CATCHUP)
-    # WHEN the catch-up lane's poller starts with no checkpoint of its own, seeded from it
+    # WHEN the stack starts with lanes: the on-time poller runs first and moves on
+    checkpoints = lane_checkpoints(tmp_path)
+    _poller(local_aws, streams, Handed(), checkpoints[None], lane=None).poll_once()
     handed = Handed()
-    poller = _poller(
-        local_aws, streams, handed, tmp_path / "catchup.json", lane="CATCHUP", seed=checkpoints
-    )
-    poller.poll_once()
-    # THEN it hands only what came after (the old one was sent), and keeps its own position
+    _poller(local_aws, streams, handed, checkpoints["CATCHUP"], lane="CATCHUP").poll_once()
+    # THEN the catch-up lane hands only what came after the old poller (the old one was
+    # sent), however far the on-time lane went meanwhile
     assert handed.ids == [new]
     assert old not in handed.ids
-    assert (tmp_path / "catchup.json").exists()
+    # AND it keeps its own position from then on: nothing again
     again = Handed()
     _poller(
-        local_aws, streams, again, tmp_path / "catchup.json", lane="CATCHUP", seed=checkpoints
+        local_aws, streams, again, lane_checkpoints(tmp_path)["CATCHUP"], lane="CATCHUP"
     ).poll_once()
     assert again.ids == []

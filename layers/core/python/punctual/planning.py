@@ -30,6 +30,10 @@ from punctual.timing import get_zone, local_wall
 MAX_DIRECT = 25
 # SQS delays a message at most 900 s: a catch-up paced slower than that is compressed.
 MAX_CATCHUP_SPREAD = 840  # seconds, with a tick to spare
+# A fire made this long after it was due (within max_lateness, so not a misfire) is
+# recovery work, not a fire due now: it goes by the catch-up lane (models.Lane). A tick a
+# little late stays on time.
+CATCHUP_AFTER = 300  # seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +168,13 @@ def plan(
             for i, f in enumerate(released)
         ]
         + [
-            _occurrence(schedule, f, f.available_at, retention_seconds)
+            _occurrence(
+                schedule,
+                f,
+                f.available_at,
+                retention_seconds,
+                lane=Lane.CATCHUP if f.available_at < now - CATCHUP_AFTER else None,
+            )
             for f in chosen[len(released) :]
         ]
     )

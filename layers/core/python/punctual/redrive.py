@@ -51,24 +51,30 @@ class Trimmed(Exception):
     """The stream no longer holds a discarded batch: only the reconciler can re-send it."""
 
 
-def failed_lane(failure: dict[str, Any], catchup_function: str) -> str | None:
+def failed_lane(failure: dict[str, Any], relay_function: str, catchup_function: str) -> str | None:
     """The lane (``wanted``'s argument) of the mapping whose batch ``failure`` names: both
     lanes' mappings read the same shards, so a batch's range holds the other lane's records
-    too, which that lane has sent. ANY_LANE when the failure does not tell."""
+    too, which that lane has sent. ANY_LANE when the failure names neither function (say,
+    one replaced since): re-sending the other lane's records costs duplicates, not loss."""
     arn = str(failure.get("requestContext", {}).get("functionArn", ""))
     parts = arn.split(":")  # arn:aws:lambda:<region>:<account>:function:<name>[:<qualifier>]
-    if not catchup_function or len(parts) < 7 or parts[5] != "function":
-        return ANY_LANE
-    return Lane.CATCHUP.value if parts[6] == catchup_function else None
+    name = parts[6] if len(parts) >= 7 and parts[5] == "function" else None
+    if name and name == catchup_function:
+        return Lane.CATCHUP.value
+    if name and name == relay_function:
+        return None
+    return ANY_LANE
 
 
 class StreamRedrive:
     """Replays one discarded stream batch (the on-failure queue's message) through the relay."""
 
-    def __init__(self, streams: Any, relay: Relay, catchup_function: str = "") -> None:
+    def __init__(
+        self, streams: Any, relay: Relay, relay_function: str = "", catchup_function: str = ""
+    ) -> None:
         self._streams = streams
         self._relay = relay
-        self._catchup_function = catchup_function
+        self._functions = (relay_function, catchup_function)
 
     def redrive(self, failure: dict[str, Any]) -> RelayReport:
         """Relay the batch again; SendFailed if some of it still could not be sent (the
@@ -88,7 +94,7 @@ class StreamRedrive:
             if error.response.get("Error", {}).get("Code") == "TrimmedDataAccessException":
                 raise Trimmed(f"stream records {info['startSequenceNumber']}.. expired") from error
             raise
-        lane = failed_lane(failure, self._catchup_function)
+        lane = failed_lane(failure, *self._functions)
         report = self._relay.relay([r for r in records if wanted(r, lane)])
         if report.failures:
             raise SendFailed(f"{len(report.failures)} of the batch not sent again yet")

@@ -491,9 +491,11 @@ class ControlPlane:
         for index, oid in enumerate(ids):
             _, version, fire, _ = occurrence_name(oid)
             # At the pace, or spread over MAX_CATCHUP_SPREAD when that is too long for SQS;
-            # never before its own time (a fire of the lookahead the materializer passed).
+            # a fire still ahead (of the lookahead the materializer passed) at its own time,
+            # neither early nor held back by the pace.
             own = available_at(oid, fire, schedule.flexible_window_seconds)
-            receivable = max(own, now + min(index * pace, index * MAX_CATCHUP_SPREAD // gaps))
+            paced = now + min(index * pace, index * MAX_CATCHUP_SPREAD // gaps)
+            receivable = own if own >= now else paced
             made.append(
                 Occurrence(
                     occurrence_id=oid,

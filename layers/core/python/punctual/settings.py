@@ -44,11 +44,10 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("region", "PUNCTUAL_REGION", "AWS_REGION"),
     )
     partition: str = Field(default="aws", pattern=r"^aws[a-z-]*$")
-    catchup_relay_function: str = Field(
-        default="",
-        description="The catch-up lane's relay function: the re-drive tells which lane's "
-        "stream batch failed by it (empty: every lane's records of the batch are re-sent).",
-    )
+    # The two lanes' relay functions: the re-drive tells which lane's stream batch failed
+    # by them (unknown: every lane's records of the batch are re-sent).
+    relay_function: str = ""
+    catchup_relay_function: str = ""
     operator_principals: Annotated[frozenset[str], NoDecode] = frozenset()
     version: str = "0.1.0"
 

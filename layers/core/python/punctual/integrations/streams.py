@@ -19,14 +19,13 @@ ANY_LANE = "*"
 
 def wanted(record: dict[str, Any], lane: str | None = ANY_LANE) -> bool:
     """A mapping's filter: eventName INSERT and NewImage.sk starting with OCC#, in ``lane``:
-    None is the on-time lane (no lane attribute), ANY_LANE either; as infra/relay.py's
-    filters say it."""
+    None is the on-time lane (no string at NewImage.lane.S), ANY_LANE either; as
+    infra/relay.py's filters say it."""
     image = record.get("dynamodb", {}).get("NewImage", {})
     sk = image.get("sk", {}).get("S", "")
-    if lane is None:
-        in_lane = "lane" not in image
-    else:
-        in_lane = lane == ANY_LANE or image.get("lane") == {"S": lane}
+    named = image.get("lane", {})
+    named = named.get("S") if isinstance(named, dict) else None
+    in_lane = lane == ANY_LANE or named == lane  # None: no lane named (the on-time lane)
     return record.get("eventName") == "INSERT" and sk.startswith(OCCURRENCE_PREFIX) and in_lane
 
 
