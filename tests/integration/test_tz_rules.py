@@ -55,6 +55,16 @@ def daily_nine_in_vancouver(aws: Services, clock: Clock) -> tuple[str, int]:
     return sid, shard
 
 
+def every_five_in_vancouver_mornings(aws: Services, clock: Clock) -> tuple[str, int]:
+    """Every five minutes from 08:00 to 09:55 America/Vancouver, made at 15:40Z under 2025b
+    (16:00Z to 17:55Z) and planned by the materializer up to 16:50Z."""
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("*/5 8-9 * * *", "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:50"), [shard], every=60)
+    return sid, shard
+
+
 def test_the_reconciler_replans_a_schedule_whose_zone_rules_changed(
     alice: Api, aws: Services, clock: Clock, old_rules: None
 ):
@@ -101,10 +111,7 @@ def test_the_materializer_replans_a_stale_schedule_before_it_steps_it(
 ):
     # GIVEN an every-five-minutes schedule in Vancouver from 08:00 to 09:55 local, planned
     # under 2025b (16:00Z to 17:55Z) up to 16:50Z
-    clock.now = at("15:40")
-    sid = make(aws, spec=cron_spec("*/5 8-9 * * *", "America/Vancouver"))
-    shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, at("16:50"), [shard], every=60)
+    sid, shard = every_five_in_vancouver_mornings(aws, clock)
     planned = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
     assert planned[0] == at("16:00")  # 08:00 (old)
     assert planned[-1] < at("16:55")
@@ -125,10 +132,7 @@ def test_another_regions_materializer_leaves_a_stale_schedule_to_its_home(
 ):
     # GIVEN the every-five-minutes Vancouver schedule planned under 2025b up to 16:50Z in
     # us-east-1, its home (its next fires due in the minutes ahead)
-    clock.now = at("15:40")
-    sid = make(aws, spec=cron_spec("*/5 8-9 * * *", "America/Vancouver"))
-    shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, at("16:50"), [shard], every=60)
+    sid, shard = every_five_in_vancouver_mornings(aws, clock)
     before = {o: (v["state"], v["available_at"]) for o, v in occurrences_of(aws, sid).items()}
     # WHEN the pinned release is deployed and us-west-2's materializer walks the shard
     use_zone_source(None)
