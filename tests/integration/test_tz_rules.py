@@ -144,6 +144,22 @@ def test_another_regions_materializer_leaves_a_stale_schedule_to_its_home(
     assert after == before
 
 
+def test_another_regions_reconciler_leaves_a_stale_schedule_to_its_home(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN the Vancouver schedule planned under 2025b in us-east-1, its home
+    sid, shard = every_five_in_vancouver_mornings(aws, clock)
+    before = {o: (v["state"], v["available_at"]) for o, v in occurrences_of(aws, sid).items()}
+    # WHEN the pinned release is deployed and us-west-2's reconciler checks the shard
+    use_zone_source(None)
+    [result] = Reconciler(region(aws, WEST)).run([shard], at("16:00"), at("16:50"))
+    # THEN it re-planned nothing: the home region's to do
+    assert result.replanned == []
+    assert current_item(aws, sid)["tzdata"] == "2025b"
+    after = {o: (v["state"], v["available_at"]) for o, v in occurrences_of(aws, sid).items()}
+    assert after == before
+
+
 def test_a_schedule_in_a_zone_whose_rules_did_not_change_keeps_its_plan(
     alice: Api, aws: Services, clock: Clock, old_rules: None
 ):
