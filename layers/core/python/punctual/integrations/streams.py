@@ -23,9 +23,9 @@ def wanted(record: dict[str, Any], lane: str | None = ANY_LANE) -> bool:
     infra/relay.py's filters say it."""
     image = record.get("dynamodb", {}).get("NewImage", {})
     sk = image.get("sk", {}).get("S", "")
-    named = image.get("lane", {})
-    named = named.get("S") if isinstance(named, dict) else None
-    in_lane = lane == ANY_LANE or named == lane  # None: no lane named (the on-time lane)
+    attribute = image.get("lane")
+    named = attribute.get("S") if isinstance(attribute, dict) else None  # None: on time
+    in_lane = lane == ANY_LANE or named == lane
     return record.get("eventName") == "INSERT" and sk.startswith(OCCURRENCE_PREFIX) and in_lane
 
 
