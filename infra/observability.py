@@ -26,6 +26,7 @@ from constructs import Construct
 
 from infra.checks import acknowledge
 from infra.config import AlarmThresholds
+from infra.functions import FunctionDefaults, python_function
 from punctual.dal.tables import ALL_TABLES, TableSpec
 from punctual.settings import Settings
 
@@ -111,8 +112,10 @@ class Observability(Construct):
         settings: Settings,
         thresholds: AlarmThresholds,
         emails: Sequence[str],
+        defaults: FunctionDefaults,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.drain_widget = self._drain_widget(defaults)
         self.topic = sns.Topic(self, "Alarms", display_name="Punctual alarms", enforce_ssl=True)
         acknowledge(
             self.topic,
@@ -148,6 +151,25 @@ class Observability(Construct):
         self.alarms: list[cw.Alarm] = []
         self._alarms(watched, settings, thresholds)
         self.dashboard = self._dashboard(watched, settings, thresholds)
+
+    def _drain_widget(self, defaults: FunctionDefaults) -> lambda_.Function:
+        """The dashboard's custom widget: the tenants' delivery backlog and drain time
+        (functions/relay/drain.py). Whoever views the dashboard needs lambda:InvokeFunction
+        on it (docs/operations.md, *Backlog and drain*)."""
+        function = python_function(
+            self,
+            "DrainWidget",
+            handler="relay.drain.lambda_handler",
+            defaults=defaults,
+            timeout=Duration.seconds(30),
+            memory_mb=256,
+            description="Dashboard widget: the tenants' delivery backlog and drain time",
+            any_resource_reasons=("cloudwatch:GetMetricData has no resource-level permissions.",),
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["cloudwatch:GetMetricData"], resources=["*"])
+        )
+        return function
 
     # --- alarms ---------------------------------------------------------------------------
 
@@ -527,6 +549,14 @@ class Observability(Construct):
             ),
         )
         dashboard.add_widgets(*self._backlog_widgets(graph))
+        dashboard.add_widgets(
+            cw.CustomWidget(
+                function_arn=self.drain_widget.function_arn,
+                title="Delivery backlog and drain time: all tenants, the 5 largest",
+                width=24,
+                height=5,
+            )
+        )
         dashboard.add_widgets(
             cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=24, height=4)
         )

@@ -116,6 +116,7 @@ class PunctualStack(cdk.Stack):
             settings=settings,
             thresholds=config.alarms,
             emails=config.alarm_emails,
+            defaults=defaults,
         )
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="Base URL")
         if operator is not None:

@@ -52,6 +52,8 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     ("/punctual/materializer.py", "Materializer.", "materializer"),
     ("/functions/relay/redrive.py", "", "redrive"),
     ("/punctual/redrive.py", "StreamRedrive.", "redrive"),
+    ("/functions/relay/drain.py", "", "drain"),
+    ("/punctual/integrations/queue_metrics.py", "QueueMetrics.", "drain"),
     ("/functions/relay/", "", "relay"),
     ("/punctual/relay.py", "Relay.", "relay"),
     ("/functions/reconciler/", "", "reconciler"),
@@ -60,7 +62,7 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     ("/punctual_client/worker/", "", "worker"),
     ("/punctual/dal/effects.py", "EffectLedger.", "worker"),
 )
-FUNCTIONS = ("api", "materializer", "relay", "redrive", "reconciler")
+FUNCTIONS = ("api", "materializer", "relay", "redrive", "reconciler", "drain")
 
 _DEFAULTS = Settings.model_construct()  # the deployed defaults, whatever the environment says
 TABLE_NAMES = {spec.setting: spec.name(_DEFAULTS) for spec in ALL_TABLES}
@@ -231,6 +233,8 @@ def iam_requests(service: str, operation: str, params: dict[str, Any]) -> list[t
         if operation == "CreateQueue" and params.get("tags"):
             requests.append(("sqs:TagQueue", _queue(name)))
         return requests
+    if service == "cloudwatch" and operation == "GetMetricData":
+        return [("cloudwatch:GetMetricData", "*")]  # no resource-level permissions
     raise AssertionError(
         f"{service}:{operation} is a service the recorder cannot spell yet: teach "
         "tests/aws_calls.py.iam_requests its actions and resources"

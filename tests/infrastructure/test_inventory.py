@@ -23,7 +23,8 @@ from tests.aws_calls import FUNCTIONS, RECORDER, Call, Emitted, differences, rea
 from .conftest import Synthesized, actions_of, render, resources_of, role_statements
 
 HANDLERS = {function: f"{function}.handler.lambda_handler" for function in FUNCTIONS} | {
-    "redrive": "relay.redrive.lambda_handler"
+    "redrive": "relay.redrive.lambda_handler",
+    "drain": "relay.drain.lambda_handler",
 }
 ARN = "arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>:{resource}"
 

@@ -33,12 +33,11 @@ def test_layer_requirements_come_from_pyproject_with_tzdata_pinned():
 
 
 def test_layer_every_function_shares_runtime_layer_tracing_and_json_logs(service: Template):
-    # THEN each of the six functions (API, materializer, the relay's two lanes, re-drive,
-    # reconciler) runs
-    # python3.14 on arm64 with the layer, active tracing, JSON logs into its own log group,
-    # and the Powertools settings
+    # THEN each of the seven functions (API, materializer, the relay's two lanes, re-drive,
+    # reconciler, the dashboard's drain widget) runs python3.14 on arm64 with the layer,
+    # active tracing, JSON logs into its own log group, and the Powertools settings
     functions = service.find_resources("AWS::Lambda::Function")
-    assert len(functions) == 6
+    assert len(functions) == 7
     layer = next(iter(service.find_resources("AWS::Lambda::LayerVersion")))
     for function in functions.values():
         properties = function["Properties"]

@@ -138,6 +138,14 @@ def test_observability_dashboard_shows_lag_percentiles_and_the_pipeline(service:
         "SELECT SUM(NumberOfMessagesDeleted)",
     ):
         assert query in text, query
+    # AND the tenants' drain times, which metric math cannot compute, from the drain widget
+    (function_id,) = [
+        logical_id
+        for logical_id, function in service.find_resources("AWS::Lambda::Function").items()
+        if function["Properties"]["Handler"] == "relay.drain.lambda_handler"
+    ]
+    (custom,) = [w for w in widgets if w["type"] == "custom"]
+    assert custom["properties"]["endpoint"] == f"<{function_id}.Arn>"
     # AND nothing only workers emit: they run in tenants' accounts
     for metric in ("Succeeded", "Dead", "SkippedOverlap", "StaleRefused", "Retried"):
         assert f'"{metric}"' not in text, metric

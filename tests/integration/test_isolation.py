@@ -22,7 +22,7 @@ from punctual.access import worker_policy
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import ALL_TABLES, occurrence_key
 from punctual.ids import schedule_key_prefix, tenant_of_schedule
-from punctual.integrations.queues import DLQ_RETENTION_SECONDS, OWNER_TAG, queue_name
+from punctual.integrations.queues import DLQ_RETENTION_SECONDS, OWNER_TAG, queue_name, queue_owner
 from punctual.models import TARGET_NAME_PATTERN, ScheduleDefinition
 from punctual.principals import PrincipalError, normalize_principal
 from punctual.relay import Relay
@@ -51,6 +51,21 @@ def test_queue_names_never_collide_over_any_tenants_and_targets(triples):
     names = {queue_name("punctual", tenant, target, dlq=dlq) for tenant, target, dlq in unique}
     # THEN no two share a name
     assert len(names) == len(unique)
+
+
+@given(tenant_ids, target_names, st.booleans())
+def test_queue_names_read_back_to_their_tenant_target_and_role(tenant, target, dlq):
+    # GIVEN any queue name Punctual makes; THEN the drain widget reads back whose it is
+    assert queue_owner("punctual", queue_name("punctual", tenant, target, dlq=dlq)) == (
+        tenant,
+        target,
+        dlq,
+    )
+
+
+def test_queue_names_punctual_cannot_have_made_have_no_owner():
+    for name in ("punctual-relay-failures", "other-acme_x", "punctual-acme", "punctual-Acme_x"):
+        assert queue_owner("punctual", name) is None, name
 
 
 def test_queue_names_of_the_issues_collisions_are_distinct():

@@ -3,7 +3,16 @@ takes to clear, for the materializer's walks and for delivery, overall and per t
 
 from __future__ import annotations
 
-from punctual.drain import NOT_DRAINING, Drain, delivery_drain, estimate, largest, walk_drain
+from punctual.drain import (
+    NOT_DRAINING,
+    Drain,
+    QueueFigures,
+    delivery_drain,
+    estimate,
+    largest,
+    queue_drain,
+    walk_drain,
+)
 
 NOW = 1_800_000_000
 M = 60
@@ -75,3 +84,30 @@ def test_largest_ranks_by_backlog_then_age_and_leaves_out_the_empty():
     tenants = {"a": d(5, NOW), "b": d(9, NOW), "c": d(5, NOW - 60), "e": d(0, None)}
     assert [t for t, _ in largest(tenants)] == ["b", "c", "a"]
     assert [t for t, _ in largest(tenants, 1)] == ["b"]
+
+
+def test_queue_drain_sums_a_tenants_targets_and_ages_only_queues_with_messages_waiting():
+    # GIVEN acme's two queues (one empty, whose idle age must not count) and beta's one
+    queues = [
+        ("acme", QueueFigures(waiting=100, oldest_age=300, deleted=600, sent=300)),
+        ("acme", QueueFigures(waiting=0, oldest_age=5_000, deleted=300, sent=0)),
+        ("beta", QueueFigures(waiting=20, oldest_age=40, deleted=0, sent=30)),
+    ]
+    overall, tenants = queue_drain(queues, now=NOW, window=300)
+    # THEN acme: 100 waiting since NOW - 300, 3 deleted and 1 sent a second: 50 s
+    assert tenants["acme"] == Drain(
+        backlog=100,
+        oldest_due=NOW - 300,
+        processed_per_second=3.0,
+        arriving_per_second=1.0,
+        drain_seconds=50,
+    )
+    # AND beta is not draining; overall 120 at 3 - 1.1 a second
+    assert tenants["beta"].drain_seconds == NOT_DRAINING
+    assert (overall.backlog, overall.oldest_due) == (120, NOW - 300)
+    assert overall.drain_seconds == estimate(120, processed=3.0, arriving=1.1) == 64
+
+
+def test_queue_drain_of_no_queue_is_empty():
+    overall, tenants = queue_drain([], now=NOW, window=300)
+    assert (overall.backlog, overall.oldest_due, overall.drain_seconds, tenants) == (0, None, 0, {})

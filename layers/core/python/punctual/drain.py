@@ -8,8 +8,9 @@ is being processed. Two stages have a backlog of their own:
   rate workers take them minus the rate new ones fall due.
 
 Pure arithmetic over what the callers count: the materializer handler (its shard reports),
-`punctual stats` (the local tables), and on AWS the dashboard's metric math over each
-tenant queue's SQS metrics (the same formula: visible messages over the delete rate).
+`punctual stats` (the local tables), and on AWS the dashboard's drain widget
+(functions/relay/drain.py) over each tenant queue's SQS metrics (``queue_drain``: the
+messages waiting over the rate workers delete them less the rate the relay sends them).
 """
 
 from __future__ import annotations
@@ -123,3 +124,44 @@ def largest(tenants: dict[str, Drain], count: int = 5) -> list[tuple[str, Drain]
         key=lambda pair: (-pair[1].backlog, pair[1].oldest_due or 0, pair[0]),
     )
     return ranked[:count]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFigures:
+    """One SQS queue as CloudWatch measures it: messages waiting and the age of the oldest
+    (seconds since it was sent) in the latest minute, messages deleted (workers done with
+    them) and sent (by the relay) over the window."""
+
+    waiting: int = 0
+    oldest_age: int = 0
+    deleted: int = 0
+    sent: int = 0
+
+
+def queue_drain(
+    queues: Iterable[tuple[str, QueueFigures]], *, now: int, window: int
+) -> tuple[Drain, dict[str, Drain]]:
+    """The delivery stage as the tenants' queues show it, overall and per tenant (a
+    tenant's targets summed): ``queues`` the (tenant, figures) of each queue. Its oldest
+    due time is ``now`` less the age of the oldest message of a queue with messages
+    waiting; it drains at the deleted rate less the sent rate, each over ``window``
+    seconds."""
+    per_tenant: dict[str, list[QueueFigures]] = defaultdict(list)
+    for tenant, figures in queues:
+        per_tenant[tenant].append(figures)
+
+    def drain(figures: Sequence[QueueFigures]) -> Drain:
+        waiting = sum(f.waiting for f in figures)
+        ages = [f.oldest_age for f in figures if f.waiting]
+        processed = sum(f.deleted for f in figures) / window
+        arriving = sum(f.sent for f in figures) / window
+        return Drain(
+            backlog=waiting,
+            oldest_due=now - max(ages) if ages else None,
+            processed_per_second=processed,
+            arriving_per_second=arriving,
+            drain_seconds=estimate(waiting, processed, arriving),
+        )
+
+    tenants = {tenant: drain(figures) for tenant, figures in per_tenant.items()}
+    return drain([f for figures in per_tenant.values() for f in figures]), tenants

@@ -11,13 +11,16 @@ if a name were ever reused.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from punctual.errors import Conflict
+from punctual.models import TARGET_NAME_PATTERN
 from punctual.principals import principal_patterns
+from punctual.tenancy import TENANT_ID_PATTERN
 
 # Receives before SQS moves a message to the DLQ: above the largest retry policy
 # (max_attempts <= 20), so only poison messages and crash loops end there early.
@@ -45,6 +48,23 @@ def queue_name(prefix: str, tenant_id: str, target: str, *, dlq: bool = False) -
     if len(name) > MAX_NAME:
         raise ValueError(f"queue name {name!r} is longer than SQS's {MAX_NAME} characters")
     return name
+
+
+def queue_owner(prefix: str, name: str) -> tuple[str, str, bool] | None:
+    """The (tenant, target, is the DLQ) a queue name stands for, ``queue_name`` read back;
+    None for a name it cannot have made (another application's queue in the account)."""
+    if not name.startswith(f"{prefix}-"):
+        return None
+    tenant, separator, rest = name[len(prefix) + 1 :].partition("_")
+    dlq = rest.startswith("_")
+    target = rest[1:] if dlq else rest
+    if not (
+        separator
+        and re.fullmatch(TENANT_ID_PATTERN, tenant)
+        and re.fullmatch(TARGET_NAME_PATTERN, target)
+    ):
+        return None
+    return tenant, target, dlq
 
 
 class QueueAdmin:
