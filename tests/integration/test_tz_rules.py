@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from punctual import reconciler as reconciler_module
+from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
 from punctual.reconciler import Reconciler
+from punctual.rezone import replan
 from punctual.services import Services
 from punctual.timing import ZoneSource, tzdata_version, use_zone_source
 from tests.instants import epoch
@@ -231,3 +234,58 @@ def test_each_wall_time_fires_once_across_a_change_the_materializer_meets_mid_pl
     assert canceled == sorted(o["scheduled_for"] for o in ahead)
     live = sorted(o["scheduled_for"] for o in found if o["state"] != "CANCELED")
     assert live == [*range(at("16:00"), at("16:13"), 60), *range(at("17:13"), at("18:00"), 60)]
+
+
+def _stale_in_shard(aws: Services, shard: int) -> str:
+    """A Vancouver schedule made under 2025b in ``shard`` (made until one lands there)."""
+    use_zone_source(OLD)
+    while True:
+        sid = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
+        if shard_of(sid, aws.settings.shard_count) == shard:
+            use_zone_source(None)
+            return sid
+
+
+def test_the_reconciler_replans_a_stale_schedule_listed_after_a_current_one(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule planned under the release in use, made first (first in its shard's
+    # pages, which the index sorts by creation)
+    clock.now = at("15:30")
+    current = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
+    shard = shard_of(current, aws.settings.shard_count)
+    # AND after it, in the same shard, one planned under 2025b
+    clock.now = at("15:40")
+    stale = _stale_in_shard(aws, shard)
+    # WHEN the reconciler checks the shard
+    clock.now = at("16:05")
+    [result] = Reconciler(aws).run([shard], at("15:00"), at("16:00"))
+    # THEN it went past the current one and re-planned the stale one
+    assert result.replanned == [stale]
+    assert current_item(aws, stale)["tzdata"] == NEW
+    assert current_item(aws, current)["tzdata"] == NEW
+
+
+def test_a_replan_that_keeps_losing_races_leaves_the_report_incomplete(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a schedule planned under 2025b
+    clock.now = at("15:40")
+    stale = _stale_in_shard(aws, 0)
+    clock.now = at("16:05")
+
+    # AND its re-plan keeps losing races to the API (rezone.replan gives up: Retryable)
+    def racing(services: Services, schedule_id: str) -> None:
+        raise Retryable(f"schedule {schedule_id} kept changing while it was re-planned")
+
+    monkeypatch.setattr(reconciler_module, "replan", racing)
+    # WHEN the reconciler checks its shard
+    [result] = Reconciler(aws).run([0], at("15:00"), at("16:00"))
+    # THEN the report says incomplete (the hour is checked again), nothing re-planned
+    assert result.report.complete is False
+    assert result.replanned == []
+    assert current_item(aws, stale)["tzdata"] == "2025b"
+    # AND the next run, the race over, re-plans it and completes
+    monkeypatch.setattr(reconciler_module, "replan", replan)
+    [again] = Reconciler(aws).run([0], at("15:00"), at("16:00"))
+    assert (again.report.complete, again.replanned) == (True, [stale])
