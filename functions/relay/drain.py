@@ -13,22 +13,25 @@ import boto3
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from punctual.drain import NOT_DRAINING, Drain, largest, queue_drain
-from punctual.integrations.queue_metrics import QueueMetrics
+from punctual.integrations.queue_metrics import MINUTE, QueueMetrics
 from punctual.observability import logger
 from punctual.services import Services, Wiring
 from punctual.timing import utc_text
 
 WINDOW = 300  # seconds of deletes and sends the rates are measured over
+# CloudWatch may still be taking in the last minutes' datapoints: the window ends earlier.
+INGESTION = 120
 LARGEST = 5
 
 DESCRIPTION = """\
 **Delivery backlog and drain time** (docs/operations.md, *Backlog and drain*).
 
-Messages waiting in the tenants' queues, the due time of the oldest (its age in the queue),
-the rates workers deleted and the relay sent messages over the last 5 minutes, and the
-time the backlog takes to clear at that pace: waiting / (deleted - sent). *not draining*:
-it does not shrink. Overall (every tenant queue among the 500 largest by each figure) and
-the 5 tenants with most messages waiting (their targets summed); DLQs left out.
+Messages waiting or in flight in the tenants' queues, the due time of the oldest (its age
+in the queue), the rates workers deleted and the relay sent messages over five minutes, and
+the time the backlog takes to clear at that pace: backlog / (deleted - sent). *not
+draining*: it does not shrink; *over a day*: it shrinks, slower. Overall (every tenant
+queue among the 500 largest by each figure) and the 5 tenants with the largest backlog
+(their targets summed, each queue read by name); DLQs left out.
 """
 
 wiring = Wiring()
@@ -47,43 +50,51 @@ def _duration(seconds: int) -> str:
     return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
 
 
-def _row(name: str, drain: Drain, now: int) -> str:
+def _eta(drain: Drain) -> str:
+    if not drain.backlog:
+        return "empty"
+    if drain.drain_seconds < NOT_DRAINING:
+        return _duration(drain.drain_seconds)
+    return (
+        "over a day" if drain.processed_per_second > drain.arriving_per_second else ("not draining")
+    )
+
+
+def _row(name: str, drain: Drain, at: int) -> str:
     if drain.oldest_due is None:
         oldest = "-"
     else:
-        oldest = f"{utc_text(drain.oldest_due)} ({_duration(max(0, now - drain.oldest_due))} ago)"
-    if not drain.backlog:
-        eta = "empty"
-    elif drain.drain_seconds >= NOT_DRAINING:
-        eta = "not draining"
-    else:
-        eta = _duration(drain.drain_seconds)
+        oldest = f"{utc_text(drain.oldest_due)} ({_duration(max(0, at - drain.oldest_due))} old)"
     cells = (
         name,
         str(drain.backlog),
         oldest,
         f"{drain.processed_per_second * 60:.1f}",
         f"{drain.arriving_per_second * 60:.1f}",
-        eta,
+        _eta(drain),
     )
     return "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in cells) + "</tr>"
 
 
-def render(overall: Drain, tenants: list[tuple[str, Drain]], now: int) -> str:
+def render(overall: Drain, tenants: list[tuple[str, Drain]], at: int, *, found: bool) -> str:
     header = "".join(
         f"<th>{title}</th>"
         for title in (
             "tenant",
-            "waiting",
+            "backlog",
             "oldest due (UTC)",
             "deleted/min",
             "sent/min",
             "drain time",
         )
     )
-    rows = [_row("all tenants", overall, now)]
-    rows += [_row(tenant, drain, now) for tenant, drain in tenants]
-    return f"<table><tr>{header}</tr>{''.join(rows)}</table><p>as of {utc_text(now)}</p>"
+    rows = [_row("all tenants", overall, at)]
+    rows += [_row(tenant, drain, at) for tenant, drain in tenants]
+    note = "" if found else "<p>No SQS metrics of a tenant queue in this time range.</p>"
+    return (
+        f"<table><tr>{header}</tr>{''.join(rows)}</table>{note}"
+        f"<p>as of {utc_text(at)} (the minutes before; CloudWatch's last two left out)</p>"
+    )
 
 
 @logger.inject_lambda_context
@@ -96,6 +107,19 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> str:
     shown = event.get("widgetContext", {}).get("timeRange", {}).get("end")
     if shown is not None:
         now = min(now, int(shown) // 1000)
-    queues = wiring.built(_metrics).tenant_queues(now=now, window=WINDOW)
-    overall, tenants = queue_drain(queues, now=now, window=WINDOW)
-    return render(overall, largest(tenants, LARGEST), now)
+    end = now - now % MINUTE - INGESTION
+    start = end - WINDOW
+    metrics = wiring.built(_metrics)
+    # Every tenant queue from the survey (for the sums), then the largest tenants' queues
+    # read by name (their rows exact, whatever crowds the survey's lists).
+    surveyed = metrics.survey(start, end)
+    _, tenants = queue_drain(
+        ((tenant, f) for (tenant, _), f in surveyed.items()), now=end, window=WINDOW
+    )
+    largest_ = {tenant for tenant, _ in largest(tenants, LARGEST)}
+    exact = metrics.exact([name for tenant, name in surveyed if tenant in largest_], start, end)
+    queues = [(tenant, exact.get(name, f)) for (tenant, name), f in surveyed.items()]
+    overall, tenants = queue_drain(queues, now=end, window=WINDOW)
+    # (the rows: of those read by name only, the ones with a backlog still)
+    rows = largest({t: d for t, d in tenants.items() if t in largest_}, LARGEST)
+    return render(overall, rows, end, found=bool(surveyed))

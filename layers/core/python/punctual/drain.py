@@ -128,11 +128,13 @@ def largest(tenants: dict[str, Drain], count: int = 5) -> list[tuple[str, Drain]
 
 @dataclass(frozen=True, slots=True)
 class QueueFigures:
-    """One SQS queue as CloudWatch measures it: messages waiting and the age of the oldest
-    (seconds since it was sent) in the latest minute, messages deleted (workers done with
-    them) and sent (by the relay) over the window."""
+    """One SQS queue as CloudWatch measures it: messages waiting (visible), in flight
+    (received, not deleted yet) and the age of the oldest (seconds since it was sent) in
+    the latest minute; messages deleted (workers done with them) and sent (by the relay,
+    and by workers re-queueing a throttled one) over the window."""
 
     waiting: int = 0
+    in_flight: int = 0
     oldest_age: int = 0
     deleted: int = 0
     sent: int = 0
@@ -141,26 +143,26 @@ class QueueFigures:
 def queue_drain(
     queues: Iterable[tuple[str, QueueFigures]], *, now: int, window: int
 ) -> tuple[Drain, dict[str, Drain]]:
-    """The delivery stage as the tenants' queues show it, overall and per tenant (a
-    tenant's targets summed): ``queues`` the (tenant, figures) of each queue. Its oldest
-    due time is ``now`` less the age of the oldest message of a queue with messages
-    waiting; it drains at the deleted rate less the sent rate, each over ``window``
-    seconds."""
+    """The delivery stage as the tenants' queues show it at ``now``, overall and per
+    tenant (a tenant's targets summed): ``queues`` the (tenant, figures) of each queue. The
+    backlog is what is waiting or in flight; its oldest due time is ``now`` less the age
+    of the oldest message of a queue with a backlog; it drains at the deleted rate less
+    the sent rate, each over ``window`` seconds."""
     per_tenant: dict[str, list[QueueFigures]] = defaultdict(list)
     for tenant, figures in queues:
         per_tenant[tenant].append(figures)
 
     def drain(figures: Sequence[QueueFigures]) -> Drain:
-        waiting = sum(f.waiting for f in figures)
-        ages = [f.oldest_age for f in figures if f.waiting]
+        backlog = sum(f.waiting + f.in_flight for f in figures)
+        ages = [f.oldest_age for f in figures if f.waiting + f.in_flight]
         processed = sum(f.deleted for f in figures) / window
         arriving = sum(f.sent for f in figures) / window
         return Drain(
-            backlog=waiting,
+            backlog=backlog,
             oldest_due=now - max(ages) if ages else None,
             processed_per_second=processed,
             arriving_per_second=arriving,
-            drain_seconds=estimate(waiting, processed, arriving),
+            drain_seconds=estimate(backlog, processed, arriving),
         )
 
     tenants = {tenant: drain(figures) for tenant, figures in per_tenant.items()}
