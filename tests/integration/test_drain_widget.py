@@ -26,6 +26,7 @@ from punctual.integrations.queue_metrics import (
     MetricsUnavailable,
     QueueMetrics,
     insights_query,
+    metric_queries,
 )
 from punctual.integrations.queues import queue_name
 from punctual.services import Services
@@ -131,22 +132,9 @@ def expect_exact(stubber: Stubber, end: int, answers: dict[str, dict[str, list[f
     """The read by name of these queues' figures (values newest first; a figure left out
     has no datapoint)."""
     names = sorted(answers)
-    queries = [
-        {
-            "Id": f"q{n}_{field}",
-            "MetricStat": {
-                "Metric": {
-                    "Namespace": "AWS/SQS",
-                    "MetricName": metric,
-                    "Dimensions": [{"Name": "QueueName", "Value": name}],
-                },
-                "Period": M,
-                "Stat": statistic,
-            },
-        }
-        for n, name in enumerate(names)
-        for field, (statistic, metric, _) in QUERIES.items()
-    ]
+    # (the request as the module spells it; the Stubber checks it against CloudWatch's model,
+    # and the answers below are matched by Id)
+    queries = metric_queries(names)
     results = [
         {
             "Id": f"q{n}_{field}",
@@ -341,6 +329,20 @@ def test_drain_widget_over_a_past_time_range_shows_the_backlog_as_it_was(
 
 def test_drain_widget_queries_every_figure_of_a_queue():
     assert set(QUERIES) == {f.name for f in fields(QueueFigures)}
+    # AND a queue read by name is read in SQS's namespace, by its QueueName, per minute
+    found = {
+        (q["Id"], stat["Metric"]["MetricName"], stat["Stat"])
+        for q in metric_queries(["a", "b"])
+        for stat in [q["MetricStat"]]
+        if stat["Metric"]["Namespace"] == "AWS/SQS"
+        and stat["Period"] == M
+        and stat["Metric"]["Dimensions"] == [{"Name": "QueueName", "Value": "ab"[int(q["Id"][1])]}]
+    }
+    assert found == {
+        (f"q{n}_{field}", metric, statistic)
+        for n in (0, 1)
+        for field, (statistic, metric, _) in QUERIES.items()
+    }
 
 
 def test_drain_widget_describes_itself_without_reading_metrics(cloudwatch: Stubber):

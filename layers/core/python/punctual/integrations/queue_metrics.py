@@ -63,6 +63,26 @@ def _value(values: list[float], summed: bool) -> int:
     return round(sum(values) if summed else values[0])
 
 
+def metric_queries(names: list[str]) -> list[dict[str, Any]]:
+    """A MetricStat query per figure of each queue, Id ``q<index of its name>_<figure>``."""
+    return [
+        {
+            "Id": f"q{n}_{field}",
+            "MetricStat": {
+                "Metric": {
+                    "Namespace": "AWS/SQS",
+                    "MetricName": metric,
+                    "Dimensions": [{"Name": "QueueName", "Value": name}],
+                },
+                "Period": MINUTE,
+                "Stat": statistic,
+            },
+        }
+        for n, name in enumerate(names)
+        for field, (statistic, metric, _) in QUERIES.items()
+    ]
+
+
 class QueueMetrics:
     def __init__(self, cloudwatch: Any, prefix: str) -> None:
         self._cloudwatch = cloudwatch
@@ -84,22 +104,7 @@ class QueueMetrics:
         """The figures of these queues over [start, end), each metric read by name (a
         metric with no datapoint, as of an idle queue, counts 0)."""
         names = sorted(set(names))
-        queries = [
-            {
-                "Id": f"q{n}_{field}",
-                "MetricStat": {
-                    "Metric": {
-                        "Namespace": "AWS/SQS",
-                        "MetricName": metric,
-                        "Dimensions": [{"Name": "QueueName", "Value": name}],
-                    },
-                    "Period": MINUTE,
-                    "Stat": statistic,
-                },
-            }
-            for n, name in enumerate(names)
-            for field, (statistic, metric, _) in QUERIES.items()
-        ]
+        queries = metric_queries(names)
         figures: dict[str, dict[str, int]] = {name: {} for name in names}
         for first in range(0, len(queries), MAX_QUERIES):
             chunk = queries[first : first + MAX_QUERIES]
