@@ -75,7 +75,16 @@ MODULES = {
     "timing": Module(
         ("punctual/timing/*.py",),
         ("punctual.timing.",),
-        _tests("unit", "cron_parse", "rules_rate_and_at", "calendar", "time_vectors", "models"),
+        _tests(
+            "unit",
+            "cron_parse",
+            "rules_rate_and_at",
+            "calendar",
+            "time_vectors",
+            "models",
+            "preview",
+            "timing_edges",
+        ),
     ),
     "dal": Module(
         ("punctual/dal/*.py",),
