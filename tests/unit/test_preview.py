@@ -114,3 +114,17 @@ def test_preview_of_a_cron_names_the_wall_times_a_fall_back_repeats(expression, 
     assert [f.local for f in result.fires][: len(repeated)] == [
         f"2026-10-25T{wall}:00+02:00" for wall in repeated
     ]
+
+
+def test_preview_dates_an_offset_change_by_the_zones_calendar_not_utcs():
+    # GIVEN every 12 hours in Auckland, over the night its summer time ends (03:00 NZDT on
+    # 2026-04-05 = 14:00Z on 2026-04-04)
+    auckland = get_zone("Pacific/Auckland")
+    anchor = _epoch("2026-04-04T06:00:00Z")  # 19:00 NZDT on the 4th
+    result = preview(RateRule(12 * 3600, anchor), anchor - 1, 2, auckland)
+    # THEN the second fire (18:00Z on the 4th) is 06:00 NZST on the 5th: the note's date
+    assert result.fires[1].local == "2026-04-05T06:00:00+12:00"
+    assert result.notes == [
+        "2026-04-05: the UTC offset of Pacific/Auckland changes before this fire; "
+        "elapsed-time rules keep their interval, so the local time shifts"
+    ]
