@@ -1240,3 +1240,63 @@ def _schedule_ids(aws: Services) -> list[str]:
         s.schedule_id
         for s in ControlPlane(aws).list_schedules("alice", state=None, limit=100, token=None)[0]
     ]
+
+
+class CountingDynamoDB:
+    """The client, counting the transactions it was asked to commit."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.transactions = 0
+
+    def transact_write_items(self, **kw: Any) -> Any:
+        self.transactions += 1
+        return self._client.transact_write_items(**kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_materializer_a_step_refused_by_its_cursor_and_a_put_is_reread_at_once(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely schedule about to be stepped (several fires a step), its second
+    # fire's occurrence made already (a repair)
+    sid = make(aws, spec=cron_spec("* * * * *"))
+    fire = current(aws, sid)["next_run_at"]
+    clock.now = fire - 120
+    made = occurrence_id(sid, 1, fire + 60)
+    aws.dynamodb.put_item(
+        TableName=aws.settings.occurrences_table,
+        Item=to_dynamo(
+            occurrence_key(made)
+            | {
+                "occurrence_id": made,
+                "tenant_id": "alice",
+                "schedule_version": 1,
+                "scheduled_for": fire + 60,
+                "available_at": fire + 60,
+                "target": "default",
+                "state": "SUCCEEDED",
+            }
+        ),
+    )
+    counting = CountingDynamoDB(aws.dynamodb)
+    plane = ControlPlane(aws)
+
+    def cancel_first(point: str) -> None:
+        if point == "before_commit" and not cancel_first.done:  # type: ignore[attr-defined]
+            cancel_first.done = True  # type: ignore[attr-defined]
+            plane.cancel("alice", sid)
+
+    cancel_first.done = False  # type: ignore[attr-defined]
+    # WHEN it is canceled between the walk's read and its commit: the transaction is
+    # refused by the step's cursor and by the existing occurrence's put
+    report = Materializer(
+        dataclasses.replace(aws, dynamodb=counting), "m1", crash=cancel_first
+    ).run_shard(int(clock.now), shard(aws, sid))
+    # THEN the step is re-read at once (a conflict), not tried again without the refused
+    # put (which the cursor would refuse again): one transaction, nothing of it written
+    assert report.conflicts == 1
+    assert counting.transactions == 1
+    assert all(o["state"] != OccurrenceState.SCHEDULED for o in occurrences(aws, sid))
