@@ -55,9 +55,8 @@ def _eta(drain: Drain) -> str:
         return "empty"
     if drain.drain_seconds < NOT_DRAINING:
         return _duration(drain.drain_seconds)
-    return (
-        "over a day" if drain.processed_per_second > drain.arriving_per_second else ("not draining")
-    )
+    shrinking = drain.processed_per_second > drain.arriving_per_second
+    return "over a day" if shrinking else "not draining"
 
 
 def _row(name: str, drain: Drain, at: int) -> str:
