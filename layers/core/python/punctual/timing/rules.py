@@ -14,7 +14,7 @@ instant), and walking from ``wall(after)`` never yields an instant <= after.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -34,7 +34,6 @@ from punctual.timing.zones import (
     resolve_wall,
     to_epoch,
     utc_text,
-    wall_seconds,
 )
 
 # A cron walk gives up after this many years without a fire (the parser already
@@ -83,17 +82,26 @@ class WallStep:
     resolution: Resolution
 
 
-def _matching_walls(expr: CronExpr, start_day: date) -> Iterator[datetime]:
-    """Matching naive wall minutes in calendar order, from the start of ``start_day``."""
-    year, month = start_day.year, start_day.month
-    first_day = start_day.day
-    times = [time(h, m) for h in expr.hours for m in expr.minutes]
+@lru_cache(maxsize=4096)
+def _wall_times(expr: CronExpr) -> tuple[time, ...]:
+    """The expression's times of day, in order (its hours and minutes are sorted)."""
+    return tuple(time(h, m) for h in expr.hours for m in expr.minutes)
+
+
+def _matching_walls(expr: CronExpr, start: datetime) -> Iterator[datetime]:
+    """Matching naive wall minutes in calendar order, from ``start`` (a whole minute)."""
+    year, month = start.year, start.month
+    first_day = start.day
+    times = _wall_times(expr)
+    # The start's day from its minute on: not every minute of it since midnight (a plan of
+    # "* * * * *" at 23:59 walked 1,439 walls to skip them).
+    from_start = times[bisect_left(times, start.time()) :]
     for _ in range(_MAX_WALK_YEARS * 12):
         if month in expr.months:
             for day_number in range(first_day, days_in_month(year, month) + 1):
                 day = date(year, month, day_number)
                 if expr.matches_date(day):
-                    for at in times:
+                    for at in from_start if day == start.date() else times:
                         yield datetime.combine(day, at)
         first_day = 1
         month += 1
@@ -106,10 +114,7 @@ def _matching_walls(expr: CronExpr, start_day: date) -> Iterator[datetime]:
 def cron_steps(expr: CronExpr, zone: ZoneInfo, after: int) -> Iterator[WallStep]:
     """Matching wall minutes whose instant is > after (or that do not exist), in order."""
     start_wall = local_wall(after, zone).replace(second=0, microsecond=0)
-    start_seconds = wall_seconds(start_wall)
-    for wall in _matching_walls(expr, start_wall.date()):
-        if wall_seconds(wall) < start_seconds:
-            continue
+    for wall in _matching_walls(expr, start_wall):
         instant, resolution = resolve_wall(wall, zone)
         if instant is not None and instant <= after:
             continue
@@ -142,6 +147,7 @@ def clear_plan_caches() -> None:
     """Forget cached parses and windows (benchmarks start cold; tests isolate)."""
     _cron_window.cache_clear()
     parse_cron_cached.cache_clear()
+    _wall_times.cache_clear()
 
 
 _FORGET.append(_cron_window.cache_clear)  # its windows follow the zone rules in use
