@@ -128,3 +128,11 @@ def test_preview_dates_an_offset_change_by_the_zones_calendar_not_utcs():
         "2026-04-05: the UTC offset of Pacific/Auckland changes before this fire; "
         "elapsed-time rules keep their interval, so the local time shifts"
     ]
+
+
+def test_preview_from_after_a_spring_forward_notes_no_skip_before_it():
+    # GIVEN daily 02:30 in Berlin, previewed from 05:00 local on the day 02:30 did not exist
+    result = preview(_cron("30 2 * * *"), _epoch("2026-03-29T03:00:00Z"), 1, BERLIN)
+    # THEN the next fire is the next day's, and the gap before the preview's start is no note
+    assert [f.local for f in result.fires] == ["2026-03-30T02:30:00+02:00"]
+    assert result.notes == []
