@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from punctual.dal.common import Transactions, to_dynamo
+from punctual.dal.common import Transactions, from_dynamo, to_dynamo
 from punctual.dal.leases import LeaseStore, shard_key
 from punctual.dal.schedules import schedule_from_item
 from punctual.dal.tables import DUE_INDEX, current_key, occurrence_key
@@ -72,7 +72,7 @@ def test_materializer_creates_each_due_fire_once_and_moves_the_cursor(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN an hourly schedule whose next fire is beyond what the API materializes itself
-    sid = make(aws, spec=cron_spec("0 * * * *"))
+    sid = make(aws, spec=cron_spec("0 * * * *"), payload={"report": "daily"})
     first = current(aws, sid)["next_run_at"]
     assert instants(aws, sid) == []
     # WHEN the tick comes within the lookahead, twice (an idempotent re-run)
@@ -86,6 +86,12 @@ def test_materializer_creates_each_due_fire_once_and_moves_the_cursor(
     assert found[0]["occurrence_id"] == occurrence_id(sid, 1, first)
     assert found[0]["expires_at"] == first + aws.settings.retention_days * 86400
     assert current(aws, sid)["next_run_at"] == first + 3600
+    # AND it carries the schedule's payload (the relay sends it without reading the schedule)
+    item = aws.dynamodb.get_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(found[0]["occurrence_id"])),
+    )["Item"]
+    assert from_dynamo(item)["payload"] == {"report": "daily"}
 
 
 def test_materializer_second_holder_cannot_claim_a_live_lease(
