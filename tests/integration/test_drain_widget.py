@@ -34,8 +34,6 @@ from punctual.timing import utc_text
 from tests.integration.conftest import Api, LambdaContextStub, bootstrap
 
 M = 60
-# Each figure, minute by minute, newest first, for each queue (by tenant and role).
-Series = dict[str, list[float]]
 
 
 def _queues(aws: Services) -> dict[tuple[str, str], str]:
