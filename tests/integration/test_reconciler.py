@@ -35,6 +35,8 @@ from punctual.reconciler import (
     HISTORY_MARGIN,
     Reconciler,
     ShardResult,
+    _ScheduleOutcome,
+    _Tally,
     expected_occurrences,
     fired_late,
     metric_values,
@@ -1283,3 +1285,17 @@ def test_reconciler_records_a_lone_superseded_gap_missed(alice: Api, aws: Servic
     # THEN that gap alone is recorded MISSED (the transaction checks only the version)
     assert ids(results, "recorded_missed") == {occurrence_id(sid, 1, at("10:15"))}
     assert not ids(results, "fired")
+
+
+def test_reconcile_report_counts_every_schedule_and_keeps_the_first_examples_only():
+    # GIVEN three schedules' outcomes, 25 UNEXPECTED findings in all (more than a report
+    # keeps as examples)
+    tally = _Tally()
+    for n in range(3):
+        findings = [(Finding.UNEXPECTED, f"occ_{n}_{i}") for i in range(10 if n < 2 else 5)]
+        tally.add(_ScheduleOutcome(schedule_id=f"s{n}", versions={}, findings=findings))
+    # THEN it counts three schedules and 25 findings, lists all 25, keeps the first 20
+    assert tally.schedules == 3
+    assert tally.counts[Finding.UNEXPECTED] == 25
+    assert len(tally.of(Finding.UNEXPECTED.value)) == 25
+    assert tally.examples[Finding.UNEXPECTED] == [f"occ_{n}_{i}" for n in (0, 1) for i in range(10)]
