@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from punctual.dal.common import from_dynamo, to_dynamo
@@ -117,3 +118,37 @@ def set_occurrence_state(aws: Services, occurrence_id: str, state: str) -> None:
 def table_items(aws: Services, table: str) -> list[dict[str, Any]]:
     pages = aws.dynamodb.get_paginator("scan").paginate(TableName=table)
     return [item for page in pages for item in page["Items"]]
+
+
+class CountedWrites:
+    """The client, counting its transactions and the write units each write costs by
+    DynamoDB's rules for items up to 1 KB: 2 per action of a transaction (a condition check
+    included), 1 per single write. (DynamoDB Local's ConsumedCapacity for a transaction is
+    per table, not per action: it undercounts.)"""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.units: Counter[str] = Counter()
+        self.transactions = 0  # TransactWriteItems calls
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if name == "transact_write_items":
+
+            def transaction(**request: Any) -> Any:
+                self.transactions += 1
+                for action in request["TransactItems"]:
+                    (kind, body), *_ = action.items()
+                    self.units[f"{kind} {body['TableName'].rsplit('-', 1)[-1]}"] += 2
+                return attribute(**request)
+
+            return transaction
+        if name in ("put_item", "update_item", "delete_item"):
+
+            def single(**request: Any) -> Any:
+                self.units[f"{name} {request['TableName'].rsplit('-', 1)[-1]}"] += 1
+                return attribute(**request)
+
+            return single
+        assert name != "batch_write_item", "count its items too"
+        return attribute

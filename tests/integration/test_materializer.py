@@ -26,7 +26,7 @@ from punctual.timing import utc_text
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
-from tests.integration.helpers import cron_spec, current_item, make
+from tests.integration.helpers import CountedWrites, cron_spec, current_item, make
 
 
 class Crash(BaseException):
@@ -1248,21 +1248,6 @@ def _schedule_ids(aws: Services) -> list[str]:
     ]
 
 
-class CountingDynamoDB:
-    """The client, counting the transactions it was asked to commit."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.transactions = 0
-
-    def transact_write_items(self, **kw: Any) -> Any:
-        self.transactions += 1
-        return self._client.transact_write_items(**kw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
 def test_materializer_a_step_refused_by_its_cursor_and_a_put_is_reread_at_once(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -1287,7 +1272,7 @@ def test_materializer_a_step_refused_by_its_cursor_and_a_put_is_reread_at_once(
             }
         ),
     )
-    counting = CountingDynamoDB(aws.dynamodb)
+    counting = CountedWrites(aws.dynamodb)
     plane = ControlPlane(aws)
 
     def cancel_first(point: str) -> None:

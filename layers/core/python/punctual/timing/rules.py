@@ -95,13 +95,13 @@ def _matching_walls(expr: CronExpr, start: datetime) -> Iterator[datetime]:
     times = _wall_times(expr)
     # The start's day from its minute on: not every minute of it since midnight (a plan of
     # "* * * * *" at 23:59 walked 1,439 walls to skip them).
-    from_start = times[bisect_left(times, start.time()) :]
+    from_start, start_day = times[bisect_left(times, start.time()) :], start.date()
     for _ in range(_MAX_WALK_YEARS * 12):
         if month in expr.months:
             for day_number in range(first_day, days_in_month(year, month) + 1):
                 day = date(year, month, day_number)
                 if expr.matches_date(day):
-                    for at in from_start if day == start.date() else times:
+                    for at in from_start if day == start_day else times:
                         yield datetime.combine(day, at)
         first_day = 1
         month += 1
