@@ -166,7 +166,9 @@ def sync(source: Path, target: Path) -> int:
         if copy.exists() and filecmp.cmp(path, copy, shallow=False):
             continue
         copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, copy)
+        # A fresh mtime, not the source's (copy2): mutmut takes a source file older than
+        # its mutated copy for unchanged, and would keep mutants of the old code.
+        shutil.copy(path, copy)
         written += 1
     if target.exists():
         for path in list(target.rglob("*")):

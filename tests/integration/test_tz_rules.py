@@ -209,6 +209,45 @@ def test_a_wall_time_that_fired_is_not_fired_again_when_new_rules_give_it_a_late
         use_zone_source(None)
 
 
+def test_the_reconciler_takes_a_fire_by_its_wall_time_when_its_instant_is_another_fire_now(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN 08:00 and 09:00 Vancouver under the pinned rules (15:00Z and 16:00Z), both fired
+    clock.now = at("14:55")
+    sid = make(aws, spec=cron_spec("0 8,9 * * *", "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:30"), [shard], every=300)
+    assert sorted(occurrences_of(aws, sid)) == [
+        occurrence_id(sid, 1, at("15:00")),
+        occurrence_id(sid, 1, at("16:00")),
+    ]
+    # WHEN rules that put 08:00 at 16:00Z and 09:00 at 17:00Z are deployed: the 16:00Z
+    # occurrence's id is now 08:00's, but it fired as 09:00
+    use_zone_source(OLD)
+    try:
+        materialize_until(aws, clock, epoch("2026-12-03T17:10:00Z"), [shard], every=1800)
+        made = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
+        assert made == [
+            at("15:00"),
+            at("16:00"),
+            epoch("2026-12-03T16:00:00Z"),
+            epoch("2026-12-03T17:00:00Z"),
+        ]
+        # THEN the reconciler takes each for the wall time it fired as (15:00Z for 08:00,
+        # 16:00Z for 09:00), not 16:00Z for 08:00 by its id with 09:00 (17:00Z) a gap
+        clock.now = epoch("2026-12-03T19:05:00Z")
+        [day] = Reconciler(aws).run([shard], at("14:00"), at("18:00"))
+        assert day.unexpected == []
+        assert day.missing == []
+        # AND in a window that ends before 09:00's instant now, the 16:00Z occurrence is
+        # still its id's fire (08:00's), not a stray
+        [hour] = Reconciler(aws).run([shard], at("16:00"), at("17:00"))
+        assert hour.unexpected == []
+        assert hour.missing == []
+    finally:
+        use_zone_source(None)
+
+
 def test_each_wall_time_fires_once_across_a_change_the_materializer_meets_mid_plan(
     alice: Api, aws: Services, clock: Clock
 ):

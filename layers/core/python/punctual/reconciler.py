@@ -557,15 +557,17 @@ class Reconciler:
             owner = by_id.get(occurrence.occurrence_id)
             planned = outcome.versions.get(occurrence.schedule_version)
             if (
-                owner is None
-                and occurrence.local is not None
+                occurrence.local is not None
                 and planned is not None
                 # (only when the rules in use no longer show its instant at its wall time:
                 # a stray fired at the second of a repeated hour still shows it, and stays
                 # UNEXPECTED)
                 and wall_text(planned, occurrence.scheduled_for) != occurrence.local
             ):
-                owner = by_wall.get((occurrence.schedule_version, occurrence.local))
+                # Even when its id is another fire's now (08:00 moved onto the instant that
+                # fired as 09:00): crediting that one would leave 09:00 a gap, and the repair
+                # would fire it twice. A wall time outside the window keeps the id's owner.
+                owner = by_wall.get((occurrence.schedule_version, occurrence.local), owner)
             consistent = owner is not None and owner.version == occurrence.schedule_version
             if owner is not None and consistent:
                 present.add(owner.occurrence_id)
