@@ -156,9 +156,49 @@ def write_lines(ops: Sequence[WriteOp], prices: Prices) -> list[Line]:
     return [("DynamoDB writes", op.name, op.units * prices.write_request * 1e6) for op in ops]
 
 
-def other_lines(c: CostInputs) -> list[Line]:
-    """Everything on the scheduler path but the DynamoDB writes, on-demand."""
+@dataclass(frozen=True)
+class Billing:
+    """How DynamoDB capacity is bought: on demand (per request unit), or provisioned with
+    autoscaling that keeps ``utilization`` of it busy on average, at the provisioned or the
+    1-year reserved rates (per unit-hour; None: on demand)."""
+
+    name: str
+    wcu_hour: float | None = None
+    rcu_hour: float | None = None
+    utilization: float = 0.7
+
+    def write_unit(self, prices: Prices) -> float:
+        """Dollars per write unit an occurrence uses."""
+        if self.wcu_hour is None:
+            return prices.write_request
+        return self.wcu_hour / (self.utilization * 3600)
+
+    def read_unit(self, prices: Prices) -> float:
+        if self.rcu_hour is None:
+            return prices.read_request
+        return self.rcu_hour / (self.utilization * 3600)
+
+
+def billings(prices: Prices) -> list[Billing]:
+    return [
+        Billing("on demand"),
+        Billing("provisioned", prices.wcu_hour, prices.rcu_hour),
+        Billing("reserved 1-year", prices.reserved_wcu_hour, prices.reserved_rcu_hour),
+    ]
+
+
+def bill(c: CostInputs, ops: Sequence[WriteOp], billing: Billing) -> list[Line]:
+    """The scheduler path's bill per million occurrences, DynamoDB bought as ``billing``."""
+    write = billing.write_unit(c.prices)
+    writes = [("DynamoDB writes", op.name, op.units * write * 1e6) for op in ops]
+    return writes + other_lines(c, read_price=billing.read_unit(c.prices))
+
+
+def other_lines(c: CostInputs, read_price: float | None = None) -> list[Line]:
+    """Everything on the scheduler path but the DynamoDB writes; DynamoDB reads at
+    ``read_price`` a unit (on demand by default)."""
     pr, w, d, p = c.prices, c.workload, c.design, c.platform
+    read = pr.read_request if read_price is None else read_price
     daily = w.per_day
     per_m = 1e6 / daily  # a daily amount -> per million occurrences
     ticks = 1440
@@ -176,12 +216,12 @@ def other_lines(c: CostInputs) -> list[Line]:
         (
             "DynamoDB reads",
             "relay state check (BatchGetItem, 0.5 a record)",
-            0.5 * pr.read_request * 1e6,
+            0.5 * read * 1e6,
         ),
         (
             "DynamoDB reads",
             "due index Query (a schedule is 750 B of a 4 KB unit, 0.5)",
-            p.item_bytes / RCU_BYTES * 0.5 * pr.read_request * 1e6,
+            p.item_bytes / RCU_BYTES * 0.5 * read * 1e6,
         ),
         (
             "Lambda",
@@ -237,7 +277,7 @@ def other_lines(c: CostInputs) -> list[Line]:
         (
             "Reconciler (hourly)",
             "DynamoDB reads (history + occurrences per schedule)",
-            schedule_hours * c.reconcile_reads_per_schedule_hour * per_m * pr.read_request,
+            schedule_hours * c.reconcile_reads_per_schedule_hour * per_m * read,
         ),
         (
             "Reconciler (hourly)",

@@ -14,6 +14,7 @@ KB = 1024
 RCU_BYTES = 4 * 1024
 FULL_VCPU_MB = 1769  # Lambda gives one full vCPU at 1,769 MB; CPU scales with memory
 INF = math.inf
+HOURS_A_YEAR = 8760
 
 # The AWS pages each limit and price comes from (docs/capacity.md quotes them).
 SOURCES = {
@@ -30,6 +31,7 @@ SOURCES = {
     "sfn-quotas": "https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html",
     "sqs-quotas": "https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html",
     "sqs-timers": "https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-message-timers.html",
+    "reserved": "https://aws.amazon.com/dynamodb/pricing/provisioned/",
 }
 
 
@@ -55,6 +57,27 @@ class Prices:
     log_gb: float = 0.50  # CloudWatch Logs ingestion (EMF metrics arrive as logs)
     metric_month: float = 0.30  # CloudWatch custom metric, first 10,000
     eventbridge_scheduler: float = 1.00e-6  # per invocation, after 14 M free a month
+    # DynamoDB reserved capacity, 1-year term, Standard table class, per 100 units: a
+    # partial upfront fee plus an hourly rate [reserved] (54% off the provisioned rates).
+    reserved_wcu_upfront: float = 150.0
+    reserved_wcu_hourly: float = 0.0128
+    reserved_rcu_upfront: float = 30.0
+    reserved_rcu_hourly: float = 0.0025
+
+    @property
+    def reserved_wcu_hour(self) -> float:
+        """A reserved WCU-hour, its share of the upfront fee included."""
+        return (self.reserved_wcu_upfront / HOURS_A_YEAR + self.reserved_wcu_hourly) / 100
+
+    @property
+    def reserved_rcu_hour(self) -> float:
+        return (self.reserved_rcu_upfront / HOURS_A_YEAR + self.reserved_rcu_hourly) / 100
+
+    @property
+    def eventbridge_delivery(self) -> float:
+        """EventBridge Scheduler's price of the same deliverable, a message in the tenant's
+        queue at its time: the invocation plus its SendMessage, unbatched."""
+        return self.eventbridge_scheduler + self.sqs_request
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from scripts.capacity.cost import (
     CUT_ALL,
     CostInputs,
     Line,
+    bill,
+    billings,
     other_lines,
     provisioned_capacity,
     read_units_per_occurrence,
@@ -229,6 +231,35 @@ def print_costs(title: str, lines: Sequence[Line], *, detail: bool = True) -> fl
     return total
 
 
+def total(lines: Sequence[Line]) -> float:
+    return sum(dollars for _, _, dollars in lines)
+
+
+def print_bill(
+    title: str, bills: Sequence[Sequence[Line]], names: Sequence[str], rival: float
+) -> list[float]:
+    """Each line of the bill, one column per way of buying capacity, then each group, the
+    totals, and how far each is from ``rival`` (dollars an occurrence)."""
+    print(title)
+
+    def row(cells: Sequence[str], what: str) -> None:
+        print("  " + "".join(f"{cell:>16}" for cell in cells) + f"   {what}")
+
+    row(names, "")
+    for lines in zip(*bills, strict=True):
+        group, item, _ = lines[0]
+        row([f"${d:.3f}" for _, _, d in lines], f"{group}: {item}")
+    for group in dict.fromkeys(group for group, _, _ in bills[0]):
+        row([f"${sum(d for g, _, d in lines if g == group):.3f}" for lines in bills], group)
+    totals = [total(lines) for lines in bills]
+    row([f"${d:.3f}" for d in totals], "total per million occurrences")
+    row(
+        [f"{d / (rival * 1e6):.2f}x" for d in totals],
+        f"of EventBridge Scheduler's ${rival * 1e6:.2f} (its invocation and SendMessage)",
+    )
+    return totals
+
+
 def report(args: argparse.Namespace) -> None:
     measured = MEASURED
     workload = Workload(
@@ -381,12 +412,8 @@ def report(args: argparse.Namespace) -> None:
     )
     other = other_lines(inputs)
     total_before = print_costs(
-        f"-- before ({sum(op.units for op in before):.2f} WCU), on-demand",
+        f"-- before ({sum(op.units for op in before):.2f} WCU), on demand",
         write_lines(before, prices) + other,
-    )
-    total_after = print_costs(
-        f"-- after ({sum(op.units for op in after):.2f} WCU), on-demand",
-        write_lines(after, prices) + other,
         detail=False,
     )
     print(
@@ -396,42 +423,54 @@ def report(args: argparse.Namespace) -> None:
         "the largest lines: the transactional occurrence put, the transactional cursor update "
         f"and the due index key move, ${2 * prices.write_request * 1e6:.2f} each"
     )
+    ways = billings(prices)
+    totals = print_bill(
+        f"-- after ({sum(op.units for op in after):.2f} WCU): the bill, DynamoDB bought three "
+        "ways (provisioned: autoscaling keeps 70% of it busy on average, the top of the "
+        "hour rides on burst capacity, which DynamoDB does not guarantee; reserved: the "
+        "same capacity at the 1-year reserved rates, upfront fee spread over the year)",
+        [bill(inputs, after, way) for way in ways],
+        [way.name for way in ways],
+        prices.eventbridge_delivery,
+    )
+    total_after = totals[0]
     rest = sum(d for _, _, d in other)
     reads = read_units_per_occurrence(inputs) * prices.read_request * 1e6
     print("-- scenarios: what each cut saves (the write path as a table of operations)")
     print(
-        f"   WCU   writes  total: on-demand  provisioned for {inputs.peak_rate:,.0f}/s  "
-        "provisioned at 70% of the average"
+        f"   WCU   writes  total: on demand  provisioned for {inputs.peak_rate:,.0f}/s  "
+        "provisioned at 70%  reserved at 70%"
     )
     for label, ops in scenarios(before):
         units_ = sum(op.units for op in ops)
         writes = units_ * prices.write_request * 1e6
         peak = provisioned_capacity(inputs, ops) + rest - reads
-        average = provisioned_capacity(inputs, ops, utilization=0.7) + rest - reads
+        provisioned, reserved = (total(bill(inputs, ops, way)) for way in ways[1:])
         print(
-            f"  {units_:5.2f}  ${writes:5.2f}  ${writes + rest:6.2f}            ${peak:6.2f}"
-            f"                   ${average:6.2f}    {label}"
+            f"  {units_:5.2f}  ${writes:5.2f}  ${writes + rest:6.2f}           ${peak:6.2f}"
+            f"                  ${provisioned:6.2f}              ${reserved:6.2f}   {label}"
         )
-    leaner = replace(inputs, relay_window=1.0, retention_days=7)
-    rest_lean = sum(d for _, _, d in other_lines(leaner))
-    per_unit = provisioned_capacity(
-        inputs, [WriteOp("one unit", "t", "uniform", 100)], utilization=0.7
-    )
-    room = 1.00 - rest_lean
+    leaner = replace(inputs, relay_window=2.0, retention_days=7)
+    reserved_way = ways[-1]
+    rest_lean = total(other_lines(leaner, read_price=reserved_way.read_unit(prices)))
+    per_unit = reserved_way.write_unit(prices) * 1e6
+    target = prices.eventbridge_delivery * 1e6
+    room = target - rest_lean
+    after_units = sum(op.units for op in after)
     print(
-        f"  EventBridge parity ($1.00): everything but the writes costs ${rest:.2f} on its own "
-        f"(${rest_lean:.2f} with a 1 s relay batching window and 7-day retention). Each write "
-        f"unit an occurrence adds ${prices.write_request * 1e6:.3f} on demand, "
-        f"${per_unit:.3f} provisioned at 70% of the average (the peak then rides on burst "
-        f"capacity, which DynamoDB does not guarantee), so {sum(op.units for op in after):.2f} "
-        f"WCU alone are ${sum(op.units for op in after) * per_unit:.2f} even provisioned. "
+        f"  EventBridge parity (${target:.2f}: its invocation and its SendMessage to the "
+        f"queue): everything but the writes costs ${total(bill(inputs, [], reserved_way)):.2f} "
+        f"reserved (${rest_lean:.2f} with a 2 s relay batching window and 7-day retention, "
+        f"modelled, not built: ${rest_lean + after_units * per_unit:.2f} in all). "
+        f"Each write unit an occurrence adds ${prices.write_request * 1e6:.3f} on demand, "
+        f"${ways[1].write_unit(prices) * 1e6:.3f} provisioned, ${per_unit:.3f} reserved, so "
+        f"{after_units:.2f} WCU alone are ${after_units * per_unit:.2f} reserved. "
         + (
-            f"Parity allows {room / per_unit:.1f} write units an occurrence provisioned: "
+            f"Parity allows {room / per_unit:.1f} write units an occurrence, reserved, with "
+            "those two levers (docs/capacity.md, the gap line by line)."
             if room > 0
-            else "Parity is out of reach with any write path: "
+            else "Parity is out of reach with any write path (docs/capacity.md)."
         )
-        + "it needs no durable item per occurrence (EventBridge Scheduler keeps none) and a "
-        "relay that is not a Lambda invocation every few records."
     )
     worker = worker_ops()
     print_costs(
@@ -447,5 +486,7 @@ def report(args: argparse.Namespace) -> None:
         f"{fmt(failed.strict[2])}), N {chosen_design.shards}, L {chosen_design.lookahead} s, "
         f"bottleneck {stage.what.split(':')[0]} ({chosen_design.groups} groups x "
         f"{healthy.shard_rate:,.0f}/s a shard); scheduler path ${total_before:.2f}/M before, "
-        f"${total_after:.2f}/M after (EventBridge Scheduler $1.00/M)"
+        f"${total_after:.2f}/M after on demand, ${totals[1]:.2f} provisioned, "
+        f"${totals[2]:.2f} reserved (EventBridge Scheduler "
+        f"${prices.eventbridge_delivery * 1e6:.2f}/M with its SendMessage)"
     )

@@ -10,8 +10,27 @@ from dataclasses import replace
 import pytest
 
 from scripts.capacity.calibration import Check, cross_check
-from scripts.capacity.cost import CUT_ALL, CUT_PROJECTIONS, scheduler_ops, without
-from scripts.capacity.model import INF, MEASURED, Design, Limits, Platform, Workload, aws_platform
+from scripts.capacity.cost import (
+    CUT_ALL,
+    CUT_PROJECTIONS,
+    CostInputs,
+    bill,
+    billings,
+    other_lines,
+    scheduler_ops,
+    without,
+    write_lines,
+)
+from scripts.capacity.model import (
+    INF,
+    MEASURED,
+    Design,
+    Limits,
+    Platform,
+    Prices,
+    Workload,
+    aws_platform,
+)
 from scripts.capacity.simulation import (
     LagHistogram,
     Piece,
@@ -189,6 +208,45 @@ def test_write_path_table_totals_the_measured_write_units() -> None:
     # ... of which 6 are the three per-occurrence writes and the rest the shard's fence and
     # lease bookkeeping, shared by 49 schedules a transaction
     assert sorted(op.units for op in after if op.per_occurrence == 1) == [2, 2, 2]
+
+
+def test_reserved_capacity_is_the_published_one_year_discount_and_the_rival_pays_its_send() -> None:
+    prices = Prices()
+    # 1-year reserved capacity is 54% off the provisioned rates once its upfront fee is spread
+    # over the year's 8,760 hours ($150 + $0.0128/h per 100 WCU; $30 + $0.0025/h per 100 RCU)
+    assert prices.reserved_wcu_hour == pytest.approx((150 / 8760 + 0.0128) / 100)
+    assert prices.reserved_wcu_hour / prices.wcu_hour == pytest.approx(0.46, abs=0.005)
+    assert prices.reserved_rcu_hour / prices.rcu_hour == pytest.approx(0.456, abs=0.005)
+    # EventBridge Scheduler's deliverable: its invocation plus the SendMessage it makes
+    assert prices.eventbridge_delivery * 1e6 == pytest.approx(1.40)
+
+
+def test_the_bill_prices_only_dynamodb_capacity_by_how_it_is_bought() -> None:
+    # GIVEN the scheduler path after every cut, on the seed's workload
+    after = without(scheduler_ops(), *CUT_ALL)
+    inputs = CostInputs(Workload(), Design(), platform(), shard_rate=450, peak_rate=7000)
+    prices = inputs.prices
+    # WHEN billed on demand, provisioned and reserved
+    on_demand, provisioned, reserved = (bill(inputs, after, way) for way in billings(prices))
+    # THEN on demand is the request-priced bill, line by line
+    assert on_demand == write_lines(after, prices) + other_lines(inputs)
+    # AND provisioned capacity kept 70% busy costs its unit-hour over 0.7 x 3,600 units, for
+    # each write and read unit an occurrence uses (the reconciler's reads included)
+    units = sum(op.units for op in after)
+    for way, lines in (("wcu_hour", provisioned), ("reserved_wcu_hour", reserved)):
+        writes = sum(d for group, _, d in lines if group == "DynamoDB writes")
+        assert writes == pytest.approx(units * getattr(prices, way) / 2520 * 1e6)
+    for (group, item, asked), bought in zip(on_demand, reserved, strict=True):
+        assert (group, item) == bought[:2]
+        if group == "DynamoDB reads" or item.startswith("DynamoDB reads"):
+            ratio = prices.reserved_rcu_hour / 2520 / prices.read_request
+            assert bought[2] == pytest.approx(asked * ratio)
+        elif group != "DynamoDB writes":
+            assert bought[2] == asked  # Lambda, SQS, logs, storage: bought one way
+    # AND reserved < provisioned < on demand
+    totals = [sum(d for _, _, d in lines) for lines in (reserved, provisioned, on_demand)]
+    assert totals == sorted(totals)
+    assert len(set(totals)) == 3
 
 
 def test_cutting_an_unknown_operation_is_refused() -> None:
