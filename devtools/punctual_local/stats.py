@@ -10,9 +10,8 @@ from collections import Counter
 from typing import Any
 
 from punctual.dal.common import from_dynamo
-from punctual.dal.tables import ATTEMPT_PREFIX, OCCURRENCE_PREFIX, SCHEDULE_CURRENT
+from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT
 from punctual.drain import Drain, delivery_drain, largest
-from punctual.ids import occurrence_parts, tenant_of_schedule
 from punctual.reconciler import default_window, read_reports
 from punctual.services import Services
 from punctual.timing import utc_text
@@ -47,7 +46,7 @@ def _drain_out(drain: Drain, now: int) -> dict[str, Any]:
     }
 
 
-def drain_figures(services: Services, every: list[dict[str, Any]], now: int) -> dict[str, Any]:
+def drain_figures(every: list[dict[str, Any]], now: int) -> dict[str, Any]:
     """The delivery backlog: occurrences due and not taken by a worker yet (SCHEDULED),
     drained at the rate workers took occurrences (attempts started) in the last
     DRAIN_WINDOW seconds, net of those that fell due in it (punctual.drain)."""
@@ -57,10 +56,11 @@ def drain_figures(services: Services, every: list[dict[str, Any]], now: int) -> 
         if o["state"] == "SCHEDULED" and int(o["available_at"]) <= now
     ]
     fell_due = [(str(o["tenant_id"]), int(o["available_at"])) for o in every]
-    taken = []
-    for attempt in _scan(services, services.settings.occurrences_table, ATTEMPT_PREFIX):
-        schedule_id = occurrence_parts(str(attempt["occurrence_id"]))[0]
-        taken.append((tenant_of_schedule(schedule_id) or "", int(attempt["started_at"])))
+    taken = [
+        (str(o["tenant_id"]), int(attempt["started_at"]))
+        for o in every
+        for attempt in o.get("attempts") or ()
+    ]
     overall, tenants = delivery_drain(due, taken, fell_due, now=now, window=DRAIN_WINDOW)
     return _drain_out(overall, now) | {
         "largest_tenants": [
@@ -94,7 +94,7 @@ def figures(services: Services, since: int) -> dict[str, Any]:
         },
         "schedules": dict(Counter(str(s["state"]) for s in schedules)),
         "missed_summarized": sum(int(s.get("missed_total", 0)) for s in schedules),
-        "drain": drain_figures(services, every, now),
+        "drain": drain_figures(every, now),
         "reconcile": {
             "window_start": start,
             "window_end": end,

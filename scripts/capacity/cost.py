@@ -95,25 +95,53 @@ WORKER_READS = (
 )
 
 
-def worker_ops(narrow_projections: bool = True, overlap: bool = False) -> list[WriteOp]:
-    """Worker SDK, one successful run (docs/worker.md, punctual/dal/runs.py)."""
-    ops = [
-        WriteOp("claim: occurrence -> RUNNING (transactional)", "occurrences", "uniform", 359, 2),
-        WriteOp("claim: schedule version check (transactional)", "schedules", "uniform", 750, 2),
-        WriteOp("claim: attempt record (transactional)", "occurrences", "uniform", 200, 2),
-        WriteOp("claim: concurrency slot (transactional)", "tenants", "tenant", 200, 2),
-        WriteOp("completion: occurrence -> SUCCEEDED (transactional)", "occurrences", "", 359, 2),
-        WriteOp("completion: attempt outcome (transactional)", "occurrences", "uniform", 200, 2),
-        WriteOp("slot release (UpdateItem)", "tenants", "tenant", 200),
-    ]
+def worker_ops(
+    narrow_projections: bool = True, overlap: bool = False, folded: bool = True
+) -> list[WriteOp]:
+    """Worker SDK, one successful run (docs/worker.md, punctual/dal/runs.py). ``folded``:
+    the attempt history on the occurrence item, no schedule version check, a single-item
+    completion (2026-12-03); before, 13 units."""
+    if folded:
+        ops = [
+            WriteOp(
+                "claim: occurrence -> RUNNING + attempt (transactional)",
+                "occurrences",
+                "uniform",
+                459,
+                2,
+            ),
+            WriteOp("claim: concurrency slot (transactional)", "tenants", "tenant", 200, 2),
+            WriteOp(
+                "completion: occurrence -> SUCCEEDED + outcome (UpdateItem)", "occurrences", "", 459
+            ),
+            WriteOp("slot release (UpdateItem)", "tenants", "tenant", 200),
+        ]
+    else:
+        ops = [
+            WriteOp(
+                "claim: occurrence -> RUNNING (transactional)", "occurrences", "uniform", 359, 2
+            ),
+            WriteOp(
+                "claim: schedule version check (transactional)", "schedules", "uniform", 750, 2
+            ),
+            WriteOp("claim: attempt record (transactional)", "occurrences", "uniform", 200, 2),
+            WriteOp("claim: concurrency slot (transactional)", "tenants", "tenant", 200, 2),
+            WriteOp(
+                "completion: occurrence -> SUCCEEDED (transactional)", "occurrences", "", 359, 2
+            ),
+            WriteOp(
+                "completion: attempt outcome (transactional)", "occurrences", "uniform", 200, 2
+            ),
+            WriteOp("slot release (UpdateItem)", "tenants", "tenant", 200),
+        ]
     if not narrow_projections:
         ops.append(
             WriteOp("by_schedule index: 2 state changes (ALL)", "occurrences", "", 359, 1, 2)
         )
     if overlap:
         ops += [
-            WriteOp("claim: run slot (transactional)", "schedules", "uniform", 200, 2),
-            WriteOp("run slot release (UpdateItem)", "schedules", "uniform", 200),
+            WriteOp("claim: run slot (transactional)", "tenants", "uniform", 200, 2),
+            WriteOp("run slot release (UpdateItem)", "tenants", "uniform", 200),
         ]
     return ops
 

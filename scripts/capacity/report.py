@@ -475,8 +475,10 @@ def report(args: argparse.Namespace) -> None:
     worker = worker_ops()
     print_costs(
         f"== Worker SDK, one successful run (Punctual's tables, apart from the scheduler path): "
-        f"{sum(op.units for op in worker):.0f} WCU after, "
-        f"{sum(op.units for op in worker_ops(narrow_projections=False)):.0f} before, "
+        f"{sum(op.units for op in worker):.0f} WCU now, "
+        f"{sum(op.units for op in worker_ops(folded=False)):.0f} before the attempt fold, "
+        f"{sum(op.units for op in worker_ops(folded=False, narrow_projections=False)):.0f} "
+        "before the narrow projections, "
         f"+{sum(op.units for op in worker_ops(overlap=True)) - sum(op.units for op in worker):.0f} "
         "with SKIP_IF_RUNNING",
         worker_lines(prices, worker),

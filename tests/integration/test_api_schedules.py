@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from punctual.dal.common import to_dynamo
-from punctual.dal.tables import attempt_key
+from punctual.dal.tables import occurrence_key
 from punctual.services import Services
 from tests.instants import epoch, iso
 from tests.integration.conftest import START, Answer, Api, Clock
@@ -673,21 +673,25 @@ def test_get_occurrence_returns_it_with_its_attempts(alice: Api, aws: Services) 
     _, materialized = _every_minute(alice)
     occurrence_id = materialized[0]["occurrence_id"]
     table = aws.settings.occurrences_table
-    for number, outcome, finished, error in ((2, "RUNNING", None, None), (1, "RETRY", 40, "boom")):
-        item = {
-            **to_dynamo(attempt_key(occurrence_id, number)),
-            "occurrence_id": {"S": occurrence_id},
-            "attempt_no": {"N": str(number)},
-            "lease_token": {"S": f"lease-{number}"},
-            "started_at": {"N": str(START + 20 * number)},
-            "lease_expires_at": {"N": str(START + 20 * number + 300)},
-            "outcome": {"S": outcome},
+    history = []
+    for number, outcome, finished, error in ((1, "RETRY", 40, "boom"), (2, "RUNNING", None, None)):
+        entry: dict[str, Any] = {
+            "attempt_no": number,
+            "started_at": START + 20 * number,
+            "lease_expires_at": START + 20 * number + 300,
+            "outcome": outcome,
         }
         if finished is not None:
-            item["finished_at"] = {"N": str(START + finished)}
+            entry["finished_at"] = START + finished
         if error is not None:
-            item["error"] = {"S": error}
-        aws.dynamodb.put_item(TableName=table, Item=item)
+            entry["error"] = error
+        history.append(entry)
+    aws.dynamodb.update_item(
+        TableName=table,
+        Key=to_dynamo(occurrence_key(occurrence_id)),
+        UpdateExpression="SET attempts = :history",
+        ExpressionAttributeValues=to_dynamo({":history": history}),
+    )
 
     # WHEN the occurrence is read
     answer = alice.get(f"/v1/occurrences/{occurrence_id}")

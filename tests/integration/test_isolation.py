@@ -329,8 +329,8 @@ def test_worker_policy_scopes_every_statement_to_the_tenants_own_keys_and_queues
         for a in s["Action"]
         if a in ("dynamodb:PutItem", "dynamodb:UpdateItem")
     }
+    # (updates of its own occurrences and slots; it creates no item of ours)
     assert writes == {
-        ("dynamodb:PutItem", settings.occurrences_table),
         ("dynamodb:UpdateItem", settings.occurrences_table),
         ("dynamodb:UpdateItem", settings.tenants_table),
     }
@@ -408,9 +408,8 @@ def test_worker_policy_denies_what_a_hostile_tenant_would_try():
     own, theirs = "sch_bob.k3aaaa", "sch_alice.k3aaaa"
     allowed = [
         ("dynamodb:UpdateItem", occurrences, [own]),
-        ("dynamodb:PutItem", occurrences, [own]),
+        ("dynamodb:BatchGetItem", occurrences, [own]),
         ("dynamodb:BatchGetItem", schedules, [own]),
-        ("dynamodb:ConditionCheckItem", schedules, [own]),
         ("dynamodb:GetItem", tenants, ["T#bob"]),
         ("dynamodb:UpdateItem", tenants, ["R#bob"]),
         ("sqs:ReceiveMessage", f"arn:aws:sqs:us-east-1:{ACCOUNT}:punctual-bob_default", []),
@@ -419,6 +418,8 @@ def test_worker_policy_denies_what_a_hostile_tenant_would_try():
         ("dynamodb:UpdateItem", occurrences, [theirs]),
         ("dynamodb:BatchGetItem", occurrences, [own, theirs]),
         ("dynamodb:Query", occurrences, ["sch_bob"]),  # not under its prefix
+        ("dynamodb:PutItem", occurrences, [own]),  # a forged occurrence of its own
+        ("dynamodb:ConditionCheckItem", schedules, [own]),
         ("dynamodb:UpdateItem", schedules, [own]),  # its own schedules: the API's to change
         ("dynamodb:UpdateItem", tenants, ["T#bob"]),  # its usage and quotas
         ("dynamodb:GetItem", tenants, ["T#alice"]),

@@ -5,7 +5,7 @@ time, overall and for the largest tenants."""
 from __future__ import annotations
 
 from punctual.dal.common import to_dynamo
-from punctual.dal.tables import attempt_key
+from punctual.dal.tables import occurrence_key
 from punctual.drain import NOT_DRAINING
 from punctual.services import Services
 from punctual_local.stats import figures
@@ -28,12 +28,13 @@ def test_stats_report_the_backlog_its_oldest_due_time_and_drain_time_per_tenant(
     alices = [o for o in due if o["schedule_id"] == mine]
     for n, taken in enumerate(alices[:10]):
         set_occurrence_state(aws, taken["occurrence_id"], "RUNNING")
-        item = attempt_key(taken["occurrence_id"], 1) | {
-            "occurrence_id": taken["occurrence_id"],
-            "attempt_no": 1,
-            "started_at": at("09:56") + n * 20,
-        }
-        aws.dynamodb.put_item(TableName=aws.settings.occurrences_table, Item=to_dynamo(item))
+        attempt = {"attempt_no": 1, "started_at": at("09:56") + n * 20, "outcome": "RUNNING"}
+        aws.dynamodb.update_item(
+            TableName=aws.settings.occurrences_table,
+            Key=to_dynamo(occurrence_key(taken["occurrence_id"])),
+            UpdateExpression="SET attempts = :history",
+            ExpressionAttributeValues=to_dynamo({":history": [attempt]}),
+        )
     # WHEN the stats are read
     drain = figures(aws, since=at("09:00"))["drain"]
     # THEN the backlog is every due occurrence not taken, the oldest due first

@@ -318,15 +318,10 @@ class Worker:
             concurrency_slot=slot,
             overlap=schedule.overlap is not OverlapPolicy.ALLOW,
             queue_one=schedule.overlap is OverlapPolicy.QUEUE_ONE,
+            attempt_index=len(seen.attempts),
         )
         try:
-            self.runs.claim(
-                lease,
-                seen=seen,
-                schedule_version=occurrence.schedule_version,
-                now=now,
-                queued_at=delivery.sent_at or now,
-            )
+            self.runs.claim(lease, seen=seen, now=now, queued_at=delivery.sent_at or now)
         except ConditionFailed as refused:
             holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
             if refused.label == OVERLAP and lease.queue_one:

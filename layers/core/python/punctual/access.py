@@ -24,15 +24,12 @@ from punctual.dal.tenants import tenant_partition
 from punctual.ids import schedule_key_prefix
 from punctual.settings import Settings
 
-SCHEDULE_READS = ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem"]
-OCCURRENCE_ACTIONS = [
-    "dynamodb:GetItem",
-    "dynamodb:BatchGetItem",
-    "dynamodb:Query",
-    "dynamodb:PutItem",
-    "dynamodb:UpdateItem",
-    "dynamodb:ConditionCheckItem",
-]
+# Exactly what the worker SDK calls (tests/infrastructure/inventory.txt, "call worker"):
+# the claim's read (BatchGetItem), the cooperative-cancel check (GetItem); updates of its
+# own occurrences (claim, heartbeat, completion, refusal). No PutItem: a worker makes no
+# item of ours, so a tenant cannot forge an occurrence under its own prefix either.
+SCHEDULE_READS = ["dynamodb:GetItem", "dynamodb:BatchGetItem"]
+OCCURRENCE_ACTIONS = ["dynamodb:BatchGetItem", "dynamodb:UpdateItem"]
 TENANT_READS = ["dynamodb:GetItem", "dynamodb:BatchGetItem"]
 SLOT_WRITES = ["dynamodb:UpdateItem", "dynamodb:ConditionCheckItem"]
 QUEUE_ACTIONS = [

@@ -562,7 +562,6 @@ class AttemptOutcome(StrEnum):
 class Attempt(_Record):
     occurrence_id: str
     attempt_no: int = Field(ge=1)
-    lease_token: str
     started_at: int
     lease_expires_at: int
     finished_at: int | None = None

@@ -20,7 +20,6 @@ from punctual.dal.tables import (
     OCCURRENCE_PREFIX,
     OCCURRENCES,
     TRIGGER_PREFIX,
-    attempts_prefix,
     occurrence_key,
     occurrence_sk,
 )
@@ -67,8 +66,8 @@ def stored_occurrence(item: Item) -> StoredOccurrence:
 
 
 def inserted_occurrence(record: dict[str, Any]) -> StoredOccurrence | None:
-    """The occurrence a DynamoDB stream record inserted; None for any other record (an
-    attempt item, a modification, a removal)."""
+    """The occurrence a DynamoDB stream record inserted; None for any other record (a
+    run-now tag, a modification, a removal)."""
     if record.get("eventName") != "INSERT":
         return None
     image = from_dynamo(record["dynamodb"].get("NewImage", {}))
@@ -77,8 +76,10 @@ def inserted_occurrence(record: dict[str, Any]) -> StoredOccurrence | None:
     return stored_occurrence(image)
 
 
-def attempt_from_item(item: Item) -> Attempt:
-    return Attempt(**{k: v for k, v in item.items() if k in Attempt.model_fields})
+def attempt_from_item(occurrence_id: str, entry: Item) -> Attempt:
+    """One entry of an occurrence's ``attempts`` history."""
+    fields = {k: v for k, v in entry.items() if k in Attempt.model_fields}
+    return Attempt(**fields, occurrence_id=occurrence_id)
 
 
 def _occurrences(page: dict[str, Any]) -> list[Occurrence]:
@@ -155,18 +156,13 @@ class OccurrenceStore:
         return made, self.get(made)
 
     def get_with_attempts(self, occurrence_id: str) -> tuple[Occurrence, list[Attempt]] | None:
-        occurrence = self.get(occurrence_id)
-        if occurrence is None:
+        """The occurrence and its attempts, oldest first (its ``attempts`` history: the worker
+        writes it with each claim and completion). Strongly consistent, like ``get``."""
+        item = self._item(occurrence_id)
+        if item is None:
             return None
-        prefix = attempts_prefix(occurrence_id)
-        pages = self._client.get_paginator("query").paginate(
-            TableName=self.table,
-            KeyConditionExpression="schedule_id = :s AND begins_with(sk, :p)",
-            ExpressionAttributeValues=values(s=prefix["schedule_id"], p=prefix["sk"]),
-            ConsistentRead=True,
-        )
-        attempts = [attempt_from_item(from_dynamo(i)) for page in pages for i in page["Items"]]
-        return occurrence, sorted(attempts, key=lambda a: a.attempt_no)
+        attempts = [attempt_from_item(occurrence_id, a) for a in item.get("attempts") or ()]
+        return occurrence_from_item(item), attempts
 
     def list_for_schedule(
         self, schedule_id: str, *, since: int, until: int, limit: int, token: str | None
@@ -208,6 +204,10 @@ class OccurrenceStore:
         return _occurrences(page)
 
     def get(self, occurrence_id: str) -> Occurrence | None:
+        item = self._item(occurrence_id)
+        return occurrence_from_item(item) if item else None
+
+    def _item(self, occurrence_id: str) -> Item | None:
         try:
             key = occurrence_key(occurrence_id)
         except ValueError:
@@ -215,7 +215,7 @@ class OccurrenceStore:
         found = self._client.get_item(
             TableName=self.table, Key=to_dynamo(key), ConsistentRead=True
         ).get("Item")
-        return occurrence_from_item(from_dynamo(found)) if found else None
+        return from_dynamo(found) if found else None
 
     def stored(self, occurrence_ids: list[str]) -> list[StoredOccurrence]:
         """Those of ``occurrence_ids`` that exist, payload included. Strongly consistent: a

@@ -28,7 +28,7 @@ from punctual.dal.common import (
     translated,
     values,
 )
-from punctual.dal.tables import attempt_key, current_key, occurrence_key
+from punctual.dal.tables import current_key, occurrence_key
 from punctual.errors import Retryable
 from punctual.models import (
     AttemptOutcome,
@@ -41,9 +41,6 @@ from punctual.settings import Settings
 
 # Labels of transaction actions: a refused claim says which condition failed.
 OCCURRENCE = "occurrence"
-SCHEDULE = "schedule"
-ATTEMPT = "attempt"
-PREVIOUS_ATTEMPT = "previous_attempt"
 CONCURRENCY = "concurrency_slot"
 OVERLAP = "run_slot"
 WAITING = "wait_slot"
@@ -83,6 +80,9 @@ class RunLease:
     concurrency_slot: int
     overlap: bool  # takes the schedule's run slot
     queue_one: bool = False  # and frees its wait slot (QUEUE_ONE): no other may be waiting
+    # Where the claim put this attempt in the occurrence's ``attempts`` list (attempt_no - 1,
+    # unless the occurrence began under the old layout, with attempt items of its own).
+    attempt_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +92,7 @@ class Seen:
     state: OccurrenceState
     attempt_count: int
     lease_token: str | None
+    attempts: tuple[Item, ...] = ()  # the occurrence's attempt history, oldest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +109,11 @@ class StoredRun:
     available_at: int
     reason: str
     dlq_pending: bool  # DEAD, and its DLQ copy not sent yet
+    attempts: tuple[Item, ...] = ()
 
     @property
     def seen(self) -> Seen:
-        return Seen(self.state, self.attempt_count, self.lease_token)
+        return Seen(self.state, self.attempt_count, self.lease_token, self.attempts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,23 @@ class ScheduleForRun:
     state: ScheduleState
     retry: RetryPolicy
     overlap: OverlapPolicy
+
+
+def _finished_by(
+    item: Item | None, lease: RunLease, state: OccurrenceState, outcome: AttemptOutcome, now: int
+) -> bool:
+    """Whether the completion this lease asked for is what the refused write found: a call
+    that succeeded but whose answer was lost is sent again by the SDK and meets its own
+    write (no newer attempt, ours closed with this outcome at this time)."""
+    if not item or item.get("state") != state.value or "lease_token" in item:
+        return False
+    if int(item.get("attempt_count", 0)) != lease.attempt_no:
+        return False
+    history = item.get("attempts") or []
+    if len(history) <= lease.attempt_index:
+        return False
+    mine = history[lease.attempt_index]
+    return mine.get("outcome") == outcome.value and int(mine.get("finished_at", -1)) == now
 
 
 def _stored_run(item: Item) -> StoredRun:
@@ -136,6 +155,7 @@ def _stored_run(item: Item) -> StoredRun:
         available_at=int(item["available_at"]),
         reason=str(item.get("reason", "")),
         dlq_pending=bool(item.get("dlq_pending")),
+        attempts=tuple(item.get("attempts") or ()),
     )
 
 
@@ -159,10 +179,6 @@ class RunStore:
     @staticmethod
     def _occurrence_key(occurrence_id: str) -> dict[str, Any]:
         return to_dynamo(occurrence_key(occurrence_id))
-
-    @staticmethod
-    def _attempt_key(occurrence_id: str, attempt_no: int) -> dict[str, Any]:
-        return to_dynamo(attempt_key(occurrence_id, attempt_no))
 
     @staticmethod
     def _run_slot_key(tenant_id: str, schedule_id: str) -> dict[str, Any]:
@@ -234,12 +250,15 @@ class RunStore:
 
     # --- claim --------------------------------------------------------------------------
 
-    def claim(
-        self, lease: RunLease, *, seen: Seen, schedule_version: int, now: int, queued_at: int
-    ) -> None:
-        """One transaction: RUNNING with a new lease, the attempt record, the slots.
+    def claim(self, lease: RunLease, *, seen: Seen, now: int, queued_at: int) -> None:
+        """One transaction: RUNNING with a new lease and the attempt added to its history
+        (a taken-over attempt marked LOST), and the slots.
 
-        Raises ConditionFailed naming the action whose condition failed."""
+        No check of the schedule's version: the worker read it (strongly consistent) just
+        before, and a change that commits between that read and this claim finds the
+        occurrence RUNNING when it settles the old version's occurrences, and reports it
+        (docs/worker.md, *What a claim checks*). Raises ConditionFailed naming the action
+        whose condition failed."""
         occurrence_conditions = [
             "tenant_id = :tenant",
             "#state = :seen",
@@ -249,6 +268,17 @@ class RunStore:
             # Race: two workers taking over the same expired lease; only the one that read
             # this token (and sees it expired) may replace it.
             occurrence_conditions += ["lease_token = :old_token", "lease_expires_at <= :now"]
+        history = [dict(a) for a in seen.attempts]
+        if seen.state is OccurrenceState.RUNNING and history:
+            history[-1] |= {"outcome": AttemptOutcome.LOST.value}
+        history.append(
+            {
+                "attempt_no": lease.attempt_no,
+                "started_at": now,
+                "lease_expires_at": lease.expires_at,
+                "outcome": AttemptOutcome.RUNNING.value,
+            }
+        )
         names = {"#state": "state"}
         actions: list[tuple[str, dict[str, Any]]] = [
             (
@@ -257,10 +287,14 @@ class RunStore:
                     "Update": {
                         "TableName": self._occurrences,
                         "Key": self._occurrence_key(lease.occurrence_id),
+                        # The history is written whole: every write of it (a claim, a
+                        # completion, a refusal) moves the state, the attempt count or the
+                        # token, so the conditions below also say it is the one we read.
                         "UpdateExpression": (
                             "SET #state = :running, lease_token = :token, "
                             "lease_expires_at = :expires, attempt_count = :attempt, "
-                            "enqueued_at = if_not_exists(enqueued_at, :queued)"
+                            "enqueued_at = if_not_exists(enqueued_at, :queued), "
+                            "attempts = :history"
                         ),
                         # Race: another worker claimed (or a cancel or completion landed)
                         # between our read and this write; the state and the attempt count
@@ -276,6 +310,7 @@ class RunStore:
                             expires=lease.expires_at,
                             attempt=lease.attempt_no,
                             queued=queued_at,
+                            history=history,
                             **(
                                 {"old_token": seen.lease_token, "now": now}
                                 if seen.state is OccurrenceState.RUNNING
@@ -283,48 +318,6 @@ class RunStore:
                             ),
                         ),
                         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                    }
-                },
-            ),
-            (
-                SCHEDULE,
-                {
-                    "ConditionCheck": {
-                        "TableName": self._schedules,
-                        "Key": to_dynamo(current_key(lease.schedule_id)),
-                        # Race: an update, pause or cancel committed after the message was
-                        # sent; the occurrence's version is then stale and must not run.
-                        # COMPLETED keeps its version: its last occurrence still runs.
-                        "ConditionExpression": "version = :v AND #state IN (:active, :done)",
-                        "ExpressionAttributeNames": names,
-                        "ExpressionAttributeValues": values(
-                            v=schedule_version,
-                            active=ScheduleState.ACTIVE.value,
-                            done=ScheduleState.COMPLETED.value,
-                        ),
-                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                    }
-                },
-            ),
-            (
-                ATTEMPT,
-                {
-                    "Put": {
-                        "TableName": self._occurrences,
-                        "Item": to_dynamo(
-                            {
-                                **attempt_key(lease.occurrence_id, lease.attempt_no),
-                                "occurrence_id": lease.occurrence_id,
-                                "attempt_no": lease.attempt_no,
-                                "lease_token": lease.token,
-                                "started_at": now,
-                                "lease_expires_at": lease.expires_at,
-                                "outcome": AttemptOutcome.RUNNING.value,
-                            }
-                        ),
-                        # Race: belt and braces with the attempt count above; one record
-                        # per attempt number.
-                        "ConditionExpression": "attribute_not_exists(occurrence_id)",
                     }
                 },
             ),
@@ -338,8 +331,6 @@ class RunStore:
                 ),
             ),
         ]
-        if seen.state is OccurrenceState.RUNNING and seen.attempt_count:
-            actions.append((PREVIOUS_ATTEMPT, self._lost(lease.occurrence_id, seen.attempt_count)))
         if lease.overlap:
             actions.append(
                 (
@@ -437,18 +428,6 @@ class RunStore:
             }
         }
 
-    def _lost(self, occurrence_id: str, attempt_no: int) -> dict[str, Any]:
-        return {
-            "Update": {
-                "TableName": self._occurrences,
-                "Key": self._attempt_key(occurrence_id, attempt_no),
-                "UpdateExpression": "SET outcome = :lost",
-                # Race: none beyond the claim's own; the record must exist to be marked.
-                "ConditionExpression": "attribute_exists(occurrence_id)",
-                "ExpressionAttributeValues": values(lost=AttemptOutcome.LOST.value),
-            }
-        }
-
     # --- refusals (no lease held) ----------------------------------------------------
 
     def refuse(
@@ -475,6 +454,10 @@ class RunStore:
         if state is OccurrenceState.DEAD:
             expression += ", dlq_pending = :true"
             extra["true"] = True
+        if seen.state is OccurrenceState.RUNNING and seen.attempts:
+            # The abandoned run's attempt is LOST (the conditions say it is the last one).
+            expression += f", attempts[{len(seen.attempts) - 1}].outcome = :lost"
+            extra["lost"] = AttemptOutcome.LOST.value
         actions: list[tuple[str, dict[str, Any]]] = [
             (
                 OCCURRENCE,
@@ -492,8 +475,6 @@ class RunStore:
                 },
             )
         ]
-        if seen.state is OccurrenceState.RUNNING and seen.attempt_count:
-            actions.append((PREVIOUS_ATTEMPT, self._lost(occurrence_id, seen.attempt_count)))
         try:
             Transactions(self._client).commit(actions)
         except (ConditionFailed, Retryable):
@@ -567,11 +548,16 @@ class RunStore:
         retry_at: int | None = None,
     ) -> None:
         """RUNNING -> SUCCEEDED / RETRY_WAIT / DEAD with the attempt's outcome, fenced by the
-        lease token. Raises ConditionFailed(OCCURRENCE) when the lease was lost."""
-        sets: dict[str, Any] = {"to": state.value, "now": now}
-        expression = "SET #state = :to, finished_at = :now"
+        lease token: one write of one item. Raises ConditionFailed(OCCURRENCE) when the lease
+        was lost."""
+        attempt = f"attempts[{lease.attempt_index}]"
+        sets: dict[str, Any] = {"to": state.value, "now": now, "outcome": outcome.value}
+        expression = (
+            f"SET #state = :to, finished_at = :now, {attempt}.outcome = :outcome, "
+            f"{attempt}.finished_at = :now"
+        )
         if error is not None:
-            expression += ", reason = :why"
+            expression += f", reason = :why, {attempt}.#e = :why"
             sets["why"] = error[:1000]
         if retry_at is not None:
             expression += ", retry_at = :retry_at"
@@ -581,51 +567,25 @@ class RunStore:
             # between is finished by the next delivery, and only the lease holder copies.
             expression += ", dlq_pending = :true"
             sets["true"] = True
-        attempt_sets: dict[str, Any] = {"outcome": outcome.value, "now": now}
-        attempt_expression = "SET outcome = :outcome, finished_at = :now"
-        if error is not None:
-            attempt_expression += ", #e = :error"
-            attempt_sets["error"] = error[:1000]
-        Transactions(self._client).commit(
-            [
-                (
-                    OCCURRENCE,
-                    {
-                        "Update": {
-                            "TableName": self._occurrences,
-                            "Key": self._occurrence_key(lease.occurrence_id),
-                            "UpdateExpression": expression + " REMOVE lease_token",
-                            # Race: the lease expired and another worker claimed the
-                            # occurrence (new token); this late completion must not
-                            # overwrite the new attempt's state.
-                            "ConditionExpression": "#state = :running AND lease_token = :token",
-                            "ExpressionAttributeNames": {"#state": "state"},
-                            "ExpressionAttributeValues": values(
-                                running=OccurrenceState.RUNNING.value, token=lease.token, **sets
-                            ),
-                        }
-                    },
-                ),
-                (
-                    ATTEMPT,
-                    {
-                        "Update": {
-                            "TableName": self._occurrences,
-                            "Key": self._attempt_key(lease.occurrence_id, lease.attempt_no),
-                            "UpdateExpression": attempt_expression,
-                            # Race: only the attempt this lease started is closed.
-                            "ConditionExpression": "lease_token = :token",
-                            **(
-                                {"ExpressionAttributeNames": {"#e": "error"}}
-                                if error is not None
-                                else {}
-                            ),
-                            "ExpressionAttributeValues": values(token=lease.token, **attempt_sets),
-                        }
-                    },
-                ),
-            ],
-        )
+        try:
+            with translated():
+                self._client.update_item(
+                    TableName=self._occurrences,
+                    Key=self._occurrence_key(lease.occurrence_id),
+                    UpdateExpression=expression + " REMOVE lease_token",
+                    # Race: the lease expired and another worker claimed the occurrence (new
+                    # token); this late completion must not overwrite the new attempt's state.
+                    ConditionExpression="#state = :running AND lease_token = :token",
+                    ExpressionAttributeNames={"#state": "state"}
+                    | ({"#e": "error"} if error is not None else {}),
+                    ExpressionAttributeValues=values(
+                        running=OccurrenceState.RUNNING.value, token=lease.token, **sets
+                    ),
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+        except ConditionFailed as refused:
+            if not _finished_by(refused.old_item, lease, state, outcome, now):
+                raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
 
     def release(self, lease: RunLease) -> None:
         """Free the slots this lease holds; best effort, since an expired lease frees them too."""

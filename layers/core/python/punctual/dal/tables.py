@@ -10,7 +10,6 @@ from punctual.settings import Settings
 
 SCHEDULE_CURRENT = "CURRENT"
 OCCURRENCE_PREFIX = "OCC#"  # sk of an occurrence item: OCC#<scheduled_for>#<version>
-ATTEMPT_PREFIX = "ATT#"  # sk of an attempt item: ATT#<scheduled_for>#<version>#<attempt_no>
 # A manual occurrence (run now) has ".m<tag>" after the version in both (punctual.ids);
 # TRG#<tag> records which occurrence a run-now request made (its Idempotency-Key's tag).
 TRIGGER_PREFIX = "TRG#"
@@ -138,7 +137,7 @@ OCCURRENCES = TableSpec(
     # Keyed by schedule: "a schedule's occurrences by time" is a Query on the table, so an
     # occurrence costs no index write (docs/data-model.md, docs/decisions.md 2026-11-30).
     pk=("schedule_id", "S"),
-    sk=("sk", "S"),  # OCC#<scheduled_for>#<version> or ATT#<scheduled_for>#<version>#<no>
+    sk=("sk", "S"),  # OCC#<scheduled_for>#<version>, or TRG#<tag> (a run-now request's record)
     # The occurrence INSERT is the outbox event the relay reads (docs/data-model.md).
     stream=True,
     ttl_attribute="expires_at",
@@ -161,17 +160,6 @@ def occurrence_key(occurrence_id: str) -> dict[str, str]:
     """The item key an occurrence id names; ValueError if it is not an occurrence id."""
     schedule_id, version, scheduled_for, manual = occurrence_name(occurrence_id)
     return {"schedule_id": schedule_id, "sk": occurrence_sk(scheduled_for, version, manual)}
-
-
-def attempts_prefix(occurrence_id: str) -> dict[str, str]:
-    """The schedule and the sk prefix of the occurrence's attempt items."""
-    key = occurrence_key(occurrence_id)
-    return {**key, "sk": ATTEMPT_PREFIX + key["sk"].removeprefix(OCCURRENCE_PREFIX) + "#"}
-
-
-def attempt_key(occurrence_id: str, attempt_no: int) -> dict[str, str]:
-    key = attempts_prefix(occurrence_id)
-    return {**key, "sk": f"{key['sk']}{attempt_no:06d}"}
 
 
 TENANTS = TableSpec(setting="tenants_table", pk=("pk", "S"), sk=("sk", "S"))
