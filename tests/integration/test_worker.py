@@ -35,7 +35,7 @@ from punctual.models import (
     can_transition,
 )
 from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
+from punctual.scheduling import ControlPlane, Saved
 from punctual.services import Services
 from punctual.timing import utc_text
 from punctual_client.worker import (
@@ -1179,6 +1179,46 @@ def test_worker_stale_or_canceled_occurrence_is_refused_before_the_handler_runs(
     assert result.detail == f"canceled: {occurrence.reason}"
     assert depth(aws) == 0
     assert dead_letters(aws) == []
+
+
+def test_worker_claim_between_an_updates_commit_and_its_settling_runs_and_is_reported(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence of version 1 in the queue, and an update of the schedule whose
+    # commit lands after the worker's read and whose settling of version 1's occurrences
+    # comes after the worker's claim (the claim checks no version: the read did)
+    sid, [occ] = rate_schedule(aws, "rate(10 minutes)")
+    relay(aws, occ)
+    [delivery] = receive(aws)
+    saved: list[Saved] = []
+    seen_canceled: list[bool] = []
+    work = worker(aws, lambda job: seen_canceled.append(job.canceled()))
+    real_claim = work.runs.claim
+
+    def claim_while_an_update_commits(lease: Any, **kwargs: Any) -> None:
+        plane = ControlPlane(aws)
+        listing = plane.occurrences.open_for_schedule
+
+        def claim_then_list(*args: Any, **kw: Any) -> list[Occurrence]:
+            real_claim(lease, **kwargs)
+            return listing(*args, **kw)
+
+        plane.occurrences.open_for_schedule = claim_then_list  # type: ignore[method-assign]
+        saved.append(plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}}))
+
+    work.runs.claim = claim_while_an_update_commits  # type: ignore[method-assign]
+    # WHEN the worker processes the message
+    result = work.process(delivery)
+    # THEN it ran (version 1, as if claimed a moment before the update), the update's answer
+    # reports it as running, and the handler's cooperative check sees the change
+    assert result.outcome is Outcome.SUCCEEDED
+    [answer] = saved
+    assert answer.schedule.version == 2
+    assert [(a.occurrence.occurrence_id, a.occurrence.state) for a in answer.affected] == [
+        (occ, S.RUNNING)
+    ]
+    assert answer.affected[0].note == "running: it can only stop cooperatively"
+    assert seen_canceled == [True]
 
 
 def test_worker_last_occurrence_of_a_completed_one_shot_still_runs(
