@@ -19,6 +19,7 @@ behaviour, count as neither killed nor survived, and are not printed.
     python -m scripts.mutate                  # every module
     python -m scripts.mutate relay worker     # some of them
     python -m scripts.mutate --list           # the modules and the files they cover
+    python -m scripts.mutate dal --only 'punctual.dal.runs.*'   # some mutants of a module
 """
 
 from __future__ import annotations
@@ -394,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="the modules and their files")
     parser.add_argument("--report", action="store_true", help="only print the last results")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="only the mutants whose names match (e.g. 'punctual.dal.runs.*'); repeatable",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, spec in MODULES.items():
@@ -408,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     statuses: dict[str, int | None] = {}
     for name in chosen:
         if not args.report:
-            mutate(name, WORKSPACE / name, args.max_children, equivalents)
+            mutate(name, WORKSPACE / name, args.max_children, equivalents, tuple(args.only))
         statuses |= results(name)
     survived = report(chosen, statuses, equivalents)
     return 1 if survived else 0
@@ -422,12 +430,18 @@ def tests_digest(workspace: Path) -> str:
     return digest.hexdigest()
 
 
-def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str, str]) -> None:
+def mutate(
+    name: str,
+    workspace: Path,
+    max_children: int,
+    equivalents: dict[str, str],
+    only: tuple[str, ...] = (),
+) -> None:
     """Bring the module's workspace up to date with the repo and run mutmut there: if the
     tests changed since the last complete run, the survivors of earlier runs first (mutmut
     keeps a result until its function changes; new tests are what a triage adds, so a
     stopped run has checked them first), then the mutants not tested yet or whose function
-    changed."""
+    changed. ``only``: mutant name globs, the rest left for a later run."""
     before = {n for n, s in results(name).items() if survived(s)} - set(equivalents)
     workspace.mkdir(parents=True, exist_ok=True)
     written = {part: sync(source, workspace / part) for part, source in MIRRORED.items()}
@@ -449,7 +463,7 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
     retry = sorted(before) if judged != digest else []
     engine = start_dynamodb_local()  # one for every mutant's run (tests' conftest)
     try:
-        for names in (retry, []) if retry else ([],):
+        for names in (retry, list(only)) if retry else (list(only),):
             if names:
                 print(f"== {name}: the tests changed: {len(names)} earlier survivors again")
             run = subprocess.run(
@@ -468,7 +482,8 @@ def mutate(name: str, workspace: Path, max_children: int, equivalents: dict[str,
             )
             if run.returncode != 0:
                 return
-        judged = digest
+        if not only:
+            judged = digest  # a complete run
     finally:
         engine.stop()
         record(name, workspace, judged)
