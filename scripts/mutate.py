@@ -103,7 +103,8 @@ MODULES = {
             "api_versioning",
             "api_quotas_and_idempotency",
             "api_tenancy",
-        ),
+        )
+        + _tests("unit", "run_completion"),
     ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),

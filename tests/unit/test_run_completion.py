@@ -1,0 +1,87 @@
+"""A completion sent again after its answer was lost meets its own write
+(punctual.dal.runs._finished_by): it counts as done only when the item shows this lease's
+completion, never another worker's or a newer attempt's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from punctual.dal.runs import RunLease, _finished_by
+from punctual.models import AttemptOutcome, OccurrenceState
+
+NOW = 1_795_000_100
+LEASE = RunLease(
+    occurrence_id="occ_sch_alice.x_1795000000_1",
+    tenant_id="alice",
+    schedule_id="sch_alice.x",
+    attempt_no=2,
+    token="t2",
+    expires_at=NOW + 60,
+    concurrency_slot=0,
+    overlap=False,
+    attempt_index=1,
+)
+
+
+def written(**changes: Any) -> dict[str, Any]:
+    """The occurrence as this lease's SUCCEEDED completion left it (attempt 1 was LOST)."""
+    item: dict[str, Any] = {
+        "state": "SUCCEEDED",
+        "attempt_count": 2,
+        "attempts": [
+            {"attempt_no": 1, "outcome": "LOST"},
+            {"attempt_no": 2, "outcome": "SUCCEEDED", "finished_at": NOW},
+        ],
+    }
+    for key, value in changes.items():
+        if value is None:
+            item.pop(key)
+        else:
+            item[key] = value
+    return item
+
+
+def ours(item: dict[str, Any] | None) -> bool:
+    return _finished_by(item, LEASE, OccurrenceState.SUCCEEDED, AttemptOutcome.SUCCEEDED, NOW)
+
+
+def test_a_repeat_that_finds_its_own_completion_counts_as_done() -> None:
+    assert ours(written())
+
+
+@pytest.mark.parametrize(
+    ("case", "item"),
+    [
+        ("no item", None),
+        ("an empty answer", {}),
+        ("still running (the condition failed on the token)", written(state="RUNNING")),
+        ("another state", written(state="RETRY_WAIT")),
+        ("a lease token held", written(lease_token="t3")),
+        ("a newer attempt claimed it", written(attempt_count=3)),
+        ("no attempt count", written(attempt_count=None)),
+        ("a history without this attempt", written(attempts=[{"outcome": "LOST"}])),
+        ("no history", written(attempts=None)),
+        (
+            "this attempt closed otherwise",
+            written(attempts=[{}, {"outcome": "LOST", "finished_at": NOW}]),
+        ),
+        (
+            "this attempt closed at another time",
+            written(attempts=[{}, {"outcome": "SUCCEEDED", "finished_at": NOW - 1}]),
+        ),
+        ("this attempt not closed", written(attempts=[{}, {"outcome": "SUCCEEDED"}])),
+    ],
+)
+def test_anything_else_is_not_this_completion(case: str, item: dict[str, Any] | None) -> None:
+    assert not ours(item), case
+
+
+def test_the_outcome_and_state_asked_for_are_what_must_be_found() -> None:
+    # a RETRY completion's repeat finds RETRY_WAIT and the RETRY outcome, not SUCCEEDED
+    retried = written(state="RETRY_WAIT", attempts=[{}, {"outcome": "RETRY", "finished_at": NOW}])
+    retry = (OccurrenceState.RETRY_WAIT, AttemptOutcome.RETRY)
+    assert _finished_by(retried, LEASE, *retry, NOW)
+    assert not _finished_by(retried, LEASE, OccurrenceState.SUCCEEDED, AttemptOutcome.RETRY, NOW)
+    assert not _finished_by(retried, LEASE, OccurrenceState.RETRY_WAIT, AttemptOutcome.DEAD, NOW)
