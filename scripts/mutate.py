@@ -104,7 +104,7 @@ MODULES = {
             "api_quotas_and_idempotency",
             "api_tenancy",
         )
-        + _tests("unit", "run_completion"),
+        + _tests("unit", "runs"),
     ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),

@@ -1,15 +1,19 @@
-"""A completion sent again after its answer was lost meets its own write
-(punctual.dal.runs._finished_by): it counts as done only when the item shows this lease's
-completion, never another worker's or a newer attempt's."""
+"""The run store's decisions that need no table (punctual.dal.runs): a completion sent again
+after its answer was lost meets its own write and counts as done only when the item shows
+this lease's completion, never another worker's or a newer attempt's; a release refused
+on one slot still frees the other; a refused wait names who waits."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
-from punctual.dal.runs import RunLease, _finished_by
+from punctual.dal.runs import RunLease, RunStore, _finished_by
 from punctual.models import AttemptOutcome, OccurrenceState
+from punctual.settings import Settings
 
 NOW = 1_795_000_100
 LEASE = RunLease(
@@ -85,3 +89,39 @@ def test_the_outcome_and_state_asked_for_are_what_must_be_found() -> None:
     assert _finished_by(retried, LEASE, *retry, NOW)
     assert not _finished_by(retried, LEASE, OccurrenceState.SUCCEEDED, AttemptOutcome.RETRY, NOW)
     assert not _finished_by(retried, LEASE, OccurrenceState.RETRY_WAIT, AttemptOutcome.DEAD, NOW)
+
+
+class Refusing:
+    """A DynamoDB client whose UpdateItem calls are recorded; those on the keys in
+    ``refused`` fail their condition, with no item in the answer."""
+
+    def __init__(self, *refused: str) -> None:
+        self.refused = refused
+        self.updates: list[str] = []
+
+    def update_item(self, **request: Any) -> dict[str, Any]:
+        sk = request["Key"]["sk"]["S"]
+        self.updates.append(sk)
+        if sk in self.refused:
+            error = {"Error": {"Code": "ConditionalCheckFailedException", "Message": "no"}}
+            raise ClientError(error, "UpdateItem")
+        return {}
+
+
+def test_a_release_refused_on_the_concurrency_slot_still_frees_the_run_slot() -> None:
+    # GIVEN a lease holding a concurrency slot and the schedule's run slot, and another
+    # occurrence took the concurrency slot since (this lease had expired)
+    client = Refusing("RUN#00000")
+    lease = dataclasses.replace(LEASE, overlap=True)
+    # WHEN the lease's slots are released
+    RunStore(client, Settings()).release(lease)
+    # THEN the refused one is left to its holder and the run slot is freed all the same
+    assert client.updates == ["RUN#00000", "SLOT#sch_alice.x"]
+
+
+def test_a_refused_wait_without_the_slots_item_says_another_occurrence_waits() -> None:
+    # DynamoDB returns the item that failed the condition only when it exists and was asked
+    # for; without it, the refusal still names a waiter, in words
+    store = RunStore(Refusing("WAIT#sch_alice.x"), Settings())
+    waiting = store.wait("alice", "sch_alice.x", "occ_x", until=NOW + 60, now=NOW)
+    assert waiting == "another occurrence"
