@@ -91,6 +91,7 @@ def scenarios(before: Sequence[WriteOp]) -> list[tuple[str, list[WriteOp]]]:
 
 WORKER_READS = (
     ("occurrence + schedule, strongly consistent (2 items)", 2.0),
+    ("the schedule's version again after the claim, strongly consistent", 1.0),
     ("concurrency slot probe, 8 items eventually consistent", 4.0),
 )
 

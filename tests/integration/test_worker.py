@@ -5,6 +5,7 @@ quota, cooperative cancel, the Lambda feed, rejected messages and claim races.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -521,6 +522,33 @@ def test_worker_dies_after_effect_lease_expires_and_the_takeover_does_not_repeat
 
 
 # --- leases and heartbeats ------------------------------------------------------------------
+
+
+def test_worker_heartbeat_of_a_run_another_worker_refused_says_the_lease_is_gone(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN worker A running an occurrence; A stalls past its lease, the schedule is paused,
+    # and B, given the message again, refuses the abandoned run (CANCELED; the refusal
+    # leaves A's token on the item)
+    _, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
+    relay(aws, occ)
+    [delivery] = receive(aws)
+    seen: dict[str, Any] = {}
+
+    def stall(job: Job) -> None:
+        clock.advance(61)
+        ControlPlane(aws).pause("alice", job.message.schedule_id)
+        seen["b"] = worker(aws, Calls(), rng=random.Random(8)).process(redeliver(aws, delivery))
+        seen["heartbeat"] = job.heartbeat()
+
+    # WHEN A beats its heart after that
+    late = worker(aws, stall).process(delivery)
+    # THEN the beat says the lease is gone (the run is no longer RUNNING), and A's
+    # completion is rejected: the occurrence stays CANCELED
+    assert seen["b"].outcome is Outcome.STALE
+    assert seen["heartbeat"] is False
+    assert late.outcome is Outcome.LEASE_LOST
+    assert state(aws, occ) is S.CANCELED
 
 
 def test_worker_lease_expiry_b_takes_over_and_a_late_completion_is_rejected(
@@ -1181,44 +1209,74 @@ def test_worker_stale_or_canceled_occurrence_is_refused_before_the_handler_runs(
     assert dead_letters(aws) == []
 
 
-def test_worker_claim_between_an_updates_commit_and_its_settling_runs_and_is_reported(
-    alice: Api, aws: Services, clock: Clock
+@pytest.mark.parametrize(
+    "window",
+    ["its commit and its settling", "a retry's read and claim", "a commit the API died after"],
+)
+def test_worker_claim_that_meets_a_change_of_the_schedule_is_undone_before_the_handler(
+    alice: Api, aws: Services, clock: Clock, window: str
 ):
-    # GIVEN an occurrence of version 1 in the queue, and an update of the schedule whose
-    # commit lands after the worker's read and whose settling of version 1's occurrences
-    # comes after the worker's claim (the claim checks no version: the read did)
-    sid, [occ] = rate_schedule(aws, "rate(10 minutes)")
+    # GIVEN an occurrence of version 1 whose message a worker has read, and an update of the
+    # schedule that commits after that read, its settling of version 1's occurrences:
+    # - after the claim (which checks no version), so the update's answer reports it running
+    # - before the claim, where it only reports a retry waiting (RETRY_WAIT is not canceled)
+    # - never (the API died after its commit)
+    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
     relay(aws, occ)
     [delivery] = receive(aws)
+    before = 0
+    if window == "a retry's read and claim":
+        assert worker(aws, Calls(fail_transiently)).process(delivery).outcome is Outcome.RETRY
+        clock.advance(3600)
+        delivery, before = redeliver(aws, delivery), 1
     saved: list[Saved] = []
-    seen_canceled: list[bool] = []
-    work = worker(aws, lambda job: seen_canceled.append(job.canceled()))
+    handler = Calls()
+    work = worker(aws, handler)
     real_claim = work.runs.claim
 
-    def claim_while_an_update_commits(lease: Any, **kwargs: Any) -> None:
+    def claim_as_an_update_commits(lease: Any, **kwargs: Any) -> None:
         plane = ControlPlane(aws)
         listing = plane.occurrences.open_for_schedule
 
-        def claim_then_list(*args: Any, **kw: Any) -> list[Occurrence]:
-            real_claim(lease, **kwargs)
+        def settle(*args: Any, **kw: Any) -> list[Occurrence]:
+            if window == "a commit the API died after":
+                raise RuntimeError("the API's Lambda died after the commit")
+            if window == "its commit and its settling":
+                real_claim(lease, **kwargs)
             return listing(*args, **kw)
 
-        plane.occurrences.open_for_schedule = claim_then_list  # type: ignore[method-assign]
-        saved.append(plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}}))
+        plane.occurrences.open_for_schedule = settle  # type: ignore[method-assign]
+        with contextlib.suppress(RuntimeError):  # the API's death after the commit
+            saved.append(plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}}))
+        if window != "its commit and its settling":
+            real_claim(lease, **kwargs)
 
-    work.runs.claim = claim_while_an_update_commits  # type: ignore[method-assign]
+    work.runs.claim = claim_as_an_update_commits  # type: ignore[method-assign]
     # WHEN the worker processes the message
     result = work.process(delivery)
-    # THEN it ran (version 1, as if claimed a moment before the update), the update's answer
-    # reports it as running, and the handler's cooperative check sees the change
-    assert result.outcome is Outcome.SUCCEEDED
-    [answer] = saved
-    assert answer.schedule.version == 2
-    assert [(a.occurrence.occurrence_id, a.occurrence.state) for a in answer.affected] == [
-        (occ, S.RUNNING)
-    ]
-    assert answer.affected[0].note == "running: it can only stop cooperatively"
-    assert seen_canceled == [True]
+    # THEN its check after the claim (strongly consistent) finds version 2 and undoes the
+    # claim: the handler never ran, CANCELED with the reason, the attempts as they were
+    # before the claim, the slot free, the message dropped
+    assert result.outcome is Outcome.STALE
+    assert result.detail == "stale: the schedule is at version 2, this occurrence is of version 1"
+    assert handler.count == 0
+    occurrence, attempts = stored(aws, occ)
+    assert (occurrence.state, occurrence.reason) == (S.CANCELED, result.detail)
+    assert occurrence.attempt_count == len(attempts) == before
+    assert [a.outcome for a in attempts] == [AttemptOutcome.RETRY] * before
+    assert all("lease_token" not in slot for slot in concurrency_slots(aws))
+    assert result.delete
+    # AND the update's answer said what it found, and is now true: running (it stops before
+    # its handler), or a retry the worker refuses
+    notes = [a.note for answer in saved for a in answer.affected]
+    assert (
+        notes
+        == {
+            "its commit and its settling": ["running: it can only stop cooperatively"],
+            "a retry's read and claim": ["in the queue for a retry: the worker will refuse it"],
+            "a commit the API died after": [],
+        }[window]
+    )
 
 
 def test_worker_last_occurrence_of_a_completed_one_shot_still_runs(

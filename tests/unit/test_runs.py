@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from punctual.dal.runs import RunLease, RunStore, _finished_by
+from punctual.dal.runs import RunLease, RunStore, Seen, _abandoned, _finished_by
 from punctual.models import AttemptOutcome, OccurrenceState
 from punctual.settings import Settings
 
@@ -125,3 +125,18 @@ def test_a_refused_wait_without_the_slots_item_says_another_occurrence_waits() -
     store = RunStore(Refusing("WAIT#sch_alice.x"), Settings())
     waiting = store.wait("alice", "sch_alice.x", "occ_x", until=NOW + 60, now=NOW)
     assert waiting == "another occurrence"
+
+
+@pytest.mark.parametrize(
+    ("seen", "abandoned"),
+    [
+        (Seen(OccurrenceState.RUNNING, 2, "t", ({"attempt_no": 1}, {"attempt_no": 2})), True),
+        # a run an old-SDK worker started: its attempt item is apart, the last entry is an
+        # earlier attempt that ended already, and must keep its outcome
+        (Seen(OccurrenceState.RUNNING, 2, "t", ({"attempt_no": 1, "outcome": "RETRY"},)), False),
+        (Seen(OccurrenceState.RUNNING, 1, "t", ()), False),
+        (Seen(OccurrenceState.RETRY_WAIT, 1, None, ({"attempt_no": 1},)), False),
+    ],
+)
+def test_only_the_attempt_whose_lease_was_read_is_marked_lost(seen: Seen, abandoned: bool) -> None:
+    assert _abandoned(seen) is abandoned

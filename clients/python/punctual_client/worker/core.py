@@ -29,7 +29,6 @@ from punctual.dal.runs import (
     RunStore,
     ScheduleForRun,
     Seen,
-    StoredRun,
 )
 from punctual.errors import NotFound, Retryable
 from punctual.message import Message, parse_message
@@ -290,7 +289,10 @@ class Worker:
         if seen.state is OccurrenceState.RETRY_WAIT and retry_at > now:
             # A duplicate delivery during the back-off: it waits like the original.
             return Result(Outcome.RETRY, "backing off", retry_at - now)
-        stale = _staleness(occurrence, schedule)
+        stale = _staleness(
+            occurrence.schedule_version,
+            None if schedule is None else (schedule.version, schedule.state),
+        )
         if stale is not None:
             self._leave_queue(message, schedule)
             return self._refuse(message, seen, OccurrenceState.CANCELED, stale, Outcome.STALE, now)
@@ -339,7 +341,32 @@ class Worker:
             )
         except Retryable:
             return None
+        # The claim's transaction checks no schedule: read it again, strongly consistent.
+        # Versions only grow, so one still current now was current at the claim, which is
+        # then ordered before any change (whose answer reports the run); one changed since
+        # the read above (an update, pause or cancel that committed in between) is undone.
+        found = self.runs.schedule_version(message.schedule_id, consistent=True)
+        changed = _staleness(
+            occurrence.schedule_version,
+            None if found is None else (found[0], ScheduleState(found[1])),
+        )
+        if changed is not None:
+            return self._withdraw(lease, message, schedule, changed, now)
         return lease, policy, released
+
+    def _withdraw(
+        self, lease: RunLease, message: Message, schedule: ScheduleForRun, why: str, now: int
+    ) -> Result:
+        """A claim whose schedule changed before its handler ran: undone, the message
+        dropped (STALE), as a refusal before the claim would have."""
+        try:
+            self.runs.withdraw(lease, reason=why, now=now)
+        except (ConditionFailed, Retryable):
+            # Not undone: the lease runs out, and the next delivery refuses the stale run.
+            return Result(Outcome.IN_PROGRESS, "a stale claim not undone yet", self.lease_seconds)
+        self.runs.release(lease)
+        self._leave_queue(message, schedule)
+        return Result(Outcome.STALE, why)
 
     def _wait(self, message: Message, seen: Seen, running: str, now: int) -> Result | None:
         """QUEUE_ONE and the run slot is held: wait for it if no other occurrence does."""
@@ -582,19 +609,20 @@ def queue_url_of(sqs: Any, arn: str) -> str:
     return str(sqs.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)["QueueUrl"])
 
 
-def _staleness(occurrence: StoredRun, schedule: ScheduleForRun | None) -> str | None:
-    """Why the occurrence must not run any more, or None."""
+def _staleness(version: int, schedule: tuple[int, ScheduleState] | None) -> str | None:
+    """Why an occurrence of ``version`` must not run any more, given the schedule's current
+    (version, state), or None."""
     if schedule is None:
         return "the schedule no longer exists"
-    if schedule.state is ScheduleState.CANCELED:
+    current, state = schedule
+    if state is ScheduleState.CANCELED:
         return "the schedule was canceled"
-    if schedule.version != occurrence.schedule_version:
+    if current != version:
         return (
-            f"stale: the schedule is at version {schedule.version}, "
-            f"this occurrence is of version {occurrence.schedule_version}"
+            f"stale: the schedule is at version {current}, this occurrence is of version {version}"
         )
-    if schedule.state not in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
-        return f"the schedule is {schedule.state.value}"
+    if state not in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
+        return f"the schedule is {state.value}"
     return None
 
 

@@ -25,9 +25,11 @@ from punctual.ids import schedule_key_prefix
 from punctual.settings import Settings
 
 # Exactly what the worker SDK calls (tests/infrastructure/inventory.txt, "call worker"):
-# the claim's read (BatchGetItem), the cooperative-cancel check (GetItem); updates of its
-# own occurrences (claim, heartbeat, completion, refusal). No PutItem: a worker makes no
-# item of ours, so a tenant cannot forge an occurrence under its own prefix either.
+# the claim's read (BatchGetItem), the schedule's version (GetItem: after the claim and for
+# the cooperative cancel); updates of its own occurrences (claim, heartbeat, completion,
+# refusal). No PutItem: a worker makes no item of ours. (UpdateItem can still create an
+# item under the tenant's own prefix: such an item reaches only its own queues,
+# docs/security.md.)
 SCHEDULE_READS = ["dynamodb:GetItem", "dynamodb:BatchGetItem"]
 OCCURRENCE_ACTIONS = ["dynamodb:BatchGetItem", "dynamodb:UpdateItem"]
 TENANT_READS = ["dynamodb:GetItem", "dynamodb:BatchGetItem"]

@@ -126,6 +126,17 @@ class ScheduleForRun:
     overlap: OverlapPolicy
 
 
+def _abandoned(seen: Seen) -> bool:
+    """Whether the last entry of the history is the attempt whose expired lease we read
+    (RUNNING): a run that a worker of the old SDK started has no entry (its attempt item
+    is apart), and the last entry is then an earlier attempt, ended already."""
+    return (
+        seen.state is OccurrenceState.RUNNING
+        and bool(seen.attempts)
+        and int(seen.attempts[-1].get("attempt_no", 0)) == seen.attempt_count
+    )
+
+
 def _finished_by(
     item: Item | None, lease: RunLease, state: OccurrenceState, outcome: AttemptOutcome, now: int
 ) -> bool:
@@ -224,13 +235,18 @@ class RunStore:
             _schedule_for_run(schedule) if schedule else None,
         )
 
-    def schedule_version(self, schedule_id: str) -> tuple[int, str] | None:
-        """(version, state) of the schedule: the cooperative-cancel check, eventually consistent."""
+    def schedule_version(
+        self, schedule_id: str, *, consistent: bool = False
+    ) -> tuple[int, str] | None:
+        """(version, state) of the schedule. Eventually consistent for the cooperative-cancel
+        check (a hint, read again every few seconds); ``consistent`` for the check after a
+        claim, which must see a change committed a moment before."""
         found = self._client.get_item(
             TableName=self._schedules,
             Key=to_dynamo(current_key(schedule_id)),
             ProjectionExpression="version, #s",
             ExpressionAttributeNames={"#s": "state"},
+            ConsistentRead=consistent,
         ).get("Item")
         if not found:
             return None
@@ -254,11 +270,9 @@ class RunStore:
         """One transaction: RUNNING with a new lease and the attempt added to its history
         (a taken-over attempt marked LOST), and the slots.
 
-        No check of the schedule's version: the worker read it (strongly consistent) just
-        before, and a change that commits between that read and this claim finds the
-        occurrence RUNNING when it settles the old version's occurrences, and reports it
-        (docs/worker.md, *What a claim checks*). Raises ConditionFailed naming the action
-        whose condition failed."""
+        No check of the schedule: the worker reads its version again, strongly consistent,
+        once this commits, and withdraws the claim if it changed (docs/worker.md, *What a
+        claim checks*). Raises ConditionFailed naming the action whose condition failed."""
         occurrence_conditions = [
             "tenant_id = :tenant",
             "#state = :seen",
@@ -269,7 +283,7 @@ class RunStore:
             # this token (and sees it expired) may replace it.
             occurrence_conditions += ["lease_token = :old_token", "lease_expires_at <= :now"]
         history = [dict(a) for a in seen.attempts]
-        if seen.state is OccurrenceState.RUNNING and history:
+        if _abandoned(seen):
             history[-1] |= {"outcome": AttemptOutcome.LOST.value}
         history.append(
             {
@@ -454,7 +468,7 @@ class RunStore:
         if state is OccurrenceState.DEAD:
             expression += ", dlq_pending = :true"
             extra["true"] = True
-        if seen.state is OccurrenceState.RUNNING and seen.attempts:
+        if _abandoned(seen):
             # The abandoned run's attempt is LOST (the conditions say it is the last one).
             expression += f", attempts[{len(seen.attempts) - 1}].outcome = :lost"
             extra["lost"] = AttemptOutcome.LOST.value
@@ -509,13 +523,7 @@ class RunStore:
             [
                 (
                     label,
-                    self._fenced(
-                        key,
-                        table,
-                        lease,
-                        expires_at,
-                        "lease_expires_at" if label == OCCURRENCE else "expires_at",
-                    ),
+                    self._fenced(key, table, lease, expires_at, running=label == OCCURRENCE),
                 )
                 for label, table, key in held
             ],
@@ -523,19 +531,25 @@ class RunStore:
 
     @staticmethod
     def _fenced(
-        key: dict[str, Any], table: str, lease: RunLease, expires_at: int, attribute: str
+        key: dict[str, Any], table: str, lease: RunLease, expires_at: int, *, running: bool
     ) -> dict[str, Any]:
-        return {
-            "Update": {
-                "TableName": table,
-                "Key": key,
-                "UpdateExpression": f"SET {attribute} = :expires",
-                # Race: our lease expired and another worker took it over (new token); a
-                # stale worker must not extend the new holder's lease.
-                "ConditionExpression": "lease_token = :token",
-                "ExpressionAttributeValues": values(token=lease.token, expires=expires_at),
-            }
+        """Move a held item's expiry: the occurrence's lease (``running``) or a slot's."""
+        # Race: our lease expired and another worker took the item over (new token); a
+        # stale worker must not extend the new holder's lease. The occurrence must also be
+        # RUNNING still: a refusal of an expired run (CANCELED, DEAD, SKIPPED_OVERLAP)
+        # keeps the token, and the run is no longer ours to extend.
+        update: dict[str, Any] = {
+            "TableName": table,
+            "Key": key,
+            "UpdateExpression": f"SET {'lease_' if running else ''}expires_at = :expires",
+            "ConditionExpression": "lease_token = :token",
+            "ExpressionAttributeValues": values(token=lease.token, expires=expires_at),
         }
+        if running:
+            update["ConditionExpression"] += " AND #state = :running"
+            update["ExpressionAttributeNames"] = {"#state": "state"}
+            update["ExpressionAttributeValues"] |= values(running=OccurrenceState.RUNNING.value)
+        return {"Update": update}
 
     def finish(
         self,
@@ -586,6 +600,36 @@ class RunStore:
         except ConditionFailed as refused:
             if not _finished_by(refused.old_item, lease, state, outcome, now):
                 raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
+
+    def withdraw(self, lease: RunLease, *, reason: str, now: int) -> None:
+        """Undo a claim whose schedule changed before its handler ran: CANCELED with the
+        reason, the attempt taken out of the history and the count back, as if the claim
+        had been refused. Raises ConditionFailed(OCCURRENCE) when the lease was lost."""
+        try:
+            with translated():
+                self._client.update_item(
+                    TableName=self._occurrences,
+                    Key=self._occurrence_key(lease.occurrence_id),
+                    UpdateExpression=(
+                        "SET #state = :canceled, reason = :why, finished_at = :now, "
+                        "attempt_count = :before "
+                        f"REMOVE lease_token, attempts[{lease.attempt_index}]"
+                    ),
+                    # Race: none expected within the lease; a stale worker must not undo a
+                    # newer holder's claim.
+                    ConditionExpression="#state = :running AND lease_token = :token",
+                    ExpressionAttributeNames={"#state": "state"},
+                    ExpressionAttributeValues=values(
+                        canceled=OccurrenceState.CANCELED.value,
+                        why=reason,
+                        now=now,
+                        before=lease.attempt_no - 1,
+                        running=OccurrenceState.RUNNING.value,
+                        token=lease.token,
+                    ),
+                )
+        except ConditionFailed as refused:
+            raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
 
     def release(self, lease: RunLease) -> None:
         """Free the slots this lease holds; best effort, since an expired lease frees them too."""
