@@ -181,21 +181,35 @@ def test_a_schedule_in_a_zone_whose_rules_did_not_change_keeps_its_plan(
     assert current_item(aws, sid)["tzdata"] == NEW
 
 
+def fired_then_old_rules(
+    aws: Services, clock: Clock, expression: str, fired: list[str]
+) -> tuple[str, int]:
+    """A Vancouver schedule made at 14:55Z under the pinned rules, fired at ``fired`` (the
+    instants of today, asserted), then 2025b's rules in use and the materializer on to
+    tomorrow's 17:10Z (the caller restores the pinned rules)."""
+    clock.now = at("14:55")
+    sid = make(aws, spec=cron_spec(expression, "America/Vancouver"))
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("16:30"), [shard], every=300)
+    assert sorted(occurrences_of(aws, sid)) == sorted(occurrence_id(sid, 1, at(t)) for t in fired)
+    use_zone_source(OLD)
+    try:
+        materialize_until(aws, clock, epoch("2026-12-03T17:10:00Z"), [shard], every=1800)
+    except BaseException:
+        use_zone_source(None)
+        raise
+    return sid, shard
+
+
 def test_a_wall_time_that_fired_is_not_fired_again_when_new_rules_give_it_a_later_instant(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a daily 09:00 Vancouver schedule under the pinned rules (09:00 = 16:00Z) whose
     # fire of today went out at 16:00Z
-    clock.now = at("15:55")
-    sid = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
-    shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, at("16:30"), [shard], every=300)
-    assert sorted(occurrences_of(aws, sid)) == [occurrence_id(sid, 1, at("16:00"))]
+    sid, shard = fired_then_old_rules(aws, clock, "0 9 * * *", ["16:00"])
     # WHEN rules that put 09:00 at 17:00Z are deployed (2025b's: the mechanism does not
     # care which release is newer), and the materializer goes on to the next day
-    use_zone_source(OLD)
     try:
-        materialize_until(aws, clock, epoch("2026-12-03T17:10:00Z"), [shard], every=1800)
         # THEN today's 09:00 is not fired again at 17:00Z (nor late, tomorrow): tomorrow's
         # fires at its instant under these rules
         made = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
@@ -213,19 +227,10 @@ def test_the_reconciler_takes_a_fire_by_its_wall_time_when_its_instant_is_anothe
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN 08:00 and 09:00 Vancouver under the pinned rules (15:00Z and 16:00Z), both fired
-    clock.now = at("14:55")
-    sid = make(aws, spec=cron_spec("0 8,9 * * *", "America/Vancouver"))
-    shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, at("16:30"), [shard], every=300)
-    assert sorted(occurrences_of(aws, sid)) == [
-        occurrence_id(sid, 1, at("15:00")),
-        occurrence_id(sid, 1, at("16:00")),
-    ]
+    sid, shard = fired_then_old_rules(aws, clock, "0 8,9 * * *", ["15:00", "16:00"])
     # WHEN rules that put 08:00 at 16:00Z and 09:00 at 17:00Z are deployed: the 16:00Z
     # occurrence's id is now 08:00's, but it fired as 09:00
-    use_zone_source(OLD)
     try:
-        materialize_until(aws, clock, epoch("2026-12-03T17:10:00Z"), [shard], every=1800)
         made = sorted(o["scheduled_for"] for o in occurrences_of(aws, sid).values())
         assert made == [
             at("15:00"),
