@@ -6,6 +6,7 @@ quota, cooperative cancel, the Lambda feed, rejected messages and claim races.""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -549,6 +550,41 @@ def test_worker_heartbeat_of_a_run_another_worker_refused_says_the_lease_is_gone
     assert seen["heartbeat"] is False
     assert late.outcome is Outcome.LEASE_LOST
     assert state(aws, occ) is S.CANCELED
+
+
+def test_worker_abandoned_run_is_moved_once_when_a_refusal_and_a_takeover_race(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a run whose lease expired, read RUNNING (with its token) by two workers
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    outcome: dict[str, Any] = {}
+
+    def stall(job: Job) -> None:
+        clock.advance(61)
+        runs = worker(aws, Calls()).runs
+        found, _ = runs.read(occ, job.message.schedule_id)
+        assert found is not None
+        seen, now = found.seen, int(clock.now)
+        # WHEN one refuses it (CANCELED: the refusal keeps the token) and the other then
+        # claims it, and a third refusal (DEAD) comes after both, all on what they read
+        outcome["refused"] = runs.refuse(occ, seen=seen, state=S.CANCELED, reason="stale", now=now)
+        lease = dataclasses.replace(job._lease, token="t-late", attempt_no=2, attempt_index=1)
+        try:
+            runs.claim(lease, seen=seen, now=now, queued_at=now)
+            outcome["claimed"] = True
+        except ConditionFailed:
+            outcome["claimed"] = False
+        outcome["refused_again"] = runs.refuse(
+            occ, seen=seen, state=S.DEAD, reason="exhausted", now=now
+        )
+
+    worker(aws, stall).process(delivery)
+    # THEN only the first move happened: the state it read is gone for the others
+    assert outcome == {"refused": True, "claimed": False, "refused_again": False}
+    occurrence, attempts = stored(aws, occ)
+    assert (occurrence.state, occurrence.reason) == (S.CANCELED, "stale")
+    assert [a.outcome for a in attempts] == [AttemptOutcome.LOST]
 
 
 def test_worker_lease_expiry_b_takes_over_and_a_late_completion_is_rejected(
@@ -1262,6 +1298,10 @@ def test_worker_claim_that_meets_a_change_of_the_schedule_is_undone_before_the_h
     assert handler.count == 0
     occurrence, attempts = stored(aws, occ)
     assert (occurrence.state, occurrence.reason) == (S.CANCELED, result.detail)
+    raw = aws.dynamodb.get_item(
+        TableName=aws.settings.occurrences_table, Key=to_dynamo(occurrence_key(occ))
+    )["Item"]
+    assert from_dynamo(raw)["finished_at"] == int(clock.now)
     assert occurrence.attempt_count == len(attempts) == before
     assert [a.outcome for a in attempts] == [AttemptOutcome.RETRY] * before
     assert all("lease_token" not in slot for slot in concurrency_slots(aws))

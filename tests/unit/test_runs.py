@@ -65,6 +65,7 @@ def test_a_repeat_that_finds_its_own_completion_counts_as_done() -> None:
         ("a lease token held", written(lease_token="t3")),
         ("a newer attempt claimed it", written(attempt_count=3)),
         ("no attempt count", written(attempt_count=None)),
+        ("no attempt count, for attempt 1", "first"),
         ("a history without this attempt", written(attempts=[{"outcome": "LOST"}])),
         ("no history", written(attempts=None)),
         (
@@ -78,7 +79,13 @@ def test_a_repeat_that_finds_its_own_completion_counts_as_done() -> None:
         ("this attempt not closed", written(attempts=[{}, {"outcome": "SUCCEEDED"}])),
     ],
 )
-def test_anything_else_is_not_this_completion(case: str, item: dict[str, Any] | None) -> None:
+def test_anything_else_is_not_this_completion(case: str, item: Any) -> None:
+    if item == "first":  # a first attempt's lease, an item that shows no attempt count
+        first = dataclasses.replace(LEASE, attempt_no=1, attempt_index=0)
+        item = written(attempt_count=None, attempts=[{"outcome": "SUCCEEDED", "finished_at": NOW}])
+        state, outcome = OccurrenceState.SUCCEEDED, AttemptOutcome.SUCCEEDED
+        assert not _finished_by(item, first, state, outcome, NOW), case
+        return
     assert not ours(item), case
 
 
@@ -140,3 +147,24 @@ def test_a_refused_wait_without_the_slots_item_says_another_occurrence_waits() -
 )
 def test_only_the_attempt_whose_lease_was_read_is_marked_lost(seen: Seen, abandoned: bool) -> None:
     assert _abandoned(seen) is abandoned
+
+
+class Reads:
+    """A DynamoDB client that records GetItem requests and finds the schedule at version 3."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    def get_item(self, **request: Any) -> dict[str, Any]:
+        self.requests.append(request)
+        return {"Item": {"version": {"N": "3"}, "state": {"S": "ACTIVE"}}}
+
+
+def test_the_schedules_version_is_read_consistently_only_when_asked() -> None:
+    # the cooperative-cancel check is a hint (eventually consistent, cheaper); the check
+    # after a claim must see a change committed a moment before (strongly consistent)
+    client = Reads()
+    store = RunStore(client, Settings())
+    assert store.schedule_version("sch_alice.x") == (3, "ACTIVE")
+    assert store.schedule_version("sch_alice.x", consistent=True) == (3, "ACTIVE")
+    assert [r["ConsistentRead"] for r in client.requests] == [False, True]
