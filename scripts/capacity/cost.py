@@ -330,17 +330,14 @@ def read_units_per_occurrence(c: CostInputs) -> float:
     return 0.5 + c.platform.item_bytes / RCU_BYTES * 0.5
 
 
-def provisioned_capacity(
-    c: CostInputs, ops: Sequence[WriteOp], *, utilization: float | None = None
-) -> float:
+def provisioned_capacity(c: CostInputs, ops: Sequence[WriteOp]) -> float:
     """Dollars per million occurrences of provisioned write and read capacity, per table and
-    index: sized for the top-of-hour peak all day (``utilization`` None), or for the average
-    at ``utilization`` (the peak then rides on burst capacity: not guaranteed)."""
+    index, sized for the top-of-hour peak all day (capacity kept busy on average, the
+    autoscaled way, is ``bill`` with a provisioned ``Billing``)."""
     tables: dict[str, float] = {}
     for op in ops:
         tables[op.table] = tables.get(op.table, 0.0) + op.units
-    average = c.workload.per_day / 86_400
-    rate = c.peak_rate if utilization is None else average / utilization
+    rate = c.peak_rate
     hourly = sum(max(1.0, rate * u) for u in tables.values()) * c.prices.wcu_hour
     hourly += rate * read_units_per_occurrence(c) * c.prices.rcu_hour
     return hourly * 24 / c.workload.per_day * 1e6
