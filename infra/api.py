@@ -161,9 +161,11 @@ class Api(Construct):
         )
         # A target's queue and DLQ: look for them, create them tagged with their owner
         # (TagQueue authorizes CreateQueue's tags), check the owner, read their ARNs, set
-        # the tenant's queue policy.
+        # the tenant's queue policy; and send an occurrence due within the relay's batching
+        # window at once (SendMessageBatch is authorized as SendMessage), as the relay does.
         queues.grant(
             self.function,
+            "SendMessage",
             "GetQueueUrl",
             "CreateQueue",
             "TagQueue",

@@ -11,7 +11,9 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from punctual.ids import shard_groups
+from punctual.integrations.streams import ON_TIME_WINDOW_SECONDS
 from punctual.principals import PRINCIPAL_ARN_PATTERN
+from punctual.scheduling import PROMPT_MARGIN_SECONDS
 from punctual.settings import Settings
 
 
@@ -95,6 +97,10 @@ class DeployConfig(BaseModel):
     shard_group_size: int = Field(default=8, ge=1, le=256)
     map_concurrency: int = Field(default=40, ge=1, le=MAX_CONCURRENCY)
     relay_parallelization_factor: int = Field(default=10, ge=1, le=10)
+    # The on-time relay mapping waits up to this long to fill a batch: ~17 records an
+    # invocation instead of ~2 at the seed's load (docs/capacity.md). What the API makes due
+    # sooner it also sends at once (docs/operations.md, *Batching window*).
+    relay_batching_window_seconds: int = Field(default=ON_TIME_WINDOW_SECONDS, ge=0, le=60)
     # The catch-up lane's batches per stream shard at once: its Lambda concurrency is at
     # most this times the shards, whatever the catch-up's size (docs/operations.md).
     catchup_parallelization_factor: int = Field(default=2, ge=1, le=10)
@@ -133,10 +139,28 @@ class DeployConfig(BaseModel):
             *self._ticks(),
             *self._hourly_run(),
             *self._rule_inputs(),
+            *self._window(),
         ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _window(self) -> list[str]:
+        # A tick plans up to lookahead ahead and the next comes a minute later, so the
+        # materializer's fires reach the outbox at least lookahead - 60 s before their time;
+        # the on-time mapping's window (and the margin the API's prompt send assumes) must
+        # fit in that, or they would be relayed after their time.
+        slack = self.lookahead_seconds - 60
+        needed = self.relay_batching_window_seconds + PROMPT_MARGIN_SECONDS
+        if not self.relay_batching_window_seconds or slack >= needed:
+            return []
+        return [
+            f"punctual.relay_batching_window_seconds: the materializer's fires reach the "
+            f"relay as little as lookahead_seconds {self.lookahead_seconds} - 60 = {slack} s "
+            f"before their time, less than the window {self.relay_batching_window_seconds} s "
+            f"+ {PROMPT_MARGIN_SECONDS} s margin; lookahead_seconds >= {needed + 60} or "
+            f"relay_batching_window_seconds <= {max(0, slack - PROMPT_MARGIN_SECONDS)}"
+        ]
 
     def _operators(self) -> list[str]:
         if self.operator_role or self.operator_principals:
@@ -224,6 +248,7 @@ class DeployConfig(BaseModel):
             shard_count=self.shard_count,
             lookahead_seconds=self.lookahead_seconds,
             retention_days=self.retention_days,
+            relay_window_seconds=self.relay_batching_window_seconds,
             operator_principals=frozenset(self.operator_principals),
         )
 
@@ -233,6 +258,7 @@ class DeployConfig(BaseModel):
             "PUNCTUAL_SHARD_COUNT": str(settings.shard_count),
             "PUNCTUAL_LOOKAHEAD_SECONDS": str(settings.lookahead_seconds),
             "PUNCTUAL_RETENTION_DAYS": str(settings.retention_days),
+            "PUNCTUAL_RELAY_WINDOW_SECONDS": str(settings.relay_window_seconds),
             "PUNCTUAL_OPERATOR_PRINCIPALS": ",".join(sorted(settings.operator_principals)),
             # The relay's and the API's SQS permissions are scoped to this prefix.
             "PUNCTUAL_QUEUE_PREFIX": settings.queue_prefix,

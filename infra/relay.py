@@ -20,6 +20,7 @@ from infra.data import DataReferences, TableGrants
 from infra.functions import FunctionDefaults, python_function
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import OCCURRENCE_PREFIX
+from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS
 from punctual.models import Lane
 
 REDRIVE_TIMEOUT_SECONDS = 60
@@ -36,6 +37,7 @@ class Relaying(Construct):
         defaults: FunctionDefaults,
         parallelization_factor: int,
         catchup_parallelization_factor: int,
+        batching_window_seconds: int,
     ) -> None:
         super().__init__(scope, construct_id)
         occurrences = data.tables["occurrences_table"]
@@ -121,6 +123,13 @@ class Relaying(Construct):
                 # The on-time lane: no lane. On the leaf (lane.S): Lambda's `exists`
                 # matches leaves only, so on `lane` itself it would take every record.
                 {"S": lambda_.FilterRule.not_exists()},
+                # Fuller batches, fewer invocations and log lines (docs/capacity.md); what
+                # the API makes due within the window it sends at once as well
+                # (ControlPlane._send_promptly), and the materializer's fires come at least
+                # lookahead - 60 s early (DeployConfig._window).
+                batching_window=Duration.seconds(batching_window_seconds)
+                if batching_window_seconds
+                else None,
             )
         )
         # The catch-up lane (punctual.models.Lane): the same code and grants, its own
@@ -138,7 +147,7 @@ class Relaying(Construct):
                 catchup_parallelization_factor,
                 {"S": lambda_.FilterRule.is_equal(Lane.CATCHUP.value)},
                 # Paced occurrences, receivable seconds to minutes ahead: fuller batches.
-                batching_window=Duration.seconds(5),
+                batching_window=Duration.seconds(CATCHUP_WINDOW_SECONDS),
             )
         )
         # Which lane's batch failed: the re-drive re-sends only that lane's records.

@@ -88,6 +88,7 @@ class PunctualStack(cdk.Stack):
             defaults=defaults,
             parallelization_factor=config.relay_parallelization_factor,
             catchup_parallelization_factor=config.catchup_parallelization_factor,
+            batching_window_seconds=config.relay_batching_window_seconds,
         )
         self.reconciliation = Reconciliation(
             self,

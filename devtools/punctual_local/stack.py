@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from punctual.ids import shard_groups
+from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS, ON_TIME_WINDOW_SECONDS
 from punctual.models import Lane
 from punctual.observability import logger
 from punctual.timing import utc_text
@@ -65,6 +66,9 @@ class StackOptions:
     lookahead_seconds: int = 180
     reconcile_seconds: int = RECENT_WINDOW
     poll_seconds: float = 0.5
+    # The on-time relay mapping's batching window, as deployed (DeployConfig's default);
+    # the API sends what it makes due sooner at once (ControlPlane._send_promptly).
+    relay_window_seconds: int = ON_TIME_WINDOW_SECONDS
 
 
 HANDLERS = (
@@ -120,6 +124,7 @@ def configure_environment(engines: Engines, options: StackOptions) -> None:
             "PUNCTUAL_SHARD_COUNT": str(LOCAL_SHARDS),
             "PUNCTUAL_TICK_SECONDS": str(options.tick_seconds),
             "PUNCTUAL_LOOKAHEAD_SECONDS": str(options.lookahead_seconds),
+            "PUNCTUAL_RELAY_WINDOW_SECONDS": str(options.relay_window_seconds),
             "PUNCTUAL_OPERATOR_PRINCIPALS": local_principal(OPERATOR_KEY),
             "POWERTOOLS_SERVICE_NAME": "punctual",
             "POWERTOOLS_METRICS_NAMESPACE": "Punctual",
@@ -275,7 +280,11 @@ class LocalStack:
         self._loop("ticker", self._tick, options.tick_seconds, aligned=True)
         # One poller per lane, as each lane has its own event source mapping (infra/relay.py).
         checkpoints = lane_checkpoints(options.data)
-        for lane, module in ((None, "relay.handler"), (Lane.CATCHUP.value, "relay.catchup")):
+        lanes = (
+            (None, "relay.handler", options.relay_window_seconds),
+            (Lane.CATCHUP.value, "relay.catchup", CATCHUP_WINDOW_SECONDS),
+        )
+        for lane, module, window in lanes:
             poller = StreamPoller(
                 services.dynamodb,
                 _client("dynamodbstreams"),
@@ -283,6 +292,7 @@ class LocalStack:
                 _relay_handler(options.functions, module),
                 checkpoints[lane],
                 lane=lane,
+                window=window,
             )
             self._loop(f"stream-poller-{module}", poller.poll_once, options.poll_seconds)
         if "reconciler.handler" in handlers:

@@ -1,7 +1,8 @@
 """The local stand-in for the Lambda event source mapping on the occurrences stream.
 
 Like a mapping: records are filtered (INSERT of occurrence items only, of one lane), handed
-to the relay handler in batches, and a record the handler reports as a batch item failure is
+to the relay handler in batches (held up to the mapping's batching window to fill them), and a
+record the handler reports as a batch item failure is
 retried from that record on (after a pause), so nothing is skipped. The position in
 each shard is checkpointed to a file, so a restarted stack carries on where it stopped;
 re-delivering a few records after a crash is harmless (the relay skips what is no longer
@@ -35,8 +36,11 @@ class StreamPoller:
         handler: BatchHandler,
         checkpoints: Path,
         lane: str | None = ANY_LANE,
+        window: float = 0.0,
     ) -> None:
-        """``lane``: the records this poller hands over (``wanted``), as one lane's mapping."""
+        """``lane``: the records this poller hands over (``wanted``), as one lane's mapping;
+        ``window``: its MaximumBatchingWindowInSeconds (a shard's wanted records are held up
+        to this long after the first of them was read, unless a batch fills first)."""
         self._dynamodb = dynamodb
         self._streams = streams
         self._table = table
@@ -47,6 +51,11 @@ class StreamPoller:
         self._positions: dict[str, str] = {}
         self._stream_arn: str | None = None
         self._retry_after: dict[str, float] = {}
+        self._window = window
+        # Per shard: records read but not yet handed over (the checkpoint stays before
+        # them, so a restart reads them again), and when the first wanted one was read.
+        self._held: dict[str, list[dict[str, Any]]] = {}
+        self._held_since: dict[str, float] = {}
 
     def _load(self, stream_arn: str) -> None:
         try:
@@ -62,7 +71,9 @@ class StreamPoller:
         tmp.replace(self._checkpoints)
 
     def _iterator(self, shard_id: str) -> str | None:
+        """An iterator from the shard's checkpoint: what was held after it is read again."""
         assert self._stream_arn is not None
+        self._held.pop(shard_id, None)
         position = self._positions.get(shard_id)
         request: dict[str, Any] = {"StreamArn": self._stream_arn, "ShardId": shard_id}
         if position:
@@ -100,11 +111,13 @@ class StreamPoller:
                 logger.info("stream iterator refused; taking a fresh one", extra={"code": code})
                 self._iterators[shard_id] = self._iterator(shard_id)
                 continue
-            records = answer.get("Records", [])
             next_iterator = answer.get("NextShardIterator")
+            self._iterators[shard_id] = next_iterator
+            records = self._hold(shard_id, answer.get("Records", []), ended=next_iterator is None)
+            if records is None:
+                continue  # the window is open: more may come to fill the batch
             failed_at = self._deliver(records)
             if failed_at is None:
-                self._iterators[shard_id] = next_iterator
                 if records:
                     self._positions[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]
             else:
@@ -117,6 +130,24 @@ class StreamPoller:
             handed += len([r for r in records if wanted(r, self._lane)])
         self._save()
         return handed
+
+    def _hold(
+        self, shard_id: str, read: list[dict[str, Any]], *, ended: bool
+    ) -> list[dict[str, Any]] | None:
+        """The shard's records to hand over now (those held, then ``read``), or None while
+        the window is open: some are wanted, fewer than a batch, the first read less than
+        the window ago, and the shard has not ended (a closed shard is read no more)."""
+        held = self._held.setdefault(shard_id, [])
+        had_wanted = any(wanted(r, self._lane) for r in held)
+        held += read
+        count = sum(1 for r in held if wanted(r, self._lane))
+        if count and not had_wanted:
+            self._held_since[shard_id] = time.monotonic()
+        opened = self._held_since.get(shard_id, 0.0)
+        if count and count < BATCH_SIZE and time.monotonic() - opened < self._window and not ended:
+            return None
+        self._held[shard_id] = []
+        return held
 
     def _deliver(self, records: list[dict[str, Any]]) -> int | None:
         """Hand the wanted records to the relay; the first failed sequence number, if any."""

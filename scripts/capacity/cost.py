@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from punctual.integrations.streams import ON_TIME_WINDOW_SECONDS
 from scripts.capacity.model import (
     RCU_BYTES,
     Design,
@@ -166,7 +167,11 @@ class CostInputs:
     handler_seconds: float = 0.005  # Powertools batch processing and metrics flush (assumption)
     custom_metrics: int = 40
     reconcile_reads_per_schedule_hour: float = 1.0  # history + occurrences queries, by_shard
-    relay_window: float = 0.0  # the event source mapping's MaximumBatchingWindowInSeconds
+    # The on-time mapping's MaximumBatchingWindowInSeconds, as deployed (0 until 2026-12-03).
+    relay_window: float = ON_TIME_WINDOW_SECONDS
+    # Occurrences made less than the window before their time (a run now, a one-shot due in
+    # a moment), which the API also sends at once: one more SendMessage each (assumption).
+    prompt_share: float = 0.01
     reconcile_cpu_per_schedule_hour: float = 0.002  # s at 1,769 MB (assumption)
 
     def materializer_busy_seconds(self) -> float:
@@ -244,11 +249,6 @@ def other_lines(c: CostInputs, read_price: float | None = None) -> list[Line]:
     return [
         (
             "DynamoDB reads",
-            "relay state check (BatchGetItem, 0.5 a record)",
-            0.5 * read * 1e6,
-        ),
-        (
-            "DynamoDB reads",
             "due index Query (a schedule is 750 B of a 4 KB unit, 0.5)",
             p.item_bytes / RCU_BYTES * 0.5 * read * 1e6,
         ),
@@ -279,6 +279,11 @@ def other_lines(c: CostInputs, read_price: float | None = None) -> list[Line]:
             ticks * express_seconds * 0.0625 * per_m * pr.express_gb_second,
         ),
         ("SQS", f"SendMessageBatch ({sends:.2f} a message)", sends * pr.sqs_request * 1e6),
+        (
+            "SQS",
+            f"the API's prompt sends ({c.prompt_share:.0%} of occurrences, assumption)",
+            c.prompt_share * pr.sqs_request * 1e6,
+        ),
         (
             "CloudWatch",
             "Logs ingestion (relay + materializer, EMF metrics)",
@@ -327,7 +332,8 @@ def other_lines(c: CostInputs, read_price: float | None = None) -> list[Line]:
 
 
 def read_units_per_occurrence(c: CostInputs) -> float:
-    return 0.5 + c.platform.item_bytes / RCU_BYTES * 0.5
+    """The due index Query's share (the relay reads nothing since 2026-11-30)."""
+    return c.platform.item_bytes / RCU_BYTES * 0.5
 
 
 def provisioned_capacity(c: CostInputs, ops: Sequence[WriteOp]) -> float:

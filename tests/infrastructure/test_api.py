@@ -167,8 +167,8 @@ def test_api_gateway_errors_use_the_one_error_shape(service: Template):
 def test_api_function_manages_queues_only_under_the_prefix(service: Template):
     # THEN the API function's SQS permissions create a target's queues (tagged with their
     # owner), find and check an existing one's owner, read their ARNs and set their
-    # policies, on queues named punctual-* in this account and region only; it can neither
-    # read nor send messages
+    # policies, and send an occurrence due within the relay's batching window, on queues
+    # named punctual-* in this account and region only; it never reads messages
     sqs = [s for s in role_statements(service, HANDLER) if actions_of(s)[0].startswith("sqs:")]
     assert len(sqs) == 1
     assert sorted(actions_of(sqs[0])) == [
@@ -176,6 +176,7 @@ def test_api_function_manages_queues_only_under_the_prefix(service: Template):
         "sqs:GetQueueAttributes",
         "sqs:GetQueueUrl",
         "sqs:ListQueueTags",
+        "sqs:SendMessage",
         "sqs:SetQueueAttributes",
         "sqs:TagQueue",
     ]

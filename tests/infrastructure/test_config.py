@@ -38,6 +38,7 @@ def test_config_committed_cdk_json_is_valid():
         ({"shard_count": 0}, r"punctual\.shard_count"),
         ({"map_concurrency": 41}, r"punctual\.map_concurrency"),
         ({"lookahead_seconds": 900}, r"punctual\.lookahead_seconds"),
+        ({"relay_batching_window_seconds": 61}, r"punctual\.relay_batching_window_seconds"),
         ({"reconcile_minute": 60}, r"punctual\.reconcile_minute"),
         ({"operator_principals": ["alice"]}, r"punctual\.operator_principals\.0"),
         ({"alarm_emails": ["not-an-address"]}, r"punctual\.alarm_emails\.0"),
@@ -74,6 +75,8 @@ def test_config_environment_carries_the_knobs_the_functions_read():
         "arn:aws:iam::123456789012:role/a,arn:aws:iam::123456789012:role/b"
     )
     assert environment["PUNCTUAL_QUEUE_PREFIX"] == "punctual"
+    # ... and the API knows the relay's batching window (what it sends at once)
+    assert environment["PUNCTUAL_RELAY_WINDOW_SECONDS"] == "2"
 
 
 def test_config_accepts_the_context_as_json_text_from_the_command_line():
@@ -111,6 +114,15 @@ def test_config_accepts_the_context_as_json_text_from_the_command_line():
             r"punctual\.map_concurrency: a tick has 50 shard groups \(400 shards / "
             r"shard_group_size 8\) but runs 40 at once.*shard_group_size >= 10",
         ),
+        # the materializer's fires reach the relay as little as 2 s before their time (a
+        # tick plans lookahead ahead, the next a minute later): a 5 s window holds them late
+        (
+            {"lookahead_seconds": 62, "relay_batching_window_seconds": 5},
+            r"punctual\.relay_batching_window_seconds: the materializer's fires reach the "
+            r"relay as little as lookahead_seconds 62 - 60 = 2 s before their time, less than "
+            r"the window 5 s \+ 3 s margin; lookahead_seconds >= 68 or "
+            r"relay_batching_window_seconds <= 0",
+        ),
         # nobody could onboard a tenant after the deploy
         ({"operator_role": False}, r"punctual\.operator_principals: empty while operator_role"),
     ],
@@ -135,9 +147,13 @@ def test_config_accepts_the_limits_themselves():
         reconcile_concurrency=40,
         operator_role=False,
         operator_principals=["arn:aws:iam::123456789012:role/ops"],
+        # the materializer's fires come 5 s ahead: just the 2 s window and its 3 s margin
+        lookahead_seconds=65,
     )
     # THEN it validates, and its rules' inputs fit EventBridge's limit
     assert len(rule_input_text("time", config.shard_count, 16)) <= EVENTBRIDGE_INPUT_LIMIT
+    # ... and without a window no lookahead is too short for the relay
+    DeployConfig(lookahead_seconds=0, relay_batching_window_seconds=0)
 
 
 def test_config_checks_the_input_text_the_rules_really_carry(synthesized: Synthesized):

@@ -1,17 +1,21 @@
 """The local stand-ins for the two lanes' event source mappings (punctual_local.streams, as
-`make run` runs them): each hands its lane's records only, keeps its own position, and a
-lane added to a stack that has run starts where the stack's poller was."""
+`make run` runs them): each hands its lane's records only, keeps its own position, holds
+them up to its batching window, and a lane added to a stack that has run starts where the
+stack's poller was."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import occurrence_to_item
 from punctual.ids import new_schedule_id, occurrence_id
 from punctual.models import Lane, Occurrence
 from punctual.services import Services
+from punctual_local import streams as local_streams
 from punctual_local.stack import lane_checkpoints
 from punctual_local.streams import StreamPoller
 
@@ -98,3 +102,51 @@ def test_stream_lanes_a_new_lane_starts_where_the_stacks_poller_was(
         local_aws, streams, again, lane_checkpoints(tmp_path)["CATCHUP"], lane="CATCHUP"
     ).poll_once()
     assert again.ids == []
+
+
+def test_stream_lanes_a_window_holds_a_lanes_records_until_it_closes_then_hands_them_at_once(
+    local_aws: Services, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monotonic = [1000.0]
+    monkeypatch.setattr(local_streams.time, "monotonic", lambda: monotonic[0])
+    checkpoints = tmp_path / "streams.json"
+    handed = Handed()
+    poller = _poller(local_aws, streams, handed, checkpoints, lane=None, window=2)
+    # GIVEN an on-time occurrence read by a poller whose mapping waits 2 s to fill a batch
+    first = _put(local_aws, 1_800_000_000, None)
+    poller.poll_once()
+    # THEN nothing is handed while the window is open, and a catch-up record read meanwhile
+    # (another lane's) does not close it
+    _put(local_aws, 1_800_000_030, Lane.CATCHUP)
+    monotonic[0] += 1.9
+    second = _put(local_aws, 1_800_000_060, None)
+    poller.poll_once()
+    assert handed.ids == []
+    # ... nor is the position saved past them: a restart now reads them again
+    restarted = Handed()
+    _poller(local_aws, streams, restarted, checkpoints, lane=None).poll_once()
+    assert restarted.ids == [first, second]
+    # WHEN the window closes (2 s after the first was read)
+    monotonic[0] += 0.1
+    poller.poll_once()
+    # THEN both are handed in one batch, once
+    assert handed.ids == [first, second]
+    poller.poll_once()
+    assert handed.ids == [first, second]
+
+
+def test_stream_lanes_a_full_batch_is_handed_before_its_window_closes(
+    local_aws: Services, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(local_streams, "BATCH_SIZE", 3)
+    monkeypatch.setattr(local_streams.time, "monotonic", lambda: 1000.0)  # time stands still
+    handed = Handed()
+    poller = _poller(local_aws, streams, handed, tmp_path / "streams.json", lane=None, window=60)
+    made = [_put(local_aws, 1_800_000_000 + n, None) for n in range(2)]
+    poller.poll_once()
+    assert handed.ids == []
+    # WHEN the third record fills the batch
+    made.append(_put(local_aws, 1_800_000_002, None))
+    poller.poll_once()
+    # THEN the batch goes at once
+    assert handed.ids == made

@@ -297,3 +297,26 @@ def test_cross_check_reproduces_the_local_bench_and_catches_a_wrong_one() -> Non
     assert all(check.ok for check in checks), [c for c in checks if not c.ok]
     assert not next(c for c in wrong if c.what.startswith("materialize")).ok
     assert math.isfinite(checks[0].predicted)
+
+
+def test_the_relays_batching_window_cuts_its_invocations_and_logs_and_pays_for_prompt_sends():
+    # GIVEN the seed's workload billed as deployed (a 2 s window, the API's prompt sends)
+    # and as it was (no window, nothing sent by the API)
+    inputs = CostInputs(Workload(), Design(), platform(), shard_rate=450, peak_rate=7000)
+    assert inputs.relay_window == 2
+    was = dict(
+        ((g, i.split(" (")[0]), d)
+        for g, i, d in other_lines(replace(inputs, relay_window=0.0, prompt_share=0.0))
+    )
+    now = dict(((g, i.split(" (")[0]), d) for g, i, d in other_lines(inputs))
+    # THEN the relay's requests, its GB-s and its log lines fall with the fuller batches ...
+    for line in (("Lambda", "relay requests"), ("Lambda", "relay GB-s")):
+        assert now[line] < was[line] / 3
+    logs = ("CloudWatch", "Logs ingestion")
+    assert now[logs] < was[logs] / 3
+    # ... and each prompt send is one more SendMessage, for the share the API sends
+    prompt = ("SQS", "the API's prompt sends")
+    assert was[prompt] == 0
+    assert now[prompt] == pytest.approx(0.01 * inputs.prices.sqs_request * 1e6)
+    # AND nothing on the path reads an occurrence before sending it (the relay reads nothing)
+    assert [i for g, i in now if g == "DynamoDB reads"] == ["due index Query"]

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from punctual.dal.common import ConditionFailed
 from punctual.dal.leases import watermark_of
+from punctual.dal.occurrences import StoredOccurrence
 from punctual.dal.schedules import (
     ScheduleVersion,
     StoredSchedule,
@@ -51,8 +52,10 @@ from punctual.models import (
     ScheduleState,
     field_errors,
 )
+from punctual.observability import logger
 from punctual.planning import MAX_CATCHUP_SPREAD, plan
 from punctual.principals import PrincipalError, normalize_principal
+from punctual.relay import Relay, outbound
 from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
 from punctual.timing import Fire, get_zone, preview, tzdata_version, utc_text
@@ -65,6 +68,10 @@ _LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
 # A run now read again after its transaction was refused (the key's first request won, the
 # schedule or the minute's count moved); more refusals in a row answer "retry".
 TRIGGER_RETRIES = 4
+# Beyond the relay's batching window: the mapping's poll (4 a second), the relay's start and
+# send, and clocks apart. An occurrence receivable later than now + window + this reaches
+# its queue before its time through the outbox alone.
+PROMPT_MARGIN_SECONDS = 3
 # A backfill's puts per transaction, next to the schedule's version check (100 actions).
 BACKFILL_CHUNK = 99
 BACKFILL_SHOWN = 10  # occurrences a backfill's answer lists
@@ -190,6 +197,8 @@ class ControlPlane:
         self.tenants = services.tenants
         self.leases = services.leases
         self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix)
+        # The relay's own sending code, for what the API sends at once (_send_promptly).
+        self._relay = Relay(services, workers=1)
 
     def _now(self) -> int:
         return int(self._s.now())
@@ -397,6 +406,7 @@ class ControlPlane:
                 # schedule changed (paused, updated: read again), or the minute's count moved
                 # (over the quota now, or opened by another request): each is read again.
                 continue
+            self._send_promptly([occurrence], schedule.payload)
             return Triggered(occurrence, replayed=False)
         raise Retryable("concurrent changes kept refusing this run; retry")
 
@@ -474,6 +484,7 @@ class ControlPlane:
                 return result
             try:
                 self._commit_backfill(schedule, made)
+                self._send_promptly(made, schedule.payload)
             except ConditionFailed:
                 # The schedule changed (read again: paused, updated), or one of them was
                 # made meanwhile (a repair, a concurrent backfill): it exists when read again.
@@ -681,8 +692,37 @@ class ControlPlane:
             if refused.label == "shard":
                 raise
             raise self._refusal(refused, old, tenant, load) from None
+        self._send_promptly(materialized, schedule.payload)
         affected = self._invalidate(old.schedule, schedule, now) if old else []
         return Saved(schedule, self.next_fires(schedule), materialized, affected)
+
+    def _send_promptly(self, made: list[Occurrence], payload: dict[str, Any]) -> None:
+        """Send at once, after their commit, the on-time occurrences just made that the
+        relay's batching window could hold past their time: receivable before now + the
+        window + PROMPT_MARGIN_SECONDS (a run now, a one-shot due in a moment).
+
+        The outbox is still what guarantees them: their stream records reach the relay
+        within the window and are sent again, a duplicate the worker drops (the same
+        occurrence id). So a send that fails here (throttled, no answer) is logged and left
+        to the relay, at most a window late; it never fails the request, which committed.
+        A catch-up is paced and relayed by its own lane: not sent here."""
+        window = self.settings.relay_window_seconds
+        soon = self._s.now() + window + PROMPT_MARGIN_SECONDS
+        due = [o for o in made if o.lane is None and o.available_at < soon]
+        if not window or not due:
+            return
+        try:
+            report = self._relay.send(
+                [outbound(o.occurrence_id, StoredOccurrence(o, payload)) for o in due]
+            )
+        except Exception as error:  # a throttled target read, say: the relay sends them
+            logger.warning("prompt send failed; the relay sends them", extra={"error": str(error)})
+            return
+        if report.failures:
+            logger.warning(
+                "prompt send refused; the relay sends them",
+                extra={"occurrences": sorted(report.failures)},
+            )
 
     def _usage_action(
         self, tenant: Tenant, old: StoredSchedule | None, schedule: Schedule, load: dict[int, int]

@@ -27,6 +27,11 @@ class Settings(BaseSettings):
     )
     tick_seconds: int = Field(default=60, ge=1, le=300)
     retention_days: int = Field(default=30, ge=1, le=3650)
+    # The on-time relay mapping's MaximumBatchingWindowInSeconds: it waits up to this long
+    # to fill a batch (fewer invocations, fewer log lines). An occurrence the API makes
+    # receivable sooner than this (plus a margin) is also sent by the API at once
+    # (ControlPlane._send_promptly). 0: no window, nothing sent by the API.
+    relay_window_seconds: int = Field(default=0, ge=0, le=60)
     reconcile_repair: bool = Field(
         default=True,
         description="The reconciler materializes what it finds MISSING (off: report only).",

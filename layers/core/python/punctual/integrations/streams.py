@@ -15,6 +15,10 @@ PAGE = 1000  # records per GetRecords call (DynamoDB Streams' maximum)
 
 
 ANY_LANE = "*"
+# Each lane's mapping waits up to this long to fill a batch (MaximumBatchingWindowInSeconds,
+# infra/relay.py; the on-time one is DeployConfig.relay_batching_window_seconds's default).
+ON_TIME_WINDOW_SECONDS = 2
+CATCHUP_WINDOW_SECONDS = 5
 
 
 def wanted(record: dict[str, Any], lane: str | None = ANY_LANE) -> bool:
