@@ -304,11 +304,11 @@ def test_the_relays_batching_window_cuts_its_invocations_and_logs_and_pays_for_p
     # and as it was (no window, nothing sent by the API)
     inputs = CostInputs(Workload(), Design(), platform(), shard_rate=450, peak_rate=7000)
     assert inputs.relay_window == 2
-    was = dict(
-        ((g, i.split(" (")[0]), d)
+    was = {
+        (g, i.split(" (")[0]): d
         for g, i, d in other_lines(replace(inputs, relay_window=0.0, prompt_share=0.0))
-    )
-    now = dict(((g, i.split(" (")[0]), d) for g, i, d in other_lines(inputs))
+    }
+    now = {(g, i.split(" (")[0]): d for g, i, d in other_lines(inputs)}
     # THEN the relay's requests, its GB-s and its log lines fall with the fuller batches ...
     for line in (("Lambda", "relay requests"), ("Lambda", "relay GB-s")):
         assert now[line] < was[line] / 3
