@@ -37,6 +37,7 @@ class StreamPoller:
         checkpoints: Path,
         lane: str | None = ANY_LANE,
         window: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``lane``: the records this poller hands over (``wanted``), as one lane's mapping;
         ``window``: its MaximumBatchingWindowInSeconds (a shard's wanted records are held up
@@ -52,6 +53,7 @@ class StreamPoller:
         self._stream_arn: str | None = None
         self._retry_after: dict[str, float] = {}
         self._window = window
+        self._monotonic = monotonic
         # Per shard: records read but not yet handed over (the checkpoint stays before
         # them, so a restart reads them again), and when the first wanted one was read.
         self._held: dict[str, list[dict[str, Any]]] = {}
@@ -98,7 +100,7 @@ class StreamPoller:
         self._discover()
         handed = 0
         for shard_id, iterator in list(self._iterators.items()):
-            if iterator is None or time.monotonic() < self._retry_after.get(shard_id, 0):
+            if iterator is None or self._monotonic() < self._retry_after.get(shard_id, 0):
                 continue
             try:
                 answer = self._streams.get_records(ShardIterator=iterator, Limit=1000)
@@ -126,7 +128,7 @@ class StreamPoller:
                 if done:
                     self._positions[shard_id] = done[-1]["dynamodb"]["SequenceNumber"]
                 self._iterators[shard_id] = self._iterator(shard_id)
-                self._retry_after[shard_id] = time.monotonic() + RETRY_PAUSE_SECONDS
+                self._retry_after[shard_id] = self._monotonic() + RETRY_PAUSE_SECONDS
             handed += len([r for r in records if wanted(r, self._lane)])
         self._save()
         return handed
@@ -142,9 +144,9 @@ class StreamPoller:
         held += read
         count = sum(1 for r in held if wanted(r, self._lane))
         if count and not had_wanted:
-            self._held_since[shard_id] = time.monotonic()
+            self._held_since[shard_id] = self._monotonic()
         opened = self._held_since.get(shard_id, 0.0)
-        if count and count < BATCH_SIZE and time.monotonic() - opened < self._window and not ended:
+        if count and count < BATCH_SIZE and self._monotonic() - opened < self._window and not ended:
             return None
         self._held[shard_id] = []
         return held

@@ -108,10 +108,11 @@ def test_stream_lanes_a_window_holds_a_lanes_records_until_it_closes_then_hands_
     local_aws: Services, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monotonic = [1000.0]
-    monkeypatch.setattr(local_streams.time, "monotonic", lambda: monotonic[0])
     checkpoints = tmp_path / "streams.json"
     handed = Handed()
-    poller = _poller(local_aws, streams, handed, checkpoints, lane=None, window=2)
+    poller = _poller(
+        local_aws, streams, handed, checkpoints, lane=None, window=2, monotonic=lambda: monotonic[0]
+    )
     # GIVEN an on-time occurrence read by a poller whose mapping waits 2 s to fill a batch
     first = _put(local_aws, 1_800_000_000, None)
     poller.poll_once()
@@ -139,9 +140,16 @@ def test_stream_lanes_a_full_batch_is_handed_before_its_window_closes(
     local_aws: Services, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(local_streams, "BATCH_SIZE", 3)
-    monkeypatch.setattr(local_streams.time, "monotonic", lambda: 1000.0)  # time stands still
     handed = Handed()
-    poller = _poller(local_aws, streams, handed, tmp_path / "streams.json", lane=None, window=60)
+    poller = _poller(
+        local_aws,
+        streams,
+        handed,
+        tmp_path / "streams.json",
+        lane=None,
+        window=60,
+        monotonic=lambda: 1000.0,  # time stands still
+    )
     made = [_put(local_aws, 1_800_000_000 + n, None) for n in range(2)]
     poller.poll_once()
     assert handed.ids == []
