@@ -1319,6 +1319,117 @@ def test_worker_claim_that_meets_a_change_of_the_schedule_is_undone_before_the_h
     )
 
 
+def throttled_schedule_reads(aws: Services, monkeypatch: pytest.MonkeyPatch, *, consistent: bool):
+    """DynamoDB refuses (throttles) every read of a schedule item of that consistency."""
+    real = aws.dynamodb.get_item
+
+    def get_item(**request: Any) -> Any:
+        if request["TableName"] == aws.settings.schedules_table and (
+            request.get("ConsistentRead", False) is consistent
+        ):
+            raise ClientError(
+                {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "busy"}},
+                "GetItem",
+            )
+        return real(**request)
+
+    monkeypatch.setattr(aws.dynamodb, "get_item", get_item)
+    return real
+
+
+def test_worker_claim_whose_schedule_cannot_be_read_after_it_runs_only_after_a_takeover(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN an occurrence whose message a worker claims, and DynamoDB throttling the strongly
+    # consistent read of the schedule that must follow the claim
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    real = throttled_schedule_reads(aws, monkeypatch, consistent=True)
+    handler = Calls()
+    # WHEN the worker processes it
+    result = worker(aws, handler).process(delivery)
+    # THEN the handler does not run on a guess: the message comes back when the lease has
+    # run out, the run still held (RUNNING)
+    assert (result.outcome, result.visible_in) == (Outcome.IN_PROGRESS, 60)
+    assert not result.delete
+    assert handler.count == 0
+    assert stored(aws, occ)[0].state is S.RUNNING
+    # WHEN the reads succeed again and the message comes back after the lease
+    monkeypatch.setattr(aws.dynamodb, "get_item", real)
+    clock.advance(61)
+    again = worker(aws, handler).process(redeliver(aws, delivery))
+    # THEN the next delivery takes the run over, checks the schedule and runs it once: the
+    # claim that never ran is recorded LOST
+    assert again.outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+    occurrence, attempts = stored(aws, occ)
+    assert occurrence.state is S.SUCCEEDED
+    assert [a.outcome for a in attempts] == [AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
+
+
+def test_worker_stale_claim_that_cannot_be_withdrawn_is_refused_after_its_lease(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence of version 1, and an update of its schedule that commits between
+    # the worker's read and its claim (its API died before settling version 1's occurrences)
+    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
+    relay(aws, occ)
+    [delivery] = receive(aws)
+    handler = Calls()
+    work = worker(aws, handler)
+    real_claim, real_withdraw = work.runs.claim, work.runs.withdraw
+
+    def claim_after_an_update(lease: Any, **kwargs: Any) -> None:
+        plane = ControlPlane(aws)
+
+        def died(*args: Any, **kw: Any) -> list[Occurrence]:
+            raise RuntimeError("the API's Lambda died after the commit")
+
+        plane.occurrences.open_for_schedule = died  # type: ignore[method-assign]
+        with contextlib.suppress(RuntimeError):
+            plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+        real_claim(lease, **kwargs)
+
+    def withdraw_throttled(*args: Any, **kwargs: Any) -> None:
+        raise Retryable("DynamoDB is busy")
+
+    work.runs.claim = claim_after_an_update  # type: ignore[method-assign]
+    work.runs.withdraw = withdraw_throttled  # type: ignore[method-assign]
+    # WHEN the worker finds the change after its claim but cannot undo the claim
+    result = work.process(delivery)
+    # THEN the handler does not run; the message comes back when the lease runs out
+    assert (result.outcome, result.visible_in) == (Outcome.IN_PROGRESS, 60)
+    assert handler.count == 0
+    # WHEN it comes back after the lease, to a worker that can write again
+    work.runs.claim, work.runs.withdraw = real_claim, real_withdraw  # type: ignore[method-assign]
+    clock.advance(61)
+    again = work.process(redeliver(aws, delivery))
+    # THEN the stale run is refused (version 2 now), never run, and the message dropped
+    assert again.outcome is Outcome.STALE
+    assert handler.count == 0
+    assert stored(aws, occ)[0].state is S.CANCELED
+    assert again.delete
+
+
+def test_worker_cooperative_cancel_check_that_is_throttled_is_not_a_cancel(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a running handler that checks job.canceled(), and the (eventually consistent)
+    # read of its schedule throttled
+    [occ] = due(aws, clock)
+    checks: list[bool] = []
+
+    def cooperative(job: Job) -> None:
+        throttled_schedule_reads(aws, monkeypatch, consistent=False)
+        checks.append(job.canceled())
+
+    [result] = consumer(worker(aws, cooperative)).poll_once()
+    # THEN the check says "not canceled" (not known), and the run goes on to succeed
+    assert checks == [False]
+    assert result.outcome is Outcome.SUCCEEDED
+    assert stored(aws, occ)[0].state is S.SUCCEEDED
+
+
 def test_worker_last_occurrence_of_a_completed_one_shot_still_runs(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -175,7 +175,10 @@ class Job:
         now = self._worker.services.now()
         if not self._canceled and now - self._checked_at >= self._worker.cancel_check_seconds:
             self._checked_at = now
-            found = self._worker.runs.schedule_version(self.message.schedule_id)
+            try:
+                found = self._worker.runs.schedule_version(self.message.schedule_id)
+            except Retryable:
+                return self._canceled  # not known now: asked again after cancel_check_seconds
             self._canceled = (
                 found is None
                 or found[0] != self.message.schedule_version
@@ -345,7 +348,16 @@ class Worker:
         # Versions only grow, so one still current now was current at the claim, which is
         # then ordered before any change (whose answer reports the run); one changed since
         # the read above (an update, pause or cancel that committed in between) is undone.
-        found = self.runs.schedule_version(message.schedule_id, consistent=True)
+        try:
+            found = self.runs.schedule_version(message.schedule_id, consistent=True)
+        except Retryable:
+            # Not known whether it changed: the handler does not run on a guess. The lease
+            # is kept; when it runs out, the next delivery takes the run over and checks.
+            return Result(
+                Outcome.IN_PROGRESS,
+                "the schedule could not be read after the claim",
+                self.lease_seconds,
+            )
         changed = _staleness(
             occurrence.schedule_version,
             None if found is None else (found[0], ScheduleState(found[1])),

@@ -240,14 +240,16 @@ class RunStore:
     ) -> tuple[int, str] | None:
         """(version, state) of the schedule. Eventually consistent for the cooperative-cancel
         check (a hint, read again every few seconds); ``consistent`` for the check after a
-        claim, which must see a change committed a moment before."""
-        found = self._client.get_item(
-            TableName=self._schedules,
-            Key=to_dynamo(current_key(schedule_id)),
-            ProjectionExpression="version, #s",
-            ExpressionAttributeNames={"#s": "state"},
-            ConsistentRead=consistent,
-        ).get("Item")
+        claim, which must see a change committed a moment before. Retryable when DynamoDB
+        is busy."""
+        with translated():
+            found = self._client.get_item(
+                TableName=self._schedules,
+                Key=to_dynamo(current_key(schedule_id)),
+                ProjectionExpression="version, #s",
+                ExpressionAttributeNames={"#s": "state"},
+                ConsistentRead=consistent,
+            ).get("Item")
         if not found:
             return None
         item = from_dynamo(found)
