@@ -29,7 +29,7 @@ from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
 from punctual.materializer import Materializer
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
-from punctual.services import Services
+from punctual.services import Services, aws_client
 from punctual.settings import Settings
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import StackOptions, configure_environment
@@ -117,11 +117,10 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, endpoint: str) -> None:
-    import boto3
 
     meter = Meter()
     settings = Settings()
-    plain = Services(boto3.client("dynamodb"), boto3.client("sqs"), settings, time.time)
+    plain = Services(aws_client("dynamodb"), aws_client("sqs"), settings, time.time)
     from punctual.dal.tables import create_tables
 
     create_tables(plain.dynamodb, settings)
@@ -196,7 +195,7 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
 
     poller = StreamPoller(
         plain.dynamodb,
-        Metered(boto3.client("dynamodbstreams"), meter),
+        Metered(aws_client("dynamodbstreams"), meter),
         settings.occurrences_table,
         relay_batch,
         Path(tempfile.mkdtemp()) / "streams.json",

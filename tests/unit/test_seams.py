@@ -214,3 +214,22 @@ def test_the_client_does_not_import_the_server_or_the_development_tooling() -> N
     assert {p.name for p in reached if p.parent == PACKAGE} & server == set()
     assert PACKAGE / "message.py" in reached
     assert {p for p in reached if DEVTOOLS in p.parents} == set()
+
+
+def test_the_functions_clients_skip_botocores_parameter_check(monkeypatch: pytest.MonkeyPatch):
+    # GIVEN a Lambda's environment
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    from punctual.services import Services
+
+    # WHEN a handler builds its services
+    services = Services.from_environment()
+    # THEN its DynamoDB and SQS clients leave checking requests to the services (a fifth of
+    # a schedule step's CPU, docs/decisions.md 2026-12-03), while the tests' own clients
+    # (boto3's defaults) keep the check, so a malformed request still fails in a test
+    # (botocore wraps the serializer in its validator only when the check is on)
+    import boto3
+    from botocore.validate import ParamValidationDecorator
+
+    for client in (services.dynamodb, services.sqs):
+        assert not isinstance(client._serializer, ParamValidationDecorator)
+    assert isinstance(boto3.client("sqs")._serializer, ParamValidationDecorator)

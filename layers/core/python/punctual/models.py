@@ -40,7 +40,7 @@ from punctual.timing import (
     Rule,
     get_zone,
     in_calendar,
-    parse_cron,
+    parse_cron_cached,
     parse_rate,
     preview,
     resolve_at,
@@ -131,13 +131,13 @@ class CronSpec(_SpecBase):
     @field_validator("expression")
     @classmethod
     def _valid_expression(cls, value: str) -> str:
-        parse_cron(value)
+        parse_cron_cached(value)  # every schedule read validates it: parsed once
         return value
 
     _valid_zone = field_validator("timezone")(_check_zone)
 
     def rule(self) -> CronRule:
-        return CronRule(parse_cron(self.expression), get_zone(self.timezone), self.bounds())
+        return CronRule(parse_cron_cached(self.expression), get_zone(self.timezone), self.bounds())
 
 
 class RateSpec(_SpecBase):

@@ -8,7 +8,7 @@ from math import gcd
 from pydantic import BaseModel, ConfigDict, Field
 
 from punctual.models import AtSpec, CronSpec, RateSpec, ScheduleDefinition
-from punctual.timing import get_zone, parse_cron, parse_rate
+from punctual.timing import get_zone, parse_cron_cached, parse_rate
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{1,31}$"
 
@@ -66,7 +66,7 @@ def strict_minute_load(definition: ScheduleDefinition, created_at: datetime) -> 
         return {}
     spec = definition.spec
     if isinstance(spec, CronSpec):
-        minutes = parse_cron(spec.expression).minutes
+        minutes = parse_cron_cached(spec.expression).minutes
         shifts = _minute_shifts(spec.timezone, created_at)
         return {(m + s) % 60: 1 for m in minutes for s in shifts}
     if isinstance(spec, RateSpec):

@@ -9,6 +9,7 @@ from punctual.timing.rules import (
     RateRule,
     ResolvedAt,
     Rule,
+    parse_cron_cached,
     parse_rate,
     resolve_at,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "local_text",
     "local_wall",
     "parse_cron",
+    "parse_cron_cached",
     "parse_rate",
     "preview",
     "resolve_at",
