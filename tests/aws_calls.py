@@ -32,6 +32,7 @@ from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import (
     AmazonCloudWatchEMFProvider,
 )
 from botocore import handlers, xform_name
+from botocore.exceptions import ParamValidationError
 
 from punctual.dal.tables import ALL_TABLES
 from punctual.settings import Settings
@@ -274,6 +275,10 @@ class Recorder:
         if function is None:
             return
         service = model.service_model.service_name
+        wrong = enum_violations(model.input_shape, params)
+        if wrong:
+            # AWS refuses such a request (ValidationException); the emulators accept it.
+            raise ParamValidationError(report=f"{function}: {'; '.join(wrong)}")
         for action, resource in iam_requests(service, model.name, params):
             self._add(self.calls, Call(function, action, resource))
 
@@ -341,6 +346,39 @@ _HEADER = """\
 # After '#': the first test that made the call or emitted the metric.
 # 'worker' is the worker SDK, which runs under tenants' roles, not this stack's.
 """
+
+
+def enum_violations(shape: Any, value: Any, path: str = "") -> list[str]:
+    """The request's values that its operation's model allows only from a list (an enum:
+    ReturnValuesOnConditionCheckFailure, ReturnValues, Select...) and that are not in it.
+    Botocore does not check enums and neither do DynamoDB Local and moto, but AWS does:
+    a misspelled ``ALL_OLD`` fails every such call there."""
+    if shape is None:
+        return []
+    kind = shape.type_name
+    if kind == "structure" and isinstance(value, dict):
+        return [
+            found
+            for key, item in value.items()
+            if key in shape.members
+            for found in enum_violations(shape.members[key], item, f"{path}.{key}")
+        ]
+    if kind == "list" and isinstance(value, list):
+        return [
+            found
+            for n, item in enumerate(value)
+            for found in enum_violations(shape.member, item, f"{path}[{n}]")
+        ]
+    if kind == "map" and isinstance(value, dict):
+        return [
+            found
+            for key, item in value.items()
+            for found in enum_violations(shape.value, item, f"{path}.{key}")
+        ]
+    allowed = getattr(shape, "enum", None)
+    if kind == "string" and allowed and value not in allowed:
+        return [f"{path.lstrip('.')} = {value!r}, not one of {', '.join(allowed)}"]
+    return []
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -169,3 +169,39 @@ def test_aws_calls_an_unknown_service_is_refused_not_ignored():
     # THEN a call the recorder cannot spell fails the run instead of going unrecorded
     with pytest.raises(AssertionError, match="teach"):
         iam_requests("kms", "Decrypt", {})
+
+
+def test_a_request_value_outside_its_enum_is_found_as_aws_would_refuse_it():
+    import boto3
+
+    model = boto3.client("dynamodb", region_name="us-east-1").meta.service_model
+    transact = model.operation_model("TransactWriteItems").input_shape
+
+    def update(returned: str) -> dict[str, Any]:
+        return {
+            "TransactItems": [
+                {"ConditionCheck": {"TableName": "t", "Key": {}, "ConditionExpression": "x"}},
+                {
+                    "Update": {
+                        "TableName": "t",
+                        "Key": {"pk": {"S": "a"}},
+                        "UpdateExpression": "SET a = :a",
+                        "ExpressionAttributeValues": {":a": {"S": "ALL_OLD_is_just_data"}},
+                        "ReturnValuesOnConditionCheckFailure": returned,
+                    }
+                },
+            ]
+        }
+
+    # GIVEN a transaction whose second action asks for its old image, spelled as AWS spells
+    # it, misspelled, and in lower case (DynamoDB's enums are case-sensitive)
+    # THEN only the misspellings are found, with where they are and what AWS takes
+    assert aws_calls.enum_violations(transact, update("ALL_OLD")) == []
+    assert aws_calls.enum_violations(transact, update("all_old")) == [
+        "TransactItems[1].Update.ReturnValuesOnConditionCheckFailure = 'all_old', "
+        "not one of ALL_OLD, NONE"
+    ]
+    assert len(aws_calls.enum_violations(transact, update("XXALL_OLDXX"))) == 1
+    # ... and a plain string (an attribute's value) is never taken for one
+    get = model.operation_model("GetItem").input_shape
+    assert aws_calls.enum_violations(get, {"TableName": "NONE", "Key": {"a": {"S": "x"}}}) == []
