@@ -12,7 +12,7 @@ PIP := $(UV) pip install --python $(BIN)/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools browser browser-background lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-fairness bench-prompt bench-sqs openapi clean
+.PHONY: help install tools browser browser-background lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-fairness bench-prompt bench-reconciler bench-sqs openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -139,6 +139,9 @@ bench-materializer: install tools ## occurrences materialized per second per sha
 
 bench-relay: install ## relay fairness: a small tenant's messages next to a big tenant's batch
 	$(BIN)/python scripts/bench_relay.py
+
+bench-reconciler: install tools ## the hourly reconciler's read units and CPU per schedule-hour, against what make capacity assumes
+	$(BIN)/python -m scripts.bench_reconciler $(BENCH_ARGS)
 
 bench-prompt: install tools ## relay batching window: a run now's lag with the API's prompt send and without (the relay's copy)
 	$(BIN)/python -m scripts.bench_prompt $(BENCH_ARGS)
