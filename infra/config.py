@@ -146,20 +146,23 @@ class DeployConfig(BaseModel):
         return self
 
     def _window(self) -> list[str]:
-        # A tick plans up to lookahead ahead and the next comes a minute later, so the
-        # materializer's fires reach the outbox at least lookahead - 60 s before their time;
-        # the on-time mapping's window (and the margin the API's prompt send assumes) must
-        # fit in that, or they would be relayed after their time.
-        slack = self.lookahead_seconds - 60
+        # A tick plans up to lookahead ahead; the fire just past that is planned by the next
+        # tick, a minute later, and committed up to a group's timeout into it. So the
+        # materializer's fires reach the outbox at least lookahead - 60 - 55 s before their
+        # time (a healthy tick); the on-time mapping's window, and the margin the API's
+        # prompt send assumes, must fit in that, or they would be relayed after their time.
+        slack = self.lookahead_seconds - 60 - MATERIALIZER_TIMEOUT_SECONDS
         needed = self.relay_batching_window_seconds + PROMPT_MARGIN_SECONDS
         if not self.relay_batching_window_seconds or slack >= needed:
             return []
         return [
             f"punctual.relay_batching_window_seconds: the materializer's fires reach the "
-            f"relay as little as lookahead_seconds {self.lookahead_seconds} - 60 = {slack} s "
-            f"before their time, less than the window {self.relay_batching_window_seconds} s "
-            f"+ {PROMPT_MARGIN_SECONDS} s margin; lookahead_seconds >= {needed + 60} or "
-            f"relay_batching_window_seconds <= {max(0, slack - PROMPT_MARGIN_SECONDS)}"
+            f"relay as little as lookahead_seconds {self.lookahead_seconds} - 60 - "
+            f"{MATERIALIZER_TIMEOUT_SECONDS} (a tick's groups) = {slack} s before their "
+            f"time, less than the window {self.relay_batching_window_seconds} s + "
+            f"{PROMPT_MARGIN_SECONDS} s margin; lookahead_seconds >= "
+            f"{needed + 60 + MATERIALIZER_TIMEOUT_SECONDS} or relay_batching_window_seconds "
+            f"<= {max(0, slack - PROMPT_MARGIN_SECONDS)}"
         ]
 
     def _operators(self) -> list[str]:

@@ -126,10 +126,9 @@ class Relaying(Construct):
                 # Fuller batches, fewer invocations and log lines (docs/capacity.md); what
                 # the API makes due within the window it sends at once as well
                 # (ControlPlane._send_promptly), and the materializer's fires come at least
-                # lookahead - 60 s early (DeployConfig._window).
-                batching_window=Duration.seconds(batching_window_seconds)
-                if batching_window_seconds
-                else None,
+                # lookahead - 115 s early (DeployConfig._window).
+                # (0 written out: a property left out may keep a window deployed before)
+                batching_window=Duration.seconds(batching_window_seconds),
             )
         )
         # The catch-up lane (punctual.models.Lane): the same code and grants, its own

@@ -118,7 +118,13 @@ class StreamPoller:
             records = self._hold(shard_id, answer.get("Records", []), ended=next_iterator is None)
             if records is None:
                 continue  # the window is open: more may come to fill the batch
-            failed_at = self._deliver(records)
+            try:
+                failed_at = self._deliver(records)
+            except Exception:
+                # Not the handler's failure (that is caught in _deliver): read them again
+                # from the checkpoint, which has not moved past them.
+                self._iterators[shard_id] = self._iterator(shard_id)
+                raise
             if failed_at is None:
                 if records:
                     self._positions[shard_id] = records[-1]["dynamodb"]["SequenceNumber"]

@@ -115,13 +115,14 @@ def test_config_accepts_the_context_as_json_text_from_the_command_line():
             r"shard_group_size 8\) but runs 40 at once.*shard_group_size >= 10",
         ),
         # the materializer's fires reach the relay as little as 2 s before their time (a
-        # tick plans lookahead ahead, the next a minute later): a 5 s window holds them late
+        # tick plans lookahead ahead, the next a minute later and commits up to its groups'
+        # 55 s into it): a 5 s window holds them late
         (
-            {"lookahead_seconds": 62, "relay_batching_window_seconds": 5},
+            {"lookahead_seconds": 117, "relay_batching_window_seconds": 5},
             r"punctual\.relay_batching_window_seconds: the materializer's fires reach the "
-            r"relay as little as lookahead_seconds 62 - 60 = 2 s before their time, less than "
-            r"the window 5 s \+ 3 s margin; lookahead_seconds >= 68 or "
-            r"relay_batching_window_seconds <= 0",
+            r"relay as little as lookahead_seconds 117 - 60 - 55 \(a tick's groups\) = 2 s "
+            r"before their time, less than the window 5 s \+ 3 s margin; lookahead_seconds "
+            r">= 123 or relay_batching_window_seconds <= 0",
         ),
         # nobody could onboard a tenant after the deploy
         ({"operator_role": False}, r"punctual\.operator_principals: empty while operator_role"),
@@ -148,7 +149,7 @@ def test_config_accepts_the_limits_themselves():
         operator_role=False,
         operator_principals=["arn:aws:iam::123456789012:role/ops"],
         # the materializer's fires come 5 s ahead: just the 2 s window and its 3 s margin
-        lookahead_seconds=65,
+        lookahead_seconds=120,
     )
     # THEN it validates, and its rules' inputs fit EventBridge's limit
     assert len(rule_input_text("time", config.shard_count, 16)) <= EVENTBRIDGE_INPUT_LIMIT

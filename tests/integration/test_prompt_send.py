@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from punctual.dal.tenants import TenantStore
 from punctual.ids import occurrence_id
 from punctual.relay import Relay
 from punctual.scheduling import PROMPT_MARGIN_SECONDS
@@ -21,7 +22,7 @@ from tests.integration.conftest import OPERATOR, START, Api, Clock
 from tests.integration.helpers import create, cron, make, one_shot
 from tests.integration.test_backfill import at, backfill, running_since_0940
 from tests.integration.test_reconciler import materialize_until, shards_of
-from tests.integration.test_relay import record
+from tests.integration.test_relay import messages, record
 from tests.integration.test_trigger import trigger
 
 WINDOW = 2
@@ -146,20 +147,25 @@ def test_a_failed_prompt_send_does_not_fail_the_request_and_the_relay_still_send
         raise throttled
 
     sid = create(alice, cron("0 * * * *"))["schedule"]["schedule_id"]
-    owner: Any = aws.sqs if "SendMessage" in fault else aws.tenants
+    # (on the class: the services hand out a new tenant store on every use)
+    owner: Any = aws.sqs if "SendMessage" in fault else TenantStore
     name = "send_message_batch" if "SendMessage" in fault else "get_target"
     real = getattr(owner, name)
     monkeypatch.setattr(owner, name, refuse)
-    # WHEN a run now's prompt send fails after its commit
+    # WHEN a run now's prompt send fails after its commit (SQS refuses the batch, or the
+    # read of the target's queue raises out of the send)
     answer = trigger(alice, sid)
-    # THEN the request succeeded: the occurrence is made and stays SCHEDULED ...
+    # THEN the request succeeded: the occurrence is made and stays SCHEDULED, and no
+    # message went out ...
     assert answer.status == 201, answer.body
     made = answer.body["occurrence"]["occurrence_id"]
     assert alice.get(f"/v1/occurrences/{made}").body["state"] == "SCHEDULED"
-    # ... and its stream record is what sends it
     monkeypatch.setattr(owner, name, real)
+    assert messages(aws, "alice") == []
+    # ... and its stream record is what sends it
     report = Relay(aws).relay([record(aws, made, 1)])
     assert (report.sent, report.failures) == (1, {})
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [made]
 
 
 @pytest.mark.parametrize("window", [0])

@@ -158,3 +158,24 @@ def test_stream_lanes_a_full_batch_is_handed_before_its_window_closes(
     poller.poll_once()
     # THEN the batch goes at once
     assert handed.ids == made
+
+
+def test_stream_lanes_records_whose_handing_over_broke_are_read_again(
+    local_aws: Services, streams: Any, tmp_path: Path
+):
+    # GIVEN a poller whose handler answers with something that is not a batch response
+    answers: list[Any] = [{"batchItemFailures": [{"itemIdentifier": "not a sequence"}]}]
+    handed = Handed()
+
+    def handler(event: dict[str, Any]) -> dict[str, Any]:
+        handed(event)
+        return answers.pop() if answers else {"batchItemFailures": []}
+
+    poller = _poller(local_aws, streams, handler, tmp_path / "streams.json", lane=None)  # type: ignore[arg-type]
+    made = _put(local_aws, 1_800_000_000, None)
+    # WHEN the poll breaks on it (outside the handler)
+    with pytest.raises(ValueError, match="not a sequence"):
+        poller.poll_once()
+    # THEN the next poll hands the same record over again: it was not skipped
+    poller.poll_once()
+    assert handed.ids == [made, made]

@@ -1337,34 +1337,64 @@ def throttled_schedule_reads(aws: Services, monkeypatch: pytest.MonkeyPatch, *, 
     return real
 
 
-def test_worker_claim_whose_schedule_cannot_be_read_after_it_runs_only_after_a_takeover(
+def test_worker_claim_whose_schedule_cannot_be_read_after_it_is_undone_without_spending_it(
     alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):
-    # GIVEN an occurrence whose message a worker claims, and DynamoDB throttling the strongly
-    # consistent read of the schedule that must follow the claim
-    [occ] = due(aws, clock)
+    # GIVEN a one-attempt occurrence whose message a worker claims, and DynamoDB throttling
+    # the strongly consistent read of the schedule that must follow the claim
+    [occ] = due(aws, clock, retry={"max_attempts": 1})
     [delivery] = receive(aws)
     real = throttled_schedule_reads(aws, monkeypatch, consistent=True)
     handler = Calls()
     # WHEN the worker processes it
     result = worker(aws, handler).process(delivery)
-    # THEN the handler does not run on a guess: the message comes back when the lease has
-    # run out, the run still held (RUNNING)
-    assert (result.outcome, result.visible_in) == (Outcome.IN_PROGRESS, 60)
+    # THEN the handler does not run on a guess: the claim is undone (SCHEDULED, no attempt
+    # spent, the slots free) and the message comes back soon, not after the lease
+    assert result.outcome is Outcome.IN_PROGRESS
+    assert result.visible_in is not None
+    assert result.visible_in < 60
     assert not result.delete
     assert handler.count == 0
-    assert stored(aws, occ)[0].state is S.RUNNING
-    # WHEN the reads succeed again and the message comes back after the lease
+    occurrence, attempts = stored(aws, occ)
+    assert (occurrence.state, occurrence.attempt_count, attempts) == (S.SCHEDULED, 0, [])
+    assert all("lease_token" not in slot for slot in concurrency_slots(aws))
+    # WHEN the reads succeed again and the message comes back
     monkeypatch.setattr(aws.dynamodb, "get_item", real)
-    clock.advance(61)
+    clock.advance(result.visible_in)
     again = worker(aws, handler).process(redeliver(aws, delivery))
-    # THEN the next delivery takes the run over, checks the schedule and runs it once: the
-    # claim that never ran is recorded LOST
+    # THEN its one attempt runs it
     assert again.outcome is Outcome.SUCCEEDED
     assert handler.count == 1
     occurrence, attempts = stored(aws, occ)
     assert occurrence.state is S.SUCCEEDED
-    assert [a.outcome for a in attempts] == [AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
+    assert [a.outcome for a in attempts] == [AttemptOutcome.SUCCEEDED]
+
+
+def test_worker_takeover_whose_schedule_cannot_be_read_after_it_keeps_the_lease(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN an occurrence whose worker died mid-run, delivered again after its lease
+    occ, delivery = abandoned(aws, clock)
+    clock.advance(61)
+    delivery = redeliver(aws, delivery)
+    real = throttled_schedule_reads(aws, monkeypatch, consistent=True)
+    handler = Calls()
+    # WHEN the takeover's read of the schedule after its claim is throttled
+    result = worker(aws, handler).process(delivery)
+    # THEN the expired lease cannot be put back: the new one is kept until it runs out,
+    # and the handler did not run
+    assert (result.outcome, result.visible_in) == (Outcome.IN_PROGRESS, 60)
+    assert handler.count == 0
+    assert stored(aws, occ)[0].state is S.RUNNING
+    # WHEN it comes back after that lease, with the reads working again
+    monkeypatch.setattr(aws.dynamodb, "get_item", real)
+    clock.advance(61)
+    again = worker(aws, handler).process(redeliver(aws, delivery))
+    # THEN it runs once: the dead worker's attempt and the takeover that never ran are LOST
+    assert again.outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+    outcomes = [a.outcome for a in stored(aws, occ)[1]]
+    assert outcomes == [AttemptOutcome.LOST, AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
 
 
 def test_worker_stale_claim_that_cannot_be_withdrawn_is_refused_after_its_lease(

@@ -351,13 +351,7 @@ class Worker:
         try:
             found = self.runs.schedule_version(message.schedule_id, consistent=True)
         except Retryable:
-            # Not known whether it changed: the handler does not run on a guess. The lease
-            # is kept; when it runs out, the next delivery takes the run over and checks.
-            return Result(
-                Outcome.IN_PROGRESS,
-                "the schedule could not be read after the claim",
-                self.lease_seconds,
-            )
+            return self._unclaim(lease, seen)
         changed = _staleness(
             occurrence.schedule_version,
             None if found is None else (found[0], ScheduleState(found[1])),
@@ -365,6 +359,26 @@ class Worker:
         if changed is not None:
             return self._withdraw(lease, message, schedule, changed, now)
         return lease, policy, released
+
+    def _unclaim(self, lease: RunLease, seen: Seen) -> Result:
+        """The schedule could not be read after the claim (DynamoDB busy): whether it changed
+        is not known, and the handler does not run on a guess. The claim is undone, so the
+        attempt is not spent, and the message comes back soon. A takeover's claim (of an
+        expired lease) cannot be put back: it keeps the lease, and the next delivery after
+        it takes the run over (the claim recorded LOST)."""
+        if seen.state is not OccurrenceState.RUNNING:
+            try:
+                self.runs.unclaim(lease, seen)
+            except (ConditionFailed, Retryable):
+                pass  # still claimed: the lease runs out, as for a takeover
+            else:
+                self.runs.release(lease)
+                return Result(Outcome.IN_PROGRESS, "the schedule could not be read", self._later())
+        return Result(
+            Outcome.IN_PROGRESS,
+            "the schedule could not be read after the claim; the lease runs out",
+            self.lease_seconds,
+        )
 
     def _withdraw(
         self, lease: RunLease, message: Message, schedule: ScheduleForRun, why: str, now: int

@@ -633,6 +633,36 @@ class RunStore:
         except ConditionFailed as refused:
             raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
 
+    def unclaim(self, lease: RunLease, seen: Seen) -> None:
+        """Undo a claim made from SCHEDULED or RETRY_WAIT whose handler has not run: the
+        state, attempt count and history as ``seen``, no lease, so the attempt is not spent
+        (the worker could not check the schedule after it). Raises ConditionFailed
+        (OCCURRENCE) when the lease was lost."""
+        assert seen.state is not OccurrenceState.RUNNING, "a takeover's lease is not restored"
+        try:
+            with translated():
+                self._client.update_item(
+                    TableName=self._occurrences,
+                    Key=self._occurrence_key(lease.occurrence_id),
+                    UpdateExpression=(
+                        "SET #state = :seen, attempt_count = :before, attempts = :history "
+                        "REMOVE lease_token, lease_expires_at"
+                    ),
+                    # Race: none expected within the lease; a stale worker must not undo a
+                    # newer holder's claim.
+                    ConditionExpression="#state = :running AND lease_token = :token",
+                    ExpressionAttributeNames={"#state": "state"},
+                    ExpressionAttributeValues=values(
+                        seen=seen.state.value,
+                        before=seen.attempt_count,
+                        history=[dict(a) for a in seen.attempts],
+                        running=OccurrenceState.RUNNING.value,
+                        token=lease.token,
+                    ),
+                )
+        except ConditionFailed as refused:
+            raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
+
     def release(self, lease: RunLease) -> None:
         """Free the slots this lease holds; best effort, since an expired lease frees them too."""
         slots = [(self._tenants, self._concurrency_key(lease.tenant_id, lease.concurrency_slot))]
