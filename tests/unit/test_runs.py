@@ -168,3 +168,35 @@ def test_the_schedules_version_is_read_consistently_only_when_asked() -> None:
     assert store.schedule_version("sch_alice.x") == (3, "ACTIVE")
     assert store.schedule_version("sch_alice.x", consistent=True) == (3, "ACTIVE")
     assert [r["ConsistentRead"] for r in client.requests] == [False, True]
+
+
+class Slots:
+    """A DynamoDB client whose tenant table holds concurrency slots 0-2 with these lease
+    ends (slot 3 has no item), and records BatchGetItem requests."""
+
+    def __init__(self, expires: dict[int, int]) -> None:
+        self.expires = expires
+        self.requests: list[dict[str, Any]] = []
+
+    def batch_get_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(RequestItems)
+        [(table, asked)] = RequestItems.items()
+        items = []
+        for key in asked["Keys"]:
+            slot = int(key["sk"]["S"].removeprefix("RUN#"))
+            if slot in self.expires:
+                item = {"pk": key["pk"], "sk": key["sk"], "lease_token": {"S": "x"}}
+                items.append(item | {"expires_at": {"N": str(self.expires[slot])}})
+        return {"Responses": {table: items}}
+
+
+def test_busy_slots_are_those_whose_lease_outlives_now_read_as_a_hint() -> None:
+    # GIVEN slots whose leases ended before now, end exactly now, and end later; one unused
+    client = Slots({0: NOW - 1, 1: NOW, 2: NOW + 1})
+    store = RunStore(client, Settings())
+    # THEN only the lease that outlives now is busy: one that ends now is free, as the
+    # claim's condition (expires_at <= :now) takes it
+    assert store.busy_slots("alice", [0, 1, 2, 3], NOW) == {2}
+    # AND the read is eventually consistent (a hint, half the read units): the claim's
+    # condition decides
+    assert [r["punctual-tenants"]["ConsistentRead"] for r in client.requests] == [False]
