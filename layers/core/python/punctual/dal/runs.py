@@ -607,31 +607,15 @@ class RunStore:
         """Undo a claim whose schedule changed before its handler ran: CANCELED with the
         reason, the attempt taken out of the history and the count back, as if the claim
         had been refused. Raises ConditionFailed(OCCURRENCE) when the lease was lost."""
-        try:
-            with translated():
-                self._client.update_item(
-                    TableName=self._occurrences,
-                    Key=self._occurrence_key(lease.occurrence_id),
-                    UpdateExpression=(
-                        "SET #state = :canceled, reason = :why, finished_at = :now, "
-                        "attempt_count = :before "
-                        f"REMOVE lease_token, attempts[{lease.attempt_index}]"
-                    ),
-                    # Race: none expected within the lease; a stale worker must not undo a
-                    # newer holder's claim.
-                    ConditionExpression="#state = :running AND lease_token = :token",
-                    ExpressionAttributeNames={"#state": "state"},
-                    ExpressionAttributeValues=values(
-                        canceled=OccurrenceState.CANCELED.value,
-                        why=reason,
-                        now=now,
-                        before=lease.attempt_no - 1,
-                        running=OccurrenceState.RUNNING.value,
-                        token=lease.token,
-                    ),
-                )
-        except ConditionFailed as refused:
-            raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
+        self._undo_claim(
+            lease,
+            "SET #state = :canceled, reason = :why, finished_at = :now, attempt_count = :before "
+            f"REMOVE lease_token, attempts[{lease.attempt_index}]",
+            canceled=OccurrenceState.CANCELED.value,
+            why=reason,
+            now=now,
+            before=lease.attempt_no - 1,
+        )
 
     def unclaim(self, lease: RunLease, seen: Seen) -> None:
         """Undo a claim made from SCHEDULED or RETRY_WAIT whose handler has not run: the
@@ -639,25 +623,28 @@ class RunStore:
         (the worker could not check the schedule after it). Raises ConditionFailed
         (OCCURRENCE) when the lease was lost."""
         assert seen.state is not OccurrenceState.RUNNING, "a takeover's lease is not restored"
+        self._undo_claim(
+            lease,
+            "SET #state = :seen, attempt_count = :before, attempts = :history "
+            "REMOVE lease_token, lease_expires_at",
+            seen=seen.state.value,
+            before=seen.attempt_count,
+            history=[dict(a) for a in seen.attempts],
+        )
+
+    def _undo_claim(self, lease: RunLease, update: str, **given: Any) -> None:
         try:
             with translated():
                 self._client.update_item(
                     TableName=self._occurrences,
                     Key=self._occurrence_key(lease.occurrence_id),
-                    UpdateExpression=(
-                        "SET #state = :seen, attempt_count = :before, attempts = :history "
-                        "REMOVE lease_token, lease_expires_at"
-                    ),
+                    UpdateExpression=update,
                     # Race: none expected within the lease; a stale worker must not undo a
                     # newer holder's claim.
                     ConditionExpression="#state = :running AND lease_token = :token",
                     ExpressionAttributeNames={"#state": "state"},
                     ExpressionAttributeValues=values(
-                        seen=seen.state.value,
-                        before=seen.attempt_count,
-                        history=[dict(a) for a in seen.attempts],
-                        running=OccurrenceState.RUNNING.value,
-                        token=lease.token,
+                        running=OccurrenceState.RUNNING.value, token=lease.token, **given
                     ),
                 )
         except ConditionFailed as refused:
