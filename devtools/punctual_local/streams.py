@@ -3,8 +3,8 @@
 Like a mapping: records are filtered (INSERT of occurrence items only, of one lane), handed
 to the relay handler in batches (held up to the mapping's batching window to fill them), and
 a record the handler reports as a batch item failure is retried from that record on (after
-a pause), so nothing is skipped. The position in
-each shard is checkpointed to a file, so a restarted stack carries on where it stopped;
+a pause), so nothing is skipped. The position in each shard is checkpointed to a file, so a
+restarted stack carries on where it stopped;
 re-delivering a few records after a crash is harmless (the relay skips what is no longer
 SCHEDULED, and delivery is at least once anyway).
 """

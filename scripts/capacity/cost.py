@@ -166,14 +166,14 @@ class CostInputs:
     log_bytes_materializer: int = 4_000
     handler_seconds: float = 0.005  # Powertools batch processing and metrics flush (assumption)
     custom_metrics: int = 40
-    # Measured by `make bench-reconciler` (2026-12-03: 0.61 units and 3.6 ms a schedule-hour
-    # on this 2-core machine, loaded; 1.0 and 2 ms were assumed before).
-    reconcile_reads_per_schedule_hour: float = 0.61  # by_shard pages + an occurrence query
     # The on-time mapping's MaximumBatchingWindowInSeconds, as deployed (0 until 2026-12-03).
     relay_window: float = ON_TIME_WINDOW_SECONDS
     # Occurrences made less than the window before their time (a run now, a one-shot due in
     # a moment), which the API also sends at once: one more SendMessage each (assumption).
     prompt_share: float = 0.01
+    # Measured by `make bench-reconciler` (2026-12-03: 0.61 units and 3.6 ms a schedule-hour
+    # on this 2-core machine, loaded; 1.0 and 2 ms were assumed before).
+    reconcile_reads_per_schedule_hour: float = 0.61  # by_shard pages + an occurrence query
     reconcile_cpu_per_schedule_hour: float = 0.0036  # s at 1,769 MB (one vCPU)
 
     def materializer_busy_seconds(self) -> float:

@@ -1370,6 +1370,32 @@ def test_worker_claim_whose_schedule_cannot_be_read_after_it_is_undone_without_s
     assert [a.outcome for a in attempts] == [AttemptOutcome.SUCCEEDED]
 
 
+def test_worker_retry_whose_schedule_cannot_be_read_after_its_claim_keeps_its_history(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a two-attempt occurrence whose first attempt failed transiently (RETRY_WAIT)
+    [occ] = due(aws, clock, retry={"max_attempts": 2})
+    [delivery] = receive(aws)
+    assert worker(aws, Calls(fail_transiently)).process(delivery).outcome is Outcome.RETRY
+    clock.advance(3600)
+    delivery = redeliver(aws, delivery)
+    real = throttled_schedule_reads(aws, monkeypatch, consistent=True)
+    # WHEN its retry's claim cannot read the schedule after it
+    result = worker(aws, Calls()).process(delivery)
+    # THEN the claim is undone back to RETRY_WAIT with its first attempt's record only
+    assert result.outcome is Outcome.IN_PROGRESS
+    occurrence, attempts = stored(aws, occ)
+    assert (occurrence.state, occurrence.attempt_count) == (S.RETRY_WAIT, 1)
+    assert [a.outcome for a in attempts] == [AttemptOutcome.RETRY]
+    # AND its second attempt still runs it
+    monkeypatch.setattr(aws.dynamodb, "get_item", real)
+    handler = Calls()
+    clock.advance(3600)
+    assert worker(aws, handler).process(redeliver(aws, delivery)).outcome is Outcome.SUCCEEDED
+    assert handler.count == 1
+    assert outcomes(aws, occ) == [AttemptOutcome.RETRY, AttemptOutcome.SUCCEEDED]
+
+
 def test_worker_takeover_whose_schedule_cannot_be_read_after_it_keeps_the_lease(
     alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):

@@ -484,11 +484,11 @@ class ControlPlane:
                 return result
             try:
                 self._commit_backfill(schedule, made)
-                self._send_promptly(made, schedule.payload)
             except ConditionFailed:
                 # The schedule changed (read again: paused, updated), or one of them was
                 # made meanwhile (a repair, a concurrent backfill): it exists when read again.
                 continue
+            self._send_promptly(made, schedule.payload)
             return result
         raise Retryable("concurrent changes kept refusing this backfill; retry")
 
@@ -707,9 +707,11 @@ class ControlPlane:
         to the relay, at most a window late; it never fails the request, which committed.
         A catch-up is paced and relayed by its own lane: not sent here."""
         window = self.settings.relay_window_seconds
+        if not window:
+            return  # the mapping sends each record as it comes
         soon = self._s.now() + window + PROMPT_MARGIN_SECONDS
         due = [o for o in made if o.lane is None and o.available_at < soon]
-        if not window or not due:
+        if not due:
             return
         try:
             report = self._relay.send(

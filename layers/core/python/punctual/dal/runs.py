@@ -620,16 +620,17 @@ class RunStore:
     def unclaim(self, lease: RunLease, seen: Seen) -> None:
         """Undo a claim made from SCHEDULED or RETRY_WAIT whose handler has not run: the
         state, attempt count and history as ``seen``, no lease, so the attempt is not spent
-        (the worker could not check the schedule after it). Raises ConditionFailed
-        (OCCURRENCE) when the lease was lost."""
+        (the worker could not check the schedule after it). A claim from those states only
+        appended its entry to the history, so taking that entry out restores it. (A
+        QUEUE_ONE wait the claim ended stays ended: the next delivery waits again if it
+        must.) Raises ConditionFailed (OCCURRENCE) when the lease was lost."""
         assert seen.state is not OccurrenceState.RUNNING, "a takeover's lease is not restored"
         self._undo_claim(
             lease,
-            "SET #state = :seen, attempt_count = :before, attempts = :history "
-            "REMOVE lease_token, lease_expires_at",
+            "SET #state = :seen, attempt_count = :before "
+            f"REMOVE lease_token, lease_expires_at, attempts[{lease.attempt_index}]",
             seen=seen.state.value,
             before=seen.attempt_count,
-            history=[dict(a) for a in seen.attempts],
         )
 
     def _undo_claim(self, lease: RunLease, update: str, **given: Any) -> None:
