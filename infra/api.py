@@ -138,14 +138,16 @@ class Api(Construct):
             self.function,
             {
                 # Query: a schedule's versions (GET /v1/schedules/{id}/versions).
-                # ConditionCheckItem: a run now checks the schedule's version in its
-                # transaction (POST /v1/schedules/{id}/trigger).
+                # ConditionCheckItem: a backfill checks the schedule's version in its
+                # transactions; UpdateItem: a run now's marks the schedule's latest one
+                # (manual_through, read by the reconciler) on the same condition.
                 ("schedules_table", None): (
                     "GetItem",
                     "BatchGetItem",
                     "PutItem",
                     "Query",
                     "ConditionCheckItem",
+                    "UpdateItem",
                 ),
                 ("schedules_table", TENANT_INDEX): ("Query",),
                 ("occurrences_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),

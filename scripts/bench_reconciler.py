@@ -5,7 +5,7 @@ every hour of the day, so about 10 fires a schedule a day), lets the materialize
 hour of their occurrences, then reconciles that hour shard by shard as the hourly run does.
 Prints the read units it used (from the sizes of the items each call returned, DynamoDB's
 rounding: 4 KB a unit, half for an eventually consistent read) and its CPU, per schedule,
-next to what `make capacity` assumes (1 read unit and 2 ms a schedule-hour), and what it
+next to what `make capacity` prices (CostInputs), and what it
 found (nothing should be missing). Run: ``make bench-reconciler`` (``BENCH_ARGS='--schedules
 3000'``).
 """
@@ -29,9 +29,11 @@ from punctual.services import Services
 from punctual.settings import Settings
 from punctual_local.dynamodb import start
 from scripts.bench_materializer import item_size, seed
+from scripts.capacity.cost import RECONCILE_CPU, RECONCILE_READS
 
-ASSUMED_READS = 1.0  # scripts/capacity/cost.py, CostInputs.reconcile_reads_per_schedule_hour
-ASSUMED_CPU_MS = 2.0  # CostInputs.reconcile_cpu_per_schedule_hour
+# What `make capacity` prices.
+ASSUMED_READS = RECONCILE_READS
+ASSUMED_CPU_MS = RECONCILE_CPU * 1000
 SHARDS = 4
 
 
@@ -150,11 +152,11 @@ def run(client: Any, count: int) -> None:
     per = max(1, len(ids))
     print(
         f"  read units per schedule-hour: {meter.units / per:.3f} "
-        f"(assumed {ASSUMED_READS}; {meter.calls / per:.2f} calls a schedule)"
+        f"(make capacity prices {ASSUMED_READS}; {meter.calls / per:.2f} calls a schedule)"
     )
     print(
-        f"  CPU per schedule-hour: {cpu / per * 1000:.3f} ms (assumed {ASSUMED_CPU_MS} ms at "
-        "1,769 MB)"
+        f"  CPU per schedule-hour: {cpu / per * 1000:.3f} ms (make capacity prices "
+        f"{ASSUMED_CPU_MS:.1f} ms at 1,769 MB)"
     )
 
 

@@ -151,6 +151,15 @@ def worker_ops(
 # --- cost per million occurrences ------------------------------------------------------------
 
 
+# The hourly reconciler per schedule-hour, measured by `make bench-reconciler` on this 2-core
+# machine, loaded: 0.61 read units and 3.6 ms on 2026-12-03 (1.0 and 2 ms were assumed
+# before); 0.31 and 1.0 ms since the occurrences of a schedule owning no fire in the hour
+# are not read (2026-12-03, reconciler._idle).
+RECONCILE_READS = 0.31  # by_shard pages + occurrence queries
+RECONCILE_CPU = 0.0010  # s at 1,769 MB (one vCPU)
+RECONCILE_EVERY_SCHEDULE = (0.61, 0.0036)  # reads, CPU: before, every schedule's occurrences read
+
+
 @dataclass(frozen=True)
 class CostInputs:
     workload: Workload
@@ -171,10 +180,8 @@ class CostInputs:
     # Occurrences made less than the window before their time (a run now, a one-shot due in
     # a moment), which the API also sends at once: one more SendMessage each (assumption).
     prompt_share: float = 0.01
-    # Measured by `make bench-reconciler` (2026-12-03: 0.61 units and 3.6 ms a schedule-hour
-    # on this 2-core machine, loaded; 1.0 and 2 ms were assumed before).
-    reconcile_reads_per_schedule_hour: float = 0.61  # by_shard pages + an occurrence query
-    reconcile_cpu_per_schedule_hour: float = 0.0036  # s at 1,769 MB (one vCPU)
+    reconcile_reads_per_schedule_hour: float = RECONCILE_READS
+    reconcile_cpu_per_schedule_hour: float = RECONCILE_CPU
 
     def materializer_busy_seconds(self) -> float:
         """A day's materializer invocation time: every occurrence at the shard rate, plus per

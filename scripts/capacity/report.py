@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from scripts.capacity.calibration import cross_check
 from scripts.capacity.cost import (
     CUT_ALL,
+    RECONCILE_EVERY_SCHEDULE,
     CostInputs,
     Line,
     bill,
@@ -460,6 +461,24 @@ def report(args: argparse.Namespace) -> None:
         f"{average_batch(workload, platform, inputs.relay_window):.1f} records an invocation, "
         f"${total(was) - total(now):.3f} less a million on every column: "
         + "; ".join(f"{name} {-saved:+.3f}" for name, saved in cuts)
+    )
+    reads, cpu = RECONCILE_EVERY_SCHEDULE
+    every = replace(
+        inputs, reconcile_reads_per_schedule_hour=reads, reconcile_cpu_per_schedule_hour=cpu
+    )
+    saved = [
+        total(other_lines(every, read_price=way.read_unit(prices)))
+        - total(other_lines(inputs, read_price=way.read_unit(prices)))
+        for way in ways
+    ]
+    print(
+        "  the reconciler leaves idle schedules unread (built 2026-12-03: no fire, no run now, "
+        f"no change in the hour): {reads} -> {inputs.reconcile_reads_per_schedule_hour} read "
+        f"units and {cpu * 1000:.1f} -> {inputs.reconcile_cpu_per_schedule_hour * 1000:.1f} ms "
+        "a schedule-hour (make bench-reconciler), "
+        + ", ".join(
+            f"${cut:.3f} less a million {way.name}" for cut, way in zip(saved, ways, strict=True)
+        )
     )
     leaner = replace(inputs, retention_days=7)
     reserved_way = ways[-1]

@@ -15,6 +15,7 @@ import pytest
 from reconciler import handler
 
 from punctual.dal.common import to_dynamo
+from punctual.dal.occurrences import OccurrenceStore
 from punctual.dal.reports import ReportStore
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import current_key, occurrence_key
@@ -33,6 +34,7 @@ from punctual.models import (
 from punctual.reconciler import (
     CATCHUP_WINDOWS,
     HISTORY_MARGIN,
+    INDEX_SETTLED,
     Reconciler,
     ShardResult,
     _ScheduleOutcome,
@@ -170,6 +172,44 @@ def test_reconciler_clean_run_reports_zero_missing_and_zero_unexpected(
     assert total(results, Finding.IN_FLIGHT) == 31 - 8
     assert all(r.report.complete for r in results)
     assert not ids(results, "fired")
+
+
+def test_reconciler_reads_no_occurrence_of_a_schedule_owning_no_fire_in_a_settled_hour(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a daily 03:00 and an hourly schedule, unchanged for more than an hour before
+    # [10:00, 11:00), materialized through it
+    clock.now = at("08:50")
+    daily = make(aws, spec=cron_spec("0 3 * * *"))
+    hourly = make(aws, spec=cron_spec("0 * * * *"))
+    materialize_until(aws, clock, at("12:10"), shards_of(aws, [daily, hourly]))
+    read: list[str] = []
+    real = OccurrenceStore.in_window
+
+    def spied(self: OccurrenceStore, schedule_id: str, **window: Any) -> list[Occurrence]:
+        read.append(schedule_id)
+        return real(self, schedule_id, **window)
+
+    monkeypatch.setattr(OccurrenceStore, "in_window", spied)
+    # WHEN the hourly run checks that hour at 12:05
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN only the hourly one's occurrences are read (a Query saved per schedule-hour with
+    # nothing to find), and only it is counted as examined
+    assert read == [hourly]
+    assert sum(r.report.schedules for r in results) == 1
+    assert total(results, Finding.IN_FLIGHT) == 1
+    # WHEN an hour is checked sooner after it closed than the shard index is trusted to show
+    # a run now made in it
+    read.clear()
+    clock.now = at("12:00") + INDEX_SETTLED - 1
+    reconcile(aws, at("11:00"), at("12:00"))
+    # THEN every schedule's occurrences are read; from INDEX_SETTLED on, only the hourly's
+    assert sorted(read) == sorted([daily, hourly])
+    read.clear()
+    clock.now = at("12:00") + INDEX_SETTLED
+    reconcile(aws, at("11:00"), at("12:00"))
+    assert read == [hourly]
 
 
 # --- injected gaps -------------------------------------------------------------------------

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from punctual.dal.common import ConditionFailed
-from punctual.dal.tables import OCCURRENCES, SchemaMismatch, create_tables
+from punctual.dal.common import ConditionFailed, to_dynamo
+from punctual.dal.tables import (
+    OCCURRENCES,
+    SCHEDULES,
+    SHARD_INDEX,
+    SHARD_INDEX_ATTRIBUTES,
+    SchemaMismatch,
+    create_tables,
+)
 from punctual.services import Services
 from tests.integration.conftest import Api
 from tests.integration.helpers import make, table_items
@@ -40,6 +49,42 @@ def test_create_tables_refuses_an_occurrences_table_with_the_old_keys(aws: Servi
     # first occurrence write
     with pytest.raises(SchemaMismatch, match=r"has keys \(occurrence_id, sk\).*needs "):
         create_tables(aws.dynamodb, aws.settings)
+
+
+def test_create_tables_rebuilds_an_index_an_older_version_projected_otherwise(
+    local_aws: Services,
+):
+    # GIVEN, on DynamoDB Local (the local stack's engine), a schedules table whose shard
+    # index was made before it projected manual_through, holding an item that has it
+    aws = local_aws
+    name = SCHEDULES.name(aws.settings)
+    request = SCHEDULES.create_request(aws.settings)
+    older = [a for a in SHARD_INDEX_ATTRIBUTES if a != "manual_through"]
+    for index in request["GlobalSecondaryIndexes"]:
+        if index["IndexName"] == SHARD_INDEX:
+            index["Projection"] = {"ProjectionType": "INCLUDE", "NonKeyAttributes": older}
+    aws.dynamodb.delete_table(TableName=name)
+    aws.dynamodb.create_table(**request)
+    item = {"schedule_id": "sch_1", "sk": "CURRENT", "shard": 3, "created_key": "a#sch_1"}
+    aws.dynamodb.put_item(TableName=name, Item=to_dynamo(item | {"manual_through": 1234}))
+
+    def seen_in_the_index() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = aws.dynamodb.query(
+            TableName=name,
+            IndexName=SHARD_INDEX,
+            KeyConditionExpression="#s = :s",
+            ExpressionAttributeNames={"#s": "shard"},
+            ExpressionAttributeValues=to_dynamo({":s": 3}),
+        )["Items"]
+        return found
+
+    assert "manual_through" not in seen_in_the_index()[0]
+    # WHEN create_tables runs on it (the local stack's restart after an upgrade)
+    create_tables(aws.dynamodb, aws.settings)
+    # THEN the index projects what this version reads, filled from the table; the item kept
+    [seen] = seen_in_the_index()
+    assert seen["manual_through"] == {"N": "1234"}
+    assert len(table_items(aws, name)) == 1
 
 
 def test_the_repairs_schedule_check_holds_only_while_the_cursor_is_past_the_instant(

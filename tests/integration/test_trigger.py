@@ -21,7 +21,7 @@ from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual_client.worker import Outcome
 from tests.integration.conftest import Api, Clock, bootstrap
-from tests.integration.helpers import assert_error, create, cron, table_items
+from tests.integration.helpers import assert_error, create, cron, current_item, table_items
 from tests.integration.test_relay import messages, record
 from tests.integration.test_worker import Calls, consumer, stored, worker
 
@@ -284,6 +284,59 @@ def test_reconciler_judges_a_manual_occurrence_by_its_state_never_unexpected(
     assert report.counts[Finding.IN_FLIGHT] == 1
     assert report.examples[Finding.IN_FLIGHT] == [made]
     assert report.redriven == 1
+
+
+def test_a_run_now_in_an_hour_a_long_standing_schedule_owns_nothing_of_is_still_reconciled(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a yearly schedule made hours ago (the reconciler does not read its occurrences in
+    # an hour it owns no fire of), run now at 14:06:40, left unclaimed
+    sid = create(alice, cron("0 0 1 1 *"))["schedule"]["schedule_id"]
+    clock.advance(3 * 3600)
+    made = trigger(alice, sid).body["occurrence"]
+    hour = int(clock.now) - int(clock.now) % 3600
+    # THEN the run marks the schedule with its instant
+    assert current_item(aws, sid)["manual_through"] == int(clock.now)
+    # WHEN the hourly run checks that hour, an hour after it ended
+    clock.now = hour + 2 * 3600 + 60
+    [result] = Reconciler(aws).run([shard_of(sid, aws.settings.shard_count)], hour, hour + 3600)
+    # THEN the mark had it read: the run is in flight, and sent again as no worker took it
+    assert result.report.counts[Finding.IN_FLIGHT] == 1
+    assert result.report.examples[Finding.IN_FLIGHT] == [made["occurrence_id"]]
+    assert result.report.redriven == 1
+
+
+def test_a_run_now_never_lowers_the_mark_a_concurrent_one_on_a_host_ahead_raised(
+    aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN two runs now of one schedule in one minute, the other on a host 30 s ahead
+    # committing between this one's reads and its commit (both count in the same minute)
+    carol = bootstrap("carol", "arn:aws:iam::111111111111:role/carol", max_manual_runs_per_minute=9)
+    sid = create(carol, HOURLY)["schedule"]["schedule_id"]
+    clock.now = clock.now - clock.now % 60 + 5
+    trigger(carol, sid, "first")
+    real_get = aws.tenants.get
+    raced: list[int] = []
+
+    def get_then_the_host_ahead_commits(tenant_id: str) -> Any:
+        found = real_get(tenant_id)
+        if not raced:
+            raced.append(0)
+            clock.advance(30)
+            raced[0] = ControlPlane(aws).trigger("carol", sid, "ahead").occurrence.scheduled_for
+            clock.advance(-30)
+        return found
+
+    monkeypatch.setattr(
+        type(aws.tenants), "get", lambda self, t: get_then_the_host_ahead_commits(t)
+    )
+    # WHEN this one commits
+    answer = trigger(carol, sid, "mine")
+    # THEN it runs, and the mark stays at the later instant (lowered, the reconciler could
+    # leave the later run's hour unread)
+    assert answer.status == 201, answer.body
+    assert occurrence_parts(answer.body["occurrence"]["occurrence_id"])[2] == raced[0] - 30
+    assert current_item(aws, sid)["manual_through"] == raced[0]
 
 
 def test_a_worker_runs_a_manual_occurrence_and_records_its_attempt(

@@ -18,6 +18,7 @@ from punctual.reconciler import (
     Expected,
     ShardResult,
     _dormant,
+    _idle,
     _not_handled_yet,
     metric_values,
 )
@@ -86,6 +87,66 @@ def test_an_active_schedule_with_no_fire_left_is_still_read():
     # ACTIVE until the materializer completes it: its last fire may still be in flight
     ending = schedule(one_shot("2026-11-19T08:30:00Z"))
     assert not _dormant(ScheduleVersion(ending, effective_from=SINCE - 600), SINCE)
+
+
+# --- _idle: a schedule owning no fire in the window, whose occurrences are not read ----------
+
+START = SINCE + 3600  # the window [START, START + 1 h) whose history margin starts at SINCE
+DAILY = {"kind": "cron", "expression": "0 3 * * *", "timezone": "UTC"}
+
+
+def idle(version: ScheduleVersion, start: int = START) -> bool:
+    return _idle(version, start, start + 3600, start - 3600)
+
+
+def test_a_schedule_unchanged_since_the_margin_with_no_run_now_is_idle():
+    assert idle(ScheduleVersion(schedule(DAILY), effective_from=SINCE))
+
+
+def test_a_schedule_changed_inside_the_margin_is_read():
+    # an earlier version's fire may trail into the window (planned ahead, then superseded)
+    assert not idle(ScheduleVersion(schedule(DAILY), effective_from=SINCE + 1))
+
+
+@pytest.mark.parametrize(("mark", "read"), [(START - 1, False), (START, True), (START + 60, True)])
+def test_a_run_now_for_the_window_or_later_makes_it_read(mark: int, read: bool):
+    # (the mark is the latest run now's instant: one at START or after may lie in the window)
+    version = ScheduleVersion(schedule(DAILY), effective_from=SINCE, manual_through=mark)
+    assert idle(version) is not read
+
+
+def test_a_schedule_planned_under_older_zone_rules_is_read():
+    old = schedule(DAILY | {"timezone": "Europe/Berlin"}, tzdata_version="1999a")
+    assert not idle(ScheduleVersion(old, effective_from=SINCE))
+
+
+NEW_YORK_DAILY = {"kind": "cron", "expression": "30 2 * * *", "timezone": "America/New_York"}
+SPRING_FORWARD = epoch("2026-03-08T07:00:00Z")  # 02:00 EST -> 03:00 EDT
+
+
+@pytest.mark.parametrize(
+    ("start", "read"),
+    [
+        (SPRING_FORWARD - 86400 - 3600, True),  # the window ends a day before the change
+        (SPRING_FORWARD - 86400 - 3601, False),
+        (SPRING_FORWARD + 86400 - 1, True),  # it begins just under a day after
+        (SPRING_FORWARD + 86400, False),
+    ],
+)
+def test_a_zone_changing_its_offset_within_a_day_of_the_window_makes_it_read(
+    start: int, read: bool
+):
+    # (a planner's mistake at a transition puts a stray in an hour the schedule owns nothing
+    # of: a nonexistent 02:30 fired at 03:30, say; only reading those hours finds it)
+    version = ScheduleVersion(schedule(NEW_YORK_DAILY), effective_from=start - 7200)
+    assert idle(version, start) is not read
+
+
+def test_a_rate_or_utc_schedule_has_no_transition_to_read_around():
+    rate = schedule({"kind": "rate", "expression": "rate(1 day)"})
+    for spec_schedule in (rate, schedule(DAILY)):
+        version = ScheduleVersion(spec_schedule, effective_from=SPRING_FORWARD - 7200 - 3600)
+        assert idle(version, SPRING_FORWARD - 3600)
 
 
 # --- _not_handled_yet ------------------------------------------------------------------------

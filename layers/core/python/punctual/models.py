@@ -626,7 +626,7 @@ class ReconcileReport(BaseModel):
     run_at: int
     complete: bool  # False: the run ran out of time before the last schedule
     repair: bool
-    schedules: int  # schedules with an instant (expected or stored) in the window
+    schedules: int  # schedules whose occurrences were read (not dormant or idle)
     counts: dict[Finding, int]
     examples: dict[Finding, list[str]]  # up to EXAMPLES occurrence ids per class
     repaired_fired: int  # MISSING ones materialized to fire now

@@ -48,8 +48,10 @@ from punctual.redrive import REDRIVE_AFTER, overdue
 from punctual.relay import Relay, outbound
 from punctual.rezone import Replanned, replan, rezoned, stale
 from punctual.services import Services
+from punctual.timing.zones import offset_changes
 
 HOUR = 3600
+DAY = 24 * HOUR
 # History is read back to this long before the window: an older version's occurrences can
 # trail its successor's start by at most the planned horizon (lookahead + tick + a minute,
 # at most 960 s with the settings' limits), so a version that ended earlier owns nothing here.
@@ -65,6 +67,10 @@ MAX_ACTIONS = 100  # DynamoDB's limit per transaction
 REPAIR_ROUNDS = 2
 WORKERS = 16  # schedules examined concurrently (one history and one occurrence query each)
 FOLLOWER_PAGE = 100  # stored occurrences read past the window to find a late-fired follower
+# A window is checked this long after it closed before the shard index's ``manual_through``
+# is trusted to show a run now made in it (the index is eventually consistent: a read in the
+# seconds after a write may miss it). A scheduled run checks an hour after the window.
+INDEX_SETTLED = 300
 
 _OWNING_STATES = (ScheduleState.ACTIVE, ScheduleState.COMPLETED)
 _OPEN = (OccurrenceState.SCHEDULED, OccurrenceState.RETRY_WAIT, OccurrenceState.RUNNING)
@@ -156,6 +162,26 @@ def _dormant(version: ScheduleVersion, since: int) -> bool:
     if schedule.state in (ScheduleState.PAUSED, ScheduleState.CANCELED):
         return True
     return schedule.state is ScheduleState.COMPLETED and schedule.rule().next_after(since) is None
+
+
+def _idle(version: ScheduleVersion, start: int, end: int, since: int) -> bool:
+    """True when nothing can be stored in [start, end) for a schedule that owns no fire in
+    it, so its occurrences are not read (the reconciler's largest cost: docs/capacity.md):
+    its version has been in effect since ``since`` (no earlier version's fire trails into
+    the window), it was planned under the zone rules in use (``rezone.stale``), no manual
+    occurrence (run now, backfill) was made for ``start`` or later
+    (``ScheduleStore.manual_run``), and its zone's offset does not change within a day of
+    the window (where a planner's mistake would put a fire the rules do not give: such a
+    stray stays UNEXPECTED). What this gives up (docs/operations.md): a stray at another
+    wrong hour is not reported there; the fire it should have been is still MISSING in its
+    own hour."""
+    zone = version.schedule.zone_name
+    return (
+        version.effective_from <= since
+        and (version.manual_through is None or version.manual_through < start)
+        and not stale(version.schedule)
+        and (zone is None or not offset_changes(zone, start - DAY, end + DAY))
+    )
 
 
 def _may_be_overdue(occurrence: Occurrence, now: int) -> bool:
@@ -390,6 +416,7 @@ class Reconciler:
 
     def run_shard(self, shard: int, start: int, end: int) -> ShardResult:
         run_at = self._now()
+        skip_idle = run_at >= end + INDEX_SETTLED
         tally = _Tally()
         complete = True
         replanned: list[Replanned] = []
@@ -403,11 +430,12 @@ class Reconciler:
                     # Planned under older zone rules (a new tzdata deployed): re-planned
                     # before it is checked, so it is judged by the rules in use.
                     complete = self._replan_stale(page, replanned) and complete
-                # Reads run concurrently (a history and an occurrence query per schedule);
-                # repairs, rare and racing the API and the materializer, one at a time.
-                for outcome in pool.map(lambda current: self._schedule(current, start, end), page):
-                    if outcome is None:
-                        continue
+                # What needs no read is left out here (most schedules of an hour, without a
+                # thread's hand-off each); reads run concurrently (a history and an
+                # occurrence query per schedule); repairs, rare and racing the API and the
+                # materializer, one at a time.
+                wanted = [c for c in page if not self._unread(c, start, end, skip_idle)]
+                for outcome in pool.map(lambda c: self._schedule(c, start, end), wanted):
                     if outcome.missing and self.repair:
                         self._repair(outcome)
                     if outcome.stalled and self.repair:
@@ -508,11 +536,23 @@ class Reconciler:
 
     # --- one schedule -------------------------------------------------------------------
 
-    def _schedule(self, current: ScheduleVersion, start: int, end: int) -> _ScheduleOutcome | None:
+    def _unread(self, current: ScheduleVersion, start: int, end: int, skip_idle: bool) -> bool:
+        """True for a schedule with nothing to check in [start, end): another region's; or
+        one unchanged since the history margin began that owns no fire in the window and is
+        dormant, or idle (only with ``skip_idle``: the window closed long enough ago for the
+        index to show a run now made in it)."""
         if not homed_in(current.schedule, self.settings.region):
             # Another region plans it (a take-over): that region's reconciler checks it; a
             # repair from here would materialize beside it.
-            return None
+            return True
+        since = start - HISTORY_MARGIN
+        if current.effective_from > since or expected_occurrences(
+            [current], start, end, horizon=self.horizon
+        ):
+            return False
+        return _dormant(current, since) or (skip_idle and _idle(current, start, end, since))
+
+    def _schedule(self, current: ScheduleVersion, start: int, end: int) -> _ScheduleOutcome:
         schedule_id = current.schedule.schedule_id
         since = start - HISTORY_MARGIN
         versions = [current]
@@ -520,8 +560,6 @@ class Reconciler:
             # A version changed near or after the window: the history says who owned what.
             versions = self.schedules.versions_since(schedule_id, since) or versions
         expected = expected_occurrences(versions, start, end, horizon=self.horizon)
-        if not expected and len(versions) == 1 and _dormant(current, since):
-            return None
         stored = self.occurrences.in_window(schedule_id, since=start, until=end - 1)
         outcome = _ScheduleOutcome(schedule_id, {v.schedule.version: v.schedule for v in versions})
         gaps = self._classify(outcome, expected, stored)

@@ -396,7 +396,7 @@ class ControlPlane:
                 self._s.transactions.commit(
                     [
                         ("trigger", record),
-                        ("schedule", self.schedules.unchanged(schedule, stepped_past=None)),
+                        ("schedule", self.schedules.manual_run(stored, through=now)),
                         ("tenant", manual_run_update(tenant, self.tenants.table, minute)),
                         ("occurrence", self.occurrences.put_new(occurrence, schedule.payload)),
                     ]
@@ -525,7 +525,10 @@ class ControlPlane:
 
     def _commit_backfill(self, schedule: Schedule, made: list[Occurrence]) -> None:
         """Chunks of puts, each with the version check: a change of the schedule refuses the
-        rest (the caller reads again); what committed stays, and is found on the next read."""
+        rest (the caller reads again); what committed stays, and is found on the next read.
+        (Unlike a run now, no ``manual_run`` mark: every backfilled fire is one of the
+        version's rule, so the reconciler reads its hour anyway: one the version owns has
+        an expected fire there, one before the version began is within its change.)"""
         for first in range(0, len(made), BACKFILL_CHUNK):
             self._s.transactions.commit(
                 [("schedule", self.schedules.unchanged(schedule, stepped_past=None))]

@@ -170,6 +170,10 @@ class StoredSchedule:
     shard: int
     due_bucket: str | None
     minute_load: dict[int, int]
+    # The latest instant a run now was made for (``ScheduleStore.manual_run``): the
+    # reconciler reads the occurrences of a schedule that owns no fire in an hour only when
+    # the hour is not after it. None: no run now since the item was last written whole.
+    manual_through: int | None = None
 
 
 def stored_schedule(item: Item) -> StoredSchedule:
@@ -178,7 +182,13 @@ def stored_schedule(item: Item) -> StoredSchedule:
         shard=int(item["shard"]),
         due_bucket=item.get("due_bucket"),
         minute_load=minute_load_of(item),
+        manual_through=_manual_through(item),
     )
+
+
+def _manual_through(item: Item) -> int | None:
+    found = item.get("manual_through")
+    return None if found is None else int(found)
 
 
 def after_step(stored: StoredSchedule, cursor: Cursor, missed: list[int]) -> StoredSchedule:
@@ -204,6 +214,7 @@ class ScheduleVersion:
 
     schedule: Schedule
     effective_from: int  # epoch seconds; version N applies until version N+1's effective_from
+    manual_through: int | None = None  # StoredSchedule's (a CURRENT item's only)
 
 
 def version_from_item(item: Item) -> ScheduleVersion:
@@ -225,7 +236,7 @@ def current_version_of(item: Item) -> ScheduleVersion:
     """The CURRENT item as its version's history record: every change writes both in one
     transaction with ``updated_at`` = ``effective_from``; completion changes neither."""
     schedule = schedule_from_item(item)
-    return ScheduleVersion(schedule, to_epoch(schedule.updated_at))
+    return ScheduleVersion(schedule, to_epoch(schedule.updated_at), _manual_through(item))
 
 
 MISSED_RANGES = 16  # MISSED episodes kept on a schedule (older ones are only counted)
@@ -602,6 +613,33 @@ class ScheduleStore:
         check["ConditionExpression"] = condition
         check["ExpressionAttributeValues"] = values(**named)
         return {"ConditionCheck": check}
+
+    def manual_run(self, stored: StoredSchedule, *, through: int) -> dict[str, Any]:
+        """A transaction action for a run now scheduled for ``through``: ``unchanged`` (no
+        cursor condition) that also raises the item's ``manual_through`` to ``through``,
+        never lowering it. The reconciler skips the occurrence query of a schedule that owns
+        no fire in an hour only when this mark is before the hour (``reconciler._idle``). A
+        change that writes the item whole drops the mark: the reconciler then reads every
+        hour near the change anyway (a new ``effective_from``)."""
+        schedule = stored.schedule
+        mark = max(through, stored.manual_through or through)
+        fenced, named = fence(schedule, schedule.home_region)
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.key(schedule.schedule_id),
+                "UpdateExpression": "SET manual_through = :m",
+                # Races: as ``unchanged``'s (an update, pause or cancel since the read; a
+                # take-over by another region); and a concurrent manual run that raised the
+                # mark past this one (a host whose clock is ahead): overwriting it would
+                # hide that run's hour from the reconciler, so this one reads again.
+                "ConditionExpression": (
+                    f"version = :v AND {fenced} AND "
+                    "(attribute_not_exists(manual_through) OR manual_through <= :m)"
+                ),
+                "ExpressionAttributeValues": values(v=schedule.version, m=mark, **named),
+            }
+        }
 
     def put_version(self, item: Item) -> dict[str, Any]:
         return {

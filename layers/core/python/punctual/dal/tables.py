@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,9 @@ SHARD_INDEX_ATTRIBUTES = (
     "homed_since",
     # Time zone rules: the reconciler re-plans a schedule planned under an older release.
     "tzdata",
+    # The latest manual occurrence's instant: the reconciler skips the occurrence query of a
+    # schedule owning no fire in an hour only before it (written by run now and backfill).
+    "manual_through",
 )
 
 
@@ -177,7 +181,9 @@ class SchemaMismatch(ValueError):
 def create_tables(client: Any, settings: Settings) -> None:
     """Create every table that does not exist yet (tests, benches, and the local stack on a
     fresh or a persisted data folder; AWS gets them from CDK). An existing table with other
-    keys is refused with SchemaMismatch rather than failing later on its first write."""
+    keys is refused with SchemaMismatch rather than failing later on its first write; one
+    whose index projects other attributes gets that index rebuilt, as a deploy replaces it
+    (``_rebuild_changed_indexes``)."""
     pages = client.get_paginator("list_tables").paginate()
     existing = {name for page in pages for name in page["TableNames"]}
     for spec in ALL_TABLES:
@@ -191,6 +197,7 @@ def create_tables(client: Any, settings: Settings) -> None:
                     f"{_keys_text(wanted)}: it was made by an older Punctual; start on a new "
                     "data folder (or delete the old one)"
                 )
+            _rebuild_changed_indexes(client, spec, settings)
             continue
         client.create_table(**spec.create_request(settings))
         if spec.ttl_attribute:
@@ -198,6 +205,54 @@ def create_tables(client: Any, settings: Settings) -> None:
                 TableName=spec.name(settings),
                 TimeToLiveSpecification={"Enabled": True, "AttributeName": spec.ttl_attribute},
             )
+
+
+INDEX_WAIT_SECONDS = 120
+
+
+def _rebuild_changed_indexes(client: Any, spec: TableSpec, settings: Settings) -> None:
+    """An index made by an older Punctual with another projection (a data folder kept
+    across an upgrade) is deleted and made again, and DynamoDB fills it from the table: a
+    reader of an attribute added to the projection (the reconciler's ``manual_through``)
+    would otherwise read it as absent, without an error."""
+    name = spec.name(settings)
+    wanted = {
+        i["IndexName"]: i for i in spec.create_request(settings).get("GlobalSecondaryIndexes", [])
+    }
+    table = client.describe_table(TableName=name)["Table"]
+    found = {i["IndexName"]: i for i in table.get("GlobalSecondaryIndexes", [])}
+    for index_name, index in wanted.items():
+        old = found.get(index_name)
+        if old is not None and _same_projection(old["Projection"], index["Projection"]):
+            continue
+        if old is not None:
+            client.update_table(
+                TableName=name, GlobalSecondaryIndexUpdates=[{"Delete": {"IndexName": index_name}}]
+            )
+            _wait_for_index(client, name, index_name, present=False)
+        client.update_table(
+            TableName=name,
+            AttributeDefinitions=spec.create_request(settings)["AttributeDefinitions"],
+            GlobalSecondaryIndexUpdates=[{"Create": index}],
+        )
+        _wait_for_index(client, name, index_name, present=True)
+
+
+def _same_projection(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    return found.get("ProjectionType") == wanted["ProjectionType"] and sorted(
+        found.get("NonKeyAttributes", [])
+    ) == sorted(wanted.get("NonKeyAttributes", []))
+
+
+def _wait_for_index(client: Any, table: str, index_name: str, *, present: bool) -> None:
+    deadline = time.monotonic() + INDEX_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        indexes = client.describe_table(TableName=table)["Table"].get("GlobalSecondaryIndexes", [])
+        status = next((i.get("IndexStatus") for i in indexes if i["IndexName"] == index_name), None)
+        if (status == "ACTIVE") if present else (status is None):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"index {index_name} of {table} did not become ready")
 
 
 def _keys_text(schema: list[dict[str, str]]) -> str:

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from zoneinfo import ZoneInfo
@@ -88,6 +88,22 @@ def get_zone(name: str) -> ZoneInfo:
     source = _source.root.joinpath("zoneinfo", *name.split("/"))
     with source.open("rb") as handle:
         return ZoneInfo.from_file(handle, key=name)
+
+
+@lru_cache(maxsize=4096)
+def offset_changes(zone_name: str, start: int, end: int) -> bool:
+    """True when the zone's UTC offset is not the same all through [start, end]: a daylight
+    saving or other transition lies in it. Read every hour (no zone's rules change twice
+    within one)."""
+    zone = get_zone(zone_name)
+    offsets = {
+        datetime.fromtimestamp(instant, zone).utcoffset()
+        for instant in [*range(start, end, 3600), end]
+    }
+    return len(offsets) > 1
+
+
+_FORGET.append(offset_changes.cache_clear)  # its answers follow the zone rules in use
 
 
 def wall_seconds(wall: datetime) -> int:
