@@ -271,14 +271,16 @@ class Recorder:
     def on_call(self, params: dict[str, Any], model: Any, **_: Any) -> None:
         if not _recording():
             return
+        # Any call, whoever makes it: AWS refuses such a request (ValidationException), the
+        # emulators accept it. (Before attribution, which needs the repo's layout: `make
+        # mutate` runs the tests on a flat copy of the code, and must see it too.)
+        wrong = enum_violations(model.input_shape, params)
+        if wrong:
+            raise ParamValidationError(report=f"{model.name}: {'; '.join(wrong)}")
         function = function_of(sys._getframe(), xform_name(model.name))
         if function is None:
             return
         service = model.service_model.service_name
-        wrong = enum_violations(model.input_shape, params)
-        if wrong:
-            # AWS refuses such a request (ValidationException); the emulators accept it.
-            raise ParamValidationError(report=f"{function}: {'; '.join(wrong)}")
         for action, resource in iam_requests(service, model.name, params):
             self._add(self.calls, Call(function, action, resource))
 

@@ -357,7 +357,7 @@ class Worker:
             None if found is None else (found[0], ScheduleState(found[1])),
         )
         if changed is not None:
-            return self._withdraw(lease, message, schedule, changed, now)
+            return self._withdraw(lease, changed, now)
         return lease, policy, released
 
     def _unclaim(self, lease: RunLease, seen: Seen) -> Result:
@@ -380,18 +380,17 @@ class Worker:
             self.lease_seconds,
         )
 
-    def _withdraw(
-        self, lease: RunLease, message: Message, schedule: ScheduleForRun, why: str, now: int
-    ) -> Result:
+    def _withdraw(self, lease: RunLease, why: str, now: int) -> Result:
         """A claim whose schedule changed before its handler ran: undone, the message
-        dropped (STALE), as a refusal before the claim would have."""
+        dropped (STALE), as a refusal before the claim would have. (No wait slot to give up:
+        a QUEUE_ONE claim emptied the one this occurrence held, and one claimed as another
+        policy never waited.)"""
         try:
             self.runs.withdraw(lease, reason=why, now=now)
         except (ConditionFailed, Retryable):
             # Not undone: the lease runs out, and the next delivery refuses the stale run.
             return Result(Outcome.IN_PROGRESS, "a stale claim not undone yet", self.lease_seconds)
         self.runs.release(lease)
-        self._leave_queue(message, schedule)
         return Result(Outcome.STALE, why)
 
     def _wait(self, message: Message, seen: Seen, running: str, now: int) -> Result | None:

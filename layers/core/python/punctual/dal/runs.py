@@ -634,22 +634,21 @@ class RunStore:
         )
 
     def _undo_claim(self, lease: RunLease, update: str, **given: Any) -> None:
-        try:
-            with translated():
-                self._client.update_item(
-                    TableName=self._occurrences,
-                    Key=self._occurrence_key(lease.occurrence_id),
-                    UpdateExpression=update,
-                    # Race: none expected within the lease; a stale worker must not undo a
-                    # newer holder's claim.
-                    ConditionExpression="#state = :running AND lease_token = :token",
-                    ExpressionAttributeNames={"#state": "state"},
-                    ExpressionAttributeValues=values(
-                        running=OccurrenceState.RUNNING.value, token=lease.token, **given
-                    ),
-                )
-        except ConditionFailed as refused:
-            raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
+        """ConditionFailed when the claim is no longer this lease's (the caller leaves it to
+        run out)."""
+        with translated():
+            self._client.update_item(
+                TableName=self._occurrences,
+                Key=self._occurrence_key(lease.occurrence_id),
+                UpdateExpression=update,
+                # Race: none expected within the lease; a stale worker must not undo a newer
+                # holder's claim.
+                ConditionExpression="#state = :running AND lease_token = :token",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues=values(
+                    running=OccurrenceState.RUNNING.value, token=lease.token, **given
+                ),
+            )
 
     def release(self, lease: RunLease) -> None:
         """Free the slots this lease holds; best effort, since an expired lease frees them too."""
