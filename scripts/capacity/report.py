@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from scripts.capacity.calibration import cross_check
 from scripts.capacity.cost import (
     CUT_ALL,
-    RECONCILE_EVERY_SCHEDULE,
+    RECONCILE_BEFORE,
     CostInputs,
     Line,
     bill,
@@ -462,7 +462,7 @@ def report(args: argparse.Namespace) -> None:
         f"${total(was) - total(now):.3f} less a million on every column: "
         + "; ".join(f"{name} {-saved:+.3f}" for name, saved in cuts)
     )
-    reads, cpu = RECONCILE_EVERY_SCHEDULE
+    reads, cpu = RECONCILE_BEFORE
     every = replace(
         inputs, reconcile_reads_per_schedule_hour=reads, reconcile_cpu_per_schedule_hour=cpu
     )
@@ -472,8 +472,8 @@ def report(args: argparse.Namespace) -> None:
         for way in ways
     ]
     print(
-        "  the reconciler leaves idle schedules unread (built 2026-12-03: no fire, no run now, "
-        f"no change in the hour): {reads} -> {inputs.reconcile_reads_per_schedule_hour} read "
+        "  the reconciler (built 2026-12-03: idle schedules unread, items parsed as sent): "
+        f"{reads} -> {inputs.reconcile_reads_per_schedule_hour} read "
         f"units and {cpu * 1000:.1f} -> {inputs.reconcile_cpu_per_schedule_hour * 1000:.1f} ms "
         "a schedule-hour (make bench-reconciler), "
         + ", ".join(

@@ -15,7 +15,7 @@ from api import context, handler
 from moto import mock_aws
 
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.services import Services
+from punctual.services import Services, aws_client
 from punctual.settings import Settings
 from punctual_local import gateway
 from punctual_local.dynamodb import LocalDynamoDB
@@ -118,7 +118,9 @@ def aws(monkeypatch: pytest.MonkeyPatch, clock: Clock, settings: Settings) -> It
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
     with mock_aws():
-        yield from _configured(boto3.client("dynamodb", region_name="us-east-1"), settings, clock)
+        # As the functions' client (its parser), with botocore's request check kept on.
+        dynamodb = aws_client("dynamodb", checked=True, region_name="us-east-1")
+        yield from _configured(dynamodb, settings, clock)
 
 
 def _configured(dynamodb: Any, settings: Settings, clock: Clock) -> Iterator[Services]:

@@ -16,6 +16,8 @@ from punctual.dal.tables import (
     create_tables,
 )
 from punctual.services import Services
+from punctual.settings import Settings
+from punctual_local.dynamodb import start as start_dynamodb_local
 from tests.integration.conftest import Api
 from tests.integration.helpers import make, table_items
 
@@ -52,39 +54,47 @@ def test_create_tables_refuses_an_occurrences_table_with_the_old_keys(aws: Servi
 
 
 def test_create_tables_rebuilds_an_index_an_older_version_projected_otherwise(
-    local_aws: Services,
-):
-    # GIVEN, on DynamoDB Local (the local stack's engine), a schedules table whose shard
-    # index was made before it projected manual_through, holding an item that has it
-    aws = local_aws
-    name = SCHEDULES.name(aws.settings)
-    request = SCHEDULES.create_request(aws.settings)
-    older = [a for a in SHARD_INDEX_ATTRIBUTES if a != "manual_through"]
-    for index in request["GlobalSecondaryIndexes"]:
-        if index["IndexName"] == SHARD_INDEX:
-            index["Projection"] = {"ProjectionType": "INCLUDE", "NonKeyAttributes": older}
-    aws.dynamodb.delete_table(TableName=name)
-    aws.dynamodb.create_table(**request)
-    item = {"schedule_id": "sch_1", "sk": "CURRENT", "shard": 3, "created_key": "a#sch_1"}
-    aws.dynamodb.put_item(TableName=name, Item=to_dynamo(item | {"manual_through": 1234}))
+    settings: Settings,
+) -> None:
+    # GIVEN a DynamoDB Local of its own, as the local stack runs one (the tests' shared
+    # engine holds hundreds of tables, and its deletion of an index takes minutes there),
+    # whose schedules table has a shard index made before it projected manual_through,
+    # holding an item that has it
+    engine = start_dynamodb_local()
+    try:
+        client: Any = engine.client()
+        create_tables(client, settings)
+        name = SCHEDULES.name(settings)
+        request = SCHEDULES.create_request(settings)
+        older = [a for a in SHARD_INDEX_ATTRIBUTES if a != "manual_through"]
+        for index in request["GlobalSecondaryIndexes"]:
+            if index["IndexName"] == SHARD_INDEX:
+                index["Projection"] = {"ProjectionType": "INCLUDE", "NonKeyAttributes": older}
+        client.delete_table(TableName=name)
+        client.create_table(**request)
+        item = {"schedule_id": "sch_1", "sk": "CURRENT", "shard": 3, "created_key": "a#sch_1"}
+        client.put_item(TableName=name, Item=to_dynamo(item | {"manual_through": 1234}))
 
-    def seen_in_the_index() -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = aws.dynamodb.query(
-            TableName=name,
-            IndexName=SHARD_INDEX,
-            KeyConditionExpression="#s = :s",
-            ExpressionAttributeNames={"#s": "shard"},
-            ExpressionAttributeValues=to_dynamo({":s": 3}),
-        )["Items"]
-        return found
+        def seen_in_the_index() -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = client.query(
+                TableName=name,
+                IndexName=SHARD_INDEX,
+                KeyConditionExpression="#s = :s",
+                ExpressionAttributeNames={"#s": "shard"},
+                ExpressionAttributeValues=to_dynamo({":s": 3}),
+            )["Items"]
+            return found
 
-    assert "manual_through" not in seen_in_the_index()[0]
-    # WHEN create_tables runs on it (the local stack's restart after an upgrade)
-    create_tables(aws.dynamodb, aws.settings)
-    # THEN the index projects what this version reads, filled from the table; the item kept
-    [seen] = seen_in_the_index()
-    assert seen["manual_through"] == {"N": "1234"}
-    assert len(table_items(aws, name)) == 1
+        assert "manual_through" not in seen_in_the_index()[0]
+        # WHEN create_tables runs on it (the local stack's restart after an upgrade)
+        create_tables(client, settings)
+        # THEN the index projects what this version reads, filled from the table; the item
+        # is kept
+        [seen] = seen_in_the_index()
+        assert seen["manual_through"] == {"N": "1234"}
+        assert len(client.scan(TableName=name)["Items"]) == 1
+    finally:
+        engine.stop()
 
 
 def test_the_repairs_schedule_check_holds_only_while_the_cursor_is_past_the_instant(
