@@ -55,6 +55,22 @@ def test_cron_fires_match_brute_force_oracle_around_transitions(
 
 
 @SETTINGS
+@given(expr=expressions(), where=zone_and_start())
+def test_cron_next_after_is_the_oracles_first_fire_from_any_start(
+    expr: Expr, where: tuple[str, int]
+) -> None:
+    # GIVEN an expression that fires within two days of a start near a transition (the
+    # next fire is read from the start's UTC day window, or walked to past it)
+    assume(can_ever_fire(expr))
+    name, after = where
+    zone = get_zone(name)
+    expected = oracle_fires(expr, zone, after, after + WINDOW)
+    assume(expected)
+    # WHEN the engine is asked for the next fire; THEN it is the oracle's first one
+    assert CronRule(parse_cron(expr.text), zone).next_after(after) == expected[0]
+
+
+@SETTINGS
 @given(
     expr=expressions(),
     where=zone_and_start(),

@@ -41,6 +41,7 @@ from punctual.timing.zones import (
 _MAX_WALK_YEARS = 400
 # A zone transition moves wall time by at most a day (Pacific/Apia, 2011).
 _WALL_SLACK = timedelta(days=2)
+_DAY = 86400
 
 
 class Rule(Protocol):
@@ -181,6 +182,17 @@ class CronRule:
 
     def next_after(self, after: int) -> int | None:
         lo, hi = self.bounds.clip(after, None)
+        # The fires of the UTC day holding ``lo`` are a window every schedule of this
+        # expression and zone shares (``_cron_window``): a step's few calls, and its
+        # neighbours', read it instead of walking the calendar each. A day with none left
+        # after ``lo`` walks on from its end, as before.
+        day = lo - lo % _DAY
+        if day + _DAY <= MAX_INSTANT:
+            window = _cron_window(self.expr.source, self.zone_name, day, day + _DAY)
+            at = bisect_right(window, lo)
+            if at < len(window):
+                return window[at] if window[at] <= hi else None
+            lo = day + _DAY
         for step in cron_steps(self.expr, self.zone, lo):
             if step.instant is None:
                 continue
