@@ -168,9 +168,9 @@ def _idle(version: ScheduleVersion, start: int, end: int, since: int) -> bool:
     """True when nothing can be stored in [start, end) for a schedule that owns no fire in
     it, so its occurrences are not read (the reconciler's largest cost: docs/capacity.md):
     its version has been in effect since ``since`` (no earlier version's fire trails into
-    the window), it was planned under the zone rules in use (``rezone.stale``), no manual
-    occurrence (run now, backfill) was made for ``start`` or later
-    (``ScheduleStore.manual_run``), and its zone's offset does not change within a day of
+    the window), it was planned under the zone rules in use (``rezone.stale``), no run now
+    was made for ``start`` or later (``ScheduleStore.manual_run``; a backfill's fires are
+    the rule's, in an hour read anyway), and its zone's offset does not change within a day of
     the window (where a planner's mistake would put a fire the rules do not give: such a
     stray stays UNEXPECTED). What this gives up (docs/operations.md): a stray at another
     wrong hour is not reported there; the fire it should have been is still MISSING in its
