@@ -1467,6 +1467,34 @@ def test_worker_stale_claim_that_cannot_be_withdrawn_is_refused_after_its_lease(
     assert again.delete
 
 
+def test_worker_claim_whose_schedule_is_gone_by_the_check_after_it_is_withdrawn(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence whose schedule's record is deleted between the worker's claim and
+    # its check after the claim (a purge of the item, as its retention ends)
+    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
+    relay(aws, occ)
+    [delivery] = receive(aws)
+    handler = Calls()
+    work = worker(aws, handler)
+    real_claim = work.runs.claim
+
+    def claim_then_the_schedule_goes(lease: Any, **kwargs: Any) -> None:
+        real_claim(lease, **kwargs)
+        aws.dynamodb.delete_item(
+            TableName=aws.settings.schedules_table, Key=to_dynamo(current_key(sid))
+        )
+
+    work.runs.claim = claim_then_the_schedule_goes  # type: ignore[method-assign]
+    # WHEN the worker processes the message
+    result = work.process(delivery)
+    # THEN the claim is undone and the run refused as stale: never run, the message dropped
+    assert (result.outcome, result.detail) == (Outcome.STALE, "the schedule no longer exists")
+    assert handler.count == 0
+    assert stored(aws, occ)[0].state is S.CANCELED
+    assert result.delete
+
+
 def test_worker_cooperative_cancel_check_that_is_throttled_is_not_a_cancel(
     alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):
