@@ -1467,6 +1467,46 @@ def test_worker_stale_claim_that_cannot_be_withdrawn_is_refused_after_its_lease(
     assert again.delete
 
 
+def test_worker_reads_its_occurrence_and_schedule_strongly_consistent_before_a_claim(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a DynamoDB that serves every eventually consistent read a minute stale, and an
+    # occurrence of version 1 whose schedule was updated through it a moment before the
+    # worker reads (the update's API died before settling version 1's occurrences)
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    stale = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
+    relay(aws, occ)
+    [delivery] = receive(aws)
+    plane = ControlPlane(stale)
+
+    def died(*args: Any, **kw: Any) -> list[Occurrence]:
+        raise RuntimeError("the API's Lambda died after the commit")
+
+    plane.occurrences.open_for_schedule = died  # type: ignore[method-assign]
+    with contextlib.suppress(RuntimeError):
+        plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    claims: list[str] = []  # a claim's transaction takes a concurrency slot (tenants table)
+
+    def transaction(params: dict[str, Any], **_: Any) -> None:
+        for action in params["TransactItems"]:
+            for body in action.values():
+                if body["TableName"] == aws.settings.tenants_table:
+                    claims.append(str(body["Key"]))
+
+    aws.dynamodb.meta.events.register(
+        "before-parameter-build.dynamodb.TransactWriteItems", transaction
+    )
+    handler = Calls()
+    # WHEN a worker on that DynamoDB processes the message
+    result = Worker(stale, "alice", handler, rng=random.Random(7)).process(delivery)
+    # THEN its read saw version 2: refused before any claim (a stale read would have
+    # claimed, then found the change and undone the claim), never run
+    assert result.outcome is Outcome.STALE
+    assert claims == []
+    assert handler.count == 0
+
+
 def test_worker_claim_whose_schedule_is_gone_by_the_check_after_it_is_withdrawn(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from punctual.dal.common import to_dynamo
 from punctual.dal.runs import RunLease, RunStore, Seen, _abandoned, _finished_by
 from punctual.models import AttemptOutcome, OccurrenceState
 from punctual.settings import Settings
@@ -200,3 +201,57 @@ def test_busy_slots_are_those_whose_lease_outlives_now_read_as_a_hint() -> None:
     # AND the read is eventually consistent (a hint, half the read units): the claim's
     # condition decides
     assert [r["punctual-tenants"]["ConsistentRead"] for r in client.requests] == [False]
+
+
+class Unprocessing:
+    """DynamoDB answering a BatchGetItem with part of it unprocessed (it may, under load):
+    the occurrence first, the schedule's keys handed back to be asked again."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.requests: list[dict[str, Any]] = []
+
+    def batch_get_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(RequestItems)
+        occurrences, schedules = self.settings.occurrences_table, self.settings.schedules_table
+        if len(self.requests) == 1:
+            return {
+                "Responses": {occurrences: [to_dynamo(OCCURRENCE)]},
+                "UnprocessedKeys": {schedules: RequestItems[schedules]},
+            }
+        return {"Responses": {schedules: [to_dynamo(SCHEDULE)]}, "UnprocessedKeys": {}}
+
+
+OCCURRENCE = {
+    "occurrence_id": LEASE.occurrence_id,
+    "tenant_id": LEASE.tenant_id,
+    "schedule_version": 1,
+    "state": "SCHEDULED",
+    "attempt_count": 0,
+    "scheduled_for": NOW,
+    "available_at": NOW,
+}
+SCHEDULE = {
+    "schedule_id": LEASE.schedule_id,
+    "version": 1,
+    "state": "ACTIVE",
+    "definition": {"retry": {"max_attempts": 3}, "overlap": "SKIP_IF_RUNNING"},
+}
+
+
+def test_a_read_asks_again_for_what_dynamodb_left_unprocessed() -> None:
+    # GIVEN a BatchGetItem whose first answer leaves the schedule unprocessed
+    client = Unprocessing(Settings())
+    # WHEN the worker reads the occurrence and its schedule
+    run, schedule = RunStore(client, Settings()).read(LEASE.occurrence_id, LEASE.schedule_id)
+    # THEN it asked again for exactly the keys handed back, and has both, strongly consistent
+    assert len(client.requests) == 2
+    assert client.requests[1] == {
+        Settings().schedules_table: client.requests[0][Settings().schedules_table]
+    }
+    assert all(part["ConsistentRead"] for part in client.requests[0].values())
+    assert run is not None
+    assert run.state is OccurrenceState.SCHEDULED
+    assert schedule is not None
+    assert (schedule.version, schedule.retry.max_attempts) == (1, 3)
+    assert schedule.overlap.value == "SKIP_IF_RUNNING"
