@@ -20,6 +20,7 @@ from punctual.timing import (
     utc_text,
 )
 from punctual.timing.zones import zone_names
+from tests.instants import epoch
 
 DAY = 86400
 
@@ -71,3 +72,22 @@ def test_preview_runs_from_the_first_instant_in_a_zone_ahead_of_utc():
         "0002-01-01T00:00:00-10:29:20",
         "0002-01-02T00:00:00-10:29:20",
     ]
+
+
+@pytest.mark.parametrize(
+    ("after", "expected"),
+    [
+        ("2026-03-04T12:00:00Z", "2026-03-09T00:00:00Z"),  # walked to: none left that day
+        ("2026-03-08T23:00:00Z", "2026-03-09T00:00:00Z"),  # the day's window holds it
+        ("2026-03-09T00:00:00Z", None),  # the next one is past end_at
+    ],
+)
+def test_a_cron_fires_at_its_end_at_and_not_after_from_any_start(
+    after: str, expected: str | None
+) -> None:
+    # GIVEN Mondays at midnight UTC, ending exactly at one (end_at is inclusive)
+    end = epoch("2026-03-09T00:00:00Z")
+    rule = CronRule(parse_cron("0 0 * * 1"), get_zone("UTC"), Bounds(end=end))
+    # THEN the last fire is end_at itself, found by the walk or by the day's window, and
+    # nothing after it
+    assert rule.next_after(epoch(after)) == (None if expected is None else epoch(expected))

@@ -184,15 +184,14 @@ class CronRule:
         lo, hi = self.bounds.clip(after, None)
         # The fires of the UTC day holding ``lo`` are a window every schedule of this
         # expression and zone shares (``_cron_window``): a step's few calls, and its
-        # neighbours', read it instead of walking the calendar each. A day with none left
-        # after ``lo`` walks on from its end, as before.
+        # neighbours', read it instead of walking the calendar each. When the day has none
+        # left after ``lo``, the calendar is walked, as before. (Past the calendar's end, a
+        # fire the window holds is after ``hi``: none.)
         day = lo - lo % _DAY
-        if day + _DAY <= MAX_INSTANT:
-            window = _cron_window(self.expr.source, self.zone_name, day, day + _DAY)
-            at = bisect_right(window, lo)
-            if at < len(window):
-                return window[at] if window[at] <= hi else None
-            lo = day + _DAY
+        window = _cron_window(self.expr.source, self.zone_name, day, day + _DAY)
+        at = bisect_right(window, lo)
+        if at < len(window):
+            return window[at] if window[at] <= hi else None
         for step in cron_steps(self.expr, self.zone, lo):
             if step.instant is None:
                 continue
