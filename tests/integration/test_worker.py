@@ -1423,27 +1423,40 @@ def test_worker_takeover_whose_schedule_cannot_be_read_after_it_keeps_the_lease(
     assert outcomes == [AttemptOutcome.LOST, AttemptOutcome.LOST, AttemptOutcome.SUCCEEDED]
 
 
+def delivered(aws: Services) -> tuple[str, str, Any]:
+    """A rate schedule's first occurrence, relayed and received: (schedule, occurrence, its
+    delivery)."""
+    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
+    relay(aws, occ)
+    [delivery] = receive(aws)
+    return sid, occ, delivery
+
+
+def update_whose_api_dies(services: Services, sid: str) -> None:
+    """Version 2 of the schedule committed; its API dies before settling version 1's
+    occurrences (they stay as they were)."""
+    plane = ControlPlane(services)
+
+    def died(*args: Any, **kw: Any) -> list[Occurrence]:
+        raise RuntimeError("the API's Lambda died after the commit")
+
+    plane.occurrences.open_for_schedule = died  # type: ignore[method-assign]
+    with contextlib.suppress(RuntimeError):
+        plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+
+
 def test_worker_stale_claim_that_cannot_be_withdrawn_is_refused_after_its_lease(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN an occurrence of version 1, and an update of its schedule that commits between
     # the worker's read and its claim (its API died before settling version 1's occurrences)
-    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
-    relay(aws, occ)
-    [delivery] = receive(aws)
+    sid, occ, delivery = delivered(aws)
     handler = Calls()
     work = worker(aws, handler)
     real_claim, real_withdraw = work.runs.claim, work.runs.withdraw
 
     def claim_after_an_update(lease: Any, **kwargs: Any) -> None:
-        plane = ControlPlane(aws)
-
-        def died(*args: Any, **kw: Any) -> list[Occurrence]:
-            raise RuntimeError("the API's Lambda died after the commit")
-
-        plane.occurrences.open_for_schedule = died  # type: ignore[method-assign]
-        with contextlib.suppress(RuntimeError):
-            plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+        update_whose_api_dies(aws, sid)
         real_claim(lease, **kwargs)
 
     def withdraw_throttled(*args: Any, **kwargs: Any) -> None:
@@ -1475,17 +1488,8 @@ def test_worker_reads_its_occurrence_and_schedule_strongly_consistent_before_a_c
     # worker reads (the update's API died before settling version 1's occurrences)
     faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
     stale = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
-    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
-    relay(aws, occ)
-    [delivery] = receive(aws)
-    plane = ControlPlane(stale)
-
-    def died(*args: Any, **kw: Any) -> list[Occurrence]:
-        raise RuntimeError("the API's Lambda died after the commit")
-
-    plane.occurrences.open_for_schedule = died  # type: ignore[method-assign]
-    with contextlib.suppress(RuntimeError):
-        plane.update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    sid, _, delivery = delivered(aws)
+    update_whose_api_dies(stale, sid)
     claims: list[str] = []  # a claim's transaction takes a concurrency slot (tenants table)
 
     def transaction(params: dict[str, Any], **_: Any) -> None:
@@ -1512,9 +1516,7 @@ def test_worker_claim_whose_schedule_is_gone_by_the_check_after_it_is_withdrawn(
 ):
     # GIVEN an occurrence whose schedule's record is deleted between the worker's claim and
     # its check after the claim (a purge of the item, as its retention ends)
-    sid, [occ, *_] = rate_schedule(aws, "rate(10 minutes)")
-    relay(aws, occ)
-    [delivery] = receive(aws)
+    sid, occ, delivery = delivered(aws)
     handler = Calls()
     work = worker(aws, handler)
     real_claim = work.runs.claim
