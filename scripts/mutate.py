@@ -103,8 +103,14 @@ MODULES = {
             "api_versioning",
             "api_quotas_and_idempotency",
             "api_tenancy",
+            # what calls the rest of the stores: a take-over, run now's mark, a backfill, a
+            # re-plan under new zone rules
+            "multi_region",
+            "trigger",
+            "backfill",
+            "tz_rules",
         )
-        + _tests("unit", "runs"),
+        + _tests("unit", "runs", "responses"),
     ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),

@@ -333,3 +333,32 @@ def test_a_replan_that_keeps_losing_races_leaves_the_report_incomplete(
     monkeypatch.setattr(reconciler_module, "replan", replan)
     [again] = Reconciler(aws).run([0], at("15:00"), at("16:00"))
     assert (again.report.complete, again.replanned) == (True, [stale])
+
+
+def test_occurrences_left_by_a_replan_in_hours_the_new_rules_leave_empty_are_reconciled(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN the Vancouver mornings planned under 2025b up to 17:12Z (17:00Z to 17:10Z
+    # receivable, open: their messages lost), then the pinned release deployed and the
+    # schedule re-planned by the materializer's next step, no reconciler run in between:
+    # under the new rules the schedule owns no fire in [17:00Z, 18:00Z)
+    sid, shard = every_five_in_vancouver_mornings(aws, clock)
+    materialize_until(aws, clock, at("17:12"), [shard], every=60)
+    use_zone_source(None)
+    materialize_until(aws, clock, at("18:10"), [shard], every=60)
+    assert current_item(aws, sid)["tzdata"] == NEW
+    left = [
+        o["occurrence_id"]
+        for o in occurrences_of(aws, sid).values()
+        if o["state"] == "SCHEDULED" and at("17:00") <= o["scheduled_for"] < at("18:00")
+    ]
+    assert left
+    # THEN the re-plan marked the schedule through its old cursor
+    assert current_item(aws, sid)["manual_through"] >= at("17:10")
+    # WHEN the hourly run checks that hour, long after it closed (idle schedules skipped)
+    clock.now = at("19:05")
+    [result] = Reconciler(aws).run([shard], at("17:00"), at("18:00"))
+    # THEN the schedule is read all the same: the old rules' open occurrences are found and
+    # sent again, not left unread in an hour reported settled
+    assert result.report.schedules == 1
+    assert result.report.redriven == len(left)

@@ -7,6 +7,7 @@ materializer's own misfire handling."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from punctual.models import Finding, ReconcileReport, Schedule, ScheduleState
 from punctual.reconciler import (
     METRIC_NAMES,
     Expected,
+    Reconciler,
     ShardResult,
     _dormant,
     _idle,
@@ -263,3 +265,22 @@ def test_metric_values_sum_every_count_over_the_shards():
     assert totals["ReconcileReplanned"] == 127 + 1027
     assert totals["ReconcileIncomplete"] == 1
     assert totals["ReconcileGaveUp"] == 2
+
+
+# --- Reconciler._unread: dormant and idle together -------------------------------------------
+
+CHECKER = SimpleNamespace(settings=SimpleNamespace(region="us-east-1"), horizon=1140)
+
+
+@pytest.mark.parametrize("skip_idle", [True, False])
+def test_a_run_now_made_before_its_schedule_completed_is_read(skip_idle: bool):
+    # GIVEN a one-shot at 10:00Z run now at 11:30Z while still ACTIVE (its completion lagged
+    # behind a slow materializer), then COMPLETED (no new version)
+    start, end = epoch("2026-11-19T11:00:00Z"), epoch("2026-11-19T12:00:00Z")
+    done = schedule(one_shot("2026-11-19T10:00:00Z"), state=ScheduleState.COMPLETED)
+    created = int(CREATED.timestamp())
+    marked = ScheduleVersion(done, created, manual_through=epoch("2026-11-19T11:30:00Z"))
+    # THEN its hour is read (dormant, but for the run now); without the mark it is not
+    assert Reconciler._unread(CHECKER, marked, start, end, skip_idle) is False  # type: ignore[arg-type]
+    unmarked = ScheduleVersion(done, created)
+    assert Reconciler._unread(CHECKER, unmarked, start, end, skip_idle) is True  # type: ignore[arg-type]

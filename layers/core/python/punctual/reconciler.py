@@ -169,12 +169,13 @@ def _idle(version: ScheduleVersion, start: int, end: int, since: int) -> bool:
     it, so its occurrences are not read (the reconciler's largest cost: docs/capacity.md):
     its version has been in effect since ``since`` (no earlier version's fire trails into
     the window), it was planned under the zone rules in use (``rezone.stale``), no run now
-    was made for ``start`` or later (``ScheduleStore.manual_run``; a backfill's fires are
-    the rule's, in an hour read anyway), and its zone's offset does not change within a day of
-    the window (where a planner's mistake would put a fire the rules do not give: such a
-    stray stays UNEXPECTED). What this gives up (docs/operations.md): a stray at another
-    wrong hour is not reported there; the fire it should have been is still MISSING in its
-    own hour."""
+    was made for ``start`` or later and no re-plan left older rules' occurrences there
+    (``manual_through``: ``ScheduleStore.manual_run``, ``ScheduleStore.replanned``; a
+    backfill's fires are the rule's, in an hour read anyway), and its zone's offset does not
+    change within a day of the window (where a planner's mistake would put a fire the rules
+    do not give: such a stray stays UNEXPECTED). What this gives up (docs/operations.md): a
+    stray at another wrong hour is not reported there; the fire it should have been is
+    still MISSING in its own hour."""
     zone = version.schedule.zone_name
     return (
         version.effective_from <= since
@@ -550,7 +551,11 @@ class Reconciler:
             [current], start, end, horizon=self.horizon
         ):
             return False
-        return _dormant(current, since) or (skip_idle and _idle(current, start, end, since))
+        # (A run now made before the schedule completed is read, dormant or not.)
+        marked = current.manual_through is not None and current.manual_through >= start
+        if _dormant(current, since) and not marked:
+            return True
+        return skip_idle and _idle(current, start, end, since)
 
     def _schedule(self, current: ScheduleVersion, start: int, end: int) -> _ScheduleOutcome:
         schedule_id = current.schedule.schedule_id

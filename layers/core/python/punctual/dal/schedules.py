@@ -573,6 +573,16 @@ class ScheduleStore:
         else:
             before = "tzdata = :was"
             named["was"] = schedule.tzdata_version
+        marked = ""
+        if schedule.planned_until is not None:
+            # Occurrences made under the old rules stay where those put them (the receivable
+            # ones), up to the old cursor: hours the rules in use may give no fire of. The
+            # mark has the reconciler read them (reconciler._idle), as for a run now.
+            mark = max(schedule.planned_until, stored.manual_through or schedule.planned_until)
+            sets.append("manual_through = :mark")
+            named["mark"] = mark
+            # (and a run now that raised it since the read is not lowered: read again)
+            marked = " AND (attribute_not_exists(manual_through) OR manual_through <= :mark)"
         return {
             "Update": {
                 "TableName": self.table,
@@ -581,7 +591,7 @@ class ScheduleStore:
                 # Race: an API change (a new version, planned under the new rules already),
                 # the materializer's step (the cursor moved on from what was re-planned), or
                 # another re-plan of the same schedule since the read: read it again.
-                "ConditionExpression": f"version = :v AND {fenced} AND {before}{moved}",
+                "ConditionExpression": f"version = :v AND {fenced} AND {before}{moved}{marked}",
                 "ExpressionAttributeValues": values(**named),
             }
         }
