@@ -141,6 +141,15 @@ def _cursor_sets(cursor: Cursor, placed: int, shard: int) -> tuple[list[str], di
     )
 
 
+def _raised_mark(stored: StoredSchedule, through: int) -> tuple[int, str]:
+    """``manual_through`` raised to ``through`` (never lowered), and the condition that keeps
+    it so: a concurrent run now that raised the mark past this one since the read (a host
+    whose clock is ahead) must not be overwritten, which would hide that run's hour from the
+    reconciler; the writer reads again. The value is ``:mark``."""
+    mark = max(through, stored.manual_through or through)
+    return mark, "(attribute_not_exists(manual_through) OR manual_through <= :mark)"
+
+
 def homed_in(schedule: Schedule, region: str) -> bool:
     """The region's materializer and reconciler act on the schedule: its home, or a
     schedule written before homes were recorded (homed nowhere)."""
@@ -170,9 +179,10 @@ class StoredSchedule:
     shard: int
     due_bucket: str | None
     minute_load: dict[int, int]
-    # The latest instant a run now was made for (``ScheduleStore.manual_run``): the
-    # reconciler reads the occurrences of a schedule that owns no fire in an hour only when
-    # the hour is not after it. None: no run now since the item was last written whole.
+    # The latest instant a run now was made for, or a re-plan's old cursor
+    # (``ScheduleStore.manual_run``, ``replanned``): the reconciler reads the occurrences of
+    # a schedule that owns no fire in an hour only when the hour is not after it. None:
+    # neither since the item was last written whole.
     manual_through: int | None = None
 
 
@@ -578,11 +588,9 @@ class ScheduleStore:
             # Occurrences made under the old rules stay where those put them (the receivable
             # ones), up to the old cursor: hours the rules in use may give no fire of. The
             # mark has the reconciler read them (reconciler._idle), as for a run now.
-            mark = max(schedule.planned_until, stored.manual_through or schedule.planned_until)
+            named["mark"], raised = _raised_mark(stored, schedule.planned_until)
             sets.append("manual_through = :mark")
-            named["mark"] = mark
-            # (and a run now that raised it since the read is not lowered: read again)
-            marked = " AND (attribute_not_exists(manual_through) OR manual_through <= :mark)"
+            marked = f" AND {raised}"
         return {
             "Update": {
                 "TableName": self.table,
@@ -631,23 +639,15 @@ class ScheduleStore:
         no fire in an hour only when this mark is before the hour (``reconciler._idle``). A
         change that writes the item whole drops the mark: the reconciler then reads every
         hour near the change anyway (a new ``effective_from``)."""
-        schedule = stored.schedule
-        mark = max(through, stored.manual_through or through)
-        fenced, named = fence(schedule, schedule.home_region)
+        check = self.unchanged(stored.schedule, stepped_past=None)["ConditionCheck"]
+        mark, raised = _raised_mark(stored, through)
         return {
-            "Update": {
-                "TableName": self.table,
-                "Key": self.key(schedule.schedule_id),
-                "UpdateExpression": "SET manual_through = :m",
-                # Races: as ``unchanged``'s (an update, pause or cancel since the read; a
-                # take-over by another region); and a concurrent manual run that raised the
-                # mark past this one (a host whose clock is ahead): overwriting it would
-                # hide that run's hour from the reconciler, so this one reads again.
-                "ConditionExpression": (
-                    f"version = :v AND {fenced} AND "
-                    "(attribute_not_exists(manual_through) OR manual_through <= :m)"
-                ),
-                "ExpressionAttributeValues": values(v=schedule.version, m=mark, **named),
+            "Update": check
+            | {
+                "UpdateExpression": "SET manual_through = :mark",
+                # Races: ``unchanged``'s, and the mark's (``_raised_mark``).
+                "ConditionExpression": f"{check['ConditionExpression']} AND {raised}",
+                "ExpressionAttributeValues": check["ExpressionAttributeValues"] | values(mark=mark),
             }
         }
 

@@ -37,8 +37,8 @@ SHARD_INDEX_ATTRIBUTES = (
     "homed_since",
     # Time zone rules: the reconciler re-plans a schedule planned under an older release.
     "tzdata",
-    # The latest manual occurrence's instant: the reconciler skips the occurrence query of a
-    # schedule owning no fire in an hour only before it (written by run now and backfill).
+    # The latest run now's instant or re-plan's old cursor: the reconciler skips the
+    # occurrence query of a schedule owning no fire in an hour only after it.
     "manual_through",
 )
 
@@ -216,9 +216,8 @@ def _rebuild_changed_indexes(client: Any, spec: TableSpec, settings: Settings) -
     reader of an attribute added to the projection (the reconciler's ``manual_through``)
     would otherwise read it as absent, without an error."""
     name = spec.name(settings)
-    wanted = {
-        i["IndexName"]: i for i in spec.create_request(settings).get("GlobalSecondaryIndexes", [])
-    }
+    request = spec.create_request(settings)
+    wanted = {i["IndexName"]: i for i in request.get("GlobalSecondaryIndexes", [])}
     table = client.describe_table(TableName=name)["Table"]
     found = {i["IndexName"]: i for i in table.get("GlobalSecondaryIndexes", [])}
     for index_name, index in wanted.items():
@@ -232,7 +231,7 @@ def _rebuild_changed_indexes(client: Any, spec: TableSpec, settings: Settings) -
             _wait_for_index(client, name, index_name, present=False)
         client.update_table(
             TableName=name,
-            AttributeDefinitions=spec.create_request(settings)["AttributeDefinitions"],
+            AttributeDefinitions=request["AttributeDefinitions"],
             GlobalSecondaryIndexUpdates=[{"Create": index}],
         )
         _wait_for_index(client, name, index_name, present=True)
