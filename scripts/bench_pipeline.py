@@ -13,6 +13,7 @@ Run: ``make bench`` (options: ``BENCH_ARGS='--schedules 5000'``; ``--help``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import tempfile
@@ -29,7 +30,7 @@ from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
 from punctual.materializer import Materializer
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
-from punctual.services import Services, aws_client
+from punctual.services import Services, aws_client, tune_collector
 from punctual.settings import Settings
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import StackOptions, configure_environment
@@ -108,7 +109,16 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=20_000)
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--consumers", type=int, default=4, help="receive threads per queue")
+    parser.add_argument(
+        "--python-collector",
+        action="store_true",
+        help="keep Python's garbage collector thresholds (the functions tune them: "
+        "punctual.services.tune_collector), to compare",
+    )
     args = parser.parse_args()
+    if not args.python_collector:
+        tune_collector()
+    print(f"garbage collector thresholds: {gc.get_threshold()}")
 
     data = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
     engines = ensure_engines(data, in_memory=True)

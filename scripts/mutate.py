@@ -110,7 +110,7 @@ MODULES = {
             "backfill",
             "tz_rules",
         )
-        + _tests("unit", "runs", "responses"),
+        + _tests("unit", "runs", "responses", "page_tokens", "index_wait"),
     ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),
@@ -199,7 +199,8 @@ def settings(module: Module) -> str:
         f"only_mutate = {_toml(module.files)}",
         'also_copy = ["functions", "tests"]',
         f"pytest_add_cli_args_test_selection = {_toml([*module.tests, '-m', 'not slow'])}",
-        'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+        # A mutant's tests run fastest first (tests/mutation/fastest_first.py).
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "tests.mutation.fastest_first"]',
         # A log call's text and fields are for operators, not behaviour: not mutated.
         f"do_not_mutate_patterns = {_toml([LOG_CALL])}",
         "use_git_change_detection = false",

@@ -23,6 +23,7 @@ from tests.instants import iso
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (
     all_pages,
+    assert_error,
     create,
     cron,
     delete,
@@ -382,9 +383,10 @@ def test_versions_refuse_a_token_minted_for_another_schedule(alice: Api) -> None
     assert token
     # WHEN it is sent with another schedule's listing
     answer = alice.get(f"/v1/schedules/{second}/versions", next_token=token)
-    # THEN it is refused, naming the field
-    assert answer.status == 400
-    assert answer.body["error"]["fields"][0]["field"] == "next_token"
+    # THEN it is refused, naming the field and why
+    error = assert_error(answer, 400, "invalid_input")
+    assert error["message"] == "next_token is not valid"
+    assert error["fields"] == [{"field": "next_token", "reason": "not a token we issued"}]
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,14 @@ state (never UNEXPECTED)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from punctual.dal.common import to_dynamo
-from punctual.dal.tables import occurrence_key
+from punctual.dal.common import from_dynamo, to_dynamo
+from punctual.dal.tables import OCCURRENCES, TRIGGER_PREFIX, occurrence_key
 from punctual.ids import occurrence_parts, shard_of
 from punctual.message import parse_message
 from punctual.models import AttemptOutcome, Finding, OccurrenceState
@@ -20,6 +21,7 @@ from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual_client.worker import Outcome
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock, bootstrap
 from tests.integration.helpers import assert_error, create, cron, current_item, table_items
 from tests.integration.test_relay import messages, record
@@ -84,6 +86,31 @@ def test_trigger_with_one_idempotency_key_runs_once_and_another_key_runs_again(
     # ... and an empty key is a key like any other
     empty = [trigger(alice, sid, "").body for _ in range(2)]
     assert [e["replayed"] for e in empty] == [False, True]
+
+
+def test_trigger_retried_a_moment_later_on_a_lagging_replica_answers_with_its_run(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a control plane whose eventually consistent reads lag a minute
+    replica = FaultyDynamoDB(aws.dynamodb, Faults(FaultPlan(stale=1.0, stale_seconds=60), clock))
+    plane = ControlPlane(dataclasses.replace(aws, dynamodb=replica))
+    sid = create(alice, HOURLY)["schedule"]["schedule_id"]
+    first = plane.trigger("alice", sid, "retry-me")
+    # WHEN the same request comes again a second later (a client's retry after a timeout)
+    clock.advance(1)
+    again = plane.trigger("alice", sid, "retry-me")
+    # THEN it finds its run record and the run itself (strongly consistent reads: a stale
+    # one would find no record and be refused by the record's condition on every retry, or
+    # find the record and call its run expired) and answers with the same occurrence
+    assert again.replayed is True
+    assert again.occurrence == first.occurrence
+    assert manual_ids(alice, sid) == [first.occurrence.occurrence_id]
+    # ... where an eventually consistent read of its run would have found nothing
+    lagging = replica.get_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(first.occurrence.occurrence_id)),
+    )
+    assert "Item" not in lagging
 
 
 @pytest.mark.parametrize("action", ["pause", "cancel"])
@@ -181,6 +208,20 @@ def test_trigger_on_a_host_behind_counts_in_the_minute_a_host_ahead_opened(
     assert assert_error(third, 429, "quota_exceeded")["details"]["usage"] == 2
     tenant = aws.tenants.get("carol")
     assert (tenant.manual_minute, tenant.manual_runs) == (clock.now - clock.now % 60 + 60, 2)
+
+
+def test_a_run_now_record_expires_with_its_run(alice: Api, aws: Services):
+    # GIVEN a run now with an Idempotency-Key
+    sid = create(alice, HOURLY)["schedule"]["schedule_id"]
+    made = trigger(alice, sid, "k").body["occurrence"]["occurrence_id"]
+    # THEN its record carries the occurrences table's TTL attribute, at its run's expiry:
+    # TTL deletes the two together and the key is free again, not held forever
+    items = [from_dynamo(i) for i in table_items(aws, aws.settings.occurrences_table)]
+    (record_item,) = [i for i in items if i["sk"].startswith(TRIGGER_PREFIX)]
+    (run,) = [i for i in items if i["occurrence_id"] == made and i is not record_item]
+    assert OCCURRENCES.ttl_attribute == "expires_at"
+    assert record_item["occurrence_id"] == made
+    assert record_item["expires_at"] == run["expires_at"] > 0
 
 
 def test_trigger_with_the_key_of_an_expired_run_is_a_conflict_not_a_second_run(

@@ -17,7 +17,8 @@ from punctual import reconciler as reconciler_module
 from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
 from punctual.reconciler import Reconciler
-from punctual.rezone import replan
+from punctual.rezone import Replanned, replan
+from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.timing import ZoneSource, tzdata_version, use_zone_source
 from tests.instants import epoch
@@ -107,6 +108,29 @@ def test_the_reconciler_replans_a_schedule_whose_zone_rules_changed(
     [day] = Reconciler(aws).run([shard], at("16:00"), at("17:00"))
     assert day.missing == []
     assert day.unexpected == []
+
+
+def test_a_paused_schedule_is_replanned_to_the_new_release_without_a_cursor_to_move(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN the schedule planned under 2025b, then paused (nothing planned ahead to move)
+    sid, _ = daily_nine_in_vancouver(aws, clock)
+    ControlPlane(aws).pause("alice", sid)
+    before = current_item(aws, sid)
+    # WHEN the pinned release is deployed and the schedule re-planned
+    use_zone_source(None)
+    clock.now = at("16:58")
+    done = replan(aws, sid)
+    # THEN only the release is new: no occurrence made or canceled, the cursor as it was,
+    # and the reconciler's mark covers what the old rules planned
+    assert done == Replanned(sid, "2025b", NEW)
+    after = current_item(aws, sid)
+    assert after["tzdata"] == NEW
+    assert after["manual_through"] == before["planned_until"]
+    unchanged = {k: v for k, v in after.items() if k not in ("tzdata", "manual_through")}
+    assert unchanged == {k: v for k, v in before.items() if k not in ("tzdata", "manual_through")}
+    # AND it is not stale any more: a second re-plan does nothing
+    assert replan(aws, sid) is None
 
 
 def test_the_materializer_replans_a_stale_schedule_before_it_steps_it(

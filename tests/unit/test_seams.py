@@ -233,3 +233,24 @@ def test_the_functions_clients_skip_botocores_parameter_check(monkeypatch: pytes
     for client in (services.dynamodb, services.sqs):
         assert not isinstance(client._serializer, ParamValidationDecorator)
     assert isinstance(boto3.client("sqs")._serializer, ParamValidationDecorator)
+
+
+def test_a_functions_process_runs_the_collector_less_often(monkeypatch: pytest.MonkeyPatch):
+    # GIVEN a Lambda's environment and Python's own collector thresholds
+    import gc
+
+    from punctual.services import COLLECTOR_THRESHOLDS, Services
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    python = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        # WHEN a handler builds its services
+        Services.from_environment()
+        # THEN the collector is tuned for pages of thousands of items (a third of a step's
+        # CPU went to it: docs/decisions.md 2026-12-04), and still runs
+        assert gc.get_threshold() == COLLECTOR_THRESHOLDS
+        assert COLLECTOR_THRESHOLDS[0] > 700
+        assert gc.isenabled()
+    finally:
+        gc.set_threshold(*python)

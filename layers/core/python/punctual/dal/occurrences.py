@@ -70,8 +70,10 @@ def inserted_occurrence(record: dict[str, Any]) -> StoredOccurrence | None:
     run-now tag, a modification, a removal)."""
     if record.get("eventName") != "INSERT":
         return None
-    image = from_dynamo(record["dynamodb"].get("NewImage", {}))
-    if not str(image.get("sk", "")).startswith(OCCURRENCE_PREFIX):
+    # The table's stream carries NEW_IMAGE (dal.tables, infra/data.py): an insert always
+    # has its image, and an image its key.
+    image = from_dynamo(record["dynamodb"]["NewImage"])
+    if not image["sk"].startswith(OCCURRENCE_PREFIX):
         return None
     return stored_occurrence(image)
 

@@ -578,11 +578,9 @@ class ScheduleStore:
             moved = " AND planned_until = :old"
         else:
             moved = ""
-        if schedule.tzdata_version is None:
-            before = "attribute_not_exists(tzdata)"
-        else:
-            before = "tzdata = :was"
-            named["was"] = schedule.tzdata_version
+        # (only a schedule planned under a recorded release is re-planned: rezone.stale)
+        assert schedule.tzdata_version is not None
+        named["was"] = schedule.tzdata_version
         marked = ""
         if schedule.planned_until is not None:
             # Occurrences made under the old rules stay where those put them (the receivable
@@ -599,7 +597,9 @@ class ScheduleStore:
                 # Race: an API change (a new version, planned under the new rules already),
                 # the materializer's step (the cursor moved on from what was re-planned), or
                 # another re-plan of the same schedule since the read: read it again.
-                "ConditionExpression": f"version = :v AND {fenced} AND {before}{moved}{marked}",
+                "ConditionExpression": (
+                    f"version = :v AND {fenced} AND tzdata = :was{moved}{marked}"
+                ),
                 "ExpressionAttributeValues": values(**named),
             }
         }
