@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from punctual import reconciler as reconciler_module
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import SCHEDULE_CURRENT
 from punctual.errors import Retryable
 from punctual.ids import occurrence_id, shard_of
 from punctual.reconciler import Reconciler
@@ -131,6 +133,28 @@ def test_a_paused_schedule_is_replanned_to_the_new_release_without_a_cursor_to_m
     assert unchanged == {k: v for k, v in before.items() if k not in ("tzdata", "manual_through")}
     # AND it is not stale any more: a second re-plan does nothing
     assert replan(aws, sid) is None
+
+
+def test_a_schedule_with_no_cursor_at_all_is_replanned_to_the_new_release_with_no_mark(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN a paused schedule under 2025b that holds no cursor (as one completed by a change
+    # before anything was planned: nothing of it was ever made)
+    clock.now = at("15:40")
+    sid = make(aws, spec=cron_spec("0 9 * * *", "America/Vancouver"))
+    ControlPlane(aws).pause("alice", sid)
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo({"schedule_id": sid, "sk": SCHEDULE_CURRENT}),
+        UpdateExpression="REMOVE planned_until",
+    )
+    # WHEN the pinned release is deployed and the schedule re-planned
+    use_zone_source(None)
+    assert replan(aws, sid) == Replanned(sid, "2025b", NEW)
+    # THEN the release is recorded, and no mark: there is nothing old to reconcile
+    after = current_item(aws, sid)
+    assert after["tzdata"] == NEW
+    assert "manual_through" not in after
 
 
 def test_the_materializer_replans_a_stale_schedule_before_it_steps_it(
