@@ -13,7 +13,6 @@ Run: ``make bench`` (options: ``BENCH_ARGS='--schedules 5000'``; ``--help``).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import tempfile
@@ -21,6 +20,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
 from punctual.materializer import Materializer
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
-from punctual.services import Services, aws_client, tune_collector
+from punctual.services import COLLECTOR, Services, aws_client
 from punctual.settings import Settings
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import StackOptions, configure_environment
@@ -112,13 +112,10 @@ def main() -> None:
     parser.add_argument(
         "--python-collector",
         action="store_true",
-        help="keep Python's garbage collector thresholds (the functions tune them: "
-        "punctual.services.tune_collector), to compare",
+        help="materialize with Python's garbage collector thresholds (the materializer's "
+        "handler raises them: punctual.services.Collector), to compare",
     )
     args = parser.parse_args()
-    if not args.python_collector:
-        tune_collector()
-    print(f"garbage collector thresholds: {gc.get_threshold()}")
 
     data = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
     engines = ensure_engines(data, in_memory=True)
@@ -177,14 +174,14 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     # Materialize: one call per shard group, in parallel, as the Step Functions Map does.
     cpu, in_clients = time.process_time(), meter.client_cpu
     started = time.perf_counter()
+
+    def invocation(shards: list[int]) -> list[Any]:
+        # As the handler runs it: the collector tuned for the invocation, unless compared
+        with nullcontext() if args.python_collector else COLLECTOR.tuned():
+            return Materializer(services, "bench").run(int(time.time()), shards)
+
     with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-        reports = [
-            r
-            for part in pool.map(
-                lambda shards: Materializer(services, "bench").run(int(time.time()), shards), groups
-            )
-            for r in part
-        ]
+        reports = [r for part in pool.map(invocation, groups) for r in part]
     materialize_seconds = time.perf_counter() - started
     materialize_cpu = time.process_time() - cpu
     materialize_clients = meter.client_cpu - in_clients

@@ -22,7 +22,7 @@ from punctual.dal.common import from_dynamo
 from punctual.dal.tables import create_tables
 from punctual.materializer import Materializer
 from punctual.reconciler import Reconciler
-from punctual.services import Services, aws_client, tune_collector
+from punctual.services import Services, aws_client
 from punctual.settings import Settings
 from punctual_local.dynamodb import start
 from scripts.bench_materializer import item_size, seed
@@ -90,7 +90,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--schedules", type=int, default=2400)
     args = parser.parse_args()
-    tune_collector()  # as the functions run (punctual.services)
     engine = start()
     try:
         # As the Lambda's client is (punctual.services.aws_client).

@@ -14,7 +14,7 @@ from punctual.drain import walk_drain
 from punctual.ids import minute_of
 from punctual.materializer import Materializer
 from punctual.observability import logger, metrics
-from punctual.services import Wiring
+from punctual.services import COLLECTOR, Wiring
 from punctual.timing import to_epoch
 
 # Stop with this much time left (between transactions), so the lease is released and the
@@ -44,7 +44,10 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     )
     tick = to_epoch(request.tick)
     started = time.monotonic()
-    reports = materializer.run(tick, request.shards)
+    # Big pages, thousands of steps: the collector runs less often, then collects everything
+    # the invocation left (punctual.services.Collector)
+    with COLLECTOR.tuned():
+        reports = materializer.run(tick, request.shards)
     metrics.add_metric(
         name="MaterializeDuration",
         unit=MetricUnit.Milliseconds,

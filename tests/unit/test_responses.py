@@ -121,7 +121,7 @@ def _as_boto3_writes(item: dict[str, Any]) -> Any:
 _SCALARS = st.one_of(
     st.text(max_size=5),
     st.integers(min_value=-(10**40), max_value=10**40),
-    st.sampled_from([10**38 - 1, -(10**38) + 1, 10**38, 10**40, 0, True, False]),
+    st.sampled_from([10**38 - 1, -(10**38) + 1, 10**38, -(10**38), 10**40, 0, True, False]),
     st.floats(allow_nan=False, allow_infinity=False),
     st.booleans(),
     st.none(),

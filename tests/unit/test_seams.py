@@ -235,22 +235,30 @@ def test_the_functions_clients_skip_botocores_parameter_check(monkeypatch: pytes
     assert isinstance(boto3.client("sqs")._serializer, ParamValidationDecorator)
 
 
-def test_a_functions_process_runs_the_collector_less_often(monkeypatch: pytest.MonkeyPatch):
-    # GIVEN a Lambda's environment and Python's own collector thresholds
+def test_the_collector_runs_less_often_during_an_invocation_and_frees_its_cycles_after():
+    # GIVEN the process's collector thresholds, and a collector shared by two invocations
+    # (two threads of the local stack)
     import gc
+    import weakref
 
-    from punctual.services import COLLECTOR_THRESHOLDS, Services
+    from punctual.services import COLLECTOR_THRESHOLDS, Collector
 
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    python = gc.get_threshold()
-    gc.set_threshold(700, 10, 10)
-    try:
-        # WHEN a handler builds its services
-        Services.from_environment()
-        # THEN the collector is tuned for pages of thousands of items (a third of a step's
-        # CPU went to it: docs/decisions.md 2026-12-04), and still runs
+    class Page:  # (a cycle: what an exception's traceback holding a page makes)
+        pass
+
+    before = gc.get_threshold()
+    collector = Collector()
+    cycle = Page()
+    with collector.tuned():
+        # WHILE they run, the collector runs less often (and still runs)
         assert gc.get_threshold() == COLLECTOR_THRESHOLDS
-        assert COLLECTOR_THRESHOLDS[0] > 700
         assert gc.isenabled()
-    finally:
-        gc.set_threshold(*python)
+        with collector.tuned():
+            cycle.self = cycle  # type: ignore[attr-defined]
+            left = weakref.ref(cycle)
+            del cycle
+        # ... the other one still running keeps it so
+        assert gc.get_threshold() == COLLECTOR_THRESHOLDS
+    # THEN after the last, the thresholds are as before and the cycle is freed
+    assert gc.get_threshold() == before
+    assert left() is None

@@ -7,7 +7,8 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -22,19 +23,48 @@ from punctual.settings import Settings, get_settings
 Clock = Callable[[], float]
 T = TypeVar("T")
 
-# The cyclic garbage collector's thresholds in a function's process (Python's: 700, 10, 10).
-# A Query page of 1 MB decodes into some 50,000 dicts and lists that live while the page is
-# walked: at 700 the collector ran over them (and over botocore's service models) again and
-# again, a third of the materializer's CPU per step (0.43 -> 0.30 ms measured 2026-12-04 on
-# DynamoDB Local, 3,000 steps). Reference counting frees almost everything these processes
-# drop; only cycles wait longer for the collector, which still runs.
+# The cyclic garbage collector's thresholds while the materializer walks (Python's before
+# 3.13: 700, 10, 10; since: 2,000, 10, 10). A Query page of 1 MB decodes into some 50,000
+# dicts and lists that live while the page is walked: at 700 the collector ran over them
+# (and over botocore's service models) again and again, a third of a step's CPU (docs/
+# decisions.md, 2026-12-04).
 COLLECTOR_THRESHOLDS = (20_000, 50, 100)
 
 
-def tune_collector() -> None:
-    """Set a function process's garbage collector thresholds (``COLLECTOR_THRESHOLDS``): the
-    Lambda wiring does, and so do the benchmarks, to measure what Lambda runs."""
-    gc.set_threshold(*COLLECTOR_THRESHOLDS)
+class Collector:
+    """The process's garbage collector, run less often for the length of a materializer
+    invocation (``tuned``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._before = gc.get_threshold()
+
+    @contextmanager
+    def tuned(self) -> Iterator[None]:
+        """The collector at ``COLLECTOR_THRESHOLDS``, then as before, and a full collection:
+        a cycle made meanwhile (an exception's traceback holding a page) does not outlive
+        the invocation, however long its environment lives. Threads of one process (the
+        local stack) share it: the first in sets the thresholds, the last out restores
+        them and collects."""
+        with self._lock:
+            if self._users == 0:
+                self._before = gc.get_threshold()
+                gc.set_threshold(*COLLECTOR_THRESHOLDS)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                last = self._users == 0
+                if last:
+                    gc.set_threshold(*self._before)
+            if last:
+                gc.collect()
+
+
+COLLECTOR = Collector()
 
 
 def aws_client(service: str, *, checked: bool = False, **options: Any) -> Any:
@@ -67,9 +97,7 @@ class Services:
 
     @classmethod
     def from_environment(cls) -> Services:
-        """The Lambda wiring: clients from the standard AWS chain, settings from env, the
-        collector tuned for the process (``tune_collector``)."""
-        tune_collector()
+        """The Lambda wiring: clients from the standard AWS chain, settings from env."""
         return cls(
             dynamodb=aws_client("dynamodb"),
             sqs=aws_client("sqs"),
