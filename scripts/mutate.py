@@ -110,7 +110,7 @@ MODULES = {
             "backfill",
             "tz_rules",
         )
-        + _tests("unit", "runs", "responses", "page_tokens", "index_wait"),
+        + _tests("unit", "runs", "responses", "page_tokens", "index_wait", "reports"),
     ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),

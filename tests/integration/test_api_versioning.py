@@ -457,3 +457,18 @@ def test_invalidate_sees_an_occurrence_made_just_before_the_change(
         (made["occurrence_id"], OccurrenceState.CANCELED)
     ]
     assert _occurrence(alice, made["occurrence_id"])["state"] == "CANCELED"
+
+
+def test_versions_since_an_instant_start_at_the_version_in_effect_then(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a schedule changed at an instant
+    schedule_id = create(alice, cron(name="v1"))["schedule"]["schedule_id"]
+    clock.advance(60)
+    changed = int(clock.now)
+    assert patch(alice, schedule_id, {"name": "v2"}, 1).status == 200
+    # THEN the history since that instant starts at the new version (in effect from it);
+    # a second earlier, at the old one
+    since = aws.schedules.versions_since
+    assert [v.schedule.version for v in since(schedule_id, changed)] == [2]
+    assert [v.schedule.version for v in since(schedule_id, changed - 1)] == [1, 2]

@@ -3,11 +3,16 @@ one answer into the next request's query string."""
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 import re
 import string
 
+import pytest
+
 from punctual.dal.common import decode_token, encode_token
+from punctual.errors import InvalidInput
 
 
 def _key(rng: random.Random) -> dict[str, dict[str, str]]:
@@ -38,3 +43,39 @@ def test_no_key_is_no_token() -> None:
     assert encode_token({}) is None
     assert decode_token(None, expect={}, keys=frozenset()) is None
     assert decode_token("", expect={}, keys=frozenset()) is None
+
+
+def _token(key: dict[str, object]) -> str:
+    """A token as a client could forge it: any JSON, base64url without padding."""
+    raw = json.dumps(key).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("value", [1.5, None, True, ["OCC#1"], {"S": "OCC#1"}])
+def test_a_token_whose_key_holds_anything_but_text_or_a_whole_number_is_refused(
+    value: object,
+) -> None:
+    # (DynamoDB would refuse such a start key with a ValidationException: a 500)
+    with pytest.raises(InvalidInput):
+        decode_token(
+            _token({"schedule_id": "s", "n": value}),
+            expect={},
+            keys=frozenset({"schedule_id", "n"}),
+        )
+
+
+def test_a_token_at_either_end_of_the_querys_range_is_taken() -> None:
+    # The range is the query's own (BETWEEN lo AND hi): a start key at either end is valid
+    keys = frozenset({"schedule_id", "sk"})
+    within = ("OCC#0000000100", "OCC#0000000200")
+    for sk in within:
+        key = {"schedule_id": "s", "sk": sk}
+        assert decode_token(_token(key), expect={}, keys=keys, sk_within=within) == {
+            "schedule_id": {"S": "s"},
+            "sk": {"S": sk},
+        }
+    for sk in ("OCC#0000000099", "OCC#0000000201"):
+        with pytest.raises(InvalidInput):
+            decode_token(
+                _token({"schedule_id": "s", "sk": sk}), expect={}, keys=keys, sk_within=within
+            )
