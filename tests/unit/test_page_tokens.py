@@ -8,6 +8,7 @@ import json
 import random
 import re
 import string
+from collections.abc import Mapping
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_no_key_is_no_token() -> None:
     assert decode_token("", expect={}, keys=frozenset()) is None
 
 
-def _token(key: dict[str, object]) -> str:
+def _token(key: Mapping[str, object]) -> str:
     """A token as a client could forge it: any JSON, base64url without padding."""
     raw = json.dumps(key).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
