@@ -1075,6 +1075,48 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     assert alice.get("/v1/tenant").body["schedule_count"] == 0
 
 
+def test_reconciler_right_after_a_catch_up_on_a_lagging_replica_still_moves_a_stranded_cursor(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot whose due-index entry a catch-up walk passed without seeing it, the
+    # walk done half a minute before the reconciler runs, on a replica a minute behind
+    replica = dataclasses.replace(
+        aws,
+        dynamodb=FaultyDynamoDB(
+            aws.dynamodb, Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+        ),
+    )
+    at = int(clock.now) + 3600
+    sid = make(aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()})
+    number = shard(aws, sid)
+    Materializer(replica, "m").run_shard(int(clock.now), number)  # the walk behind its bucket
+    hidden = current(aws, sid)["due_bucket"]
+    key = to_dynamo({"schedule_id": sid, "sk": "CURRENT"})
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=key,
+        UpdateExpression="SET due_bucket = :elsewhere",
+        ExpressionAttributeValues={":elsewhere": {"S": "elsewhere"}},
+    )
+    reconcile_at = at - at % 3600 + 2 * 3600 + 60
+    clock.now = reconcile_at - 30
+    Materializer(replica, "m").run_shard(int(clock.now), number)  # catches up past it, unseen
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=key,
+        UpdateExpression="SET due_bucket = :b",
+        ExpressionAttributeValues={":b": {"S": hidden}},
+    )
+    # WHEN the reconciler checks the hour that holds its fire, through that replica
+    clock.now = reconcile_at
+    window = (at - at % 3600, at - at % 3600 + 3600)
+    [result] = Reconciler(replica).run([number], *window)
+    # THEN it reads where the walk stands now (strongly consistent: the watermark of a
+    # minute ago is behind the bucket, which it would not look in, and no later run looks
+    # at this hour's buckets again) and moves the schedule ahead of the walk
+    assert result.moved == [sid]
+
+
 # --- quota given back exactly once (issue 15, defect 8) -------------------------------------
 
 
