@@ -27,6 +27,7 @@ import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from botocore.exceptions import ClientError, ReadTimeoutError
@@ -295,11 +296,13 @@ class FaultyDynamoDB:
                 served.append(self._project(image, request))
         if partition is not None and "ExclusiveStartKey" not in request:
             horizon = self._faults.clock() - lag
+            in_range = _in_sort_range(request)
             for text, history in self._history.items():
                 if not text.startswith(table + "|") or text in seen:
                     continue
                 old = next((b for t, b in history if t > horizon), None)
-                if old is not None and old.get(partition[0]) == partition[1]:
+                in_partition = old is not None and old.get(partition[0]) == partition[1]
+                if in_partition and old is not None and in_range(old):
                     served.append(self._project(copy.deepcopy(old), request))
         return served
 
@@ -317,6 +320,46 @@ class FaultyDynamoDB:
 
 
 _EQUALITY = re.compile(r"^\s*(#?\w+)\s*=\s*(:\w+)")
+
+
+_BETWEEN = re.compile(r"\bAND\s+(#?\w+)\s+BETWEEN\s+(:\w+)\s+AND\s+(:\w+)", re.IGNORECASE)
+_BEGINS = re.compile(r"\bbegins_with\(\s*(#?\w+)\s*,\s*(:\w+)\s*\)", re.IGNORECASE)
+_COMPARED = re.compile(r"\bAND\s+(#?\w+)\s*(<=|>=|<|>|=)\s*(:\w+)", re.IGNORECASE)
+_ORDER: dict[str, Callable[[Any, Any], bool]] = {
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "=": lambda a, b: a == b,
+}
+
+
+def _scalar(typed: dict[str, Any]) -> Any:
+    return Decimal(typed["N"]) if "N" in typed else typed.get("S", typed.get("B"))
+
+
+def _in_sort_range(request: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+    """Whether an item meets the query's sort key condition (BETWEEN, begins_with or a
+    comparison; any item when there is none): what a lagging replica still applies to the
+    old images it serves."""
+    expression = request.get("KeyConditionExpression", "")
+    names = request.get("ExpressionAttributeNames", {})
+    typed = request.get("ExpressionAttributeValues", {})
+
+    def key(image: dict[str, Any], name: str) -> Any:
+        value = image.get(names.get(name, name))
+        return None if value is None else _scalar(value)
+
+    if found := _BETWEEN.search(expression):
+        name, low, high = found[1], _scalar(typed[found[2]]), _scalar(typed[found[3]])
+        return lambda image: (value := key(image, name)) is not None and low <= value <= high
+    if found := _BEGINS.search(expression):
+        name, prefix = found[1], _scalar(typed[found[2]])
+        return lambda image: str(key(image, name) or "").startswith(prefix)
+    if found := _COMPARED.search(expression):
+        name, order, bound = found[1], _ORDER[found[2]], _scalar(typed[found[3]])
+        return lambda image: (value := key(image, name)) is not None and order(value, bound)
+    return lambda image: True
 
 
 def _partition_of(request: dict[str, Any]) -> tuple[str, Any] | None:
