@@ -472,3 +472,21 @@ def test_versions_since_an_instant_start_at_the_version_in_effect_then(
     since = aws.schedules.versions_since
     assert [v.schedule.version for v in since(schedule_id, changed)] == [2]
     assert [v.schedule.version for v in since(schedule_id, changed - 1)] == [1, 2]
+
+
+def test_a_second_change_a_moment_after_the_first_on_a_lagging_replica_is_applied(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a control plane whose eventually consistent reads lag a minute
+    replica = FaultyDynamoDB(aws.dynamodb, Faults(FaultPlan(stale=1.0, stale_seconds=60), clock))
+    plane = ControlPlane(dataclasses.replace(aws, dynamodb=replica))
+    schedule_id = create(alice, cron(name="v1"))["schedule"]["schedule_id"]
+    clock.advance(120)
+    plane.update("alice", schedule_id, if_match=1, changes={"name": "v2"})
+    # WHEN the caller, answered with version 2, changes it again a second later
+    clock.advance(1)
+    saved = plane.update("alice", schedule_id, if_match=2, changes={"name": "v3"})
+    # THEN the change reads the schedule as committed (strongly consistent: a stale read
+    # would see version 1 and refuse If-Match 2) and is applied
+    assert (saved.schedule.version, saved.schedule.name) == (3, "v3")
+    assert plane.get("alice", schedule_id).version == 3

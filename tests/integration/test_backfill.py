@@ -235,6 +235,27 @@ def test_backfill_whose_commit_answer_was_lost_makes_nothing_twice_when_asked_ag
     assert {len(v) for t, v in occurrences(aws, sid).items() if t < at("10:30")} == {1}
 
 
+def test_backfill_asked_again_a_moment_later_on_a_lagging_replica_makes_nothing_twice(
+    alice: Api, aws: Services, clock: Clock
+):
+    from punctual.scheduling import ControlPlane
+
+    # GIVEN a backfill of [09:00, 10:30) made through a replica a minute behind
+    sid = running_since_0940(aws, clock, lost={at("10:15")})
+    clock.now = at("10:31")
+    replica = FaultyDynamoDB(aws.dynamodb, Faults(FaultPlan(stale=1.0, stale_seconds=60), clock))
+    plane = ControlPlane(dataclasses.replace(aws, dynamodb=replica))
+    first = plane.backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)
+    assert len(first.made) == 9
+    # WHEN the client asks again a second later
+    clock.advance(1)
+    again = plane.backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)
+    # THEN it finds them all (strongly consistent: a stale read would not see the nine just
+    # made) and makes nothing
+    assert (len(again.made), again.existing) == (0, 18)
+    assert {len(v) for t, v in occurrences(aws, sid).items() if t < at("10:30")} == {1}
+
+
 def test_backfill_is_refused_with_its_reason(alice: Api, bob: Api, aws: Services, clock: Clock):
     sid = create(alice, cron())["schedule"]["schedule_id"]
     # to not after from: 400 naming "to"

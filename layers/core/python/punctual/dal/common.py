@@ -256,20 +256,17 @@ def batch_get(
     keys: list[dict[str, Any]],
     *,
     consistent: bool = True,
-    attributes: Sequence[str] = (),
 ) -> list[Item]:
     """The items of ``keys`` (plain key dicts) in their order, skipping missing ones, 100 a
-    request; only ``attributes`` (plus the keys) when given. How a query on a narrow index
-    reads the rest of each item, and how a batch of known ids is checked in one call."""
+    request. How a query on a narrow index reads the rest of each item, and how a batch of
+    known ids is checked in one call."""
     found: dict[str, Item] = {}
-    part: dict[str, Any] = {"ConsistentRead": consistent}
-    if attributes and keys:
-        names = list(dict.fromkeys([*keys[0], *attributes]))
-        part["ProjectionExpression"] = ", ".join(f"#a{i}" for i in range(len(names)))
-        part["ExpressionAttributeNames"] = {f"#a{i}": name for i, name in enumerate(names)}
     for start in range(0, len(keys), 100):
         request: dict[str, Any] = {
-            table: {"Keys": [to_dynamo(k) for k in keys[start : start + 100]], **part}
+            table: {
+                "Keys": [to_dynamo(k) for k in keys[start : start + 100]],
+                "ConsistentRead": consistent,
+            }
         }
         while request:
             answer = client.batch_get_item(RequestItems=request)
@@ -281,4 +278,4 @@ def batch_get(
 
 
 def _key_text(item: Mapping[str, Any], like: Mapping[str, Any]) -> str:
-    return json.dumps([item[name] for name in like], default=str)
+    return json.dumps([item[name] for name in like])

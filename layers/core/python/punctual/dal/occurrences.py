@@ -60,7 +60,7 @@ def stored_occurrence(item: Item) -> StoredOccurrence:
     retry_at = item.get("retry_at")
     return StoredOccurrence(
         occurrence_from_item(item),
-        item.get("payload", {}),
+        item["payload"],  # (every occurrence item has one: {} when the schedule has none)
         int(retry_at) if retry_at is not None else None,
     )
 
