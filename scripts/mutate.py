@@ -110,7 +110,7 @@ MODULES = {
             "backfill",
             "tz_rules",
         )
-        + _tests("unit", "runs", "responses", "page_tokens", "index_wait", "reports"),
+        + _tests("unit", "runs", "responses", "page_tokens", "index_wait", "reports", "batch_get"),
     ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),
