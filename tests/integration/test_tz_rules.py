@@ -157,6 +157,29 @@ def test_a_schedule_with_no_cursor_at_all_is_replanned_to_the_new_release_with_n
     assert "manual_through" not in after
 
 
+def test_a_step_records_the_release_a_zoned_schedule_without_one_is_planned_under(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule in a zone whose item records no tzdata release (written before
+    # releases were recorded), and one in UTC
+    clock.now = at("15:40")
+    zoned = make(aws, spec=cron_spec("*/5 * * * *", "America/Vancouver"))
+    plain = make(aws, spec=cron_spec("*/5 * * * *"))
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo({"schedule_id": zoned, "sk": SCHEDULE_CURRENT}),
+        UpdateExpression="REMOVE tzdata",
+    )
+    before = current_item(aws, plain).get("tzdata")
+    # WHEN the materializer steps them
+    shards = sorted({shard_of(s, aws.settings.shard_count) for s in (zoned, plain)})
+    materialize_until(aws, clock, at("15:50"), shards, every=60)
+    # THEN the zoned one records the release it is now planned under (so a later change of
+    # the rules re-plans it), and the UTC one, which no release changes, is as it was
+    assert current_item(aws, zoned)["tzdata"] == NEW
+    assert current_item(aws, plain).get("tzdata") == before
+
+
 def test_the_materializer_replans_a_stale_schedule_before_it_steps_it(
     alice: Api, aws: Services, clock: Clock, old_rules: None
 ):
