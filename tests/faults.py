@@ -22,6 +22,7 @@ injected is counted by kind (``injected``) so a run can say what it survived.
 from __future__ import annotations
 
 import copy
+import operator
 import random
 import re
 from collections import Counter, deque
@@ -301,8 +302,7 @@ class FaultyDynamoDB:
                 if not text.startswith(table + "|") or text in seen:
                     continue
                 old = next((b for t, b in history if t > horizon), None)
-                in_partition = old is not None and old.get(partition[0]) == partition[1]
-                if in_partition and old is not None and in_range(old):
+                if old is not None and old.get(partition[0]) == partition[1] and in_range(old):
                     served.append(self._project(copy.deepcopy(old), request))
         return served
 
@@ -326,11 +326,11 @@ _BETWEEN = re.compile(r"\bAND\s+(#?\w+)\s+BETWEEN\s+(:\w+)\s+AND\s+(:\w+)", re.I
 _BEGINS = re.compile(r"\bbegins_with\(\s*(#?\w+)\s*,\s*(:\w+)\s*\)", re.IGNORECASE)
 _COMPARED = re.compile(r"\bAND\s+(#?\w+)\s*(<=|>=|<|>|=)\s*(:\w+)", re.IGNORECASE)
 _ORDER: dict[str, Callable[[Any, Any], bool]] = {
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "=": lambda a, b: a == b,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "=": operator.eq,
 }
 
 
