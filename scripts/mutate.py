@@ -110,7 +110,16 @@ MODULES = {
             "backfill",
             "tz_rules",
         )
-        + _tests("unit", "runs", "responses", "page_tokens", "index_wait", "reports", "batch_get"),
+        + _tests(
+            "unit",
+            "runs",
+            "responses",
+            "page_tokens",
+            "index_wait",
+            "reports",
+            "batch_get",
+            "occurrence_range",
+        ),
     ),
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),

@@ -1230,6 +1230,33 @@ def test_materializer_hands_a_release_over_whole_on_a_lagging_replica(
     assert _usage(alice) == made - 1
 
 
+def test_materializer_that_loses_its_lease_before_moving_the_watermark_stops_walking(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a walk over several buckets that stalls past its lease before moving the
+    # watermark over its first one, while m2 takes the shard over
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
+    clock.now = current(aws, sid)["next_run_at"] - 300
+    number = shard(aws, sid)
+
+    def taken_over(point: str) -> None:
+        if point == "before_watermark" and not taken_over.done:  # type: ignore[attr-defined]
+            taken_over.done = True  # type: ignore[attr-defined]
+            clock.advance(LEASE_SECONDS + 1)
+            taken = aws.leases.claim(number, "m2", now=int(clock.now), ttl=60, start_at=0)
+            assert taken is not None
+
+    taken_over.done = False  # type: ignore[attr-defined]
+    before = aws.leases.watermark(number)
+    # WHEN the stalled walk goes on
+    report = tick(aws, clock, sid, crash=taken_over)
+    # THEN its watermark move is refused: it says it lost the lease and walks no further
+    # bucket (m2's walk owns them), and the watermark is not its to move
+    assert report.lease_lost
+    assert report.buckets == 0
+    assert aws.leases.watermark(number) == before
+
+
 def test_materializer_that_loses_its_lease_before_the_hand_over_leaves_it_to_the_next(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -15,9 +15,7 @@ BOOTSTRAP_SECONDS = 3600  # a shard's first watermark is this far before its ope
 @dataclass(frozen=True, slots=True)
 class Lease:
     shard: int
-    holder: str
     fence: int  # grows by one with every claim: a later claim always has a larger token
-    expires_at: int
     watermark: int  # the first minute bucket not yet fully processed (epoch seconds)
     pending: frozenset[str] = frozenset()  # tenants whose released quota waits on this shard
 
@@ -72,14 +70,7 @@ class LeaseStore:
         except ConditionFailed:
             return None
         item = from_dynamo(answer["Attributes"])
-        return Lease(
-            shard,
-            holder,
-            item["fence"],
-            item["expires_at"],
-            item["watermark"],
-            frozenset(item.get(PENDING, ())),
-        )
+        return Lease(shard, item["fence"], item["watermark"], frozenset(item.get(PENDING, ())))
 
     def open(self, shard: int, *, now: int) -> None:
         """Give the shard a watermark if it has none, an hour before ``now``. A schedule is

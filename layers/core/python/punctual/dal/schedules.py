@@ -274,7 +274,7 @@ def missed_ranges_after(schedule: Schedule, missed: list[int]) -> list[MissedEpi
 
 
 def minute_load_of(item: Item) -> dict[int, int]:
-    return {int(m): int(n) for m, n in item.get("minute_load", {}).items()}
+    return {int(m): int(n) for m, n in item["minute_load"].items()}  # (every CURRENT item has one)
 
 
 # --- reads ----------------------------------------------------------------------------
