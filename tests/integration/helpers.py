@@ -120,6 +120,15 @@ def table_items(aws: Services, table: str) -> list[dict[str, Any]]:
     return [item for page in pages for item in page["Items"]]
 
 
+def occurrence_items(aws: Services, schedule_id: str) -> list[dict[str, Any]]:
+    """The schedule's occurrence items as stored (typed attribute values)."""
+    return [
+        item
+        for item in table_items(aws, aws.settings.occurrences_table)
+        if item["schedule_id"]["S"] == schedule_id and item["sk"]["S"].startswith("OCC#")
+    ]
+
+
 class CountedWrites:
     """The client, counting its transactions and the write units each write costs by
     DynamoDB's rules for items up to 1 KB: 2 per action of a transaction (a condition check

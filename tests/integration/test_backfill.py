@@ -22,9 +22,9 @@ from tests.integration.helpers import (
     create,
     cron,
     make,
+    occurrence_items,
     patch,
     set_occurrence_state,
-    table_items,
 )
 from tests.integration.test_reconciler import materialize_until, shards_of
 
@@ -48,9 +48,8 @@ def backfill(api: Api, sid: str, since: int, until: int, **extra: Any) -> Any:
 def occurrences(aws: Services, sid: str) -> dict[int, list[dict[str, Any]]]:
     """The schedule's occurrence items by instant."""
     found: dict[int, list[dict[str, Any]]] = {}
-    for item in table_items(aws, aws.settings.occurrences_table):
-        if item["schedule_id"]["S"] == sid and item["sk"]["S"].startswith("OCC#"):
-            found.setdefault(int(item["scheduled_for"]["N"]), []).append(item)
+    for item in occurrence_items(aws, sid):
+        found.setdefault(int(item["scheduled_for"]["N"]), []).append(item)
     return found
 
 

@@ -18,7 +18,15 @@ from punctual.reconciler import Reconciler
 from punctual.services import Services
 from tests.instants import iso
 from tests.integration.conftest import OPERATOR, Api, Clock, LambdaContextStub
-from tests.integration.helpers import create, cron_spec, make, rate, table_items, wire
+from tests.integration.helpers import (
+    create,
+    cron_spec,
+    make,
+    occurrence_items,
+    rate,
+    table_items,
+    wire,
+)
 
 
 def emitted(out: str) -> dict[str, float]:
@@ -108,15 +116,6 @@ def test_materializer_and_relay_handlers_carry_a_flexible_schedule_to_its_queue(
     metrics = emitted(capsys.readouterr().out)
     assert metrics["Relayed"] == len(items)
     assert "EnqueueLagFlexible" in metrics
-
-
-def occurrence_items(aws: Services, schedule_id: str) -> list[dict[str, Any]]:
-    """The schedule's occurrence items as stored (typed attribute values)."""
-    return [
-        item
-        for item in table_items(aws, aws.settings.occurrences_table)
-        if item["schedule_id"]["S"] == schedule_id and item["sk"]["S"].startswith("OCC#")
-    ]
 
 
 class Dwindling(LambdaContextStub):
