@@ -119,6 +119,8 @@ MODULES = {
             "reports",
             "batch_get",
             "occurrence_range",
+            "transactions",
+            "keys",
         ),
     ),
     "materializer": Module(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from punctual.services import Services
 from tests.instants import iso
 from tests.integration.conftest import ALICE, OPERATOR, START, Answer, Api, Clock, bootstrap
 from tests.integration.helpers import (
+    CountedWrites,
     assert_error,
     create,
     cron,
@@ -94,6 +96,30 @@ def test_quota_operator_lowering_the_limit_refuses_new_creates(aws: Services) ->
     error = assert_error(alice.post("/v1/schedules", cron()), 429, "quota_exceeded")
     assert error["details"] == {"quota": "max_schedules", "limit": 2, "usage": 3}
     assert len(_listed(alice)) == 3
+
+
+def test_quota_lowered_below_use_still_lets_the_tenant_change_what_it_has(
+    aws: Services,
+) -> None:
+    # GIVEN a tenant with three schedules, two of them firing at :00, whose quotas the
+    # operator then lowered below what it uses (two schedules, one strict fire a minute)
+    alice = bootstrap("alice", ALICE)
+    moved = create(alice, cron("0,30 * * * *"))["schedule"]["schedule_id"]
+    create(alice, cron(HOURLY))
+    create(alice, cron("15 * * * *"))
+    lowered = Api(OPERATOR).call(
+        "PUT",
+        "/v1/admin/tenants/alice/quotas",
+        {"max_schedules": 2, "max_strict_fires_per_minute": 1},
+    )
+    assert lowered.status == 200
+    # WHEN it moves one schedule's :30 fire to :45, keeping its :00 one
+    answer = patch(alice, moved, {"spec": cron("0,45 * * * *")["spec"]}, 1)
+    # THEN the change is admitted: it adds no schedule and grows only a minute within the
+    # quota; neither the count nor the full :00 (unchanged by it) is held against it
+    assert answer.status == 200, answer.body
+    tenant = alice.get("/v1/tenant").body
+    assert (tenant["schedule_count"], tenant["strict_fires_per_minute_peak"]) == (3, 2)
 
 
 # --- max_strict_fires_per_minute ------------------------------------------------------
@@ -352,3 +378,21 @@ def test_idempotency_a_timed_out_create_releases_its_key_when_the_invocation_end
     assert "in_progress_expiration" in record, record
     claim_ends = int(record["in_progress_expiration"]["N"]) / 1000
     assert claim_ends <= time.time() + 30
+
+
+def test_a_change_that_moves_no_usage_leaves_the_tenant_item_out_of_its_write(
+    aws: Services,
+) -> None:
+    # GIVEN a schedule, and a control plane counting what it writes
+    alice = bootstrap("alice", ALICE)
+    schedule_id = create(alice, cron(HOURLY))["schedule"]["schedule_id"]
+    counting = CountedWrites(aws.dynamodb)
+    plane = ControlPlane(dataclasses.replace(aws, dynamodb=counting))
+    # WHEN only its name changes
+    plane.update("alice", schedule_id, if_match=1, changes={"name": "renamed"})
+    # THEN its transaction does not touch the tenant's item: no write unit spent on it, and
+    # no conflict with the tenant's other changes at the same moment
+    tenants = aws.settings.tenants_table.rsplit("-", 1)[-1]
+    assert counting.transactions == 1
+    assert not [kind for kind in counting.units if kind.endswith(f" {tenants}")]
+    assert counting.units["Put schedules"] + counting.units["Update schedules"] > 0

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from punctual.errors import NotFound
+from punctual.errors import Conflict, NotFound
+from punctual.scheduling import ControlPlane
 from punctual.services import Services
-from punctual.tenancy import Quotas
-from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, bootstrap
+from punctual.tenancy import Quotas, Target, Tenant
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, Clock, bootstrap
 from tests.integration.helpers import assert_error, create, cron, delete, patch
 
 ACCOUNT = "111122223333"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/Role"
+WORKERS = f"arn:aws:iam::{ACCOUNT}:role/alice-workers"
 SESSION = f"arn:aws:sts::{ACCOUNT}:assumed-role/Role/session-x"
 MISSING_SCHEDULE = "sch_aaaaaaaaaaaaaaaaaaaaaaaa"
 MISSING_OCCURRENCE = "occ_aaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -382,3 +386,73 @@ def test_target_queues_grant_the_tenants_principals_only(alice: Api, bob: Api, a
     assert _policy_principals(aws, target["queue_url"]) == sorted([ALICE, worker_role])
     bobs = bob.get("/v1/targets").body["targets"][0]
     assert _policy_principals(aws, bobs["queue_url"]) == [BOB]
+
+
+def _lagging(aws: Services, clock: Clock) -> tuple[ControlPlane, Faults]:
+    """A control plane whose eventually consistent reads lag a minute behind."""
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    return ControlPlane(
+        dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    ), faults
+
+
+def test_a_principal_bound_just_after_a_target_is_made_is_granted_on_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a control plane on a lagging replica, and alice's target made a second ago
+    plane, _ = _lagging(aws, clock)
+    jobs = plane.create_target("alice", "jobs")
+    clock.advance(1)
+    # WHEN the operator binds her worker role
+    plane.bind_principal(WORKERS, "alice")
+    # THEN the new target's queues let it in, as the older one's do: neither the listing of
+    # her targets nor the read of her principals was served from before the change
+    for target in (jobs, aws.tenants.get_target("alice", "default")):
+        assert target is not None
+        assert _policy_principals(aws, target.queue_url) == sorted([ALICE, WORKERS])
+        assert _policy_principals(aws, target.dlq_url) == sorted([ALICE, WORKERS])
+
+
+def test_a_principal_bound_while_a_target_is_being_made_is_granted_on_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN alice's target being made: its queues granted to the principals read, and the
+    # operator binding her worker role before the target is stored (so the bind's listing
+    # of her targets does not hold it)
+    plane, faults = _lagging(aws, clock)
+
+    def bind_meanwhile(_: str, request: dict[str, Any]) -> None:
+        if request["Item"]["sk"]["S"] == "TARGET#jobs":
+            del faults.before["put_item"]
+            bound.append(plane.bind_principal(WORKERS, "alice"))
+
+    bound: list[Tenant] = []
+    faults.before["put_item"] = bind_meanwhile
+    # WHEN the target is made
+    jobs = plane.create_target("alice", "jobs")
+    # THEN its queues let the worker role in all the same
+    assert bound
+    assert _policy_principals(aws, jobs.queue_url) == sorted([ALICE, WORKERS])
+    assert _policy_principals(aws, jobs.dlq_url) == sorted([ALICE, WORKERS])
+
+
+def test_two_creates_of_one_target_racing_leave_the_first_and_answer_the_second_409(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two creates of the target "jobs", the second checking for it before the first
+    # stored it
+    plane, faults = _lagging(aws, clock)
+
+    def create_meanwhile(_: str, request: dict[str, Any]) -> None:
+        if request["Item"]["sk"]["S"] == "TARGET#jobs":
+            del faults.before["put_item"]  # (once: the first create stores its target)
+            first.append(plane.create_target("alice", "jobs"))
+
+    first: list[Target] = []
+    faults.before["put_item"] = create_meanwhile
+    # WHEN both store it
+    with pytest.raises(Conflict) as refused:
+        plane.create_target("alice", "jobs")
+    # THEN the later one is refused, naming the target, and the first one's stands
+    assert str(refused.value) == "target jobs already exists"
+    assert aws.tenants.get_target("alice", "jobs", consistent=True) == first[0]

@@ -1037,6 +1037,25 @@ def test_schedule_made_before_its_shard_was_ever_walked_fires_when_the_materiali
     assert fired[-1] >= clock.now - 900
 
 
+def test_a_late_opener_of_a_shard_leaves_its_walk_and_its_holder_as_they_stand(
+    aws: Services, clock: Clock
+):
+    # GIVEN a shard opened by one create, claimed by m1 and walked ten minutes on
+    now = int(clock.now)
+    aws.leases.open(5, now=now)
+    lease = aws.leases.claim(5, "m1", now=now, ttl=LEASE_SECONDS, start_at=0)
+    assert lease is not None
+    walked = lease.watermark + 600
+    assert aws.leases.advance(lease, walked, expires_at=now + LEASE_SECONDS)
+    # WHEN another create, which found the shard unopened a moment before, opens it now
+    aws.leases.open(5, now=now + 1)
+    # THEN the walk stands where m1 left it (not an hour back, re-walked), and m1 still
+    # holds the lease under its fence: m2 cannot claim it, m1 walks on
+    assert aws.leases.watermark(5) == walked
+    assert aws.leases.claim(5, "m2", now=now + 1, ttl=LEASE_SECONDS, start_at=0) is None
+    assert aws.leases.advance(lease, walked + 60, expires_at=now + LEASE_SECONDS)
+
+
 def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -837,7 +837,8 @@ class ControlPlane:
     def create_target(self, tenant_id: str, name: str) -> Target:
         if self.tenants.get_target(tenant_id, name, consistent=True):
             raise Conflict(f"target {name} already exists")
-        queues = self.queues.create(tenant_id, name, self.tenants.get(tenant_id).principals)
+        principals = self.tenants.get(tenant_id).principals
+        queues = self.queues.create(tenant_id, name, principals)
         target = Target(
             tenant_id=tenant_id,
             name=name,
@@ -848,6 +849,9 @@ class ControlPlane:
             created_at=datetime.fromtimestamp(self._now(), UTC),
         )
         self.tenants.put_target(target)
+        # Race: a principal bound since the read above, whose bind listed the tenant's targets
+        # before this one was stored, is granted here.
+        self._grant_until_settled(tenant_id, [queues], granted=principals)
         return target
 
     def bind_principal(self, principal_arn: str, tenant_id: str) -> Tenant:
@@ -861,14 +865,29 @@ class ControlPlane:
                 [{"field": "principal_arn", "reason": str(error)}],
             ) from None
         self.tenants.bind_principal(principal, tenant_id)
-        tenant = self.tenants.get(tenant_id)
-        for target in self.tenants.list_targets(tenant_id):
-            self.queues.grant(
-                TargetQueues(target.queue_url, target.queue_arn, target.dlq_url, target.dlq_arn),
-                tenant.principals,
-                tenant_id=tenant_id,
-            )
-        return tenant
+        # Consistent: a target made a moment ago must be granted the new principal too.
+        targets = self.tenants.list_targets(tenant_id, consistent=True)
+        return self._grant_until_settled(
+            tenant_id,
+            [TargetQueues(t.queue_url, t.queue_arn, t.dlq_url, t.dlq_arn) for t in targets],
+            granted=None,
+        )
+
+    def _grant_until_settled(
+        self, tenant_id: str, targets: list[TargetQueues], *, granted: list[str] | None
+    ) -> Tenant:
+        """Grant the tenant's principals on ``targets`` (``granted``: what they already
+        grant) until a read after the grant finds no other: a queue policy is replaced whole,
+        so of two binds at once the one granting last may know only its own principal; it
+        reads again and grants both. The tenant, as last read (consistently: a principal
+        bound a moment ago must be seen)."""
+        while True:
+            tenant = self.tenants.get(tenant_id)
+            if tenant.principals == granted:
+                return tenant
+            for queues in targets:
+                self.queues.grant(queues, tenant.principals, tenant_id=tenant_id)
+            granted = tenant.principals
 
     def create_tenant(self, tenant_id: str, quotas: Quotas) -> Tenant:
         tenant = Tenant(

@@ -86,7 +86,6 @@ class LeaseStore:
                             "pk": _shard_pk(shard),
                             "watermark": now - now % 60 - BOOTSTRAP_SECONDS,
                             "expires_at": 0,  # free: the first claim takes it
-                            "fence": 0,
                         }
                     ),
                     # Race: the materializer's first claim or another writer opened it

@@ -47,8 +47,8 @@ def tenant_from_item(item: Item) -> Tenant:
     return Tenant(
         tenant_id=item["tenant_id"],
         quotas=Quotas(**item["quotas"]),
-        schedule_count=item.get("schedule_count", 0),
-        minute_load=[item.get(_minute_attr(m), 0) for m in MINUTES],
+        schedule_count=item["schedule_count"],  # (tenant_to_item writes every usage attribute)
+        minute_load=[item[_minute_attr(m)] for m in MINUTES],
         created_at=datetime.fromisoformat(item["created_at"]),
         principals=sorted(item.get("principals", ())),
         manual_minute=item.get("manual_minute", 0),
@@ -124,7 +124,6 @@ class TenantStore:
                         {
                             "pk": f"P#{principal_arn}",
                             "sk": PRINCIPAL_SK,
-                            "principal_arn": principal_arn,
                             "tenant_id": tenant_id,
                         }
                     ),
@@ -185,9 +184,11 @@ class TenantStore:
         ).get("Item")
         return target_from_item(from_dynamo(found)) if found else None
 
-    def list_targets(self, tenant_id: str) -> list[Target]:
+    def list_targets(self, tenant_id: str, *, consistent: bool = False) -> list[Target]:
+        """Eventually consistent unless asked (a target made a moment ago may be missing)."""
         pages = self._client.get_paginator("query").paginate(
             TableName=self.table,
+            ConsistentRead=consistent,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
             ExpressionAttributeValues=values(pk=f"T#{tenant_id}", prefix="TARGET#"),
         )
