@@ -215,6 +215,9 @@ def settings(module: Module) -> str:
         # A log call's text and fields are for operators, not behaviour: not mutated.
         f"do_not_mutate_patterns = {_toml([LOG_CALL])}",
         "use_git_change_detection = false",
+        # A mutant that loops forever is killed after six times its tests' CPU time on the
+        # clean code (mutmut's default, thirty times, let one hold a worker for half an hour).
+        "timeout_multiplier = 3.0",
         "",
     ]
     return "\n".join(lines)

@@ -701,6 +701,58 @@ def test_materializer_reports_the_schedules_of_every_bucket_it_walked(
     assert report.schedules == report.completed == len(ids)
 
 
+class TransactionSizes:
+    """The client, noting how many actions each TransactWriteItems holds."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def transact_write_items(self, **request: Any) -> Any:
+        self.sizes.append(len(request["TransactItems"]))
+        return self._client.transact_write_items(**request)
+
+
+@pytest.mark.parametrize("limit", [5, 6, 7, 8])
+def test_materializer_counts_the_fence_and_every_tenants_tally_within_the_action_limit(
+    alice: Api, bob: Api, aws: Services, clock: Clock, limit: int
+):
+    # GIVEN one-shots of two tenants due in one minute of one shard an hour ahead (made for
+    # each in turn until one shard has two of each): each completion gives its tenant's
+    # quota back through a tally, one per tenant a transaction, besides the fence
+    at = int(clock.now) // 60 * 60 + 3600
+    by_shard: dict[int, dict[str, list[str]]] = {}
+    while not any(min(len(v) for v in t.values()) >= 2 for t in by_shard.values() if len(t) == 2):
+        tenant = ("alice", "bob")[sum(len(v) for t in by_shard.values() for v in t.values()) % 2]
+        sid = make(aws, tenant, spec={"kind": "at", "at": utc_text(at)})
+        by_shard.setdefault(shard(aws, sid), {}).setdefault(tenant, []).append(sid)
+    number = next(n for n, t in by_shard.items() if len(t) == 2 and min(map(len, t.values())) >= 2)
+    ids = [sid for group in by_shard[number].values() for sid in group]
+    before = {
+        t: api.get("/v1/tenant").body["schedule_count"]
+        for t, api in (("alice", alice), ("bob", bob))
+    }
+    # WHEN one walk completes them, DynamoDB's limit on a transaction's actions (100) here
+    # ``limit``
+    sizes = TransactionSizes(aws.dynamodb)
+    clock.now = at - 60
+    report = Materializer(
+        dataclasses.replace(aws, dynamodb=sizes), "m1", max_actions=limit
+    ).run_shard(int(clock.now), number)
+    # THEN no transaction holds more actions than the limit, and every one-shot fired once,
+    # completed, and gave its tenant's slot back
+    assert sizes.sizes
+    assert max(sizes.sizes) <= limit
+    assert report.completed == len(ids)
+    assert all(instants(aws, sid) == [at] for sid in ids)
+    for tenant, api in (("alice", alice), ("bob", bob)):
+        completed = len(by_shard[number][tenant])
+        assert api.get("/v1/tenant").body["schedule_count"] == before[tenant] - completed
+
+
 def test_materializer_goes_on_from_a_cursor_written_before_planned_until_existed(
     alice: Api, aws: Services, clock: Clock
 ):
