@@ -456,3 +456,35 @@ def test_two_creates_of_one_target_racing_leave_the_first_and_answer_the_second_
     # THEN the later one is refused, naming the target, and the first one's stands
     assert str(refused.value) == "target jobs already exists"
     assert aws.tenants.get_target("alice", "jobs", consistent=True) == first[0]
+
+
+def test_two_principals_bound_at_once_are_both_granted(alice: Api, aws: Services):
+    # GIVEN two binds to alice at once: the second one stores its principal and grants
+    # both just after the first one read her principals (its own only) and before it
+    # replaced her queues' policies with them
+    others = ControlPlane(aws)
+
+    class BindSecondMeanwhile:
+        def __init__(self, sqs: Any) -> None:
+            self._sqs, self.done = sqs, False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._sqs, name)
+
+        def set_queue_attributes(self, **request: Any) -> Any:
+            if not self.done:
+                self.done = True
+                others.bind_principal(WORKERS, "alice")
+            return self._sqs.set_queue_attributes(**request)
+
+    interleaved = BindSecondMeanwhile(aws.sqs)
+    plane = ControlPlane(dataclasses.replace(aws, sqs=interleaved))
+    # WHEN the first bind finishes
+    plane.bind_principal(ROLE, "alice")
+    # THEN her queues let all three principals in: the first bind read again after its grant
+    # and granted what it had not seen
+    assert interleaved.done
+    target = aws.tenants.get_target("alice", "default")
+    assert target is not None
+    for url in (target.queue_url, target.dlq_url):
+        assert _policy_principals(aws, url) == sorted([ALICE, ROLE, WORKERS])
