@@ -126,7 +126,7 @@ MODULES = {
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),
         ("punctual.materializer.", "punctual.planning."),
-        _tests("integration", "materializer", "handlers", "tz_rules"),
+        _tests("integration", "materializer", "handlers", "tz_rules") + _tests("unit", "planning"),
     ),
     "relay": Module(
         ("punctual/relay.py", "punctual/redrive.py", "punctual/message.py"),

@@ -731,8 +731,9 @@ def test_materializer_counts_the_fence_and_every_tenants_tally_within_the_action
         by_shard.setdefault(shard(aws, sid), {}).setdefault(tenant, []).append(sid)
     number = next(n for n, t in by_shard.items() if len(t) == 2 and min(map(len, t.values())) >= 2)
     ids = [sid for group in by_shard[number].values() for sid in group]
+    usage = ("schedule_count", "strict_fires_per_minute_peak")  # (all fire in one minute)
     before = {
-        t: api.get("/v1/tenant").body["schedule_count"]
+        t: [api.get("/v1/tenant").body[u] for u in usage]
         for t, api in (("alice", alice), ("bob", bob))
     }
     # WHEN one walk completes them, DynamoDB's limit on a transaction's actions (100) here
@@ -743,14 +744,15 @@ def test_materializer_counts_the_fence_and_every_tenants_tally_within_the_action
         dataclasses.replace(aws, dynamodb=sizes), "m1", max_actions=limit
     ).run_shard(int(clock.now), number)
     # THEN no transaction holds more actions than the limit, and every one-shot fired once,
-    # completed, and gave its tenant's slot back
+    # completed, and gave its tenant's slot and its minute's strict fire back
     assert sizes.sizes
     assert max(sizes.sizes) <= limit
     assert report.completed == len(ids)
     assert all(instants(aws, sid) == [at] for sid in ids)
     for tenant, api in (("alice", alice), ("bob", bob)):
         completed = len(by_shard[number][tenant])
-        assert api.get("/v1/tenant").body["schedule_count"] == before[tenant] - completed
+        after = [api.get("/v1/tenant").body[u] for u in usage]
+        assert after == [n - completed for n in before[tenant]]
 
 
 def test_materializer_goes_on_from_a_cursor_written_before_planned_until_existed(
