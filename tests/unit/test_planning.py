@@ -9,15 +9,16 @@ from typing import Any
 import pytest
 
 from punctual.models import Schedule
-from punctual.planning import Cursor, cursor_after, new_occurrence, plan
+from punctual.planning import MAX_CATCHUP_SPREAD, Cursor, cursor_after, new_occurrence, plan
 
 CREATED = datetime(2026, 1, 1, 10, 7, 30, tzinfo=UTC)
 START = int(CREATED.timestamp())
 
 
-def _schedule(expression: str, window: int = 0) -> Schedule:
+def _schedule(expression: str, window: int = 0, **extra: Any) -> Schedule:
     return Schedule.model_validate(
-        {
+        extra
+        | {
             "spec": {"kind": "rate", "expression": expression},
             "target": "default",
             "flexible_window_seconds": window,
@@ -78,3 +79,27 @@ def test_the_cursor_names_the_first_unhandled_fire_and_the_soonest_available():
         assert cursor_after(schedule, planned_until) == Cursor(
             planned_until, min(unhandled), min(unhandled.values())
         ), planned_until
+
+
+def test_a_large_catch_up_is_paced_in_whole_seconds_within_the_spread():
+    # GIVEN a minutely schedule catching up its 50 latest misfires after an hour down, its
+    # tenant's pace a minute apart (50 minutes: past SQS's 15-minute delay limit)
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 50}
+    schedule = _schedule("rate(1 minute)", misfire=misfire)
+    now = START + 3600
+    # WHEN it is planned
+    step = plan(
+        schedule,
+        planned_until=None,
+        until=now,
+        now=now,
+        retention_seconds=86400,
+        limit=1000,
+        catchup_pace=60,
+    )
+    # THEN the 50 are released from now at one pace, compressed to fit the spread, each at
+    # a whole second
+    late = sorted(o.available_at - now for o in step.occurrences if o.scheduled_for < now - 60)
+    pace = MAX_CATCHUP_SPREAD // 49
+    assert late == [i * pace for i in range(50)]
+    assert all(isinstance(o.available_at, int) for o in step.occurrences)
