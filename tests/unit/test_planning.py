@@ -17,8 +17,7 @@ START = int(CREATED.timestamp())
 
 def _schedule(expression: str, window: int = 0, **extra: Any) -> Schedule:
     return Schedule.model_validate(
-        extra
-        | {
+        {
             "spec": {"kind": "rate", "expression": expression},
             "target": "default",
             "flexible_window_seconds": window,
@@ -28,7 +27,20 @@ def _schedule(expression: str, window: int = 0, **extra: Any) -> Schedule:
             "created_at": CREATED,
             "updated_at": CREATED,
         }
+        | extra
     )
+
+
+def _minutely(window: int, *, tied: bool) -> Schedule:
+    """A minutely schedule at :30 past, jittered over ``window`` seconds, two of whose fires
+    in its first hour become available at one second, or none (found by trying ids: about
+    one in two jittered over five minutes has such a tie)."""
+    for n in range(1000):
+        schedule = _schedule("rate(1 minute)", window, schedule_id=f"sch_planning{n}")
+        seconds = _available(schedule, range(START, START + 3601, 60)).values()
+        if (len(set(seconds)) < len(seconds)) == tied:
+            return schedule
+    raise AssertionError("no such id")
 
 
 def _available(schedule: Schedule, fires: range) -> dict[int, int]:
@@ -42,28 +54,72 @@ def _step(schedule: Schedule, planned_until: int | None, until: int, **kw: Any) 
     )
 
 
+def _walk(schedule: Schedule, until: int, limit: int) -> list[list[int]]:
+    """The fires of each step up to ``until``, each going on from the cursor the last left."""
+    steps: list[list[int]] = []
+    handled = None
+    while handled is None or handled < until:
+        step = _step(schedule, handled, until, limit=limit)
+        steps.append([o.scheduled_for for o in step.occurrences])
+        handled = step.cursor.planned_until
+        assert len(steps) < 1000
+    return steps
+
+
+def _made_once(schedule: Schedule, until: int, steps: list[list[int]]) -> None:
+    """Every fire available by ``until`` made, none twice."""
+    made = [f for step in steps for f in step]
+    available = _available(schedule, range(START, until + 1, 60))
+    assert sorted(made) == sorted(f for f, a in available.items() if a <= until)
+    assert len(made) == len(set(made))
+
+
 @pytest.mark.parametrize("window", [0, 300])
 def test_a_step_cut_by_its_limit_goes_on_from_its_cursor_with_no_fire_twice_or_missed(
     window: int,
 ):
     # GIVEN a rate schedule firing every minute at :30 past, strict or jittered over five
-    # minutes, planned an hour ahead at most three fires a step (so a cut step's cursor
-    # stops on a fire's own available second, and a jittered fire before it is read again)
-    schedule = _schedule("rate(1 minute)", window)
-    until = START + 3600
+    # minutes (its fires' seconds all distinct), planned an hour ahead at most three fires
+    # a step: a cut step's cursor stops on a fire's own available second, and a jittered
+    # fire before it is read again
+    schedule = _minutely(window, tied=False)
     # WHEN each step goes on from the cursor the last one left
-    made: list[int] = []
-    handled = None
-    for _ in range(100):
-        step = _step(schedule, handled, until, limit=3)
-        made += [o.scheduled_for for o in step.occurrences]
-        handled = step.cursor.planned_until
-        if handled >= until:
-            break
-    # THEN every fire available by the horizon is made exactly once
-    available = _available(schedule, range(START, until + 1, 60))
-    assert sorted(made) == sorted(f for f, a in available.items() if a <= until)
-    assert len(made) == len(set(made))
+    steps = _walk(schedule, START + 3600, limit=3)
+    # THEN every fire available by the horizon is made exactly once, each step full but
+    # the last
+    _made_once(schedule, START + 3600, steps)
+    assert all(len(step) == 3 for step in steps[:-1])
+
+
+@pytest.mark.parametrize("limit", range(1, 9))
+def test_a_step_never_splits_fires_available_at_the_same_second(limit: int):
+    # GIVEN a jittered minutely schedule two of whose fires become available at one second
+    # (a cursor between them could not tell them apart: the second would be lost)
+    schedule = _minutely(300, tied=True)
+    # WHEN it is planned an hour ahead in steps of at most ``limit`` fires
+    steps = _walk(schedule, START + 3600, limit)
+    # THEN every fire is made exactly once; a step holds more than its limit only when all
+    # its fires share one second (a tie that cannot be split)
+    _made_once(schedule, START + 3600, steps)
+    available = _available(schedule, range(START, START + 3601, 60))
+    for step in steps:
+        assert len(step) <= limit or len({available[f] for f in step}) == 1, step
+
+
+def test_a_step_whose_fires_all_share_one_second_takes_them_all():
+    # GIVEN a jittered schedule two of whose fires become available at one second, planned
+    # from the second before it up to it, one fire a step
+    schedule = _minutely(300, tied=True)
+    available = _available(schedule, range(START, START + 3601, 60))
+    tie = next(a for a in available.values() if list(available.values()).count(a) > 1)
+    # WHEN the step is planned
+    step = _step(schedule, tie - 1, tie, limit=1)
+    # THEN both are made (a cursor between them could not tell them apart), and the step
+    # reaches its horizon
+    assert sorted(o.scheduled_for for o in step.occurrences) == sorted(
+        f for f, a in available.items() if a == tie
+    )
+    assert step.cursor.planned_until == tie
 
 
 def test_the_cursor_names_the_first_unhandled_fire_and_the_soonest_available():
@@ -82,9 +138,9 @@ def test_the_cursor_names_the_first_unhandled_fire_and_the_soonest_available():
 
 
 def test_a_large_catch_up_is_paced_in_whole_seconds_within_the_spread():
-    # GIVEN a minutely schedule catching up its 50 latest misfires after an hour down, its
-    # tenant's pace a minute apart (50 minutes: past SQS's 15-minute delay limit)
-    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 50}
+    # GIVEN a minutely schedule catching up its 30 latest misfires after an hour down, its
+    # tenant's pace a minute apart (30 minutes: past SQS's 15-minute delay limit)
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 60, "catchup_limit": 30}
     schedule = _schedule("rate(1 minute)", misfire=misfire)
     now = START + 3600
     # WHEN it is planned
@@ -97,9 +153,9 @@ def test_a_large_catch_up_is_paced_in_whole_seconds_within_the_spread():
         limit=1000,
         catchup_pace=60,
     )
-    # THEN the 50 are released from now at one pace, compressed to fit the spread, each at
+    # THEN the 30 are released from now at one pace, compressed to fit the spread, each at
     # a whole second
     late = sorted(o.available_at - now for o in step.occurrences if o.scheduled_for < now - 60)
-    pace = MAX_CATCHUP_SPREAD // 49
-    assert late == [i * pace for i in range(50)]
+    pace = MAX_CATCHUP_SPREAD // 29
+    assert late == [i * pace for i in range(30)]
     assert all(isinstance(o.available_at, int) for o in step.occurrences)

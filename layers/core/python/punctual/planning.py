@@ -151,7 +151,10 @@ def plan(
         while cut > 0 and chosen[cut].available_at == chosen[cut - 1].available_at:
             cut -= 1
         if cut == 0:
-            cut = next(i for i, f in enumerate(chosen) if f.available_at > chosen[0].available_at)
+            # The first second's fires alone pass the limit: they go together (all of them,
+            # when every fire left shares it).
+            first = chosen[0].available_at
+            cut = next((i for i, f in enumerate(chosen) if f.available_at > first), len(chosen))
         chosen, reached = chosen[:cut], chosen[cut - 1].available_at
     else:
         reached = until
