@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from punctual.errors import Conflict, NotFound
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
-from punctual.tenancy import Quotas, Target, Tenant
+from punctual.tenancy import Quotas
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, Clock, bootstrap
 from tests.integration.helpers import assert_error, create, cron, delete, patch
@@ -396,6 +397,19 @@ def _lagging(aws: Services, clock: Clock) -> tuple[ControlPlane, Faults]:
     ), faults
 
 
+def _before_jobs_is_stored(faults: Faults, action: Callable[[], Any]) -> list[Any]:
+    """Run ``action`` once, just before the target "jobs" is stored; what it returned."""
+    done: list[Any] = []
+
+    def hook(_: str, request: dict[str, Any]) -> None:
+        if request["Item"]["sk"]["S"] == "TARGET#jobs":
+            del faults.before["put_item"]  # (once: the action may store one itself)
+            done.append(action())
+
+    faults.before["put_item"] = hook
+    return done
+
+
 def test_a_principal_bound_just_after_a_target_is_made_is_granted_on_it(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -420,14 +434,7 @@ def test_a_principal_bound_while_a_target_is_being_made_is_granted_on_it(
     # operator binding her worker role before the target is stored (so the bind's listing
     # of her targets does not hold it)
     plane, faults = _lagging(aws, clock)
-
-    def bind_meanwhile(_: str, request: dict[str, Any]) -> None:
-        if request["Item"]["sk"]["S"] == "TARGET#jobs":
-            del faults.before["put_item"]
-            bound.append(plane.bind_principal(WORKERS, "alice"))
-
-    bound: list[Tenant] = []
-    faults.before["put_item"] = bind_meanwhile
+    bound = _before_jobs_is_stored(faults, lambda: plane.bind_principal(WORKERS, "alice"))
     # WHEN the target is made
     jobs = plane.create_target("alice", "jobs")
     # THEN its queues let the worker role in all the same
@@ -442,14 +449,7 @@ def test_two_creates_of_one_target_racing_leave_the_first_and_answer_the_second_
     # GIVEN two creates of the target "jobs", the second checking for it before the first
     # stored it
     plane, faults = _lagging(aws, clock)
-
-    def create_meanwhile(_: str, request: dict[str, Any]) -> None:
-        if request["Item"]["sk"]["S"] == "TARGET#jobs":
-            del faults.before["put_item"]  # (once: the first create stores its target)
-            first.append(plane.create_target("alice", "jobs"))
-
-    first: list[Target] = []
-    faults.before["put_item"] = create_meanwhile
+    first = _before_jobs_is_stored(faults, lambda: plane.create_target("alice", "jobs"))
     # WHEN both store it
     with pytest.raises(Conflict) as refused:
         plane.create_target("alice", "jobs")
