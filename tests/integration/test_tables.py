@@ -54,10 +54,14 @@ def test_create_tables_refuses_an_occurrences_table_with_the_old_keys(aws: Servi
             {"AttributeName": "sk", "KeyType": "RANGE"},
         ],
     )
-    # WHEN create_tables runs; THEN it stops with one clear reason instead of failing on the
-    # first occurrence write
-    with pytest.raises(SchemaMismatch, match=r"has keys \(occurrence_id, sk\).*needs "):
+    # WHEN create_tables runs; THEN it stops with one clear reason and what to do, instead of
+    # failing on the first occurrence write
+    with pytest.raises(SchemaMismatch) as refused:
         create_tables(aws.dynamodb, aws.settings)
+    assert str(refused.value).startswith(f"table {name} has keys (occurrence_id, sk), this")
+    assert str(refused.value).endswith(
+        "made by an older Punctual; start on a new data folder (or delete the old one)"
+    )
 
 
 def test_create_tables_rebuilds_an_index_an_older_version_projected_otherwise(
