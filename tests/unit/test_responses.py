@@ -86,6 +86,36 @@ def test_another_protocol_is_parsed_by_botocore() -> None:
     assert type(ValuesAsSent().create_parser("query")) is type(create_parser("query"))
 
 
+def test_dynamodbs_protocol_gets_the_parser_that_hands_values_on_as_sent() -> None:
+    assert type(ValuesAsSent().create_parser("json")) is not type(create_parser("json"))
+
+
+def test_an_attribute_value_in_any_response_is_a_maps_value() -> None:
+    # (what the parser takes over: every other place would be left to botocore's walk)
+    parents: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+
+    def walk(shape: Any, parent: str) -> None:
+        if shape.name == "AttributeValue":
+            parents.add(parent)
+        elif (shape.name, parent) not in seen:
+            seen.add((shape.name, parent))
+            members: list[Any] = []
+            if shape.type_name == "structure":
+                members = list(shape.members.values())
+            elif shape.type_name == "list":
+                members = [shape.member]
+            elif shape.type_name == "map":
+                members = [shape.value]
+            for member in members:
+                walk(member, shape.type_name)
+
+    outputs = [_MODEL.operation_model(op).output_shape for op in _MODEL.operation_names]
+    for shape in [s for s in outputs if s is not None] + list(_MODEL.error_shapes):
+        walk(shape, "response")
+    assert parents == {"map"}
+
+
 def test_from_dynamo_reads_every_kind_of_value_as_the_type_deserializer_does() -> None:
     wire = parsed("GetItem", {"Item": ITEM}, fast=True)["Item"]
     slow = {k: _native(TypeDeserializer().deserialize(v)) for k, v in wire.items()}

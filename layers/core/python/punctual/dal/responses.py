@@ -20,11 +20,8 @@ ATTRIBUTE_VALUE = "AttributeValue"  # the shape of one value in DynamoDB's servi
 
 
 class _ValuesAsSent(JSONParser):  # type: ignore[misc]  # (botocore has no types)
-    def _handle_structure(self, shape: Any, value: Any) -> Any:
-        if shape.name == ATTRIBUTE_VALUE and value is not None:
-            return self._attribute(value)
-        return super()._handle_structure(shape, value)
-
+    # (In DynamoDB's responses an attribute value is only ever a map's value: an item, a
+    # key. tests/unit/test_responses.py checks that against the service model.)
     def _handle_map(self, shape: Any, value: Any) -> Any:
         if shape.value.name == ATTRIBUTE_VALUE:  # an item, a key
             return {name: self._attribute(typed) for name, typed in value.items()}
