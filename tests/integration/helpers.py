@@ -139,6 +139,7 @@ class CountedWrites:
         self._client = client
         self.units: Counter[str] = Counter()
         self.transactions = 0  # TransactWriteItems calls
+        self.sizes: list[int] = []  # the actions of each, in order
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._client, name)
@@ -146,6 +147,7 @@ class CountedWrites:
 
             def transaction(**request: Any) -> Any:
                 self.transactions += 1
+                self.sizes.append(len(request["TransactItems"]))
                 for action in request["TransactItems"]:
                     (kind, body), *_ = action.items()
                     self.units[f"{kind} {body['TableName'].rsplit('-', 1)[-1]}"] += 2

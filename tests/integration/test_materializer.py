@@ -701,21 +701,6 @@ def test_materializer_reports_the_schedules_of_every_bucket_it_walked(
     assert report.schedules == report.completed == len(ids)
 
 
-class TransactionSizes:
-    """The client, noting how many actions each TransactWriteItems holds."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.sizes: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def transact_write_items(self, **request: Any) -> Any:
-        self.sizes.append(len(request["TransactItems"]))
-        return self._client.transact_write_items(**request)
-
-
 @pytest.mark.parametrize("limit", [5, 6, 7, 8])
 def test_materializer_counts_the_fence_and_every_tenants_tally_within_the_action_limit(
     alice: Api, bob: Api, aws: Services, clock: Clock, limit: int
@@ -738,7 +723,7 @@ def test_materializer_counts_the_fence_and_every_tenants_tally_within_the_action
     }
     # WHEN one walk completes them, DynamoDB's limit on a transaction's actions (100) here
     # ``limit``
-    sizes = TransactionSizes(aws.dynamodb)
+    sizes = CountedWrites(aws.dynamodb)
     clock.now = at - 60
     report = Materializer(
         dataclasses.replace(aws, dynamodb=sizes), "m1", max_actions=limit
