@@ -16,7 +16,13 @@ from punctual.dal.leases import LeaseStore, shard_key
 from punctual.dal.schedules import schedule_from_item
 from punctual.dal.tables import DUE_INDEX, current_key, occurrence_key
 from punctual.ids import available_at, occurrence_id, shard_of
-from punctual.materializer import LEASE_SECONDS, RENEW_AFTER, STEP_LIMIT, Materializer
+from punctual.materializer import (
+    LEASE_SECONDS,
+    MAX_RETRIES,
+    RENEW_AFTER,
+    STEP_LIMIT,
+    Materializer,
+)
 from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
 from punctual.planning import CATCHUP_AFTER
 from punctual.reconciler import Reconciler
@@ -158,6 +164,127 @@ def test_materializer_fence_blocks_a_commit_after_takeover_even_with_cursor_unch
     assert report.occurrences == 0
     assert due not in instants(aws, sid)
     assert current(aws, sid)["next_run_at"] == due
+
+
+def test_materializer_fenced_by_a_holder_whose_clock_runs_ahead_stops_at_its_first_refusal(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN m1 about to commit, its lease renewed a moment ago by its own clock, when m2,
+    # whose clock runs more than a lease ahead (Lambdas' clocks differ), takes the shard over:
+    # by m1's clock its lease is fresh, so only the fence's refusal tells it
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
+    due = current(aws, sid)["next_run_at"]
+    clock.now = due - 120
+    number = shard(aws, sid)
+    since: list[str] = []  # the crash points m1 passes from the takeover on
+
+    def taken_over(point: str) -> None:
+        if since or point == "before_commit":
+            since.append(point)
+        if since == ["before_commit"]:
+            ahead = int(clock.now) + LEASE_SECONDS + 1
+            assert aws.leases.claim(number, "m2", now=ahead, ttl=LEASE_SECONDS, start_at=0)
+
+    # WHEN m1 commits
+    report = tick(aws, clock, sid, holder="m1", crash=taken_over)
+    # THEN the refusal is the lost lease, at once: no retry of the same steps, no hand-over,
+    # no conflict counted, and the walk says it stands where the shard's watermark is
+    assert report.lease_lost
+    assert since == ["before_commit"]
+    assert report.conflicts == 0
+    assert report.watermark == aws.leases.watermark(number)
+    assert due not in instants(aws, sid)
+
+
+def test_materializer_that_loses_its_lease_between_two_transactions_writes_nothing_more(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a bucket of three schedules, one transaction each, and a holder that stalls past
+    # its lease right after its first commit, while m2 takes the shard over
+    same, due = _one_bucket(aws, clock)
+    number = shard(aws, same[0])
+    after_loss: list[str] = []
+
+    def stall_after_first_commit(point: str) -> None:
+        if after_loss:
+            after_loss.append(point)
+        elif point == "after_commit":
+            after_loss.append("lost")
+            clock.advance(LEASE_SECONDS + 1)
+            taken = aws.leases.claim(
+                number, "m2", now=int(clock.now), ttl=LEASE_SECONDS, start_at=0
+            )
+            assert taken is not None
+
+    # WHEN m1 goes on
+    report = tick(aws, clock, same[0], holder="m1", max_actions=3, crash=stall_after_first_commit)
+    # THEN its renewal finds the lease lost: it says so and stops, with no further commit,
+    # watermark move or hand-over, and the walk says it stands where the watermark is
+    assert report.lease_lost
+    assert after_loss == ["lost"]
+    assert report.occurrences == 1
+    assert report.watermark == aws.leases.watermark(number)
+    assert sum(instants(aws, sid).count(due) for sid in same) == 1
+    # AND the new holder finishes the bucket, every fire once
+    assert tick(aws, clock, same[0], holder="m2", max_actions=3).claimed
+    for sid in same:
+        assert instants(aws, sid).count(due) == 1
+
+
+def test_materializer_retries_a_transaction_cancelled_by_a_conflict(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a bucket of three schedules, one transaction each, whose first commit is
+    # cancelled by a conflicting transaction (TransactionConflict: nothing written)
+    same, due = _one_bucket(aws, clock)
+    faults = Faults(FaultPlan(conflict=1.0), clock)
+    racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    attempts: list[str] = []
+
+    def only_the_first_conflicts(point: str) -> None:
+        if point == "before_commit":
+            attempts.append(point)
+            faults.plan.conflict = 1.0 if len(attempts) == 1 else 0.0
+
+    # WHEN the materializer ticks
+    report = Materializer(racing, "m1", max_actions=3, crash=only_the_first_conflicts).run_shard(
+        int(clock.now), shard(aws, same[0])
+    )
+    # THEN the refused step goes again in this tick and none is dropped:
+    # four commits for three steps, every fire once
+    assert faults.injected["transaction_conflict"] == 1
+    assert len(attempts) == 4
+    assert (report.occurrences, report.lease_lost) == (3, False)
+    for sid in same:
+        assert instants(aws, sid).count(due) == 1
+
+
+def test_materializer_gives_a_bucket_up_after_its_retries_and_the_next_tick_does_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a schedule due in two minutes and every commit cancelled by a conflict
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
+    due = current(aws, sid)["next_run_at"]
+    clock.now = due - 120
+    number = shard(aws, sid)
+    faults = Faults(FaultPlan(conflict=1.0), clock)
+    racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    before = aws.leases.watermark(number)
+    assert before is not None
+    # WHEN the materializer ticks
+    report = Materializer(racing, "m1").run_shard(int(clock.now), number)
+    # THEN it tries MAX_RETRIES times after the first attempt, then leaves the bucket: nothing
+    # written, the watermark still on the bucket (each bucket before it counted once), the
+    # lease released (not lost)
+    assert faults.injected["transaction_conflict"] == MAX_RETRIES + 1
+    assert (report.shard, report.occurrences, report.lease_lost) == (number, 0, False)
+    assert report.watermark == aws.leases.watermark(number)
+    assert report.watermark is not None
+    assert report.buckets == (report.watermark - before) // 60 > 0
+    assert report.watermark <= due // 60 * 60
+    # AND the next tick (another holder, the conflicts over) fires it
+    assert tick(aws, clock, sid, holder="m2").claimed
+    assert instants(aws, sid).count(due) == 1
 
 
 @pytest.mark.parametrize("point", ["before_commit", "after_commit", "before_watermark"])
