@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 from moto.core.botocore_stubber import BotocoreStubber
 
+from punctual.errors import QuotaExceeded
+from punctual.ids import shard_of
+from punctual.materializer import Materializer
+from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import iso
 from tests.integration.conftest import ALICE, OPERATOR, START, Answer, Api, Clock, bootstrap
 from tests.integration.helpers import (
@@ -79,6 +84,32 @@ def test_quota_max_schedules_cancel_frees_a_slot_pause_does_not(aws: Services) -
     # AND resuming the paused one at the limit is admitted: it never left the count
     resumed = alice.post(f"/v1/schedules/{first}/resume")
     assert resumed.status == 200, resumed.body
+    assert _count(alice) == 2
+
+
+def test_quota_create_overtaken_by_one_that_takes_the_last_slot_names_the_usage_found(
+    aws: Services, clock: Clock
+) -> None:
+    # GIVEN a tenant allowed two schedules, with one, and a create that read it so, overtaken
+    # before its commit by another create taking the last slot
+    alice = bootstrap("alice", ALICE, max_schedules=2)
+    create(alice, cron(HOURLY))
+    faults = Faults(FaultPlan.none(), clock)
+    rival: list[Answer] = []
+
+    def rival_first(_: str, __: dict[str, Any]) -> None:
+        if not rival:
+            rival.append(alice.post("/v1/schedules", cron(HOURLY)))
+
+    faults.before["transact_write_items"] = rival_first
+    plane = ControlPlane(dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)))
+    definition = ScheduleDefinition.model_validate({"target": "default", **cron(HOURLY)})
+    # WHEN it commits
+    with pytest.raises(QuotaExceeded) as refused:
+        plane.create("alice", definition)
+    # THEN it is refused on the schedule count as the refusal found it (two), not as read
+    assert rival[0].status == 201
+    assert refused.value.details == {"quota": "max_schedules", "limit": 2, "usage": 2}
     assert _count(alice) == 2
 
 
@@ -184,6 +215,53 @@ def test_quota_strict_fires_per_minute_applies_to_updates(aws: Services) -> None
     assert error["details"]["quota"] == "max_strict_fires_per_minute"
     assert flexible.status == 200, flexible.body
     assert flexible.body["schedule"]["version"] == 2
+
+
+def test_quota_an_update_of_a_completed_one_shot_counts_its_new_fire_in_full(
+    aws: Services, clock: Clock
+) -> None:
+    # GIVEN a tenant allowed one strict fire per minute, and a strict one-shot the
+    # materializer completed (giving its fire back; the item keeps its old minute load)
+    alice = bootstrap("alice", ALICE, max_strict_fires_per_minute=1)
+    at = START - START % 3600 + 2 * 3600
+    schedule_id = create(alice, one_shot(iso(at)))["schedule"]["schedule_id"]
+    clock.now = at - 60
+    Materializer(aws, "m1").run_shard(
+        int(clock.now), shard_of(schedule_id, aws.settings.shard_count)
+    )
+    assert alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]["state"] == "COMPLETED"
+    assert alice.get("/v1/tenant").body["strict_fires_per_minute_peak"] == 0
+
+    # WHEN it is updated to fire again an hour later, in the same minute of the hour
+    again = patch(alice, schedule_id, {"spec": one_shot(iso(at + 3600))["spec"]}, 1)
+
+    # THEN it counts that minute in full (not less the load the completion gave back), so
+    # a second strict fire in it is refused
+    assert again.status == 200, again.body
+    assert alice.get("/v1/tenant").body["strict_fires_per_minute_peak"] == 1
+    refused = alice.post("/v1/schedules", one_shot(iso(at + 7200)))
+    assert assert_error(refused, 429, "quota_exceeded")["details"]["usage"] == 1
+
+
+def test_quota_refusal_names_the_busiest_minute_the_change_adds_to(aws: Services) -> None:
+    # GIVEN a tenant allowed two strict fires per minute, with minute :00 full and one fire
+    # at :30
+    alice = bootstrap("alice", ALICE, max_strict_fires_per_minute=2)
+    create(alice, cron(HOURLY))
+    create(alice, cron(HOURLY))
+    create(alice, cron("30 * * * *"))
+
+    # WHEN a schedule firing at :15, :30 and :00 is created
+    refused = alice.post("/v1/schedules", cron("0,15,30 * * * *"))
+
+    # THEN it is refused naming minute :00, the one over the quota, and its usage
+    error = assert_error(refused, 429, "quota_exceeded")
+    assert error["details"] == {
+        "quota": "max_strict_fires_per_minute",
+        "limit": 2,
+        "usage": 2,
+    }
+    assert "minute :00 of every hour already has 2 strict fires" in error["message"]
 
 
 def test_quota_strict_fires_per_minute_covers_near_one_shots(aws: Services) -> None:

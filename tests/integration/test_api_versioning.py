@@ -13,6 +13,7 @@ import pytest
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
+from punctual.errors import Conflict
 from punctual.ids import shard_of
 from punctual.materializer import Materializer
 from punctual.models import OccurrenceState
@@ -457,6 +458,66 @@ def test_invalidate_sees_an_occurrence_made_just_before_the_change(
         (made["occurrence_id"], OccurrenceState.CANCELED)
     ]
     assert _occurrence(alice, made["occurrence_id"])["state"] == "CANCELED"
+
+
+def _overtaken_at_commit(aws: Services, clock: Clock, rival: Callable[[], object]) -> ControlPlane:
+    """A control plane whose first commit is overtaken: ``rival`` commits just before it."""
+    faults = Faults(FaultPlan.none(), clock)
+    done: list[bool] = []
+
+    def rival_first(_: str, __: dict[str, Any]) -> None:
+        if not done:
+            done.append(True)
+            rival()
+
+    faults.before["transact_write_items"] = rival_first
+    return ControlPlane(dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)))
+
+
+def test_a_pause_overtaken_at_its_commit_by_an_update_is_409_naming_the_version_that_won(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a schedule at version 1, and a pause that read it, overtaken before its commit
+    # by an update (version 2)
+    schedule_id = create(alice, cron(name="v1"))["schedule"]["schedule_id"]
+
+    def update() -> object:
+        return ControlPlane(aws).update("alice", schedule_id, if_match=1, changes={"name": "v2"})
+
+    plane = _overtaken_at_commit(aws, clock, update)
+    # WHEN the pause commits
+    with pytest.raises(Conflict) as refused:
+        plane.pause("alice", schedule_id)
+    # THEN it is refused, naming the version now current, and the update stands: the pause
+    # was meant for a version that no longer is, so it is not applied to the new one
+    assert refused.value.details == {"current_version": 2}
+    assert "changed meanwhile (now version 2)" in refused.value.message
+    schedule = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
+    assert (schedule["version"], schedule["state"], schedule["name"]) == (2, "ACTIVE", "v2")
+
+
+def test_a_pause_overtaken_at_its_commit_by_the_completion_is_decided_again_on_a_fresh_read(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a one-shot due in a minute, and a pause that read it ACTIVE, overtaken before its
+    # commit by the materializer completing it (same version, state COMPLETED)
+    at = START - START % 3600 + 2 * 3600
+    schedule_id = create(alice, one_shot(iso(at)))["schedule"]["schedule_id"]
+    clock.now = at - 60
+
+    def complete() -> object:
+        number = shard_of(schedule_id, aws.settings.shard_count)
+        return Materializer(aws, "m1").run_shard(int(clock.now), number)
+
+    plane = _overtaken_at_commit(aws, clock, complete)
+    # WHEN the pause commits
+    with pytest.raises(Conflict) as refused:
+        plane.pause("alice", schedule_id)
+    # THEN it is decided again on what is stored now: a COMPLETED schedule cannot be paused
+    # (not a version conflict: the version is the one the pause read)
+    assert refused.value.details == {"state": "COMPLETED"}
+    schedule = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
+    assert (schedule["version"], schedule["state"]) == (1, "COMPLETED")
 
 
 def test_versions_since_an_instant_start_at_the_version_in_effect_then(

@@ -192,6 +192,27 @@ def test_the_reconciler_checks_only_the_schedules_homed_in_its_region(
     assert after.fired == [occurrence_id(sid, 1, at("12:20"))]
 
 
+def test_a_fire_due_at_the_instant_of_a_take_over_stays_the_old_regions(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule whose 11:50 fire us-east-1 lost, taken over by us-west-2 at 12:05
+    # rewinding 15 minutes: fires due by 11:50 (that one too) are us-east-1's
+    sid, shard = every_five(aws, clock)
+    materialize_until(aws, clock, at("11:55"), [shard], skip=lambda s, t: t == at("11:50"))
+    clock.now = at("12:05")
+    west = region(aws, WEST)
+    take_over(west, shard, "us-east-1")
+    assert current_item(aws, sid)["homed_since"] == at("11:50")
+    materialize_until(west, clock, at("12:10"), [shard])
+    # WHEN us-west-2 reconciles [11:00, 12:00)
+    clock.now = at("13:05")
+    [west_hour] = Reconciler(west).run([shard], at("11:00"), at("12:00"))
+    # THEN it does not take the 11:50 gap for its own (a repair here could fire it twice:
+    # its record is us-east-1's), and its materializer did not plan it either
+    assert (west_hour.missing, west_hour.fired) == ([], [])
+    assert at("11:50") not in {o["scheduled_for"] for o in stored(aws)}
+
+
 def test_the_old_regions_reconciler_repairs_nothing_its_lagging_index_still_shows_home(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -9,7 +9,9 @@ import json
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from reconciler import handler
@@ -171,6 +173,26 @@ def test_reconciler_clean_run_reports_zero_missing_and_zero_unexpected(
     assert total(results, Finding.CANCELED) == 1
     assert total(results, Finding.IN_FLIGHT) == 31 - 8
     assert all(r.report.complete for r in results)
+    assert not ids(results, "fired")
+
+
+def test_reconciler_finds_the_fires_on_the_first_and_last_second_of_its_window(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN one-shots at 10:00:00 and 10:59:59, fired by a healthy materializer
+    clock.now = at("09:50")
+    edges = [
+        make(aws, spec={"kind": "at", "at": f"{DAY}T10:00:00Z"}),
+        make(aws, spec={"kind": "at", "at": f"{DAY}T10:59:59Z"}),
+    ]
+    materialize_until(aws, clock, at("11:05"), shards_of(aws, edges))
+    assert len(stored(aws, since=at("10:00"), until=at("11:00"))) == 2
+    # WHEN the reconciler checks [10:00, 11:00)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN both are found where they are (in flight), neither missing nor repaired
+    assert total(results, Finding.IN_FLIGHT) == 2
+    assert total(results, Finding.MISSING) == 0
     assert not ids(results, "fired")
 
 
@@ -667,15 +689,19 @@ def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
         )
         assert found == [at(t, day) for t in DST_CASES[day][expression]], expression
     assert total(results, Finding.IN_FLIGHT) == sum(len(v) for v in DST_CASES[day].values())
-    # WHEN an occurrence a contract-blind engine would have made is stored, and a real one
-    # is lost
+    # WHEN an occurrence a contract-blind engine would have made is stored (with the local
+    # wall time it shows: on the fall-back night the second 01:30, which the rules in use
+    # still show at its instant, so it is not a fire planned under older rules), and a real
+    # one is lost
     expression, wrong = NAIVE[day]
     bogus = occurrence_id(schedules[expression], 1, at(wrong, day))
+    wall = datetime.fromtimestamp(at(wrong, day), ZoneInfo(NEW_YORK)).replace(tzinfo=None)
     aws.dynamodb.put_item(
         TableName=aws.settings.occurrences_table,
         Item={
             **to_dynamo(occurrence_key(bogus)),
             "occurrence_id": {"S": bogus},
+            "local": {"S": wall.isoformat()},
             "schedule_version": {"N": "1"},
             "scheduled_for": {"N": str(at(wrong, day))},
             "available_at": {"N": str(at(wrong, day))},

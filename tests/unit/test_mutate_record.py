@@ -3,6 +3,7 @@ for other code is not carried over."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 
@@ -144,3 +145,16 @@ def test_a_record_made_under_other_settings_is_not_restored(records: Path):
     # THEN nothing is restored
     assert restored == 0
     assert not (records / "ws" / "mutants" / f"{FILE}.meta").exists()
+
+
+def test_a_module_over_part_of_a_file_runs_and_counts_only_its_functions():
+    quotas = mutate.MODULES["quotas"]
+    error = "punctual.scheduling.xǁControlPlaneǁ_quota_error__mutmut_3"
+    create = "punctual.scheduling.xǁControlPlaneǁcreate__mutmut_3"
+    assert mutate.module_of(error) == "quotas"
+    assert mutate.module_of(create) is None
+    assert any(fnmatch.fnmatch(error, glob) for glob in quotas.selection(()))
+    assert not any(fnmatch.fnmatch(create, glob) for glob in quotas.selection(()))
+    # --only narrows it further; a module over whole files runs every mutant by default
+    assert quotas.selection(("x*",)) == ["x*"]
+    assert mutate.MODULES["relay"].selection(()) == []

@@ -365,19 +365,7 @@ class ControlPlane:
                 )
             tenant = self.tenants.get(tenant_id)
             now = self._now()
-            # A host whose clock is ahead may have opened a later minute's count already:
-            # this run counts in that minute (never re-opening an earlier one, which its
-            # condition would refuse on every retry).
-            minute = max(minute_of(now), tenant.manual_minute)
-            limit = tenant.quotas.max_manual_runs_per_minute
-            used = tenant.manual_runs if tenant.manual_minute == minute else 0
-            if used >= limit:
-                raise QuotaExceeded(
-                    f"the tenant ran {used} schedules now this minute, the limit is {limit}",
-                    quota="max_manual_runs_per_minute",
-                    limit=limit,
-                    usage=used,
-                )
+            minute = self._manual_run_minute(tenant, now)
             expires_at = now + self.settings.retention_days * 86400
             occurrence = Occurrence(
                 occurrence_id=occurrence_id(schedule_id, schedule.version, now, tag),
@@ -728,6 +716,25 @@ class ControlPlane:
                 "prompt send refused; the relay sends them",
                 extra={"occurrences": sorted(report.failures)},
             )
+
+    @staticmethod
+    def _manual_run_minute(tenant: Tenant, now: int) -> int:
+        """The minute a run now counts in; QuotaExceeded when the tenant's manual runs of it
+        are used up (as read: the write's condition settles races)."""
+        # A host whose clock is ahead may have opened a later minute's count already: this
+        # run counts in that minute (never re-opening an earlier one, which its condition
+        # would refuse on every retry).
+        minute = max(minute_of(now), tenant.manual_minute)
+        limit = tenant.quotas.max_manual_runs_per_minute
+        used = tenant.manual_runs if tenant.manual_minute == minute else 0
+        if used >= limit:
+            raise QuotaExceeded(
+                f"the tenant ran {used} schedules now this minute, the limit is {limit}",
+                quota="max_manual_runs_per_minute",
+                limit=limit,
+                usage=used,
+            )
+        return minute
 
     def _usage_action(
         self, tenant: Tenant, old: StoredSchedule | None, schedule: Schedule, load: dict[int, int]
