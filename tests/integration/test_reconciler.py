@@ -196,6 +196,29 @@ def test_reconciler_finds_the_fires_on_the_first_and_last_second_of_its_window(
     assert not ids(results, "fired")
 
 
+def test_reconciler_counts_a_run_now_by_its_state_owed_by_no_fire(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule fired by a healthy materializer through [10:00, 11:00), and a
+    # run now at 10:17
+    clock.now = at("09:50")
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
+    materialize_until(aws, clock, at("10:15"), shards_of(aws, [sid]))
+    clock.now = at("10:17")
+    manual = ControlPlane(aws).trigger("alice", sid, None).occurrence
+    assert manual.scheduled_for == at("10:17")
+    materialize_until(aws, clock, at("11:05"), shards_of(aws, [sid]))
+    # WHEN the reconciler checks the hour
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN the run now is counted by its state (in flight: 12 fires and it), neither a
+    # stray nor a fire
+    assert total(results, Finding.UNEXPECTED) == 0
+    assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.IN_FLIGHT) == 13
+    assert not ids(results, "fired")
+
+
 def test_reconciler_reads_no_occurrence_of_a_schedule_owning_no_fire_in_a_settled_hour(
     alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):
