@@ -172,10 +172,7 @@ def test_materializer_fenced_by_a_holder_whose_clock_runs_ahead_stops_at_its_fir
     # GIVEN m1 about to commit, its lease renewed a moment ago by its own clock, when m2,
     # whose clock runs more than a lease ahead (Lambdas' clocks differ), takes the shard over:
     # by m1's clock its lease is fresh, so only the fence's refusal tells it
-    sid = make(aws, spec=cron_spec("*/5 * * * *"))
-    due = current(aws, sid)["next_run_at"]
-    clock.now = due - 120
-    number = shard(aws, sid)
+    sid, due, number = _due_in_two_minutes(aws, clock)
     since: list[str] = []  # the crash points m1 passes from the takeover on
 
     def taken_over(point: str) -> None:
@@ -227,8 +224,7 @@ def test_materializer_that_loses_its_lease_between_two_transactions_writes_nothi
     assert sum(instants(aws, sid).count(due) for sid in same) == 1
     # AND the new holder finishes the bucket, every fire once
     assert tick(aws, clock, same[0], holder="m2", max_actions=3).claimed
-    for sid in same:
-        assert instants(aws, sid).count(due) == 1
+    assert _fired_once_each(aws, same, due)
 
 
 def test_materializer_retries_a_transaction_cancelled_by_a_conflict(
@@ -255,18 +251,14 @@ def test_materializer_retries_a_transaction_cancelled_by_a_conflict(
     assert faults.injected["transaction_conflict"] == 1
     assert len(attempts) == 4
     assert (report.occurrences, report.lease_lost) == (3, False)
-    for sid in same:
-        assert instants(aws, sid).count(due) == 1
+    assert _fired_once_each(aws, same, due)
 
 
 def test_materializer_gives_a_bucket_up_after_its_retries_and_the_next_tick_does_it(
     alice: Api, aws: Services, clock: Clock
 ):
     # GIVEN a schedule due in two minutes and every commit cancelled by a conflict
-    sid = make(aws, spec=cron_spec("*/5 * * * *"))
-    due = current(aws, sid)["next_run_at"]
-    clock.now = due - 120
-    number = shard(aws, sid)
+    sid, due, number = _due_in_two_minutes(aws, clock)
     faults = Faults(FaultPlan(conflict=1.0), clock)
     racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
     before = aws.leases.watermark(number)
@@ -308,6 +300,20 @@ def test_materializer_crash_point_rerun_yields_every_occurrence_once(
         assert instants(aws, sid) == [*direct[sid], due]
 
 
+def _due_in_two_minutes(aws: Services, clock: Clock) -> tuple[str, int, int]:
+    """A */5 schedule, the clock two minutes before its next fire; its id, that fire, and
+    its shard."""
+    sid = make(aws, spec=cron_spec("*/5 * * * *"))
+    due = current(aws, sid)["next_run_at"]
+    clock.now = due - 120
+    return sid, due, shard(aws, sid)
+
+
+def _fired_once_each(aws: Services, ids: list[str], due: int) -> bool:
+    """Each of the schedules has exactly one occurrence at ``due``."""
+    return all(instants(aws, sid).count(due) == 1 for sid in ids)
+
+
 def _one_bucket(aws: Services, clock: Clock, count: int = 3) -> tuple[list[str], int]:
     """``count`` schedules sharing one (minute, shard) bucket (ids are random: made until
     enough land in the first one's shard), the clock two minutes before it."""
@@ -338,8 +344,7 @@ def test_materializer_error_mid_walk_releases_its_lease_for_the_retry(
     # THEN the lease was released on the error: the retry claims it without waiting for the
     # 120 s expiry, and finishes the bucket with every fire once
     assert report.claimed
-    for sid in same:
-        assert instants(aws, sid).count(due) == 1
+    assert _fired_once_each(aws, same, due)
 
 
 def test_materializer_killed_mid_walk_keeps_its_lease_until_it_expires(
@@ -354,8 +359,7 @@ def test_materializer_killed_mid_walk_keeps_its_lease_until_it_expires(
     # ... and once it expires, the bucket is finished with every fire once
     clock.advance(LEASE_SECONDS + 1)
     assert tick(aws, clock, same[0], holder="m2", max_actions=3).claimed
-    for sid in same:
-        assert instants(aws, sid).count(due) == 1
+    assert _fired_once_each(aws, same, due)
 
 
 def test_materializer_out_of_time_stops_between_transactions_and_the_next_tick_goes_on(
@@ -383,8 +387,7 @@ def test_materializer_out_of_time_stops_between_transactions_and_the_next_tick_g
     # AND the next tick (another holder, same minute) does the rest, every fire once
     again = tick(aws, clock, same[0], holder="m2", max_actions=3)
     assert again.claimed
-    for sid in same:
-        assert instants(aws, sid).count(due) == 1
+    assert _fired_once_each(aws, same, due)
 
 
 def test_materializer_out_of_time_claims_no_further_shard(aws: Services, clock: Clock):

@@ -169,48 +169,34 @@ def test_an_api_change_racing_a_take_over_keeps_the_new_home(
 def test_the_reconciler_checks_only_the_schedules_homed_in_its_region(
     alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN a schedule whose 10:15 was lost in us-east-1, taken over by us-west-2 at 12:05
-    # (fires due from 11:50 on are its own), whose own materializer then lost 12:20
+    # GIVEN a schedule whose 10:15 and 11:50 were lost in us-east-1, taken over by us-west-2
+    # at 12:05 (fires due after 11:50 are its own; 11:50 itself is not), whose own
+    # materializer then lost 12:20
     sid, shard = every_five(aws, clock)
-    materialize_until(aws, clock, at("11:05"), [shard], skip=lambda s, t: t == at("10:15"))
+    lost = {at("10:15"), at("11:50")}
+    materialize_until(aws, clock, at("11:55"), [shard], skip=lambda s, t: t in lost)
     clock.now = at("12:05")
     west = region(aws, WEST)
     take_over(west, shard, "us-east-1")
     assert current_item(aws, sid)["homed_since"] == at("11:50")
     materialize_until(west, clock, at("13:00"), [shard], skip=lambda s, t: t == at("12:20"))
-    # WHEN each region reconciles [10:00, 11:00), and us-west-2 [12:00, 13:00)
+    # WHEN each region reconciles [10:00, 11:00), and us-west-2 [11:00, 12:00) and
+    # [12:00, 13:00)
     clock.now = at("13:05")
     [east] = Reconciler(aws).run([shard], at("10:00"), at("11:00"))
     [before] = Reconciler(west).run([shard], at("10:00"), at("11:00"))
+    [at_take_over] = Reconciler(west).run([shard], at("11:00"), at("12:00"))
     [after] = Reconciler(west).run([shard], at("12:00"), at("13:00"))
-    # THEN us-east-1 no longer reads it; us-west-2 does not take the 10:15 gap for its own
-    # (that record is in us-east-1's table: a repair here could fire it twice), and finds
+    # THEN us-east-1 no longer reads it; us-west-2 does not take the 10:15 gap, nor the one
+    # at the take-over's own instant, for its own (their records are in us-east-1's table:
+    # a repair here could fire them twice), nor does its materializer plan 11:50; it finds
     # and repairs its own
     assert (east.report.schedules, east.missing) == (0, [])
     assert (before.report.schedules, before.missing) == (1, [])
+    assert (at_take_over.missing, at_take_over.fired) == ([], [])
+    assert at("11:50") not in {o["scheduled_for"] for o in stored(aws)}
     assert after.missing == [occurrence_id(sid, 1, at("12:20"))]
     assert after.fired == [occurrence_id(sid, 1, at("12:20"))]
-
-
-def test_a_fire_due_at_the_instant_of_a_take_over_stays_the_old_regions(
-    alice: Api, aws: Services, clock: Clock
-):
-    # GIVEN a */5 schedule whose 11:50 fire us-east-1 lost, taken over by us-west-2 at 12:05
-    # rewinding 15 minutes: fires due by 11:50 (that one too) are us-east-1's
-    sid, shard = every_five(aws, clock)
-    materialize_until(aws, clock, at("11:55"), [shard], skip=lambda s, t: t == at("11:50"))
-    clock.now = at("12:05")
-    west = region(aws, WEST)
-    take_over(west, shard, "us-east-1")
-    assert current_item(aws, sid)["homed_since"] == at("11:50")
-    materialize_until(west, clock, at("12:10"), [shard])
-    # WHEN us-west-2 reconciles [11:00, 12:00)
-    clock.now = at("13:05")
-    [west_hour] = Reconciler(west).run([shard], at("11:00"), at("12:00"))
-    # THEN it does not take the 11:50 gap for its own (a repair here could fire it twice:
-    # its record is us-east-1's), and its materializer did not plan it either
-    assert (west_hour.missing, west_hour.fired) == ([], [])
-    assert at("11:50") not in {o["scheduled_for"] for o in stored(aws)}
 
 
 def test_the_old_regions_reconciler_repairs_nothing_its_lagging_index_still_shows_home(
