@@ -151,7 +151,16 @@ MODULES = {
     "reconciler": Module(
         ("punctual/reconciler.py",),
         ("punctual.reconciler.",),
-        _tests("integration", "reconciler", "handlers", "redrive", "tz_rules", "multi_region")
+        # (test_materializer holds how a cursor left behind the walk is moved ahead)
+        _tests(
+            "integration",
+            "reconciler",
+            "handlers",
+            "redrive",
+            "tz_rules",
+            "multi_region",
+            "materializer",
+        )
         + _tests("unit", "reconciler_rules"),
     ),
     "tenancy": Module(

@@ -179,20 +179,23 @@ def test_reconciler_clean_run_reports_zero_missing_and_zero_unexpected(
 def test_reconciler_finds_the_fires_on_the_first_and_last_second_of_its_window(
     alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN one-shots at 10:00:00 and 10:59:59, fired by a healthy materializer
+    # GIVEN one-shots at 10:00:00 and 10:59:59, and at 09:59:59 and 11:00:00 just outside
+    # the window, fired by a healthy materializer
     clock.now = at("09:50")
     edges = [
-        make(aws, spec={"kind": "at", "at": f"{DAY}T10:00:00Z"}),
-        make(aws, spec={"kind": "at", "at": f"{DAY}T10:59:59Z"}),
+        make(aws, spec={"kind": "at", "at": f"{DAY}T{hhmmss}Z"})
+        for hhmmss in ("09:59:59", "10:00:00", "10:59:59", "11:00:00")
     ]
     materialize_until(aws, clock, at("11:05"), shards_of(aws, edges))
     assert len(stored(aws, since=at("10:00"), until=at("11:00"))) == 2
     # WHEN the reconciler checks [10:00, 11:00)
     clock.now = at("12:05")
     results = reconcile(aws, at("10:00"), at("11:00"))
-    # THEN both are found where they are (in flight), neither missing nor repaired
+    # THEN the two inside are found where they are (in flight), neither missing nor a
+    # stray, and nothing is repaired; the two outside are not this window's
     assert total(results, Finding.IN_FLIGHT) == 2
     assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.UNEXPECTED) == 0
     assert not ids(results, "fired")
 
 
@@ -520,6 +523,73 @@ def test_reconciler_finds_the_late_fired_follower_past_the_window_when_no_episod
     assert total(results, Finding.MISSED) == 12
     assert total(results, Finding.MISSING) == 0
     assert stored(aws, since=at("10:00"), until=at("11:00")) == before
+
+
+def test_reconciler_finds_the_late_fired_follower_inside_the_window_when_no_episode_is_kept(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 FIRE_ONCE schedule through an outage from 09:55 to 10:32: the materializer
+    # fired 10:30 late and skipped 10:00 to 10:25, then went on as usual but lost 10:45
+    sid, late = fire_once_outage(aws, clock, "10:32")
+    assert late == at("10:30")
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("11:05"), shards, skip=lambda s, t: t == at("10:45"))
+    # AND its MISSED episode no longer on the schedule
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo(current_key(sid)),
+        UpdateExpression="SET missed_ranges = :none",
+        ExpressionAttributeValues={":none": {"L": []}},
+    )
+    # WHEN the reconciler checks [10:00, 11:00)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"), repair=False)
+    # THEN the six gaps before 10:30 are MISSED by the policy, told by that late fire in the
+    # window (not by the on-time 11:00 after it); 10:45, whose follower (10:50) fired on
+    # time, is MISSING (an earlier late fire says nothing of it)
+    assert total(results, Finding.MISSED) == 6
+    assert ids(results, "missing") == {occurrence_id(sid, 1, at("10:45"))}
+
+
+def test_reconciler_reads_the_follower_trace_for_every_gap_after_one_an_episode_covers(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 FIRE_ONCE schedule through two outages: 09:55 to 10:12 (10:10 fired late,
+    # 10:00 and 10:05 skipped: its MISSED episode kept), and 10:37 to 10:52 (10:50 fired
+    # late, 10:45 skipped), with 10:40 materialized, then lost, right before the second
+    clock.now = at("09:40")
+    sid = make(
+        aws,
+        spec=cron_spec("*/5 * * * *"),
+        misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 60},
+    )
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("09:55"), shards)
+    clock.now = at("10:12")
+    materialize_until(aws, clock, at("10:37"), shards, every=60)
+    lost = occurrence_id(sid, 1, at("10:40"))
+    assert lost in {o["occurrence_id"] for o in stored(aws)}
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.occurrences_table, Key=to_dynamo(occurrence_key(lost))
+    )
+    clock.now = at("10:52")
+    materialize_until(aws, clock, at("11:05"), shards)
+    # AND only the first outage's episode on the schedule (the second's trimmed)
+    item = current_item(aws, sid)
+    assert len(item["missed_ranges"]) == 2
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo(current_key(sid)),
+        UpdateExpression="REMOVE missed_ranges[1]",
+    )
+    # WHEN the reconciler checks [10:00, 11:00)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"), repair=False)
+    # THEN the first outage's gaps are MISSED by its episode, and 10:40 and 10:45 by the
+    # late-fired 10:50 after them (the lost 10:40 cannot be told from a skipped one): a gap
+    # the episode covers does not end the reading of the ones after it
+    assert total(results, Finding.MISSED) == 4
+    assert total(results, Finding.MISSING) == 0
 
 
 # --- versions --------------------------------------------------------------------------

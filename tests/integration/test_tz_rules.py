@@ -384,21 +384,29 @@ def test_the_reconciler_replans_a_stale_schedule_listed_after_a_current_one(
 def test_a_replan_that_keeps_losing_races_leaves_the_report_incomplete(
     alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):
-    # GIVEN a schedule planned under 2025b
+    # GIVEN two schedules in one shard planned under 2025b
     clock.now = at("15:40")
-    stale = _stale_in_shard(aws, 0)
+    both = {_stale_in_shard(aws, 0), _stale_in_shard(aws, 0)}
     clock.now = at("16:05")
+    losing: list[str] = []
 
-    # AND its re-plan keeps losing races to the API (rezone.replan gives up: Retryable)
-    def racing(services: Services, schedule_id: str) -> None:
-        raise Retryable(f"schedule {schedule_id} kept changing while it was re-planned")
+    # AND the re-plan of the first one the reconciler comes to keeps losing races to the API
+    # (rezone.replan gives up: Retryable)
+    def racing(services: Services, schedule_id: str) -> Replanned | None:
+        if not losing or losing == [schedule_id]:
+            losing[:] = [schedule_id]
+            raise Retryable(f"schedule {schedule_id} kept changing while it was re-planned")
+        return replan(services, schedule_id)
 
     monkeypatch.setattr(reconciler_module, "replan", racing)
     # WHEN the reconciler checks its shard
     [result] = Reconciler(aws).run([0], at("15:00"), at("16:00"))
-    # THEN the report says incomplete (the hour is checked again), nothing re-planned
+    # THEN the report says incomplete (the hour is checked again), that one is not
+    # re-planned, and the other one is
+    [stale] = losing
+    [other] = both - {stale}
     assert result.report.complete is False
-    assert result.replanned == []
+    assert result.replanned == [other]
     assert current_item(aws, stale)["tzdata"] == "2025b"
     # AND the next run, the race over, re-plans it and completes
     monkeypatch.setattr(reconciler_module, "replan", replan)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from punctual.dal.schedules import ScheduleVersion
+from punctual.ids import available_at, occurrence_id
 from punctual.models import Finding, ReconcileReport, Schedule, ScheduleState
 from punctual.reconciler import (
     METRIC_NAMES,
@@ -22,6 +23,7 @@ from punctual.reconciler import (
     _dormant,
     _idle,
     _not_handled_yet,
+    expected_occurrences,
     metric_values,
 )
 from tests.instants import epoch
@@ -284,3 +286,69 @@ def test_a_run_now_made_before_its_schedule_completed_is_read(skip_idle: bool):
     assert Reconciler._unread(CHECKER, marked, start, end, skip_idle) is False  # type: ignore[arg-type]
     unmarked = ScheduleVersion(done, created)
     assert Reconciler._unread(CHECKER, unmarked, start, end, skip_idle) is True  # type: ignore[arg-type]
+
+
+# --- expected_occurrences: which fires a version owns ----------------------------------------
+
+MINUTELY = {"kind": "cron", "expression": "* * * * *", "timezone": "UTC"}
+
+
+@pytest.mark.parametrize(("created", "first"), [(0, 0), (1, 60), (59, 60)])
+def test_version_one_owns_the_fire_at_its_creation_instant_and_none_before(
+    created: int, first: int
+):
+    # A schedule made at START + created owns the fires from that instant on: a rate
+    # anchored there fires at once, and a fire a second before its creation is not its own.
+    version = ScheduleVersion(schedule(MINUTELY), effective_from=START + created)
+    fires = [
+        e.scheduled_for for e in expected_occurrences([version], START, START + 180, horizon=0)
+    ]
+    assert fires == list(range(START + first, START + 180, 60))
+
+
+def test_a_later_version_owns_only_the_fires_strictly_after_its_change():
+    first = ScheduleVersion(schedule(MINUTELY), effective_from=START - 3600)
+    second = ScheduleVersion(schedule(MINUTELY, version=2), effective_from=START + 60)
+    owned = {
+        (e.version, e.scheduled_for, e.required)
+        for e in expected_occurrences([first, second], START, START + 180, horizon=0)
+    }
+    assert owned == {(1, START, True), (1, START + 60, True), (2, START + 120, True)}
+
+
+def test_a_superseded_versions_fire_due_by_the_horizon_past_the_change_is_expected_not_required():
+    # The predecessor's fires due within `horizon` of the change may have been planned:
+    # expected (found: SUPERSEDED; absent: no gap), not required; later ones are not expected.
+    first = ScheduleVersion(schedule(MINUTELY), effective_from=START - 3600)
+    second = ScheduleVersion(schedule(MINUTELY, version=2), effective_from=START + 60)
+    owned = {
+        (e.version, e.scheduled_for, e.required)
+        for e in expected_occurrences([first, second], START, START + 240, horizon=60)
+    }
+    assert (1, START + 120, False) in owned  # due exactly at the change + horizon
+    assert not {(v, t) for v, t, _ in owned if v == 1 and t > START + 120}
+
+
+def test_a_superseded_fire_jittered_past_the_horizon_does_not_hide_a_later_one_within_it():
+    # Under a flexible window a fire's due time is its instant plus its id's jitter, so a
+    # later fire can be due before an earlier one: each is judged on its own.
+    successor = START + 30
+    for n in range(200):
+        sid = f"sch_rules_{n}"
+        early, late = (
+            available_at(occurrence_id(sid, 1, f), f, 300) for f in (START + 60, START + 120)
+        )
+        if early > late > successor:
+            break
+    else:
+        pytest.fail("no schedule id with the jitters this case needs")
+    flexible = schedule(MINUTELY, schedule_id=sid, flexible_window_seconds=300)
+    first = ScheduleVersion(flexible, effective_from=START - 3600)
+    second = ScheduleVersion(schedule(MINUTELY, schedule_id=sid, version=2), successor)
+    owned = {
+        (e.scheduled_for, e.required)
+        for e in expected_occurrences([first, second], START, START + 180, horizon=late - successor)
+        if e.version == 1
+    }
+    assert (START + 60, False) not in owned
+    assert (START + 120, False) in owned
