@@ -1225,8 +1225,9 @@ def test_a_late_opener_of_a_shard_leaves_its_walk_and_its_holder_as_they_stand(
     assert aws.leases.advance(lease, walked + 60, expires_at=now + LEASE_SECONDS)
 
 
+@pytest.mark.parametrize("mid_minute", [False, True])
 def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
-    alice: Api, aws: Services, clock: Clock
+    alice: Api, aws: Services, clock: Clock, mid_minute: bool
 ):
     # GIVEN a one-shot whose due-index entry the walk passed without seeing it (the index
     # lagged past every margin): it would never be completed, and would hold its quota
@@ -1251,9 +1252,11 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     )
     assert instants(aws, sid) == []
     assert alice.get("/v1/tenant").body["schedule_count"] == 1
-    # WHEN the reconciler checks the hour that holds its fire
+    # WHEN the reconciler checks the hour that holds its fire (or an hour from the middle of
+    # the fire's minute: the bucket holding the window's start is read too)
     clock.now = at - at % 3600 + 2 * 3600 + 60
-    window = (at - at % 3600, at - at % 3600 + 3600)
+    first = at - at % 60 + 30 if mid_minute else at - at % 3600
+    window = (first, first + 3600)
     [result] = Reconciler(aws).run([number], *window)
     # THEN it reports the fire MISSING, moves the schedule ahead of the walk, and the next
     # tick makes its occurrence (late, under its FIRE_ONCE policy) and completes it
