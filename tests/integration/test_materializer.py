@@ -1225,9 +1225,9 @@ def test_a_late_opener_of_a_shard_leaves_its_walk_and_its_holder_as_they_stand(
     assert aws.leases.advance(lease, walked + 60, expires_at=now + LEASE_SECONDS)
 
 
-@pytest.mark.parametrize("mid_minute", [False, True])
+@pytest.mark.parametrize("window", ["hour", "from mid-minute", "two hours"])
 def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
-    alice: Api, aws: Services, clock: Clock, mid_minute: bool
+    alice: Api, aws: Services, clock: Clock, window: str
 ):
     # GIVEN a one-shot whose due-index entry the walk passed without seeing it (the index
     # lagged past every margin): it would never be completed, and would hold its quota
@@ -1252,12 +1252,16 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     )
     assert instants(aws, sid) == []
     assert alice.get("/v1/tenant").body["schedule_count"] == 1
-    # WHEN the reconciler checks the hour that holds its fire (or an hour from the middle of
-    # the fire's minute: the bucket holding the window's start is read too)
+    # WHEN the reconciler checks the hour that holds its fire; or an hour from the middle of
+    # the fire's minute (the bucket holding the window's start is read too); or two hours
+    # whose 61st minute is the fire's (every minute's bucket is read)
     clock.now = at - at % 3600 + 2 * 3600 + 60
-    first = at - at % 60 + 30 if mid_minute else at - at % 3600
-    window = (first, first + 3600)
-    [result] = Reconciler(aws).run([number], *window)
+    first, hours = {
+        "hour": (at - at % 3600, 1),
+        "from mid-minute": (at - at % 60 + 30, 1),
+        "two hours": (at - at % 60 - 3600, 2),
+    }[window]
+    [result] = Reconciler(aws).run([number], first, first + hours * 3600)
     # THEN it reports the fire MISSING, moves the schedule ahead of the walk, and the next
     # tick makes its occurrence (late, under its FIRE_ONCE policy) and completes it
     assert result.moved == [sid]
