@@ -13,7 +13,7 @@ import pytest
 
 from punctual.dal.common import Transactions, from_dynamo, to_dynamo
 from punctual.dal.leases import LeaseStore, shard_key
-from punctual.dal.schedules import schedule_from_item
+from punctual.dal.schedules import due_bucket, schedule_from_item
 from punctual.dal.tables import DUE_INDEX, current_key, occurrence_key
 from punctual.ids import available_at, occurrence_id, shard_of
 from punctual.materializer import (
@@ -1261,11 +1261,16 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
         "from mid-minute": (at - at % 60 + 30, 1),
         "two hours": (at - at % 60 - 3600, 2),
     }[window]
+    walked = aws.leases.watermark(number)
+    assert walked is not None
     [result] = Reconciler(aws).run([number], first, first + hours * 3600)
-    # THEN it reports the fire MISSING, moves the schedule ahead of the walk, and the next
-    # tick makes its occurrence (late, under its FIRE_ONCE policy) and completes it
+    # THEN it reports the fire MISSING, moves the schedule two minutes ahead of the walk or
+    # of now (the walk reads it at its next tick), and the next tick makes its occurrence
+    # (late, under its FIRE_ONCE policy) and completes it
     assert result.moved == [sid]
     assert result.report.cursors_moved == 1
+    ahead = max(walked, int(clock.now) // 60 * 60) + 120
+    assert current(aws, sid)["due_bucket"] == due_bucket(ahead, number)
     tick(aws, clock, sid)
     assert instants(aws, sid) == [stash["next_run_at"]]
     assert current(aws, sid)["state"] == ScheduleState.COMPLETED
