@@ -176,6 +176,17 @@ def test_reconciler_clean_run_reports_zero_missing_and_zero_unexpected(
     assert not ids(results, "fired")
 
 
+def _clean_ten_oclock_hour(aws: Services, clock: Clock, *, in_flight: int) -> None:
+    """Reconcile [10:00, 11:00) at 12:05: ``in_flight`` occurrences in flight, nothing
+    missing, no stray, nothing repaired."""
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    assert total(results, Finding.IN_FLIGHT) == in_flight
+    assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.UNEXPECTED) == 0
+    assert not ids(results, "fired")
+
+
 def test_reconciler_finds_the_fires_on_the_first_and_last_second_of_its_window(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -189,14 +200,9 @@ def test_reconciler_finds_the_fires_on_the_first_and_last_second_of_its_window(
     materialize_until(aws, clock, at("11:05"), shards_of(aws, edges))
     assert len(stored(aws, since=at("10:00"), until=at("11:00"))) == 2
     # WHEN the reconciler checks [10:00, 11:00)
-    clock.now = at("12:05")
-    results = reconcile(aws, at("10:00"), at("11:00"))
     # THEN the two inside are found where they are (in flight), neither missing nor a
     # stray, and nothing is repaired; the two outside are not this window's
-    assert total(results, Finding.IN_FLIGHT) == 2
-    assert total(results, Finding.MISSING) == 0
-    assert total(results, Finding.UNEXPECTED) == 0
-    assert not ids(results, "fired")
+    _clean_ten_oclock_hour(aws, clock, in_flight=2)
 
 
 def test_reconciler_counts_a_run_now_by_its_state_owed_by_no_fire(
@@ -212,14 +218,9 @@ def test_reconciler_counts_a_run_now_by_its_state_owed_by_no_fire(
     assert manual.scheduled_for == at("10:17")
     materialize_until(aws, clock, at("11:05"), shards_of(aws, [sid]))
     # WHEN the reconciler checks the hour
-    clock.now = at("12:05")
-    results = reconcile(aws, at("10:00"), at("11:00"))
     # THEN the run now is counted by its state (in flight: 12 fires and it), neither a
     # stray nor a fire
-    assert total(results, Finding.UNEXPECTED) == 0
-    assert total(results, Finding.MISSING) == 0
-    assert total(results, Finding.IN_FLIGHT) == 13
-    assert not ids(results, "fired")
+    _clean_ten_oclock_hour(aws, clock, in_flight=13)
 
 
 def test_reconciler_reads_no_occurrence_of_a_schedule_owning_no_fire_in_a_settled_hour(
@@ -465,10 +466,9 @@ def test_reconciler_defers_to_a_materializer_behind_then_reads_its_missed_summar
     assert stored(aws, since=at("10:00"), until=at("11:00")) == []
 
 
-def fire_once_outage(aws: Services, clock: Clock, recovery: str) -> tuple[str, int]:
-    """A */5 FIRE_ONCE schedule through an outage from 09:55 to ``recovery``: the
-    materializer fired the latest late instant (receivable at the recovery) and skipped the
-    rest. The schedule, and that instant."""
+def fire_once_until_outage(aws: Services, clock: Clock) -> tuple[str, list[int]]:
+    """A */5 FIRE_ONCE schedule (60 s of lateness tolerance) made at 09:40 and materialized
+    up to 09:55, where an outage begins. The schedule and its shards."""
     clock.now = at("09:40")
     sid = make(
         aws,
@@ -477,6 +477,24 @@ def fire_once_outage(aws: Services, clock: Clock, recovery: str) -> tuple[str, i
     )
     shards = shards_of(aws, [sid])
     materialize_until(aws, clock, at("09:55"), shards)
+    return sid, shards
+
+
+def forget_missed_episodes(aws: Services, schedule_id: str) -> None:
+    """Drop the schedule's MISSED episodes (only the latest few are kept)."""
+    aws.dynamodb.update_item(
+        TableName=aws.settings.schedules_table,
+        Key=to_dynamo(current_key(schedule_id)),
+        UpdateExpression="SET missed_ranges = :none",
+        ExpressionAttributeValues={":none": {"L": []}},
+    )
+
+
+def fire_once_outage(aws: Services, clock: Clock, recovery: str) -> tuple[str, int]:
+    """A */5 FIRE_ONCE schedule through an outage from 09:55 to ``recovery``: the
+    materializer fired the latest late instant (receivable at the recovery) and skipped the
+    rest. The schedule, and that instant."""
+    sid, shards = fire_once_until_outage(aws, clock)
     clock.now = at(recovery)
     materialize_until(aws, clock, at(recovery) + 60, shards)
     [late] = [o for o in stored(aws, until=at(recovery)) if o["available_at"] == at(recovery)]
@@ -510,12 +528,7 @@ def test_reconciler_finds_the_late_fired_follower_past_the_window_when_no_episod
     assert late == at(follower)
     before = stored(aws, since=at("10:00"), until=at("11:00"))
     # AND its MISSED episode no longer on the schedule (only the latest few are kept)
-    aws.dynamodb.update_item(
-        TableName=aws.settings.schedules_table,
-        Key=to_dynamo(current_key(sid)),
-        UpdateExpression="SET missed_ranges = :none",
-        ExpressionAttributeValues={":none": {"L": []}},
-    )
+    forget_missed_episodes(aws, sid)
     # WHEN the reconciler checks (and may repair) [10:00, 11:00)
     results = reconcile(aws, at("10:00"), at("11:00"))
     # THEN the twelve gaps are MISSED by the policy, told by the late-fired occurrence read
@@ -535,12 +548,7 @@ def test_reconciler_finds_the_late_fired_follower_inside_the_window_when_no_epis
     shards = shards_of(aws, [sid])
     materialize_until(aws, clock, at("11:05"), shards, skip=lambda s, t: t == at("10:45"))
     # AND its MISSED episode no longer on the schedule
-    aws.dynamodb.update_item(
-        TableName=aws.settings.schedules_table,
-        Key=to_dynamo(current_key(sid)),
-        UpdateExpression="SET missed_ranges = :none",
-        ExpressionAttributeValues={":none": {"L": []}},
-    )
+    forget_missed_episodes(aws, sid)
     # WHEN the reconciler checks [10:00, 11:00)
     clock.now = at("12:05")
     results = reconcile(aws, at("10:00"), at("11:00"), repair=False)
@@ -557,14 +565,7 @@ def test_reconciler_reads_the_follower_trace_for_every_gap_after_one_an_episode_
     # GIVEN a */5 FIRE_ONCE schedule through two outages: 09:55 to 10:12 (10:10 fired late,
     # 10:00 and 10:05 skipped: its MISSED episode kept), and 10:37 to 10:52 (10:50 fired
     # late, 10:45 skipped), with 10:40 materialized, then lost, right before the second
-    clock.now = at("09:40")
-    sid = make(
-        aws,
-        spec=cron_spec("*/5 * * * *"),
-        misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 60},
-    )
-    shards = shards_of(aws, [sid])
-    materialize_until(aws, clock, at("09:55"), shards)
+    sid, shards = fire_once_until_outage(aws, clock)
     clock.now = at("10:12")
     materialize_until(aws, clock, at("10:37"), shards, every=60)
     lost = occurrence_id(sid, 1, at("10:40"))

@@ -306,25 +306,26 @@ def test_version_one_owns_the_fire_at_its_creation_instant_and_none_before(
     assert fires == list(range(START + first, START + 180, 60))
 
 
-def test_a_later_version_owns_only_the_fires_strictly_after_its_change():
+def changed_at_start_plus_60(until: int, horizon: int) -> set[tuple[int, int, bool]]:
+    """(version, fire, required) of a minutely schedule changed (version 2) at START + 60,
+    expected in [START, until)."""
     first = ScheduleVersion(schedule(MINUTELY), effective_from=START - 3600)
     second = ScheduleVersion(schedule(MINUTELY, version=2), effective_from=START + 60)
-    owned = {
+    return {
         (e.version, e.scheduled_for, e.required)
-        for e in expected_occurrences([first, second], START, START + 180, horizon=0)
+        for e in expected_occurrences([first, second], START, until, horizon=horizon)
     }
+
+
+def test_a_later_version_owns_only_the_fires_strictly_after_its_change():
+    owned = changed_at_start_plus_60(START + 180, horizon=0)
     assert owned == {(1, START, True), (1, START + 60, True), (2, START + 120, True)}
 
 
 def test_a_superseded_versions_fire_due_by_the_horizon_past_the_change_is_expected_not_required():
     # The predecessor's fires due within `horizon` of the change may have been planned:
     # expected (found: SUPERSEDED; absent: no gap), not required; later ones are not expected.
-    first = ScheduleVersion(schedule(MINUTELY), effective_from=START - 3600)
-    second = ScheduleVersion(schedule(MINUTELY, version=2), effective_from=START + 60)
-    owned = {
-        (e.version, e.scheduled_for, e.required)
-        for e in expected_occurrences([first, second], START, START + 240, horizon=60)
-    }
+    owned = changed_at_start_plus_60(START + 240, horizon=60)
     assert (1, START + 120, False) in owned  # due exactly at the change + horizon
     assert not {(v, t) for v, t, _ in owned if v == 1 and t > START + 120}
 
