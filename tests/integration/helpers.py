@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from punctual.dal.common import from_dynamo, to_dynamo
@@ -10,7 +12,8 @@ from punctual.dal.tables import occurrence_key
 from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane
 from punctual.services import Services, Wiring
-from tests.integration.conftest import Answer, Api
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.integration.conftest import Answer, Api, Clock
 
 ERROR_KEYS = {"code", "message", "fields", "details"}
 
@@ -163,3 +166,20 @@ class CountedWrites:
             return single
         assert name != "batch_write_item", "count its items too"
         return attribute
+
+
+def overtaken_at_commit(
+    aws: Services, clock: Clock, rival: Callable[[], Any]
+) -> tuple[ControlPlane, list[Any]]:
+    """A control plane whose first commit is overtaken: ``rival`` runs (and commits) just
+    before it. The plane, and the list that gets what ``rival`` returned."""
+    faults = Faults(FaultPlan.none(), clock)
+    done: list[Any] = []
+
+    def rival_first(_: str, __: dict[str, Any]) -> None:
+        if not done:
+            done.append(rival())
+
+    faults.before["transact_write_items"] = rival_first
+    wired = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    return ControlPlane(wired), done

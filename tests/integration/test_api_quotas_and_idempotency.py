@@ -17,7 +17,6 @@ from punctual.materializer import Materializer
 from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
-from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import iso
 from tests.integration.conftest import ALICE, OPERATOR, START, Answer, Api, Clock, bootstrap
 from tests.integration.helpers import (
@@ -27,6 +26,7 @@ from tests.integration.helpers import (
     cron,
     delete,
     one_shot,
+    overtaken_at_commit,
     patch,
     table_items,
 )
@@ -94,15 +94,9 @@ def test_quota_create_overtaken_by_one_that_takes_the_last_slot_names_the_usage_
     # before its commit by another create taking the last slot
     alice = bootstrap("alice", ALICE, max_schedules=2)
     create(alice, cron(HOURLY))
-    faults = Faults(FaultPlan.none(), clock)
-    rival: list[Answer] = []
-
-    def rival_first(_: str, __: dict[str, Any]) -> None:
-        if not rival:
-            rival.append(alice.post("/v1/schedules", cron(HOURLY)))
-
-    faults.before["transact_write_items"] = rival_first
-    plane = ControlPlane(dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)))
+    plane, rival = overtaken_at_commit(
+        aws, clock, lambda: alice.post("/v1/schedules", cron(HOURLY))
+    )
     definition = ScheduleDefinition.model_validate({"target": "default", **cron(HOURLY)})
     # WHEN it commits
     with pytest.raises(QuotaExceeded) as refused:

@@ -29,6 +29,7 @@ from tests.integration.helpers import (
     cron,
     delete,
     one_shot,
+    overtaken_at_commit,
     patch,
     set_occurrence_state,
 )
@@ -460,20 +461,6 @@ def test_invalidate_sees_an_occurrence_made_just_before_the_change(
     assert _occurrence(alice, made["occurrence_id"])["state"] == "CANCELED"
 
 
-def _overtaken_at_commit(aws: Services, clock: Clock, rival: Callable[[], object]) -> ControlPlane:
-    """A control plane whose first commit is overtaken: ``rival`` commits just before it."""
-    faults = Faults(FaultPlan.none(), clock)
-    done: list[bool] = []
-
-    def rival_first(_: str, __: dict[str, Any]) -> None:
-        if not done:
-            done.append(True)
-            rival()
-
-    faults.before["transact_write_items"] = rival_first
-    return ControlPlane(dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)))
-
-
 def test_a_pause_overtaken_at_its_commit_by_an_update_is_409_naming_the_version_that_won(
     alice: Api, aws: Services, clock: Clock
 ) -> None:
@@ -484,7 +471,7 @@ def test_a_pause_overtaken_at_its_commit_by_an_update_is_409_naming_the_version_
     def update() -> object:
         return ControlPlane(aws).update("alice", schedule_id, if_match=1, changes={"name": "v2"})
 
-    plane = _overtaken_at_commit(aws, clock, update)
+    plane, _ = overtaken_at_commit(aws, clock, update)
     # WHEN the pause commits
     with pytest.raises(Conflict) as refused:
         plane.pause("alice", schedule_id)
@@ -509,7 +496,7 @@ def test_a_pause_overtaken_at_its_commit_by_the_completion_is_decided_again_on_a
         number = shard_of(schedule_id, aws.settings.shard_count)
         return Materializer(aws, "m1").run_shard(int(clock.now), number)
 
-    plane = _overtaken_at_commit(aws, clock, complete)
+    plane, _ = overtaken_at_commit(aws, clock, complete)
     # WHEN the pause commits
     with pytest.raises(Conflict) as refused:
         plane.pause("alice", schedule_id)
