@@ -98,6 +98,7 @@ class FaultyDynamoDB:
         self._real = real
         self._faults = faults
         self._keys: dict[str, list[str]] = {}  # table -> key attribute names
+        self._sorts: dict[tuple[str, str | None], str | None] = {}  # (table, index) -> sort key
         # table|key -> [(written_at, image before that write or None)], oldest first; only
         # writes younger than stale_seconds are kept (older ones no read can be served from)
         self._history: dict[str, list[tuple[float, dict[str, Any] | None]]] = {}
@@ -283,7 +284,8 @@ class FaultyDynamoDB:
     ) -> list[Any]:
         """A page as a lagging table or index shows it: recent items at their old images,
         dropped where the old image does not belong to the queried partition, and items
-        that recently left the partition still in it."""
+        that recently left the partition still in it, each in its place in the order of the
+        sort key queried by (the order a reader meets them in, as DynamoDB returns them)."""
         table = request["TableName"]
         keys = self._key_names(table)
         partition = _partition_of(request)
@@ -294,7 +296,7 @@ class FaultyDynamoDB:
             seen.add(text)
             image = self._as_of(table, {k: item[k] for k in keys}, item, lag)
             if image is not None and (partition is None or image.get(partition[0]) == partition[1]):
-                served.append(self._project(image, request))
+                served.append(image)
         if partition is not None and "ExclusiveStartKey" not in request:
             horizon = self._faults.clock() - lag
             in_range = _in_sort_range(request)
@@ -303,8 +305,27 @@ class FaultyDynamoDB:
                     continue
                 old = next((b for t, b in history if t > horizon), None)
                 if old is not None and old.get(partition[0]) == partition[1] and in_range(old):
-                    served.append(self._project(copy.deepcopy(old), request))
-        return served
+                    served.append(copy.deepcopy(old))
+        order = self._sort_name(table, request.get("IndexName"))
+        if order is not None:
+            served.sort(
+                key=lambda image: _scalar(image[order]),
+                reverse=request.get("ScanIndexForward") is False,
+            )
+        return [self._project(image, request) for image in served]
+
+    def _sort_name(self, table: str, index: str | None) -> str | None:
+        """The sort key attribute of a table or of one of its indexes (None without one)."""
+        if (table, index) not in self._sorts:
+            found = self._real.describe_table(TableName=table)["Table"]
+            schema = found["KeySchema"]
+            if index is not None:
+                indexes = found.get("GlobalSecondaryIndexes", [])
+                indexes += found.get("LocalSecondaryIndexes", [])
+                schema = next(i["KeySchema"] for i in indexes if i["IndexName"] == index)
+            ranged = (k["AttributeName"] for k in schema if k["KeyType"] == "RANGE")
+            self._sorts[(table, index)] = next(ranged, None)
+        return self._sorts[(table, index)]
 
     @staticmethod
     def _project(image: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

@@ -1225,6 +1225,28 @@ def test_a_late_opener_of_a_shard_leaves_its_walk_and_its_holder_as_they_stand(
     assert aws.leases.advance(lease, walked + 60, expires_at=now + LEASE_SECONDS)
 
 
+def _walk_past_unseen(aws: Services, clock: Clock, ids: list[str], until: int) -> None:
+    """The ids' shard walked up to ``until`` while their due-index entries were out of its
+    sight (the index lagged past every margin), then put back: each cursor is left behind
+    the walk, in a bucket no walk reads again."""
+
+    def place(sid: str, bucket: str) -> None:
+        aws.dynamodb.update_item(
+            TableName=aws.settings.schedules_table,
+            Key=to_dynamo(current_key(sid)),
+            UpdateExpression="SET due_bucket = :b",
+            ExpressionAttributeValues={":b": {"S": bucket}},
+        )
+
+    hidden = {sid: current(aws, sid)["due_bucket"] for sid in ids}
+    for sid in ids:
+        place(sid, "elsewhere")
+    clock.now = until
+    Materializer(aws, "m").run_shard(int(clock.now), shard(aws, ids[0]))
+    for sid, bucket in hidden.items():
+        place(sid, bucket)
+
+
 @pytest.mark.parametrize("window", ["hour", "from mid-minute", "two hours"])
 def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     alice: Api, aws: Services, clock: Clock, window: str
@@ -1234,22 +1256,8 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     at = int(clock.now) + 3600
     sid = make(aws, spec={"kind": "at", "at": datetime.fromtimestamp(at).astimezone().isoformat()})
     number = shard(aws, sid)
-    hidden = current(aws, sid)["due_bucket"]
     stash = dict(current(aws, sid))
-    aws.dynamodb.update_item(
-        TableName=aws.settings.schedules_table,
-        Key=to_dynamo({"schedule_id": sid, "sk": "CURRENT"}),
-        UpdateExpression="SET due_bucket = :elsewhere",
-        ExpressionAttributeValues={":elsewhere": {"S": "elsewhere"}},
-    )
-    clock.now = at + 120
-    Materializer(aws, "m").run_shard(int(clock.now), number)  # walks past it, unseen
-    aws.dynamodb.update_item(
-        TableName=aws.settings.schedules_table,
-        Key=to_dynamo({"schedule_id": sid, "sk": "CURRENT"}),
-        UpdateExpression="SET due_bucket = :b",
-        ExpressionAttributeValues={":b": {"S": hidden}},
-    )
+    _walk_past_unseen(aws, clock, [sid], until=at + 120)
     assert instants(aws, sid) == []
     assert alice.get("/v1/tenant").body["schedule_count"] == 1
     # WHEN the reconciler checks the hour that holds its fire; or an hour from the middle of
@@ -1275,6 +1283,60 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     assert instants(aws, sid) == [stash["next_run_at"]]
     assert current(aws, sid)["state"] == ScheduleState.COMPLETED
     assert alice.get("/v1/tenant").body["schedule_count"] == 0
+
+
+@pytest.mark.parametrize("first", ["moved since", "another region's", "refused"])
+def test_reconciler_moving_cursors_left_behind_goes_on_past_one_it_must_leave(
+    alice: Api, aws: Services, clock: Clock, first: str
+):
+    # GIVEN two one-shots of one shard due in one minute an hour ahead, a second apart (made
+    # until one shard has two), both left behind the walk; the index lists first one that the
+    # reconciler must not move: one whose time its tenant changed a moment ago, which an index
+    # lagging a minute still lists in the old bucket; one homed in another region (taken
+    # over); one its tenant pauses between the reconciler's read and its move
+    at = int(clock.now) // 60 * 60 + 3600
+    by_shard: dict[int, list[str]] = {}
+    while max(map(len, by_shard.values()), default=0) < 2:
+        made = sum(map(len, by_shard.values()))
+        sid = make(aws, spec={"kind": "at", "at": utc_text(at + made)})
+        by_shard.setdefault(shard(aws, sid), []).append(sid)
+    left, stuck = next(ids for ids in by_shard.values() if len(ids) == 2)
+    assert current(aws, left)["due_bucket"] == current(aws, stuck)["due_bucket"]
+    _walk_past_unseen(aws, clock, [left, stuck], until=at + 120)
+    hour = at - at % 3600
+    clock.now = hour + 2 * 3600 + 60
+    faults = Faults(FaultPlan(index_lag=1.0, index_lag_seconds=60), clock)
+    lagging = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    if first == "moved since":
+        later = {"spec": {"kind": "at", "at": utc_text(int(clock.now) + 3600)}}
+        ControlPlane(lagging).update("alice", left, if_match=1, changes=later)
+    elif first == "another region's":
+        aws.dynamodb.update_item(
+            TableName=aws.settings.schedules_table,
+            Key=to_dynamo(current_key(left)),
+            UpdateExpression="SET home_region = :west",
+            ExpressionAttributeValues={":west": {"S": "us-west-2"}},
+        )
+    else:
+        moving = to_dynamo(current_key(left))
+
+        def pause_first(_: str, request: dict[str, Any]) -> None:
+            updates = [a["Update"]["Key"] for a in request["TransactItems"] if "Update" in a]
+            if moving in updates and current(aws, left)["state"] == ScheduleState.ACTIVE:
+                ControlPlane(aws).pause("alice", left)
+
+        faults.before["transact_write_items"] = pause_first
+    number = shard(aws, left)
+    walked = aws.leases.watermark(number)
+    assert walked is not None
+    ahead = due_bucket(max(walked, int(clock.now) // 60 * 60) + 120, number)
+    # WHEN the reconciler checks the hour that holds their fires
+    [result] = Reconciler(lagging).run([number], hour, hour + 3600)
+    # THEN it leaves that one where it is and still moves the other ahead of the walk: one it
+    # must leave is no reason to stop reading the bucket
+    assert result.moved == [stuck]
+    assert current(aws, stuck)["due_bucket"] == ahead
+    assert current(aws, left).get("due_bucket") != ahead
 
 
 def test_reconciler_right_after_a_catch_up_on_a_lagging_replica_still_moves_a_stranded_cursor(
