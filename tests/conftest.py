@@ -11,10 +11,13 @@ clients and moto backends.
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import botocore.loaders
 import botocore.session
+import pytest
 
 botocore.session.create_loader = functools.lru_cache(maxsize=None)(botocore.loaders.create_loader)
 
@@ -63,3 +66,17 @@ def _install_moto_fast_path() -> None:
 
 
 _install_moto_fast_path()
+
+
+@pytest.fixture
+def host_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Puts the process in a local time zone (as on a developer's machine or a host not set
+    to UTC) until the test ends: what Punctual computes must not depend on it."""
+
+    def enter(name: str) -> None:
+        monkeypatch.setenv("TZ", name)
+        time.tzset()
+
+    yield enter
+    monkeypatch.undo()
+    time.tzset()

@@ -23,7 +23,7 @@ from punctual.materializer import (
     STEP_LIMIT,
     Materializer,
 )
-from punctual.models import OccurrenceState, ScheduleDefinition, ScheduleState
+from punctual.models import Finding, OccurrenceState, ScheduleDefinition, ScheduleState
 from punctual.planning import CATCHUP_AFTER
 from punctual.reconciler import Reconciler
 from punctual.scheduling import ControlPlane
@@ -1283,6 +1283,25 @@ def test_reconciler_moves_a_cursor_left_behind_the_walk_and_it_fires(
     assert instants(aws, sid) == [stash["next_run_at"]]
     assert current(aws, sid)["state"] == ScheduleState.COMPLETED
     assert alice.get("/v1/tenant").body["schedule_count"] == 0
+
+
+def test_a_check_only_reconcile_leaves_a_cursor_left_behind_the_walk_where_it_is(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot whose due-index entry the walk passed without seeing it
+    at = int(clock.now) + 3600
+    sid = make(aws, spec={"kind": "at", "at": utc_text(at)})
+    _walk_past_unseen(aws, clock, [sid], until=at + 120)
+    stuck = current(aws, sid)["due_bucket"]
+    # WHEN a check-only reconcile (repair off) checks the hour that holds its fire
+    hour = at - at % 3600
+    clock.now = hour + 2 * 3600 + 60
+    [result] = Reconciler(aws, repair=False).run([shard(aws, sid)], hour, hour + 3600)
+    # THEN it reports the fire MISSING and writes nothing: the cursor stays where it is
+    assert result.report.counts[Finding.MISSING] == 1
+    assert result.moved == []
+    assert result.report.cursors_moved == 0
+    assert current(aws, sid)["due_bucket"] == stuck
 
 
 @pytest.mark.parametrize("first", ["moved since", "another region's", "refused"])

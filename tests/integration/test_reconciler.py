@@ -18,7 +18,7 @@ from reconciler import handler
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import OccurrenceStore
-from punctual.dal.reports import ReportStore
+from punctual.dal.reports import ReportStore, report_key
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import current_key, occurrence_key
 from punctual.errors import InvalidInput
@@ -133,6 +133,27 @@ def total(results: list[ShardResult], finding: Finding) -> int:
 
 def ids(results: list[ShardResult], name: str) -> set[str]:
     return {oid for r in results for oid in getattr(r, name)}
+
+
+def plant(aws: Services, sid: str, version: int, instant: int, *, local: str = "") -> str:
+    """Store an occurrence of ``version`` at ``instant`` that no planner made (SCHEDULED,
+    showing the wall time ``local`` when given): its id."""
+    oid = occurrence_id(sid, version, instant)
+    aws.dynamodb.put_item(
+        TableName=aws.settings.occurrences_table,
+        Item={
+            **to_dynamo(occurrence_key(oid)),
+            "occurrence_id": {"S": oid},
+            **({"local": {"S": local}} if local else {}),
+            "schedule_version": {"N": str(version)},
+            "scheduled_for": {"N": str(instant)},
+            "available_at": {"N": str(instant)},
+            "tenant_id": {"S": "alice"},
+            "target": {"S": "default"},
+            "state": {"S": "SCHEDULED"},
+        },
+    )
+    return oid
 
 
 # --- a clean system --------------------------------------------------------------------
@@ -259,6 +280,63 @@ def test_reconciler_reads_no_occurrence_of_a_schedule_owning_no_fire_in_a_settle
     clock.now = at("12:00") + INDEX_SETTLED
     reconcile(aws, at("11:00"), at("12:00"))
     assert read == [hourly]
+
+
+@pytest.mark.parametrize(("paused_at", "read"), [("09:00:00", False), ("09:00:01", True)])
+def test_reconciler_reads_a_schedule_paused_after_its_history_margin_began(
+    alice: Api, aws: Services, clock: Clock, paused_at: str, read: bool
+):
+    # GIVEN an hourly schedule paused an hour before [10:00, 11:00) (where the history margin
+    # begins), or a second later
+    clock.now = at("08:50")
+    sid = make(aws, spec=cron_spec("0 * * * *"))
+    clock.now = at(paused_at)
+    ControlPlane(aws).pause("alice", sid)
+    # WHEN the hourly run checks that hour at 12:05
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN one paused at the margin's start is dormant and not read (nothing of it can be
+    # stored in the hour); one paused within the margin is read, as what an earlier version
+    # planned may still trail into the window
+    assert sum(r.report.schedules for r in results) == int(read)
+
+
+def test_reconciler_reads_a_one_shot_completed_after_a_run_now_at_its_windows_first_second(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot at 08:30, made at 08:00 and not fired by 10:00 (the materializer
+    # down), run now at 10:00:00, then fired late and completed as the materializer comes back
+    clock.now = at("08:00")
+    sid = make(aws, spec={"kind": "at", "at": f"{DAY}T08:30:00Z"})
+    clock.now = at("10:00")
+    manual = ControlPlane(aws).trigger("alice", sid, None).occurrence
+    assert manual.scheduled_for == at("10:00")
+    materialize_until(aws, clock, at("10:05"), shards_of(aws, [sid]))
+    assert current_item(aws, sid)["state"] == ScheduleState.COMPLETED
+    # WHEN the reconciler checks [10:00, 11:00)
+    # THEN it reads the schedule, though its rule ended before the history margin began (the
+    # run now marks it for the window's first second): the run now is counted by its state
+    _clean_ten_oclock_hour(aws, clock, in_flight=1)
+
+
+def test_reconciler_reads_a_schedule_made_in_its_window_whatever_the_hosts_zone(
+    alice: Api, aws: Services, clock: Clock, host_zone: Callable[[str], None]
+):
+    # GIVEN a */5 schedule made at 10:02, its 10:30 fire lost, on a host whose local zone is
+    # five hours behind UTC
+    clock.now = at("10:02")
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire={"max_lateness_seconds": 7 * 86400})
+    lost = occurrence_id(sid, 1, at("10:30"))
+    materialize_until(
+        aws, clock, at("11:10"), shards_of(aws, [sid]), skip=lambda s, t: t == at("10:30")
+    )
+    host_zone("America/New_York")
+    # WHEN the reconciler checks [10:00, 11:00)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"), repair=False)
+    # THEN it reads the schedule (the window's end is compared with creation instants in
+    # UTC, not as 06:00 local) and finds the lost fire
+    assert [i for r in results for i in r.report.examples.get(Finding.MISSING, [])] == [lost]
 
 
 # --- injected gaps -------------------------------------------------------------------------
@@ -649,6 +727,34 @@ def test_reconciler_expected_sets_follow_updates_zone_changes_and_pauses(
     assert total(results, Finding.IN_FLIGHT) == 1
 
 
+@pytest.mark.parametrize(
+    ("changed_at", "finding"),
+    [("10:10:00", Finding.SUPERSEDED), ("10:09:59", Finding.UNEXPECTED)],
+)
+def test_reconciler_expects_a_superseded_fire_only_as_far_past_the_change_as_it_was_planned(
+    alice: Api, aws: Services, clock: Clock, changed_at: str, finding: Finding
+):
+    # GIVEN a minutely schedule changed at 10:10:00 (or a second earlier), materialized
+    # throughout, and an occurrence of its first version at 10:18:00 (planned before the
+    # change, or by no one)
+    clock.now = at("09:50")
+    sid = make(aws, spec=cron_spec("* * * * *"))
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("10:09"), shards, every=60)
+    clock.now = at(changed_at)
+    ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"n": 2}})
+    materialize_until(aws, clock, at("11:05"), shards, every=60)
+    trailing = plant(aws, sid, 1, at("10:18"))
+    # WHEN the reconciler checks [10:00, 11:00)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"), repair=False)
+    # THEN a version's fire is expected (SUPERSEDED) as far past its change as the API or
+    # the materializer can have planned it: the planned horizon and three minutes more (8
+    # here); a second beyond that, no planner made it: it is a stray (UNEXPECTED)
+    assert aws.settings.planned_horizon_seconds + 180 == at("10:18") - at("10:10")
+    assert trailing in set().union(*(r.report.examples.get(finding, []) for r in results))
+
+
 def test_reconciler_reads_a_long_history_across_pages(alice: Api, aws: Services, clock: Clock):
     # GIVEN a */5 schedule created at 09:30 and updated ten times between 10:02 and 10:38
     # (more versions than one history page holds), materialized every minute throughout
@@ -788,22 +894,8 @@ def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
     # still show at its instant, so it is not a fire planned under older rules), and a real
     # one is lost
     expression, wrong = NAIVE[day]
-    bogus = occurrence_id(schedules[expression], 1, at(wrong, day))
     wall = datetime.fromtimestamp(at(wrong, day), ZoneInfo(NEW_YORK)).replace(tzinfo=None)
-    aws.dynamodb.put_item(
-        TableName=aws.settings.occurrences_table,
-        Item={
-            **to_dynamo(occurrence_key(bogus)),
-            "occurrence_id": {"S": bogus},
-            "local": {"S": wall.isoformat()},
-            "schedule_version": {"N": "1"},
-            "scheduled_for": {"N": str(at(wrong, day))},
-            "available_at": {"N": str(at(wrong, day))},
-            "tenant_id": {"S": "alice"},
-            "target": {"S": "default"},
-            "state": {"S": "SCHEDULED"},
-        },
-    )
+    bogus = plant(aws, schedules[expression], 1, at(wrong, day), local=wall.isoformat())
     real = occurrence_id(schedules["*/30 * * * *"], 1, at("05:30", day))
     aws.dynamodb.delete_item(
         TableName=aws.settings.occurrences_table,
@@ -837,6 +929,14 @@ def test_reconciler_stores_one_report_per_shard_and_window(alice: Api, aws: Serv
     assert not mine.repair
     assert mine.repaired_fired == 0
     assert sum(r.schedules for r in reports) == 1
+    # AND each is purged (the table's TTL) once the occurrences it speaks of are: the
+    # retention after the window's end
+    item = aws.dynamodb.get_item(
+        TableName=aws.settings.leases_table,
+        Key={"pk": {"S": report_key(at("10:00"), at("11:00"), mine.shard)}},
+        ConsistentRead=True,
+    )["Item"]
+    assert int(item["purge_at"]["N"]) == at("11:00") + aws.settings.retention_days * 86400
     # AND a later run of the same window replaces it; another window has no report
     clock.advance(60)
     reconcile(aws, at("10:00"), at("11:00"))
@@ -849,39 +949,61 @@ def test_reconciler_stores_one_report_per_shard_and_window(alice: Api, aws: Serv
     assert read_reports(aws, at("10:00"), shards=[mine.shard]) == [newer]
 
 
+LATER = {"field": "window_end", "reason": "must be later than window_start"}
+CLOSED = {"field": "window_end", "reason": "only a closed, past window is reconciled"}
+SPAN = {"field": "window_end", "reason": f"a window spans at most {24 * HOUR} s"}
+SHARDS = {"field": "shards", "reason": "shards are 0..1"}  # (2 shards here)
+
+
 @pytest.mark.parametrize(
-    ("start", "end", "reason"),
+    ("start", "end", "shards", "problems"),
     [
-        (at("11:00"), at("10:00"), "later than window_start"),
-        (at("11:00"), at("13:00"), "closed, past window"),  # not over at 12:05
-        (at("11:00") - 25 * HOUR, at("11:00"), "at most"),
+        (at("11:00"), at("10:00"), [0], [LATER]),
+        (at("11:00"), at("11:00"), [0], [LATER]),  # an empty window
+        (at("11:00"), at("13:00"), [0], [CLOSED]),  # not over at 12:05
+        (at("11:00") - 24 * HOUR - 1, at("11:00"), [0], [SPAN]),
+        (at("10:00"), at("11:00"), [2], [SHARDS]),
+        (at("10:00"), at("11:00"), [-1], [SHARDS]),
+        (at("11:00"), at("13:00"), [0, 2], [CLOSED, SHARDS]),
     ],
 )
-def test_reconciler_refuses_inverted_open_or_oversized_windows(
-    alice: Api, aws: Services, clock: Clock, start: int, end: int, reason: str
+def test_reconciler_refuses_a_request_naming_each_field_and_reason(
+    alice: Api,
+    aws: Services,
+    clock: Clock,
+    start: int,
+    end: int,
+    shards: list[int],
+    problems: list[dict[str, str]],
 ):
-    # GIVEN the clock at 12:05
+    # GIVEN 2 shards and the clock at 12:05
     clock.now = at("12:05")
-    # WHEN a window that is inverted, not over yet, or over a day long is asked for
+    # WHEN a window that is inverted or empty, not over yet or over a day long, or a shard
+    # that does not exist, is asked for
     with pytest.raises(InvalidInput) as refused:
-        reconcile(aws, start, end)
-    # THEN it is refused, naming the field and the reason
-    assert "window_end" in str(refused.value)
-    assert reason in str(refused.value)
+        reconcile(aws, start, end, shards=shards)
+    # THEN it is refused, each problem with its field and reason, all of them in one message
+    assert refused.value.details["fields"] == problems
+    assert refused.value.message == "the reconcile request is not valid: " + "; ".join(
+        f"{p['field']}: {p['reason']}" for p in problems
+    )
 
 
-def test_reconciler_accepts_a_closed_window_of_hours(alice: Api, aws: Services, clock: Clock):
-    # GIVEN the clock at 12:05; WHEN ten closed hours are reconciled THEN each shard reports
+@pytest.mark.parametrize(
+    ("start", "end", "shards"),
+    [
+        (at("00:00"), at("10:00"), [0, 1]),  # ten closed hours, every shard
+        (at("12:05") - 24 * HOUR, at("12:05"), [1]),  # a whole day, ending now; the last shard
+    ],
+)
+def test_reconciler_accepts_a_closed_window_of_at_most_a_day_over_known_shards(
+    alice: Api, aws: Services, clock: Clock, start: int, end: int, shards: list[int]
+):
+    # GIVEN the clock at 12:05; WHEN closed windows up to a day long (the longest ending this
+    # very second) are reconciled over known shards THEN each shard asked for reports
     clock.now = at("12:05")
-    results = reconcile(aws, at("00:00"), at("10:00"))
-    assert [r.report.shard for r in results] == list(range(aws.settings.shard_count))
-
-
-def test_reconciler_refuses_unknown_shards(alice: Api, aws: Services, clock: Clock):
-    # GIVEN 8 shards; WHEN shard 8 is asked for THEN the request is refused
-    clock.now = at("12:05")
-    with pytest.raises(InvalidInput, match="shards"):
-        reconcile(aws, at("10:00"), at("11:00"), shards=[aws.settings.shard_count])
+    results = reconcile(aws, start, end, shards=shards)
+    assert [r.report.shard for r in results] == shards
 
 
 class FifteenMinutes(LambdaContextStub):

@@ -4,8 +4,7 @@ item: a change of form strands what was written before it."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -15,13 +14,9 @@ from punctual.dal.tables import occurrence_sk
 
 
 @pytest.fixture
-def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def far_from_utc(host_zone: Callable[[str], None]) -> None:
     """The process's local time zone, as on a developer's machine running `make run`."""
-    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14: every local date differs
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    host_zone("Pacific/Kiritimati")  # UTC+14: every local date differs
 
 
 def _epoch(text: str) -> int:

@@ -3,8 +3,7 @@ and the TTL that purges them."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,13 +18,9 @@ WINDOW = (epoch("2026-11-18T10:00:00Z"), epoch("2026-11-18T11:00:00Z"))
 
 
 @pytest.fixture
-def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def new_york(host_zone: Callable[[str], None]) -> None:
     """The process in another local zone than UTC (a developer's machine)."""
-    monkeypatch.setenv("TZ", "America/New_York")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    host_zone("America/New_York")
 
 
 def report() -> ReconcileReport:
