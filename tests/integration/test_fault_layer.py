@@ -11,19 +11,26 @@ from tests.integration.conftest import Clock
 SKS = ("OCC#1", "OCC#5", "OCC#9")
 
 
-def test_a_lagging_replica_serves_deleted_items_only_within_the_querys_sort_key_range(
-    aws: Services, clock: Clock
-) -> None:
-    # GIVEN three items of one partition, two of them deleted a moment ago through a
-    # replica a minute behind
+def _ends_deleted_through_a_lagging_replica(aws: Services, clock: Clock) -> FaultyDynamoDB:
+    """Three items of one partition (SKS), the first and the last deleted a moment ago
+    through a replica a minute behind: that replica."""
     table = aws.settings.occurrences_table
     replica = FaultyDynamoDB(aws.dynamodb, Faults(FaultPlan(stale=1.0, stale_seconds=60), clock))
     for sk in SKS:
-        item = {"schedule_id": {"S": "s"}, "sk": {"S": sk}}
-        aws.dynamodb.put_item(TableName=table, Item=item)
+        aws.dynamodb.put_item(TableName=table, Item={"schedule_id": {"S": "s"}, "sk": {"S": sk}})
     clock.advance(120)
     for sk in ("OCC#1", "OCC#9"):
         replica.delete_item(TableName=table, Key={"schedule_id": {"S": "s"}, "sk": {"S": sk}})
+    return replica
+
+
+def test_a_lagging_replica_serves_deleted_items_only_within_the_querys_sort_key_range(
+    aws: Services, clock: Clock
+) -> None:
+    # GIVEN three items of one partition, the first and the last deleted a moment ago through
+    # a replica a minute behind
+    table = aws.settings.occurrences_table
+    replica = _ends_deleted_through_a_lagging_replica(aws, clock)
 
     def served(condition: str, **bounds: str) -> list[str]:
         answer = replica.query(
@@ -48,11 +55,7 @@ def test_a_lagging_replica_serves_a_page_in_its_sort_key_order_old_images_in_the
     # GIVEN three items of one partition, the first and the last deleted a moment ago through
     # a replica a minute behind
     table = aws.settings.occurrences_table
-    replica = FaultyDynamoDB(aws.dynamodb, Faults(FaultPlan(stale=1.0, stale_seconds=60), clock))
-    for sk in SKS:
-        aws.dynamodb.put_item(TableName=table, Item={"schedule_id": {"S": "s"}, "sk": {"S": sk}})
-    for sk in ("OCC#1", "OCC#9"):
-        replica.delete_item(TableName=table, Key={"schedule_id": {"S": "s"}, "sk": {"S": sk}})
+    replica = _ends_deleted_through_a_lagging_replica(aws, clock)
 
     def served(forward: bool) -> list[str]:
         answer = replica.query(

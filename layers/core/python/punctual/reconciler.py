@@ -611,14 +611,15 @@ class Reconciler:
                 # fired as 09:00): crediting that one would leave 09:00 a gap, and the repair
                 # would fire it twice. A wall time outside the window keeps the id's owner.
                 owner = by_wall.get((occurrence.schedule_version, occurrence.local), owner)
-            consistent = owner is not None and owner.version == occurrence.schedule_version
-            if owner is not None and consistent:
+            # (An owner has the occurrence's version: found by id, which carries it, or by
+            # the version and the wall time.)
+            if owner is not None:
                 present.add(owner.occurrence_id)
             if is_manual(occurrence.occurrence_id) or rezoned(occurrence):
                 # Run now: no fire owes it, and none is owed it; nor one a change of the
                 # zone's rules canceled (its replacement is the fire's). By state only.
                 finding = _BY_STATE[occurrence.state]
-            elif owner is None or not consistent:
+            elif owner is None:
                 finding = Finding.UNEXPECTED
             elif owner.required:
                 finding = _BY_STATE[occurrence.state]
