@@ -308,6 +308,8 @@ class FaultyDynamoDB:
                     served.append(copy.deepcopy(old))
         order = self._sort_name(table, request.get("IndexName"))
         if order is not None:
+            # (An old image without the index's sort key was not in the index: it is sparse.)
+            served = [image for image in served if order in image]
             served.sort(
                 key=lambda image: _scalar(image[order]),
                 reverse=request.get("ScanIndexForward") is False,
