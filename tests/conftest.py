@@ -69,14 +69,15 @@ _install_moto_fast_path()
 
 
 @pytest.fixture
-def host_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+def host_zone() -> Iterator[Callable[[str], None]]:
     """Puts the process in a local time zone (as on a developer's machine or a host not set
-    to UTC) until the test ends: what Punctual computes must not depend on it."""
+    to UTC) until the test ends: what Punctual computes must not depend on it. Only TZ is
+    put back (a patch of its own: the test's other patches stay the test's)."""
+    with pytest.MonkeyPatch.context() as patch:
 
-    def enter(name: str) -> None:
-        monkeypatch.setenv("TZ", name)
-        time.tzset()
+        def enter(name: str) -> None:
+            patch.setenv("TZ", name)
+            time.tzset()
 
-    yield enter
-    monkeypatch.undo()
+        yield enter
     time.tzset()

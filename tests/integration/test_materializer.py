@@ -545,12 +545,16 @@ def test_materializer_cancel_racing_a_step_leaves_no_stale_scheduled_occurrence(
     assert current(aws, sid)["state"] == ScheduleState.CANCELED
 
 
-def crowded_bucket(aws: Services, spec: dict[str, Any], count: int) -> tuple[int, list[str]]:
+def crowded_bucket(
+    aws: Services, spec: dict[str, Any] | Callable[[int], dict[str, Any]], count: int
+) -> tuple[int, list[str]]:
     """``count`` schedules due in one bucket of one shard (made until one shard has that
-    many): the bucket's minute, and its schedules in the order the walk reads them."""
+    many; ``spec`` may be given the number made before, to spread them within the minute):
+    the bucket's minute, and its schedules in the order the walk reads them."""
     by_shard: dict[int, list[str]] = {}
     while max((len(v) for v in by_shard.values()), default=0) < count:
-        sid = make(aws, spec=spec)
+        made = sum(map(len, by_shard.values()))
+        sid = make(aws, spec=spec(made) if callable(spec) else spec)
         by_shard.setdefault(shard(aws, sid), []).append(sid)
     crowded = next(v for v in by_shard.values() if len(v) >= count)
     minute = current(aws, crowded[0])["next_available_at"] // 60 * 60
@@ -1314,13 +1318,10 @@ def test_reconciler_moving_cursors_left_behind_goes_on_past_one_it_must_leave(
     # lagging a minute still lists in the old bucket; one homed in another region (taken
     # over); one its tenant pauses between the reconciler's read and its move
     at = int(clock.now) // 60 * 60 + 3600
-    by_shard: dict[int, list[str]] = {}
-    while max(map(len, by_shard.values()), default=0) < 2:
-        made = sum(map(len, by_shard.values()))
-        sid = make(aws, spec={"kind": "at", "at": utc_text(at + made)})
-        by_shard.setdefault(shard(aws, sid), []).append(sid)
-    left, stuck = next(ids for ids in by_shard.values() if len(ids) == 2)
-    assert current(aws, left)["due_bucket"] == current(aws, stuck)["due_bucket"]
+    _, [left, stuck] = crowded_bucket(
+        aws, lambda made: {"kind": "at", "at": utc_text(at + made)}, 2
+    )
+    assert current(aws, left)["next_run_at"] < current(aws, stuck)["next_run_at"]
     _walk_past_unseen(aws, clock, [left, stuck], until=at + 120)
     hour = at - at % 3600
     clock.now = hour + 2 * 3600 + 60
