@@ -13,7 +13,8 @@ AWS documents it can:
 - a timeout after the write committed: the SDK retries the same request, which then meets
   its own write (a transaction with a ``ClientRequestToken`` is answered from the token, as
   DynamoDB does for 10 minutes); or no retry is left and the caller gets the error;
-- SQS batch sends with failed entries, and sends that time out after the messages went in.
+- SQS batch sends with failed entries, sends that fail before any message went in (no
+  answer: a connection that timed out), and sends that time out after the messages went in.
 
 It wraps clients, not the business logic: the code under test runs unchanged. Every fault
 injected is counted by kind (``injected``) so a run can say what it survived.
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from botocore.exceptions import ClientError, ReadTimeoutError
+from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutError
 
 Clock = Callable[[], float]
 Hook = Callable[[str, dict[str, Any]], None]
@@ -62,6 +63,7 @@ class FaultPlan:
     index_lag_seconds: float = 0.0
     send_failure: float = 0.0  # an SQS batch entry fails (not sent)
     send_timeout: float = 0.0  # an SQS batch went in but the call errs
+    send_error: float = 0.0  # an SQS batch call errs before any message went in
 
     @classmethod
     def none(cls) -> FaultPlan:
@@ -427,6 +429,9 @@ class FaultySQS:
         hook = self._faults.before.get("send_message_batch")
         if hook is not None:
             hook("send_message_batch", request)
+        if self._faults.roll(self._faults.plan.send_error, "send_error"):
+            # No connection, no answer: none of the batch reached the queue.
+            raise ConnectTimeoutError(endpoint_url="https://injected.local")
         failed = [
             e
             for e in request["Entries"]

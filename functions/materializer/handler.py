@@ -78,6 +78,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         ("ShardsBusy", sum(not r.claimed and not r.out_of_time for r in reports)),
         ("ShardsOutOfTime", sum(r.out_of_time for r in reports)),
         ("LeasesLost", sum(r.lease_lost for r in reports)),
+        ("MalformedItems", sum(r.malformed for r in reports)),
     ):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     return {"shards": [asdict(r) for r in reports]}

@@ -47,6 +47,9 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="DeadUnknownTarget", unit=MetricUnit.Count, value=report.dead)
     metrics.add_metric(name="StrictLate", unit=MetricUnit.Count, value=report.late_strict)
     metrics.add_metric(name="RelayRefused", unit=MetricUnit.Count, value=report.refused)
+    metrics.add_metric(name="RelayUndeliverable", unit=MetricUnit.Count, value=report.undeliverable)
+    metrics.add_metric(name="RelayTooEarly", unit=MetricUnit.Count, value=report.too_early)
+    metrics.add_metric(name="MalformedItems", unit=MetricUnit.Count, value=report.malformed)
     if report.late_strict:
         logger.warning(
             "strict occurrences receivable past the SLO", extra={"late": report.late_strict}

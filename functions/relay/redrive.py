@@ -49,6 +49,7 @@ def record_handler(record: SQSRecord) -> None:
         return
     # Anything not sent raises SendFailed: the message comes back and is tried again.
     metrics.add_metric(name="Redriven", unit=MetricUnit.Count, value=report.sent)
+    metrics.add_metric(name="MalformedItems", unit=MetricUnit.Count, value=report.malformed)
 
 
 @logger.inject_lambda_context

@@ -131,6 +131,9 @@ def _configured(dynamodb: Any, settings: Settings, clock: Clock) -> Iterator[Ser
         sqs=boto3.client("sqs", region_name="us-east-1"),
         settings=settings,
         now=clock,
+        # Retries pause on the injected clock's terms: not at all (a test of the back-off
+        # itself passes a sleep that records).
+        sleep=lambda seconds: None,
     )
     context.configure(services)
     yield services

@@ -207,6 +207,7 @@ def test_backfill_whose_commit_answer_was_lost_makes_nothing_twice_when_asked_ag
 ):
     from botocore.exceptions import ReadTimeoutError
 
+    from punctual.errors import Retryable
     from punctual.scheduling import ControlPlane
 
     # GIVEN a backfill whose transaction commits but whose answer is lost (a timeout)
@@ -223,8 +224,8 @@ def test_backfill_whose_commit_answer_was_lost_makes_nothing_twice_when_asked_ag
             raise ReadTimeoutError(endpoint_url="https://injected.local")
 
     faults.before["transact_write_items"] = commit_then_time_out
-    # WHEN the control plane backfills: the call fails (the API answers 5xx) ...
-    with pytest.raises(ReadTimeoutError):
+    # WHEN the control plane backfills: the call fails, retryable (the API answers 503) ...
+    with pytest.raises(Retryable):
         ControlPlane(lossy).backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)
     # ... and the client asks again
     again = ControlPlane(lossy).backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)

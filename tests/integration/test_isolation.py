@@ -31,6 +31,7 @@ from punctual.services import Services
 from punctual.settings import Settings
 from punctual.tenancy import TENANT_ID_PATTERN
 from tests.aws_calls import read_inventory
+from tests.hostile import allows
 from tests.integration.conftest import OPERATOR, Api, Clock, bootstrap
 from tests.integration.helpers import assert_error, create, cron
 from tests.integration.test_relay import messages, record
@@ -370,28 +371,6 @@ def test_worker_policy_served_to_the_tenant_and_to_operators(alice: Api, bob: Ap
     assert_error(Api(OPERATOR).get("/v1/admin/tenants/nobody/worker-policy"), 404, "not_found")
 
 
-def _allows(policy: dict[str, Any], action: str, resource: str, keys: list[str]) -> bool:
-    """IAM's answer for one call, for the elements the workers' policy uses: Allow
-    statements (nothing allowed is denied), exact or wildcard resources, and the
-    ForAllValues / Null conditions on dynamodb:LeadingKeys."""
-    for statement in _statements(policy):
-        if action not in statement["Action"]:
-            continue
-        if not fnmatch.fnmatchcase(resource, statement["Resource"]):
-            continue
-        condition = statement.get("Condition", {})
-        if condition.get("Null", {}).get("dynamodb:LeadingKeys") == "false" and not keys:
-            continue
-        like = condition.get("ForAllValues:StringLike", {}).get("dynamodb:LeadingKeys")
-        equal = condition.get("ForAllValues:StringEquals", {}).get("dynamodb:LeadingKeys")
-        if like is not None and not all(any(fnmatch.fnmatchcase(k, p) for p in like) for k in keys):
-            continue
-        if equal is not None and not all(k in equal for k in keys):
-            continue
-        return True
-    return False
-
-
 def test_worker_policy_denies_what_a_hostile_tenant_would_try():
     # GIVEN bob's workers' policy, and the calls bob might make with it
     settings = Settings(account_id=ACCOUNT)
@@ -431,8 +410,8 @@ def test_worker_policy_denies_what_a_hostile_tenant_would_try():
         ("sqs:SendMessage", f"arn:aws:sqs:us-east-1:{ACCOUNT}:punctual-alice_default", []),
     ]
     # THEN IAM would allow exactly the first list
-    assert [call for call in allowed if not _allows(policy, *call)] == []
-    assert [call for call in denied if _allows(policy, *call)] == []
+    assert [call for call in allowed if not allows(policy, *call)] == []
+    assert [call for call in denied if allows(policy, *call)] == []
 
 
 def test_worker_policy_allows_every_call_the_worker_sdk_makes():
@@ -462,6 +441,6 @@ def test_worker_policy_allows_every_call_the_worker_sdk_makes():
             if call.action == "dynamodb:UpdateItem" and table == settings.tenants_table:
                 keys_options = [["R#acme"]]  # its slots: the only tenants-table writes
         # THEN the generated policy allows it (for at least the partition it targets)
-        assert any(_allows(policy, call.action, resource, keys) for keys in keys_options), call
+        assert any(allows(policy, call.action, resource, keys) for keys in keys_options), call
         checked += 1
     assert checked >= 12

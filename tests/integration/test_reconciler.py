@@ -17,7 +17,7 @@ import pytest
 from reconciler import handler
 
 from punctual.dal.common import to_dynamo
-from punctual.dal.occurrences import OccurrenceStore
+from punctual.dal.occurrences import OccurrenceStore, Window
 from punctual.dal.reports import ReportStore, report_key
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import current_key, occurrence_key
@@ -254,13 +254,13 @@ def test_reconciler_reads_no_occurrence_of_a_schedule_owning_no_fire_in_a_settle
     hourly = make(aws, spec=cron_spec("0 * * * *"))
     materialize_until(aws, clock, at("12:10"), shards_of(aws, [daily, hourly]))
     read: list[str] = []
-    real = OccurrenceStore.in_window
+    real = OccurrenceStore.window
 
-    def spied(self: OccurrenceStore, schedule_id: str, **window: Any) -> list[Occurrence]:
+    def spied(self: OccurrenceStore, schedule_id: str, **window: Any) -> Window:
         read.append(schedule_id)
         return real(self, schedule_id, **window)
 
-    monkeypatch.setattr(OccurrenceStore, "in_window", spied)
+    monkeypatch.setattr(OccurrenceStore, "window", spied)
     # WHEN the hourly run checks that hour at 12:05
     clock.now = at("12:05")
     results = reconcile(aws, at("10:00"), at("11:00"))

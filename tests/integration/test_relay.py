@@ -19,7 +19,7 @@ from punctual.integrations.queues import queue_name
 from punctual.models import OccurrenceState, ScheduleDefinition
 from punctual.relay import (
     QUEUE_CACHE_SECONDS,
-    SEND_ATTEMPTS,
+    SEND,
     DelayTooLong,
     QueueDirectory,
     Relay,
@@ -90,6 +90,12 @@ def state(aws: Services, occurrence_id: str) -> str:
     found = aws.occurrences.get_with_attempts(occurrence_id)
     assert found is not None
     return found[0].state.value
+
+
+def reason(aws: Services, occurrence_id: str) -> str | None:
+    found = aws.occurrences.get(occurrence_id)
+    assert found is not None
+    return found.reason
 
 
 def messages(aws: Services, tenant: str) -> list[dict[str, Any]]:
@@ -347,10 +353,11 @@ def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
     # THEN the bad record is reported (the stream will bring it back), the good one is done
     assert set(report.failures) == {"7"}
     assert str(report.failures["7"]) == "InternalError"  # SQS's code (no message given)
-    # AND it was tried three times (SEND_ATTEMPTS), backing off 0.1 s then 0.2 s
-    assert SEND_ATTEMPTS == 3
+    # AND it was tried three times (SEND), after a jittered pause of at most 0.1 s, then 0.2 s
+    assert SEND.tries == 3
     assert [len(b["Entries"]) for b in spy.batches] == [2, 1, 1]
-    assert slept == pytest.approx([0.1, 0.2])
+    assert len(slept) == 2
+    assert all(0 <= pause <= bound for pause, bound in zip(slept, [0.1, 0.2], strict=True))
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
     assert state(aws, bad) == "SCHEDULED"
 
@@ -494,7 +501,29 @@ def test_relay_unknown_target_goes_dead_without_blocking_the_batch(
 def test_relay_handler_reports_undelivered_records_as_batch_item_failures(
     alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ):
-    # GIVEN the Lambda handler and a record whose delay would exceed SQS's 900 s
+    # GIVEN the Lambda handler and a record SQS keeps failing transiently (not the sender's
+    # fault: it may go in on the mapping's retry)
+    from relay import handler
+
+    occ = one_shot(aws, clock)
+    good = one_shot(aws, clock)
+    clock.advance(30)
+    wire(handler, dataclasses.replace(aws, sqs=SpySQS(aws.sqs, fail={occ: -1})), monkeypatch)
+    # WHEN the handler runs on the batch
+    answer = handler.lambda_handler(
+        {"Records": [record(aws, occ, 11), record(aws, good, 12)]}, LambdaContextStub()
+    )
+    # THEN only the undelivered record is reported, by its sequence number
+    assert answer == {"batchItemFailures": [{"itemIdentifier": "11"}]}
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
+    assert state(aws, occ) == "SCHEDULED"
+
+
+def test_relay_handler_holds_back_a_record_due_past_sqss_delay_without_failing_the_batch(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN the Lambda handler and a record whose delay would exceed SQS's 900 s (a forged
+    # available_at, or a planning bug)
     from relay import handler
 
     occ = one_shot(aws, clock)
@@ -507,8 +536,10 @@ def test_relay_handler_reports_undelivered_records_as_batch_item_failures(
     answer = handler.lambda_handler(
         {"Records": [late_record, record(aws, good, 12)]}, LambdaContextStub()
     )
-    # THEN only the undeliverable record is reported, by its sequence number
-    assert answer == {"batchItemFailures": [{"itemIdentifier": "11"}]}
+    # THEN no record is reported: a retried batch would meet it again and again, holding
+    # back every record after it on the stream shard; it is never sent early, stays
+    # SCHEDULED, and the reconciler re-sends it once it is overdue (punctual.redrive)
+    assert answer == {"batchItemFailures": []}
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
     assert state(aws, occ) == "SCHEDULED"
 
@@ -602,11 +633,14 @@ def test_relay_reports_a_senders_fault_at_once_and_retries_the_other_failures(
     report = Relay(Services(aws.dynamodb, sqs, aws.settings, aws.now), sleep=lambda _: None).relay(
         [record(aws, occ, n) for n, occ in enumerate(made, 1)]
     )
-    # THEN only the sender's fault is a failure, reported without a second try; the two
-    # transient failures were both retried and sent
-    assert set(report.failures) == {"1"}
-    assert str(report.failures["1"]) == (
-        "InvalidParameterValue: Message must be shorter than 262144 bytes."
+    # THEN the sender's fault is not tried again and is no failure of the batch (SQS would
+    # refuse it every time, holding back every record after it on the stream shard): it is
+    # DEAD with SQS's reason; the two transient failures were both retried and sent
+    assert report.failures == {}
+    assert report.undeliverable == 1
+    assert state(aws, made[0]) == "DEAD"
+    assert reason(aws, made[0]) == (
+        "SQS refused the message: InvalidParameterValue: Message must be shorter than 262144 bytes."
     )
     tries = [
         [e["MessageAttributes"]["occurrence_id"]["StringValue"] for e in batch["Entries"]]

@@ -55,7 +55,7 @@ from punctual_client.worker import (
 )
 from punctual_client.worker.core import (
     CLAIM_ROUNDS,
-    FINISH_ATTEMPTS,
+    FINISH,
     MAX_VISIBILITY,
     REQUEUE_AFTER_RECEIVES,
     SLOT_PROBES,
@@ -2871,14 +2871,15 @@ def test_worker_completion_throttled_every_time_is_tried_four_times_then_raised(
         raise Retryable("throttled")
 
     work.runs.finish = throttled  # type: ignore[method-assign]
-    monkeypatch.setattr("punctual_client.worker.core.time.sleep", sleeps.append)
-    # WHEN the handler returns; THEN the same fenced completion is tried FINISH_ATTEMPTS
-    # times with a doubling pause, and the fault is raised (the message stays, its lease
-    # runs out and a redelivery takes over): never reported done without the write
+    monkeypatch.setattr(work, "services", dataclasses.replace(aws, sleep=sleeps.append))
+    # WHEN the handler returns; THEN the same fenced completion is tried FINISH.tries times
+    # with a jittered pause whose bound doubles, and the fault is raised (the message stays,
+    # its lease runs out and a redelivery takes over): never reported done without the write
     with pytest.raises(Retryable):
         work.process(delivery)
-    assert finishes == [1] * FINISH_ATTEMPTS
-    assert sleeps == [0.05, 0.1, 0.2]
+    assert finishes == [1] * FINISH.tries
+    assert len(sleeps) == FINISH.tries - 1
+    assert all(0 <= pause <= FINISH.ceiling(n) for n, pause in enumerate(sleeps))
     assert state(aws, occ) is S.RUNNING
 
 

@@ -227,6 +227,7 @@ def result(shard: int, base: int, *, complete: bool = True) -> ShardResult:
         cursors_moved=base + 25,
         redriven=base + 26,
         replanned=base + 27,
+        malformed=base + 28,
     )
     return ShardResult(report, [], [], [], [], [])
 
@@ -247,6 +248,7 @@ def test_metric_values_are_zero_for_no_results_and_report_the_given_up_hours():
         "ReconcileRedriven",
         "ReconcileReplanned",
         "ReconcileGaveUp",
+        "MalformedItems",
     }
     assert metric_values([], given_up=3)["ReconcileGaveUp"] == 3
 
@@ -265,6 +267,7 @@ def test_metric_values_sum_every_count_over_the_shards():
     assert totals["ReconcileCursorsMoved"] == 125 + 1025
     assert totals["ReconcileRedriven"] == 126 + 1026
     assert totals["ReconcileReplanned"] == 127 + 1027
+    assert totals["MalformedItems"] == 128 + 1028
     assert totals["ReconcileIncomplete"] == 1
     assert totals["ReconcileGaveUp"] == 2
 

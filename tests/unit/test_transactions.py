@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from punctual.dal.common import ConditionFailed, Transactions, transact
+from punctual.dal.common import ConditionFailed, Dynamo, Transactions, transact
 from punctual.errors import Retryable
 
 ACTIONS: list[tuple[str, dict[str, Any]]] = [
@@ -46,8 +46,8 @@ def _cancelled(*reasons: dict[str, Any] | None) -> dict[str, Any]:
 def test_each_transaction_carries_its_own_idempotency_token() -> None:
     # GIVEN two transactions sent one after the other
     client = Client()
-    transact(client, [{"Put": {}}])
-    transact(client, [{"Put": {}}])
+    transact(Dynamo(client), [{"Put": {}}])
+    transact(Dynamo(client), [{"Put": {}}])
     # THEN each has a token (the SDK's resend of a committed call whose answer was lost is
     # then answered as the success it was, not refused by its own write), and not the same
     # one (a second transaction with the first's token would be taken for its resend)

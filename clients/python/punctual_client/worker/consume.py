@@ -17,7 +17,14 @@ from aws_lambda_powertools.utilities.batch import (
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from punctual.observability import logger, metrics
-from punctual_client.worker.core import METRICS, Delivery, Result, Worker, queue_url_of
+from punctual_client.worker.core import (
+    METRICS,
+    Delivery,
+    Outcome,
+    Result,
+    Worker,
+    queue_url_of,
+)
 
 
 class QueueConsumer:
@@ -57,7 +64,7 @@ class QueueConsumer:
             for m in received
         ]
         with ThreadPoolExecutor(max_workers=max(1, min(self.threads, len(deliveries)))) as pool:
-            results = list(pool.map(self.worker.process, deliveries))
+            results = list(pool.map(self._process, deliveries))
         done = [d for d, r in zip(deliveries, results, strict=True) if r.delete]
         if done:
             answer = sqs.delete_message_batch(
@@ -72,6 +79,16 @@ class QueueConsumer:
         for delivery, result in zip(deliveries, results, strict=True):
             self.on_result(delivery, result)
         return results
+
+    def _process(self, delivery: Delivery) -> Result:
+        """One delivery; a failure of its own (DynamoDB or SQS unreachable past their
+        retries) keeps its message (it comes back) without costing the rest of the received
+        batch their deletes."""
+        try:
+            return self.worker.process(delivery)
+        except Exception as error:
+            logger.exception("processing failed; the message comes back")
+            return Result(Outcome.FAILED, f"{type(error).__name__}: {error}")
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

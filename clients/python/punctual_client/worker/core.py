@@ -12,7 +12,6 @@ import json
 import random
 import secrets
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from punctual.backoff import Backoff
 from punctual.dal.common import ConditionFailed
 from punctual.dal.runs import (
     OVERLAP,
@@ -53,7 +53,8 @@ THROTTLE_BACKOFF = (5, 30)
 # Well below the target queue's redrive count (integrations/queues.py MAX_RECEIVE_COUNT = 25):
 # ApproximateReceiveCount is approximate.
 REQUEUE_AFTER_RECEIVES = 10
-FINISH_ATTEMPTS = 4
+# A completion met by a conflict or throttling is tried again (the lease is still ours).
+FINISH = Backoff(tries=4, base=0.05, cap=0.5)
 # SQS refuses to hide a message for more than 12 hours counted from its receive; the minute
 # off covers the time since this receive (a claim comes seconds after it). A handler that
 # runs longer sees its message again: the claim answers IN_PROGRESS while the lease lives.
@@ -81,6 +82,7 @@ class Outcome(StrEnum):
     THROTTLED = "THROTTLED"  # the tenant's concurrency limit is reached: visible again later
     LEASE_LOST = "LEASE_LOST"  # our lease expired and another worker took over
     REJECTED = "REJECTED"  # not an occurrence message of this tenant: to the DLQ
+    FAILED = "FAILED"  # processing raised (AWS unreachable past retries): the message stays
 
 
 # What happens to the SQS message after each outcome; the others stay in the queue.
@@ -107,6 +109,7 @@ METRICS = {
     Outcome.THROTTLED: "ConcurrencyThrottled",
     Outcome.LEASE_LOST: "WorkerLeasesLost",
     Outcome.REJECTED: "Rejected",
+    Outcome.FAILED: "ProcessingFailed",
 }
 
 
@@ -164,7 +167,11 @@ class Job:
 
     def heartbeat(self) -> bool:
         """Extend the lease, the slots and the message's visibility together; False once the
-        lease is lost (the handler should stop: its completion will be rejected)."""
+        run is no longer this worker's: its lease, or a slot it holds (the tenant's
+        concurrency slot, the schedule's run slot), passed to another run after the lease
+        ran out. The handler should stop: the SDK records nothing of this attempt once a
+        heartbeat said False (no completion is written, whatever the handler returns or
+        raises), and a later delivery runs the occurrence again."""
         if not self.lease_lost:
             self.lease_lost = not self._worker.extend(self._lease, self._delivery)
         return not self.lease_lost
@@ -215,7 +222,7 @@ class Worker:
         self.permanent = permanent
         self.cancel_check_seconds = cancel_check_seconds
         self.rng = rng or random.Random()
-        self.runs = RunStore(services.dynamodb, services.settings)
+        self.runs = RunStore(services.db, services.settings, services.bad_items)
         self.stats: Counter[Outcome] = Counter()
         self._lock = threading.Lock()
         self._limit: tuple[int, float] | None = None
@@ -313,6 +320,7 @@ class Worker:
         slot = self._free_slot(now)
         if slot is None:
             return Result(Outcome.THROTTLED, "tenant concurrency limit reached", self._later())
+        queue_one = schedule.overlap is OverlapPolicy.QUEUE_ONE
         lease = RunLease(
             occurrence_id=message.occurrence_id,
             tenant_id=self.tenant_id,
@@ -322,14 +330,17 @@ class Worker:
             expires_at=now + self.lease_seconds,
             concurrency_slot=slot,
             overlap=schedule.overlap is not OverlapPolicy.ALLOW,
-            queue_one=schedule.overlap is OverlapPolicy.QUEUE_ONE,
+            # QUEUE_ONE: a new occurrence must not jump ahead of one already waiting; the
+            # take-over or retry of one that ran already is that occurrence's own run going
+            # on, and no waiting one is ahead of it.
+            queue_one=queue_one and seen.state is OccurrenceState.SCHEDULED,
             attempt_index=len(seen.attempts),
         )
         try:
             self.runs.claim(lease, seen=seen, now=now, queued_at=delivery.sent_at or now)
         except ConditionFailed as refused:
             holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
-            if refused.label == OVERLAP and lease.queue_one:
+            if refused.label == OVERLAP and queue_one:
                 return self._wait(message, seen, holder, now)
             if refused.label == OVERLAP:
                 reason = f"{holder} of this schedule is running"
@@ -344,6 +355,9 @@ class Worker:
             )
         except Retryable:
             return None
+        if queue_one and not lease.queue_one:
+            # A retry that had to wait (another ran meanwhile) gives the wait slot up now.
+            self._leave_queue(message, schedule)
         # The claim's transaction checks no schedule: read it again, strongly consistent.
         # Versions only grow, so one still current now was current at the claim, which is
         # then ordered before any change (whose answer reports the run); one changed since
@@ -453,6 +467,13 @@ class Worker:
             error = raised
         finally:
             stop()
+        if job.lease_lost:
+            # A heartbeat answered False: the run is no longer this worker's (its lease, or a
+            # slot it held, passed to another run after the lease ran out), and the handler
+            # was told to stop. Whatever it did is not recorded: the attempt ends LOST when
+            # a later delivery takes the occurrence over and runs it again.
+            self.runs.release(lease)
+            return Result(Outcome.LEASE_LOST, f"attempt {lease.attempt_no} lost its lease")
         now = self._now()
         if error is None:
             return self._finish(
@@ -499,7 +520,7 @@ class Worker:
         error: str | None = None,
         retry_in: int | None = None,
     ) -> Result:
-        for attempt in range(FINISH_ATTEMPTS):
+        for attempt in FINISH.attempts(self.services.sleep):
             try:
                 self.runs.finish(
                     lease,
@@ -519,9 +540,8 @@ class Worker:
             except Retryable:
                 # A transaction conflict or throttling, not a verdict: the lease is still
                 # ours, so the same fenced completion is tried again.
-                if attempt == FINISH_ATTEMPTS - 1:
+                if attempt == FINISH.tries - 1:
                     raise
-                time.sleep(0.05 * 2**attempt)
         self.runs.release(lease)
         if state is OccurrenceState.SUCCEEDED:
             return Result(Outcome.SUCCEEDED)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from punctual.backoff import Backoff
 from punctual.dal.common import ConditionFailed
 from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease
 from punctual.dal.schedules import (
@@ -47,6 +48,9 @@ STEP_LIMIT = 20  # occurrences one schedule step may create
 LEASE_SECONDS = 20
 RENEW_AFTER = LEASE_SECONDS // 3
 MAX_RETRIES = 5
+# The pause before each of those retries: a throttled or contended transaction tried again at
+# once would meet the same hot partition (or the same rival) again.
+RETRY = Backoff(tries=MAX_RETRIES + 1, base=0.05, cap=1.0)
 
 CrashHook = Callable[[str], None]
 # Fault injection for the reconciler's tests: (schedule_id, scheduled_for) -> drop it silently.
@@ -66,6 +70,7 @@ class ShardReport:
     lease_lost: bool = False
     out_of_time: bool = False  # stopped for lack of time (or never started); the next tick goes on
     watermark: int | None = None
+    malformed: int = 0  # items skipped as a tenant's bad data (a re-plan's reads)
 
 
 @dataclass
@@ -126,6 +131,12 @@ class Materializer:
         return reports
 
     def run_shard(self, tick: int, shard: int) -> ShardReport:
+        bad = self._s.bad_items.count
+        report = self._run_shard(tick, shard)
+        report.malformed = self._s.bad_items.count - bad
+        return report
+
+    def _run_shard(self, tick: int, shard: int) -> ShardReport:
         report = ShardReport(shard)
         now = self._now()
         lease = self.leases.claim(
@@ -314,6 +325,7 @@ class Materializer:
             retries += 1
             if retries > MAX_RETRIES:
                 return False, lease  # the watermark stays; the next tick re-runs this bucket
+            self._s.sleep(RETRY.pause(retries - 1))
             pending[:0] = again
         return True, lease
 

@@ -636,6 +636,8 @@ class ReconcileReport(BaseModel):
     cursors_moved: int = 0  # schedules left in a due bucket the walk had passed, moved ahead
     redriven: int = 0  # open occurrences no worker took long after they were due: re-sent
     replanned: int = 0  # schedules planned under older zone rules, re-planned (rezone.py)
+    # Items not judged: not occurrences Punctual wrote (a tenant's bad data, docs/security.md)
+    malformed: int = 0
 
     @property
     def missing(self) -> int:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from punctual.backoff import Backoff
 from punctual.dal.common import ConditionFailed
 from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.errors import InvalidInput, Retryable
@@ -61,7 +62,9 @@ MAX_WINDOW_SECONDS = 24 * HOUR
 # so an hour is still checked after an outage of up to a day (the materializer's, say)
 # followed by one of the reconciler's own.
 CATCHUP_WINDOWS = 48
-WINDOW_ATTEMPTS = 3  # tries of one window's check within a run
+# Tries of one window's check within a run, apart by a back-off (throttling that outlasted
+# the client's own retries is given a moment to pass).
+WINDOW = Backoff(tries=3, base=1.0, cap=4.0)
 EXAMPLES = 20  # ids kept per class in a report
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
 REPAIR_ROUNDS = 2
@@ -219,6 +222,7 @@ def fired_late(occurrence: Occurrence, window_seconds: int) -> bool:
 class _ScheduleOutcome:
     schedule_id: str
     versions: dict[int, Schedule]
+    window: tuple[int, int] = (0, 0)
     findings: list[tuple[Finding, str]] = field(default_factory=list)
     missing: list[Expected] = field(default_factory=list)
     fired: list[str] = field(default_factory=list)
@@ -227,6 +231,16 @@ class _ScheduleOutcome:
     conflicts: list[str] = field(default_factory=list)
     stalled: list[Occurrence] = field(default_factory=list)  # open, and may be overdue
     redriven: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # ids whose items are a tenant's bad data
+
+    def settled_by_policy(self, ids: set[str]) -> None:
+        """These MISSING ones turned out MISSED by the misfire policy (a consistent read found
+        its trace): no longer to repair."""
+        self.findings = [
+            (Finding.MISSED if f is Finding.MISSING and oid in ids else f, oid)
+            for f, oid in self.findings
+        ]
+        self.missing = [e for e in self.missing if e.occurrence_id not in ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +301,7 @@ class _Tally:
                 kept.append(oid)
             if finding in (Finding.MISSING, Finding.UNEXPECTED):
                 self.lists.setdefault(finding.value, []).append(oid)
-        for name in ("fired", "recorded_missed", "deferred", "conflicts", "redriven"):
+        for name in ("fired", "recorded_missed", "deferred", "conflicts", "redriven", "unreadable"):
             self.lists.setdefault(name, []).extend(getattr(outcome, name))
 
     def of(self, name: str) -> list[str]:
@@ -373,14 +387,16 @@ class Reconciler:
     def _isolated(
         self, shard: int, window: tuple[int, int], results: list[ShardResult]
     ) -> Exception | None:
-        """One window of one shard, tried up to WINDOW_ATTEMPTS times (a check is safe to
+        """One window of one shard, tried up to WINDOW.tries times (a check is safe to
         repeat: repairs are conditional puts); its failure (throttling that outlasted the
         client's retries, a timeout) leaves it unsettled without costing the others their
         check."""
         failure: Exception | None = None
-        for attempt in range(WINDOW_ATTEMPTS):
+        for attempt in range(WINDOW.tries):
             if attempt and self._out_of_time():
                 break  # (the first try always runs: out of time, it saves an incomplete report)
+            if attempt:
+                self._s.sleep(WINDOW.pause(attempt - 1))
             try:
                 results.append(self.run_shard(shard, *window))
             except Exception as error:
@@ -459,6 +475,7 @@ class Reconciler:
             cursors_moved=len(moved),
             redriven=len(tally.of("redriven")),
             replanned=len(replanned),
+            malformed=len(tally.of("unreadable")),
         )
         self.reports.put(report, purge_at=end + self.settings.retention_days * 86400)
         return ShardResult(
@@ -565,15 +582,25 @@ class Reconciler:
             # A version changed near or after the window: the history says who owned what.
             versions = self.schedules.versions_since(schedule_id, since) or versions
         expected = expected_occurrences(versions, start, end, horizon=self.horizon)
-        stored = self.occurrences.in_window(schedule_id, since=start, until=end - 1)
-        outcome = _ScheduleOutcome(schedule_id, {v.schedule.version: v.schedule for v in versions})
-        gaps = self._classify(outcome, expected, stored)
+        window = self.occurrences.window(schedule_id, since=start, until=end - 1)
+        stored = window.occurrences
+        outcome = _ScheduleOutcome(
+            schedule_id, {v.schedule.version: v.schedule for v in versions}, (start, end)
+        )
+        # A tenant's unreadable item at an instant is not judged (it is not an occurrence
+        # Punctual wrote), but its key is taken: nothing is missing there to repair.
+        outcome.unreadable = window.unreadable
+        taken = set(window.unreadable)
+        classified = self._classify(outcome, expected, stored)
+        gaps = [e for e in classified if e.occurrence_id not in taken]
         since_home = current.schedule.homed_since
         if since_home is not None:
             # Taken over from another region: what was due before is in that region's
             # table, unknown here, and not this region's to find missing or to repair.
             gaps = [g for g in gaps if g.available_at > since_home]
-        policy_missed = self._missed_by_policy(gaps, stored, versions, current.schedule, end)
+        policy_missed = self._missed_by_policy(
+            gaps, stored, outcome.versions, current.schedule, end
+        )
         for gap in gaps:
             if gap.occurrence_id in policy_missed:
                 outcome.findings.append((Finding.MISSED, gap.occurrence_id))
@@ -635,9 +662,11 @@ class Reconciler:
         self,
         gaps: list[Expected],
         stored: list[Occurrence],
-        versions: list[ScheduleVersion],
+        schedules: dict[int, Schedule],
         current: Schedule,
         end: int,
+        *,
+        consistent: bool = False,
     ) -> set[str]:
         """Gaps the materializer left on purpose: MISSED by the misfire policy.
 
@@ -653,7 +682,6 @@ class Reconciler:
             for g in gaps
             if any(r.covers(g.version, g.scheduled_for) for r in current.missed)
         }
-        schedules = {v.schedule.version: v.schedule for v in versions}
         later: dict[int, Occurrence | None] = {}  # per version: its first occurrence after end
         in_order = sorted(stored, key=lambda o: o.scheduled_for)
         for gap in gaps:
@@ -669,16 +697,22 @@ class Reconciler:
             )
             if follower is None:
                 if gap.version not in later:
-                    later[gap.version] = self._first_after(gap.schedule_id, gap.version, end - 1)
+                    later[gap.version] = self._first_after(
+                        gap.schedule_id, gap.version, end - 1, consistent=consistent
+                    )
                 follower = later[gap.version]
             window = schedules[gap.version].flexible_window_seconds
             if follower is not None and fired_late(follower, window):
                 missed.add(gap.occurrence_id)
         return missed
 
-    def _first_after(self, schedule_id: str, version: int, after: int) -> Occurrence | None:
+    def _first_after(
+        self, schedule_id: str, version: int, after: int, *, consistent: bool
+    ) -> Occurrence | None:
         """The version's first stored occurrence after ``after`` (read one page ahead)."""
-        found = self.occurrences.first_after(schedule_id, after=after, limit=FOLLOWER_PAGE)
+        found = self.occurrences.first_after(
+            schedule_id, after=after, limit=FOLLOWER_PAGE, consistent=consistent
+        )
         return next((o for o in found if o.schedule_version == version), None)
 
     # --- re-drive -----------------------------------------------------------------------
@@ -705,13 +739,34 @@ class Reconciler:
 
     def _repair(self, outcome: _ScheduleOutcome) -> None:
         """MISSING instants get their occurrence now, through the conditional put, under the
-        misfire policy; a lost race is re-read and tried once more."""
+        misfire policy; a lost race is re-read and tried once more.
+
+        The gaps were found in eventually consistent reads (the shard index's MISSED
+        episodes, the window's occurrences), which may not show a materializer's catch-up
+        of a moment ago: its late fire and the MISSED episode of the instants before it. So
+        each round judges them again from consistent reads before anything is put: a repair
+        never adds a second late fire, with another id, to an outage the policy settled.
+        (What it then fires the materializer has passed, by the same consistent read of the
+        cursor, and a step records its episodes with the cursor it moves: none can come
+        later for these instants.)"""
         pending = list(outcome.missing)
+        start, end = outcome.window
         for _ in range(REPAIR_ROUNDS):
             stored = self.schedules.current(outcome.schedule_id)
             if stored is None or not homed_in(stored.schedule, self.settings.region):
                 return  # gone, or taken over by another region since the index said otherwise
             current = stored.schedule
+            window = self.occurrences.window(
+                outcome.schedule_id, since=start, until=end - 1, consistent=True
+            )
+            settled = self._missed_by_policy(
+                pending, window.occurrences, outcome.versions, current, end, consistent=True
+            )
+            outcome.settled_by_policy(settled)
+            made = {o.occurrence_id for o in window.occurrences} | set(window.unreadable)
+            pending = [e for e in pending if e.occurrence_id not in settled | made]
+            if not pending:
+                return
             now = self._now()
             decisions, deferred = self._decide(pending, current, now)
             outcome.deferred += [e.occurrence_id for e in deferred]
@@ -836,6 +891,7 @@ def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str
         "ReconcileRedriven": 0,
         "ReconcileReplanned": 0,
         "ReconcileGaveUp": given_up,
+        "MalformedItems": 0,
     }
     for result in results:
         report = result.report
@@ -851,6 +907,7 @@ def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str
         totals["ReconcileCursorsMoved"] += report.cursors_moved
         totals["ReconcileRedriven"] += report.redriven
         totals["ReconcileReplanned"] += report.replanned
+        totals["MalformedItems"] += report.malformed
     return totals
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from punctual.backoff import Backoff, Sleep
 from punctual.dal.occurrences import StoredOccurrence, inserted_occurrence
 from punctual.ids import tenant_of_schedule
 from punctual.message import MESSAGE_VERSION, message_body
@@ -33,20 +34,27 @@ from punctual.observability import logger
 from punctual.services import Services
 
 MAX_DELAY = 900  # SQS holds a message back at most 15 minutes
-SEND_ATTEMPTS = 3
+# A batch's entries that failed transiently are sent again within one invocation this often.
+SEND = Backoff(tries=3, base=0.1, cap=0.4)
 QUEUE_CACHE_SIZE = 10_000
 QUEUE_CACHE_SECONDS = 300
 STRICT_SLO_SECONDS = 5  # strict lag above this is late (docs/operations.md)
+MAX_BODY_BYTES = 256 * 1024  # SQS's largest message (its attributes count too: ours are small)
 
 CrashHook = Callable[[str], None]
 
 
 class DelayTooLong(Exception):
-    """available_at is more than 900 s away: a planning bug; never sent early."""
+    """available_at is more than 900 s away: a planning bug or a forged item; never sent
+    early."""
 
 
 class SendFailed(Exception):
     """SQS did not accept the message after retries."""
+
+
+class Refused(SendFailed):
+    """SQS refused the message as the sender's fault: the same message fails every time."""
 
 
 def delay_seconds(available_at: int, now: float) -> int:
@@ -66,6 +74,7 @@ class _Outbound:
     strict: bool
     queue_url: str = ""
     delay: int = 0
+    body: str = ""
 
 
 @dataclass
@@ -73,7 +82,12 @@ class RelayReport:
     failures: dict[str, Exception] = field(default_factory=dict)  # record id -> why
     sent: int = 0
     dead: int = 0  # unknown target
+    undeliverable: int = 0  # DEAD: SQS refuses its message (the sender's fault, too large)
     refused: int = 0  # an item naming a tenant its key does not (forged): never sent
+    malformed: int = 0  # an inserted item that is not an occurrence Punctual wrote: skipped
+    # Due more than SQS's 900 s away: not sent now (a forged or mis-planned available_at);
+    # the reconciler re-sends it once it is overdue (punctual.redrive), never early.
+    too_early: int = 0
     lags: list[tuple[bool, float]] = field(default_factory=list)  # (strict, seconds)
     # Catch-up lane: receivable minus its (paced) available_at, seconds.
     catchup_lags: list[float] = field(default_factory=list)
@@ -138,16 +152,21 @@ class Relay:
         *,
         crash: CrashHook | None = None,
         workers: int = 8,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Sleep | None = None,
     ) -> None:
         self._s = services
         self.queues = queues or QueueDirectory(services)
         self._crash = crash or (lambda point: None)
         self.workers = workers
-        self._sleep = sleep
+        self._sleep = sleep or services.sleep
 
     def relay(self, records: Iterable[dict[str, Any]]) -> RelayReport:
+        """Send the occurrences the records inserted. A record that is not one (another
+        event, a tenant's bad data) is skipped, never a failure of the batch: one tenant's
+        item must not hold back the stream shard that other tenants' fires share."""
         refused = 0
+        bad = self._s.bad_items
+        before = bad.count
         outbound = []
         for record in records:
             parsed = self._parse(record)
@@ -167,6 +186,7 @@ class Relay:
             outbound.append(parsed)
         report = self.send(outbound)
         report.refused = refused
+        report.malformed = bad.count - before
         return report
 
     def send(self, outbound: list[_Outbound]) -> RelayReport:
@@ -183,7 +203,21 @@ class Relay:
             try:
                 item.delay = delay_seconds(item.occurrence.available_at, now)
             except DelayTooLong as error:
-                report.failures[item.record_id] = error
+                # Not a failure: a retried batch would meet it again and again, holding back
+                # every record after it on its stream shard (other tenants' too).
+                logger.error(
+                    "an occurrence due more than 900 s ahead was not sent; the reconciler "
+                    "re-sends it once overdue",
+                    extra={"occurrence_id": item.occurrence.occurrence_id, "error": str(error)},
+                )
+                report.too_early += 1
+                continue
+            item.body = message_body(item.occurrence, item.payload)
+            if len(item.body.encode()) > MAX_BODY_BYTES:
+                # Not a payload Punctual stores (32 KiB at most): a forged item. SQS would
+                # refuse its batch whole, every time.
+                self._dead(item, f"its message is over SQS's {MAX_BODY_BYTES} bytes")
+                report.undeliverable += 1
                 continue
             item.queue_url = url
             by_queue.setdefault(url, []).append(item)
@@ -196,9 +230,8 @@ class Relay:
 
     # --- parsing and filtering ----------------------------------------------------------
 
-    @staticmethod
-    def _parse(record: dict[str, Any]) -> _Outbound | None:
-        inserted = inserted_occurrence(record)
+    def _parse(self, record: dict[str, Any]) -> _Outbound | None:
+        inserted = inserted_occurrence(record, self._s.bad_items)
         if inserted is None:
             return None
         if inserted.occurrence.state is not OccurrenceState.SCHEDULED:
@@ -219,7 +252,13 @@ class Relay:
                 # back and are sent again; the other queues and chunks go on.
                 sent, failed = [], [(item, SendFailed(str(problem))) for item in chunk]
             for item, error in failed:
-                report.failures[item.record_id] = error
+                if isinstance(error, Refused):
+                    # SQS will refuse it again, every time: it can never be sent (DEAD, with
+                    # SQS's reason), and its record must not hold the batch back.
+                    self._dead(item, f"SQS refused the message: {error}")
+                    report.undeliverable += 1
+                else:
+                    report.failures[item.record_id] = error
             sent_at = self._s.now()
             self._crash("after_send")
             for item in sent:
@@ -239,11 +278,9 @@ class Relay:
         sent: list[_Outbound] = []
         refused: dict[str, _Outbound] = {}  # the sender's fault: the same entry fails again
         last_error: dict[str, str] = {}
-        for attempt in range(SEND_ATTEMPTS):
+        for _ in SEND.attempts(self._sleep):
             if not pending:
                 break
-            if attempt:
-                self._sleep(0.05 * 2**attempt)
             answer = self._s.sqs.send_message_batch(
                 QueueUrl=chunk[0].queue_url,
                 Entries=[self._entry(key, item) for key, item in pending.items()],
@@ -256,9 +293,9 @@ class Relay:
                 if bad.get("SenderFault"):
                     refused[bad["Id"]] = pending.pop(bad["Id"])
         failed: list[tuple[_Outbound, Exception]] = [
-            (item, SendFailed(last_error.get(key, "not accepted")))
-            for key, item in (refused | pending).items()
+            (item, Refused(last_error.get(key, "refused"))) for key, item in refused.items()
         ]
+        failed += [(i, SendFailed(last_error.get(k, "not accepted"))) for k, i in pending.items()]
         return sent, failed
 
     @staticmethod
@@ -266,7 +303,7 @@ class Relay:
         occurrence = item.occurrence
         return {
             "Id": key,
-            "MessageBody": message_body(occurrence, item.payload),
+            "MessageBody": item.body,
             "DelaySeconds": item.delay,
             "MessageAttributes": {
                 name: {"DataType": "String", "StringValue": value}
@@ -281,7 +318,8 @@ class Relay:
 
     def _dead(self, item: _Outbound, reason: str) -> None:
         """SCHEDULED -> DEAD (it can never be sent); a no-op if it has moved on meanwhile
-        (a cancel got there first: CANCELED stays CANCELED)."""
+        (a cancel got there first: CANCELED stays CANCELED). Its record is then done: never
+        retried, so it holds back nothing after it."""
         self._s.occurrences.settle_scheduled(
             item.occurrence.occurrence_id, OccurrenceState.DEAD, reason
         )
@@ -290,5 +328,6 @@ class Relay:
     def _merge(part: RelayReport, into: RelayReport) -> None:
         into.failures.update(part.failures)
         into.sent += part.sent
+        into.undeliverable += part.undeliverable
         into.lags += part.lags
         into.catchup_lags += part.catchup_lags

@@ -33,7 +33,7 @@ from typing import Any
 from punctual.dal.common import ConditionFailed
 from punctual.dal.schedules import StoredSchedule
 from punctual.errors import Retryable
-from punctual.ids import is_manual, minute_of
+from punctual.ids import is_manual, minute_of, occurrence_name
 from punctual.models import Occurrence, OccurrenceState, Schedule, ScheduleState
 from punctual.planning import Cursor, cursor_after, new_occurrence, wall_text
 from punctual.services import Services
@@ -117,15 +117,21 @@ def _plan(
         # Nothing planned ahead (paused, canceled, completed): only the release is new.
         return [("schedule", services.schedules.replanned(stored, None, None, version))], done
     # Consistent: an occurrence made or taken a moment ago decides what is replaced.
+    window = services.occurrences.window(
+        schedule.schedule_id, since=now - SPAN, until=handled + SPAN, consistent=True
+    )
     found = [
         o
-        for o in services.occurrences.in_window(
-            schedule.schedule_id, since=now - SPAN, until=handled + SPAN, consistent=True
-        )
+        for o in window.occurrences
         if o.schedule_version == schedule.version and not is_manual(o.occurrence_id)
     ]
     fires = set(schedule.rule().fires(now - SPAN, handled + SPAN))
-    at = {o.scheduled_for for o in found}
+    # (An instant whose key holds a tenant's unreadable item is taken: nothing is put there.)
+    at = {o.scheduled_for for o in found} | {
+        instant
+        for _, version, instant, manual in map(occurrence_name, window.unreadable)
+        if version == schedule.version and manual is None
+    }
     walls = {o.local for o in found if o.local is not None}  # each wall time fires once
     actions: list[tuple[str, dict[str, Any]]] = []
     retention = services.settings.retention_days * DAY

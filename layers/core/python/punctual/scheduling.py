@@ -15,9 +15,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from punctual.backoff import Backoff
 from punctual.dal.common import ConditionFailed
 from punctual.dal.leases import watermark_of
-from punctual.dal.occurrences import StoredOccurrence
+from punctual.dal.occurrences import StoredOccurrence, Window
 from punctual.dal.schedules import (
     ScheduleVersion,
     StoredSchedule,
@@ -53,9 +54,10 @@ from punctual.models import (
     field_errors,
 )
 from punctual.observability import logger
-from punctual.planning import MAX_CATCHUP_SPREAD, plan
+from punctual.planning import MAX_CATCHUP_SPREAD, plan, wall_text
 from punctual.principals import PrincipalError, normalize_principal
 from punctual.relay import Relay, outbound
+from punctual.rezone import SPAN as REZONE_SPAN
 from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
 from punctual.timing import Fire, get_zone, preview, tzdata_version, utc_text
@@ -68,6 +70,8 @@ _LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
 # A run now read again after its transaction was refused (the key's first request won, the
 # schedule or the minute's count moved); more refusals in a row answer "retry".
 TRIGGER_RETRIES = 4
+# Rounds of granting a tenant's principals on its queues until a read finds no new one.
+GRANT = Backoff(tries=5, base=0.1, cap=1.0)
 # Beyond the relay's batching window: the mapping's poll (4 a second), the relay's start and
 # send, and clocks apart. An occurrence receivable later than now + window + this reaches
 # its queue before its time through the outbox alone.
@@ -174,6 +178,14 @@ def _fires_in(schedule: Schedule, since: int, until: int, limit: int) -> list[in
         found.append(fire)
         fire = rule.next_after(fire)
     return found
+
+
+def _has_run(occurrence: Occurrence, backfill: str) -> bool:
+    """Ran or will, as a backfill judges it: a fire's occurrence (any version) unless it
+    never ran, and any of the schedule's backfilled ones (``backfill``: their tag; their ids
+    are taken). A run now is not a fire."""
+    _, _, _, manual = occurrence_name(occurrence.occurrence_id)
+    return (manual is None and occurrence.state not in _NOT_RUN) or manual == backfill
 
 
 class _StateMoved(Exception):
@@ -430,17 +442,23 @@ class ControlPlane:
             fires = _fires_in(schedule, since, until, quotas.max_backfill_occurrences)
             # Consistent: an occurrence made a moment ago (a repair, an earlier backfill) is
             # one this backfill must not make again.
-            stored_ones = self.occurrences.in_window(
-                schedule_id, since=since, until=until - 1, consistent=True
-            )
+            near = self._near(schedule, since, until)
+            stored_ones = [o for o in near.occurrences if since <= o.scheduled_for < until]
             tag = backfill_tag(schedule_id)
-            # Ran or will: a fire's occurrence (any version) unless it never ran, and any of
-            # this schedule's backfilled ones (their ids are taken). A run now is not a fire.
-            ran = {
-                o.scheduled_for
-                for o in stored_ones
-                if (not is_manual(o.occurrence_id) and o.state not in _NOT_RUN)
-                or occurrence_name(o.occurrence_id)[3] == tag
+            ran = {o.scheduled_for for o in stored_ones if _has_run(o, tag)} | {
+                instant  # (a tenant's unreadable item holds that key: taken)
+                for _, _, instant, _ in map(occurrence_name, near.unreadable)
+            }
+            # A zone-based fire is its wall time: one that ran under older zone rules ran at
+            # another instant (punctual.rezone), and must not run again at the one the rules
+            # in use give its wall time.
+            zones = self._zones(schedule, since) if schedule.zone_name else {}
+            ran_walls = {
+                o.local
+                for o in near.occurrences
+                if o.local is not None
+                and zones.get(o.schedule_version) == schedule.zone_name
+                and _has_run(o, tag)
             }
             regular = {
                 o.scheduled_for
@@ -452,7 +470,7 @@ class ControlPlane:
             elsewhere = schedule.homed_since or 0
             todo, planned = [], 0
             for fire in fires:
-                if fire in ran or fire <= elsewhere:
+                if fire in ran or fire <= elsewhere or wall_text(schedule, fire) in ran_walls:
                     continue
                 own = occurrence_id(schedule_id, schedule.version, fire)
                 owned = fire > schedule.fires_after
@@ -479,6 +497,22 @@ class ControlPlane:
             self._send_promptly(made, schedule.payload)
             return result
         raise Retryable("concurrent changes kept refusing this backfill; retry")
+
+    def _near(self, schedule: Schedule, since: int, until: int) -> Window:
+        """The schedule's occurrences in [since, until), consistent; for a zone-based one, a
+        day and more either side too: a wall time in the range may have run at another
+        instant under older zone rules (zone offsets differ by at most 26 hours)."""
+        margin = REZONE_SPAN if schedule.zone_name else 0
+        return self.occurrences.window(
+            schedule.schedule_id, since=since - margin, until=until - 1 + margin, consistent=True
+        )
+
+    def _zones(self, schedule: Schedule, since: int) -> dict[int, str | None]:
+        """The zone of every version whose occurrences may lie near ``since`` or later."""
+        history = self.schedules.versions_since(schedule.schedule_id, since - REZONE_SPAN)
+        return {v.schedule.version: v.schedule.zone_name for v in history} | {
+            schedule.version: schedule.zone_name
+        }
 
     def _backfilled(self, schedule: Schedule, ids: list[str], pace: int) -> list[Occurrence]:
         """The occurrences of ``ids`` (in time order), paced from now: the tenant's catch-up
@@ -887,14 +921,16 @@ class ControlPlane:
         grant) until a read after the grant finds no other: a queue policy is replaced whole,
         so of two binds at once the one granting last may know only its own principal; it
         reads again and grants both. The tenant, as last read (consistently: a principal
-        bound a moment ago must be seen)."""
-        while True:
+        bound a moment ago must be seen). Retryable if binds kept changing the principals
+        through GRANT's tries: the caller's retry grants again."""
+        for _ in GRANT.attempts(self._s.sleep):
             tenant = self.tenants.get(tenant_id)
             if tenant.principals == granted:
                 return tenant
             for queues in targets:
                 self.queues.grant(queues, tenant.principals, tenant_id=tenant_id)
             granted = tenant.principals
+        raise Retryable("the tenant's principals kept changing while its queues were granted")
 
     def create_tenant(self, tenant_id: str, quotas: Quotas) -> Tenant:
         tenant = Tenant(

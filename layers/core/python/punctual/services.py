@@ -9,10 +9,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from punctual.dal.common import Transactions
+from punctual.backoff import Sleep
+from punctual.dal.common import BadItems, Dynamo, Transactions
 from punctual.dal.leases import LeaseStore
 from punctual.dal.occurrences import OccurrenceStore
 from punctual.dal.reports import ReportStore
@@ -88,12 +89,16 @@ def aws_client(service: str, *, checked: bool = False, **options: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Services:
-    """The clients, settings and clock one process runs with; the stores over them."""
+    """The clients, settings and clock one process runs with; the stores over them. ``sleep``
+    is how every retry loop pauses (punctual.backoff); ``bad_items`` counts the items its
+    readers skipped as not Punctual's (a tenant's bad data)."""
 
     dynamodb: Any
     sqs: Any
     settings: Settings
     now: Clock
+    sleep: Sleep = time.sleep
+    bad_items: BadItems = field(default_factory=BadItems)
 
     @classmethod
     def from_environment(cls) -> Services:
@@ -106,29 +111,35 @@ class Services:
         )
 
     @property
+    def db(self) -> Dynamo:
+        """The DynamoDB client as the stores use it: every call translated, retries paused
+        by ``sleep``."""
+        return Dynamo(self.dynamodb, self.sleep)
+
+    @property
     def schedules(self) -> ScheduleStore:
-        return ScheduleStore(self.dynamodb, self.settings.schedules_table)
+        return ScheduleStore(self.db, self.settings.schedules_table)
 
     @property
     def occurrences(self) -> OccurrenceStore:
-        return OccurrenceStore(self.dynamodb, self.settings.occurrences_table)
+        return OccurrenceStore(self.db, self.settings.occurrences_table, self.bad_items)
 
     @property
     def tenants(self) -> TenantStore:
-        return TenantStore(self.dynamodb, self.settings.tenants_table)
+        return TenantStore(self.db, self.settings.tenants_table)
 
     @property
     def leases(self) -> LeaseStore:
-        return LeaseStore(self.dynamodb, self.settings.leases_table)
+        return LeaseStore(self.db, self.settings.leases_table)
 
     @property
     def reports(self) -> ReportStore:
-        return ReportStore(self.dynamodb, self.settings.leases_table)
+        return ReportStore(self.db, self.settings.leases_table)
 
     @property
     def transactions(self) -> Transactions:
         """Commits what several stores built, as one transaction."""
-        return Transactions(self.dynamodb)
+        return Transactions(self.db)
 
 
 class Wiring:

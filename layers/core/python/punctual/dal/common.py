@@ -1,10 +1,13 @@
-"""Item (de)serialization and the one place where ClientError codes become domain errors."""
+"""Item (de)serialization, and the one place where DynamoDB's errors become domain errors:
+every call a store makes goes through ``Dynamo``, which answers in ``translated``'s terms."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -12,9 +15,12 @@ from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as NoConnection
 
+from punctual.backoff import Backoff, Sleep
 from punctual.errors import InvalidInput, NotFound, Retryable
+from punctual.observability import logger
 
 _SERIALIZER = TypeSerializer()
 _DESERIALIZER = TypeDeserializer()
@@ -124,12 +130,15 @@ def _native(value: Any) -> Any:
 
 @contextmanager
 def translated() -> Iterator[None]:
-    """DynamoDB's error codes as the one outcome every write has, here and nowhere else: a
-    failed condition is ConditionFailed (label "item", and the item as it was when the
-    request asked for it), throttling and transient faults are Retryable, a missing table
-    NotFound."""
+    """DynamoDB's errors as the one outcome every call has, here and nowhere else: a failed
+    condition is ConditionFailed (label "item", and the item as it was when the request
+    asked for it), throttling, transient faults and no answer at all (a timeout, a lost
+    connection: the SDK's own retries spent) are Retryable, a missing table NotFound. A
+    cancelled transaction stays a ClientError for ``Transactions`` to read its reasons."""
     try:
         yield
+    except (HTTPClientError, NoConnection) as error:
+        raise Retryable(f"DynamoDB did not answer ({type(error).__name__}); retry") from error
     except ClientError as error:
         code = error.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
@@ -140,6 +149,37 @@ def translated() -> Iterator[None]:
         if code == "ResourceNotFoundException":
             raise NotFound("table not found") from error
         raise
+
+
+# What building a record from an item can raise when the item is not one Punctual wrote:
+# pydantic's ValidationError is a ValueError; a missing attribute, a wrong type.
+UNPARSABLE: tuple[type[Exception], ...] = (ValueError, KeyError, TypeError, AttributeError)
+
+
+class BadItems:
+    """Items a reader could not make a record of, counted. A tenant's worker may write under
+    its own keys whatever its IAM policy allows, and an UpdateItem creates a missing item
+    (docs/security.md): such an item is that tenant's bad data. Its reader logs it with its
+    key, counts it here and goes on without it; never a failure of a shard, a batch or
+    another tenant's work. Each orchestrator's report says how many it met (metric
+    MalformedItems). One per ``Services``, shared by its stores and threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def skip(self, table: str, item: Mapping[str, Any], error: Exception) -> None:
+        key = {k: item.get(k) for k in ("schedule_id", "sk", "pk") if k in item}
+        logger.warning(
+            "skipped an item that is not a record Punctual wrote (a tenant's bad data)",
+            extra={"table": table, "key": key, "error": f"{type(error).__name__}: {error}"[:500]},
+        )
+        with self._lock:
+            self._count += 1
 
 
 def encode_token(key: Mapping[str, Any] | None) -> str | None:
@@ -208,7 +248,66 @@ class ConditionFailed(Exception):
         return self.codes[index] == "TransactionConflict"
 
 
-def transact(client: Any, actions: list[dict[str, Any]]) -> None:
+# Keys a BatchGetItem left unprocessed (throttled) are asked again this many times in all.
+UNPROCESSED = Backoff(tries=8, base=0.05, cap=1.0)
+
+
+class Dynamo:
+    """A DynamoDB client as the stores use it: each call translated (``translated``), so a
+    throttled read answers Retryable (the API's 503) like a throttled write, and the pause
+    of every retry loop over it (``sleep``). The stores hold one of these, never the raw
+    client (tests/unit/test_seams.py): a call it does not offer cannot be made untranslated."""
+
+    __slots__ = ("raw", "sleep")
+
+    def __init__(self, raw: Any, sleep: Sleep = time.sleep) -> None:
+        self.raw = raw
+        self.sleep = sleep
+
+    def get_item(self, **request: Any) -> Any:
+        with translated():
+            return self.raw.get_item(**request)
+
+    def batch_get_item(self, **request: Any) -> Any:
+        with translated():
+            return self.raw.batch_get_item(**request)
+
+    def query(self, **request: Any) -> Any:
+        with translated():
+            return self.raw.query(**request)
+
+    def query_pages(self, **request: Any) -> Iterator[dict[str, Any]]:
+        """Every page of a Query, each read translated."""
+        pages = iter(self.raw.get_paginator("query").paginate(**request))
+        while True:
+            with translated():
+                page = next(pages, None)
+            if page is None:
+                return
+            yield page
+
+    def put_item(self, **request: Any) -> Any:
+        with translated():
+            return self.raw.put_item(**request)
+
+    def update_item(self, **request: Any) -> Any:
+        with translated():
+            return self.raw.update_item(**request)
+
+    def transact_write_items(self, **request: Any) -> Any:
+        with translated():
+            return self.raw.transact_write_items(**request)
+
+
+def dynamo(client: Any, sleep: Sleep | None = None) -> Dynamo:
+    """``client`` as a Dynamo (itself if it is one already, unless another ``sleep`` is
+    given)."""
+    if isinstance(client, Dynamo):
+        return client if sleep is None else Dynamo(client.raw, sleep)
+    return Dynamo(client, sleep or time.sleep)
+
+
+def transact(client: Dynamo, actions: list[dict[str, Any]]) -> None:
     """TransactWriteItems with an idempotency token. A call whose response is lost after it
     committed is sent again by the SDK; without the token the repeat meets its own write and
     is refused (a create answering 409 for the schedule it made), with it DynamoDB answers
@@ -226,12 +325,11 @@ class Transactions:
     transaction, throttling)."""
 
     def __init__(self, client: Any) -> None:
-        self._client = client
+        self._client = dynamo(client)
 
     def commit(self, actions: Sequence[tuple[str, dict[str, Any]]]) -> None:
         try:
-            with translated():
-                transact(self._client, [action for _, action in actions])
+            transact(self._client, [action for _, action in actions])
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
                 raise
@@ -251,7 +349,7 @@ class Transactions:
 
 
 def batch_get(
-    client: Any,
+    client: Dynamo,
     table: str,
     keys: list[dict[str, Any]],
     *,
@@ -268,13 +366,25 @@ def batch_get(
                 "ConsistentRead": consistent,
             }
         }
-        while request:
-            answer = client.batch_get_item(RequestItems=request)
+        for answer in batch_get_all(client, request):
             for raw in answer["Responses"].get(table, []):
                 item = from_dynamo(raw)
                 found[_key_text(item, keys[0])] = item
-            request = answer.get("UnprocessedKeys") or {}
     return [found[text] for key in keys if (text := _key_text(key, keys[0])) in found]
+
+
+def batch_get_all(client: Dynamo, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The answers of a BatchGetItem (``request``: its RequestItems) and of its asks again
+    for the keys each answer left unprocessed (throttled ones: DynamoDB hands them back at
+    once, and asking again at once hammers the partition that throttled them), apart by
+    UNPROCESSED's back-off; Retryable if keys are still left after its last try."""
+    for _ in UNPROCESSED.attempts(client.sleep):
+        answer = client.batch_get_item(RequestItems=request)
+        yield answer
+        request = answer.get("UnprocessedKeys") or {}
+        if not request:
+            return
+    raise Retryable("DynamoDB kept keys of a batch read unprocessed (throttled); retry")
 
 
 def _key_text(item: Mapping[str, Any], like: Mapping[str, Any]) -> str:

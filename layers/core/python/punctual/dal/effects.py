@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from punctual.dal.common import ConditionFailed, Transactions, to_dynamo
+from punctual.dal.common import ConditionFailed, Transactions, dynamo, to_dynamo
 
 
 class EffectLedger:
@@ -22,7 +22,7 @@ class EffectLedger:
         keep_days: int = 35,
         now: Callable[[], float] = time.time,
     ) -> None:
-        self._client = client
+        self._client = dynamo(client)
         self.table = table
         self.key_attribute = key_attribute
         self.ttl_attribute = ttl_attribute

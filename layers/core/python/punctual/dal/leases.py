@@ -3,10 +3,11 @@ the shard's pending quota releases (one item per shard and tenant)."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from punctual.dal.common import ConditionFailed, Item, from_dynamo, to_dynamo, translated, values
+from punctual.dal.common import ConditionFailed, Item, dynamo, from_dynamo, to_dynamo, values
 
 PENDING = "pending_releases"  # on the shard item: tenants with a release not yet handed over
 BOOTSTRAP_SECONDS = 3600  # a shard's first watermark is this far before its opener's clock
@@ -42,31 +43,30 @@ def release_key(shard: int, tenant_id: str) -> dict[str, Any]:
 
 class LeaseStore:
     def __init__(self, client: Any, table: str) -> None:
-        self._client = client
+        self._client = dynamo(client)
         self.table = table
 
     def claim(self, shard: int, holder: str, *, now: int, ttl: int, start_at: int) -> Lease | None:
         """Take the shard's lease if it is free, expired or already ours; None if it is busy."""
         try:
-            with translated():
-                answer = self._client.update_item(
-                    TableName=self.table,
-                    Key=shard_key(shard),
-                    UpdateExpression=(
-                        "SET holder = :me, expires_at = :until, "
-                        "fence = if_not_exists(fence, :zero) + :one, "
-                        "watermark = if_not_exists(watermark, :start)"
-                    ),
-                    # Race: two materializers on one shard; only one may hold it at a time, and a
-                    # crashed holder's lease is taken over once it expires.
-                    ConditionExpression=(
-                        "attribute_not_exists(pk) OR expires_at < :now OR holder = :me"
-                    ),
-                    ExpressionAttributeValues=values(
-                        me=holder, until=now + ttl, zero=0, one=1, start=start_at, now=now
-                    ),
-                    ReturnValues="ALL_NEW",
-                )
+            answer = self._client.update_item(
+                TableName=self.table,
+                Key=shard_key(shard),
+                UpdateExpression=(
+                    "SET holder = :me, expires_at = :until, "
+                    "fence = if_not_exists(fence, :zero) + :one, "
+                    "watermark = if_not_exists(watermark, :start)"
+                ),
+                # Race: two materializers on one shard; only one may hold it at a time, and a
+                # crashed holder's lease is taken over once it expires.
+                ConditionExpression=(
+                    "attribute_not_exists(pk) OR expires_at < :now OR holder = :me"
+                ),
+                ExpressionAttributeValues=values(
+                    me=holder, until=now + ttl, zero=0, one=1, start=start_at, now=now
+                ),
+                ReturnValues="ALL_NEW",
+            )
         except ConditionFailed:
             return None
         item = from_dynamo(answer["Attributes"])
@@ -77,23 +77,20 @@ class LeaseStore:
         placed in a shard's due index only once the shard has one (``not_walked``): a first
         claim starts its walk near its own tick, and would never read a bucket placed before
         it while the materializer was down."""
-        try:
-            with translated():
-                self._client.put_item(
-                    TableName=self.table,
-                    Item=to_dynamo(
-                        {
-                            "pk": _shard_pk(shard),
-                            "watermark": now - now % 60 - BOOTSTRAP_SECONDS,
-                            "expires_at": 0,  # free: the first claim takes it
-                        }
-                    ),
-                    # Race: the materializer's first claim or another writer opened it
-                    # first; its watermark, perhaps walked on since, stands.
-                    ConditionExpression="attribute_not_exists(pk)",
-                )
-        except ConditionFailed:
-            pass
+        with suppress(ConditionFailed):
+            self._client.put_item(
+                TableName=self.table,
+                Item=to_dynamo(
+                    {
+                        "pk": _shard_pk(shard),
+                        "watermark": now - now % 60 - BOOTSTRAP_SECONDS,
+                        "expires_at": 0,  # free: the first claim takes it
+                    }
+                ),
+                # Race: the materializer's first claim or another writer opened it
+                # first; its watermark, perhaps walked on since, stands.
+                ConditionExpression="attribute_not_exists(pk)",
+            )
 
     def watermark(self, shard: int) -> int | None:
         """The shard's watermark (None: never opened), strongly consistent: it moves every
@@ -183,18 +180,15 @@ class LeaseStore:
     def advance(self, lease: Lease, watermark: int, *, expires_at: int) -> bool:
         """Move the watermark forward and renew the lease; False when the lease was lost."""
         try:
-            with translated():
-                self._client.update_item(
-                    TableName=self.table,
-                    Key=shard_key(lease.shard),
-                    UpdateExpression="SET watermark = :w, expires_at = :until",
-                    # Race: a stale holder moving the watermark backwards (or at all) after a
-                    # takeover; only the current fence may move it, and only forward.
-                    ConditionExpression="fence = :fence AND watermark <= :w",
-                    ExpressionAttributeValues=values(
-                        fence=lease.fence, w=watermark, until=expires_at
-                    ),
-                )
+            self._client.update_item(
+                TableName=self.table,
+                Key=shard_key(lease.shard),
+                UpdateExpression="SET watermark = :w, expires_at = :until",
+                # Race: a stale holder moving the watermark backwards (or at all) after a
+                # takeover; only the current fence may move it, and only forward.
+                ConditionExpression="fence = :fence AND watermark <= :w",
+                ExpressionAttributeValues=values(fence=lease.fence, w=watermark, until=expires_at),
+            )
         except ConditionFailed:
             return False
         return True
@@ -202,30 +196,26 @@ class LeaseStore:
     def renew(self, lease: Lease, *, expires_at: int) -> bool:
         """Extend the lease (a long bucket); False when it was lost."""
         try:
-            with translated():
-                self._client.update_item(
-                    TableName=self.table,
-                    Key=shard_key(lease.shard),
-                    UpdateExpression="SET expires_at = :until",
-                    # Race: extending a lease another materializer has taken over meanwhile.
-                    ConditionExpression="fence = :fence",
-                    ExpressionAttributeValues=values(fence=lease.fence, until=expires_at),
-                )
+            self._client.update_item(
+                TableName=self.table,
+                Key=shard_key(lease.shard),
+                UpdateExpression="SET expires_at = :until",
+                # Race: extending a lease another materializer has taken over meanwhile.
+                ConditionExpression="fence = :fence",
+                ExpressionAttributeValues=values(fence=lease.fence, until=expires_at),
+            )
         except ConditionFailed:
             return False
         return True
 
     def release(self, lease: Lease, *, now: int) -> None:
         """End the lease early so the next tick need not wait for it to expire."""
-        try:
-            with translated():
-                self._client.update_item(
-                    TableName=self.table,
-                    Key=shard_key(lease.shard),
-                    UpdateExpression="SET expires_at = :now",
-                    # Race: releasing a lease another materializer has taken over meanwhile.
-                    ConditionExpression="fence = :fence",
-                    ExpressionAttributeValues=values(fence=lease.fence, now=now - 1),
-                )
-        except ConditionFailed:
-            pass
+        with suppress(ConditionFailed):
+            self._client.update_item(
+                TableName=self.table,
+                Key=shard_key(lease.shard),
+                UpdateExpression="SET expires_at = :now",
+                # Race: releasing a lease another materializer has taken over meanwhile.
+                ConditionExpression="fence = :fence",
+                ExpressionAttributeValues=values(fence=lease.fence, now=now - 1),
+            )

@@ -6,14 +6,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from punctual.dal.common import (
+    UNPARSABLE,
+    BadItems,
     ConditionFailed,
     Item,
     batch_get,
     decode_token,
+    dynamo,
     encode_token,
     from_dynamo,
     to_dynamo,
-    translated,
     values,
 )
 from punctual.dal.tables import (
@@ -23,6 +25,8 @@ from punctual.dal.tables import (
     occurrence_key,
     occurrence_sk,
 )
+from punctual.errors import Conflict
+from punctual.ids import occurrence_id
 from punctual.models import Attempt, Occurrence, OccurrenceState
 
 _OPEN = (
@@ -52,30 +56,67 @@ class StoredOccurrence:
     retry_at: int | None = None
 
 
+class Unreadable(ValueError):
+    """An occurrence item that is not one Punctual wrote (a tenant's worker wrote it)."""
+
+
 def occurrence_from_item(item: Item) -> Occurrence:
-    return Occurrence(**{k: v for k, v in item.items() if k in Occurrence.model_fields})
+    """The occurrence an item holds; Unreadable (a ValueError), or another of UNPARSABLE,
+    when the item is not one Punctual wrote: the fields must make an Occurrence, and its id
+    must be the one its key names (an item under a tenant's key that claims another instant
+    or schedule is that tenant's forgery). (One naming another tenant is refused where the
+    tenant matters: the relay, the worker.)"""
+    occurrence = Occurrence(**{k: v for k, v in item.items() if k in Occurrence.model_fields})
+    key = occurrence_key(occurrence.occurrence_id)
+    if (item.get("schedule_id"), item.get("sk")) != (key["schedule_id"], key["sk"]):
+        raise Unreadable(f"its id {occurrence.occurrence_id} names another key")
+    return occurrence
+
+
+def key_occurrence_id(item: Item) -> str | None:
+    """The occurrence id an occurrence item's key names, whatever its attributes say (None:
+    the key names none)."""
+    sk = item.get("sk")
+    schedule_id = item.get("schedule_id")
+    if not isinstance(sk, str) or not isinstance(schedule_id, str):
+        return None
+    stamp, _, rest = sk.removeprefix(OCCURRENCE_PREFIX).partition("#")
+    version, mark, tag = rest.partition(".m")
+    try:
+        named = occurrence_id(schedule_id, int(version), int(stamp), tag if mark else None)
+    except ValueError:
+        return None
+    return named if sk.startswith(OCCURRENCE_PREFIX) and occurrence_key(named)["sk"] == sk else None
 
 
 def stored_occurrence(item: Item) -> StoredOccurrence:
+    """As occurrence_from_item, with its payload (a map) and its retry time."""
+    payload = item["payload"]  # (every occurrence item has one: {} when the schedule has none)
+    if not isinstance(payload, dict):
+        raise Unreadable("its payload is not a map")
     retry_at = item.get("retry_at")
     return StoredOccurrence(
-        occurrence_from_item(item),
-        item["payload"],  # (every occurrence item has one: {} when the schedule has none)
-        int(retry_at) if retry_at is not None else None,
+        occurrence_from_item(item), payload, int(retry_at) if retry_at is not None else None
     )
 
 
-def inserted_occurrence(record: dict[str, Any]) -> StoredOccurrence | None:
+def inserted_occurrence(record: dict[str, Any], bad: BadItems) -> StoredOccurrence | None:
     """The occurrence a DynamoDB stream record inserted; None for any other record (a
-    run-now tag, a modification, a removal)."""
+    run-now tag, a modification, a removal), and for an inserted item that is not an
+    occurrence Punctual wrote (counted in ``bad``: a tenant's worker may create one with an
+    UpdateItem under its own keys)."""
     if record.get("eventName") != "INSERT":
         return None
     # The table's stream carries NEW_IMAGE (dal.tables, infra/data.py): an insert always
     # has its image, and an image its key.
     image = from_dynamo(record["dynamodb"]["NewImage"])
-    if not image["sk"].startswith(OCCURRENCE_PREFIX):
+    if not str(image.get("sk", "")).startswith(OCCURRENCE_PREFIX):
         return None
-    return stored_occurrence(image)
+    try:
+        return stored_occurrence(image)
+    except UNPARSABLE as error:
+        bad.skip("occurrences stream", image, error)
+        return None
 
 
 def attempt_from_item(occurrence_id: str, entry: Item) -> Attempt:
@@ -84,8 +125,14 @@ def attempt_from_item(occurrence_id: str, entry: Item) -> Attempt:
     return Attempt(**fields, occurrence_id=occurrence_id)
 
 
-def _occurrences(page: dict[str, Any]) -> list[Occurrence]:
-    return [occurrence_from_item(from_dynamo(item)) for item in page["Items"]]
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A schedule's occurrences in a range of instants, and the ids that the keys of the
+    unreadable items there name (a tenant's bad data: not an occurrence to judge, but its
+    key is taken, so nothing can be put there)."""
+
+    occurrences: list[Occurrence]
+    unreadable: list[str]
 
 
 def _sk_range(since: int, until: int) -> tuple[str, str]:
@@ -106,9 +153,26 @@ def _between(schedule_id: str, since: int, until: int) -> dict[str, Any]:
 
 
 class OccurrenceStore:
-    def __init__(self, client: Any, table: str) -> None:
-        self._client = client
+    def __init__(self, client: Any, table: str, bad: BadItems | None = None) -> None:
+        self._client = dynamo(client)
         self.table = table
+        self._bad = bad or BadItems()
+
+    def _parsed(self, items: list[Item], unreadable: list[str] | None = None) -> list[Occurrence]:
+        """The occurrences of ``items``; an unreadable one is skipped and counted, and the id
+        its key names added to ``unreadable``."""
+        found = []
+        for item in items:
+            try:
+                found.append(occurrence_from_item(item))
+            except UNPARSABLE as error:
+                self._bad.skip(self.table, item, error)
+                if unreadable is not None and (named := key_occurrence_id(item)) is not None:
+                    unreadable.append(named)
+        return found
+
+    def _page(self, page: dict[str, Any], unreadable: list[str] | None = None) -> list[Occurrence]:
+        return self._parsed([from_dynamo(item) for item in page["Items"]], unreadable)
 
     def put_new(self, occurrence: Occurrence, payload: dict[str, Any]) -> dict[str, Any]:
         """Transaction action; fails if the occurrence exists (then someone made it already)."""
@@ -145,8 +209,9 @@ class OccurrenceStore:
 
     def triggered(self, schedule_id: str, tag: str) -> tuple[str, Occurrence | None] | None:
         """The id of the occurrence a run-now request with this tag made, and the
-        occurrence (None once it expired before its record); None if no request made one.
-        Strongly consistent: a retry a moment after the first request must find its run."""
+        occurrence (None once it expired before its record, or is unreadable); None if no
+        request made one. Strongly consistent: a retry a moment after the first request must
+        find its run. Conflict when the record is not one Punctual wrote (the key is taken)."""
         found = self._client.get_item(
             TableName=self.table,
             Key=to_dynamo({"schedule_id": schedule_id, "sk": TRIGGER_PREFIX + tag}),
@@ -154,21 +219,31 @@ class OccurrenceStore:
         ).get("Item")
         if not found:
             return None
-        made = str(from_dynamo(found)["occurrence_id"])
+        item = from_dynamo(found)
+        made = item.get("occurrence_id")
+        if not isinstance(made, str):
+            self._bad.skip(self.table, item, Unreadable("a run-now record without its run"))
+            raise Conflict("this Idempotency-Key's record is unreadable; use a new key")
         return made, self.get(made)
 
     def get_with_attempts(self, occurrence_id: str) -> tuple[Occurrence, list[Attempt]] | None:
         """The occurrence and its attempts, oldest first (its ``attempts`` history: the worker
-        writes it with each claim and completion). Strongly consistent, like ``get``."""
+        writes it with each claim and completion). Strongly consistent, like ``get``. None
+        for an unreadable item too (counted)."""
         item = self._item(occurrence_id)
         if item is None:
             return None
-        attempts = [attempt_from_item(occurrence_id, a) for a in item.get("attempts") or ()]
-        return occurrence_from_item(item), attempts
+        try:
+            attempts = [attempt_from_item(occurrence_id, a) for a in item.get("attempts") or ()]
+            return occurrence_from_item(item), attempts
+        except UNPARSABLE as error:
+            self._bad.skip(self.table, item, error)
+            return None
 
     def list_for_schedule(
         self, schedule_id: str, *, since: int, until: int, limit: int, token: str | None
     ) -> tuple[list[Occurrence], str | None]:
+        """A page of the schedule's occurrences (an unreadable item left out, counted)."""
         request: dict[str, Any] = {
             "TableName": self.table,
             **_between(schedule_id, since, until),
@@ -183,31 +258,44 @@ class OccurrenceStore:
         if start:
             request["ExclusiveStartKey"] = start
         page = self._client.query(**request)
-        return _occurrences(page), encode_token(page.get("LastEvaluatedKey"))
+        return self._page(page), encode_token(page.get("LastEvaluatedKey"))
 
-    def _query_all(self, **request: Any) -> list[Occurrence]:
-        pages = self._client.get_paginator("query").paginate(TableName=self.table, **request)
-        return [o for page in pages for o in _occurrences(page)]
+    def _query_all(self, unreadable: list[str] | None = None, **request: Any) -> list[Occurrence]:
+        pages = self._client.query_pages(TableName=self.table, **request)
+        return [o for page in pages for o in self._page(page, unreadable)]
 
-    def in_window(
+    def window(
         self, schedule_id: str, *, since: int, until: int, consistent: bool = False
-    ) -> list[Occurrence]:
+    ) -> Window:
         """Every occurrence of the schedule (any version, any state) with ``scheduled_for``
-        in [since, until], all pages; ``consistent`` for a caller that must see one written
-        a moment ago."""
-        return self._query_all(**_between(schedule_id, since, until), ConsistentRead=consistent)
-
-    def first_after(self, schedule_id: str, *, after: int, limit: int) -> list[Occurrence]:
-        """Up to ``limit`` of the schedule's occurrences scheduled after ``after``, earliest
-        first (one page)."""
-        page = self._client.query(
-            TableName=self.table, **_between(schedule_id, after + 1, _LAST), Limit=limit
+        in [since, until], all pages, and the ids of the unreadable items there;
+        ``consistent`` for a caller that must see one written a moment ago."""
+        unreadable: list[str] = []
+        found = self._query_all(
+            unreadable, **_between(schedule_id, since, until), ConsistentRead=consistent
         )
-        return _occurrences(page)
+        return Window(found, unreadable)
+
+    def first_after(
+        self, schedule_id: str, *, after: int, limit: int, consistent: bool = False
+    ) -> list[Occurrence]:
+        """Up to ``limit`` of the schedule's occurrences scheduled after ``after``, earliest
+        first (one page; ``consistent`` for a caller that must see one written a moment
+        ago)."""
+        page = self._client.query(
+            TableName=self.table,
+            **_between(schedule_id, after + 1, _LAST),
+            Limit=limit,
+            ConsistentRead=consistent,
+        )
+        return self._page(page)
 
     def get(self, occurrence_id: str) -> Occurrence | None:
+        """The occurrence, strongly consistent; None if there is none (or its item is
+        unreadable, counted)."""
         item = self._item(occurrence_id)
-        return occurrence_from_item(item) if item else None
+        found = self._parsed([item]) if item else []
+        return found[0] if found else None
 
     def _item(self, occurrence_id: str) -> Item | None:
         try:
@@ -220,11 +308,17 @@ class OccurrenceStore:
         return from_dynamo(found) if found else None
 
     def stored(self, occurrence_ids: list[str]) -> list[StoredOccurrence]:
-        """Those of ``occurrence_ids`` that exist, payload included. Strongly consistent: a
-        decision to send one again needs its state as it is now (a worker may have just
-        taken it)."""
+        """Those of ``occurrence_ids`` that exist, payload included (an unreadable one left
+        out, counted). Strongly consistent: a decision to send one again needs its state as
+        it is now (a worker may have just taken it)."""
         keys = [occurrence_key(i) for i in occurrence_ids]
-        return [stored_occurrence(item) for item in batch_get(self._client, self.table, keys)]
+        found = []
+        for item in batch_get(self._client, self.table, keys):
+            try:
+                found.append(stored_occurrence(item))
+            except UNPARSABLE as error:
+                self._bad.skip(self.table, item, error)
+        return found
 
     def open_for_schedule(self, schedule_id: str, *, since: int) -> list[Occurrence]:
         """Occurrences not yet finished, scheduled at or after ``since``. Strongly consistent:
@@ -237,19 +331,18 @@ class OccurrenceStore:
         """SCHEDULED -> ``state`` (CANCELED by a change, DEAD by the relay) with ``reason``;
         False if the occurrence had moved on."""
         try:
-            with translated():
-                self._client.update_item(
-                    TableName=self.table,
-                    Key=to_dynamo(occurrence_key(occurrence_id)),
-                    UpdateExpression="SET #state = :to, reason = :why",
-                    # Race: another writer moved it first (a worker's claim, a cancel, the
-                    # relay finding it unsendable); its state stands, the caller is told.
-                    ConditionExpression="#state = :scheduled",
-                    ExpressionAttributeNames={"#state": "state"},
-                    ExpressionAttributeValues=values(
-                        to=state.value, scheduled=OccurrenceState.SCHEDULED.value, why=reason
-                    ),
-                )
+            self._client.update_item(
+                TableName=self.table,
+                Key=to_dynamo(occurrence_key(occurrence_id)),
+                UpdateExpression="SET #state = :to, reason = :why",
+                # Race: another writer moved it first (a worker's claim, a cancel, the
+                # relay finding it unsendable); its state stands, the caller is told.
+                ConditionExpression="#state = :scheduled",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues=values(
+                    to=state.value, scheduled=OccurrenceState.SCHEDULED.value, why=reason
+                ),
+            )
         except ConditionFailed:
             return False
         return True

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from punctual.dal.common import ConditionFailed, Item, batch_get, to_dynamo, translated, values
+from punctual.dal.common import ConditionFailed, Item, batch_get, dynamo, to_dynamo, values
 from punctual.models import ReconcileReport
 
 REPORT_PREFIX = "RECONCILE#"
@@ -32,21 +32,20 @@ def report_to_item(report: ReconcileReport, purge_at: int) -> Item:
 
 class ReportStore:
     def __init__(self, client: Any, table: str) -> None:
-        self._client = client
+        self._client = dynamo(client)
         self.table = table
 
     def put(self, report: ReconcileReport, *, purge_at: int) -> bool:
         """False when a newer run of the same shard and window is already stored."""
         try:
-            with translated():
-                self._client.put_item(
-                    TableName=self.table,
-                    Item=to_dynamo(report_to_item(report, purge_at)),
-                    # Race: a slow or retried run of the same shard and window finishing after
-                    # a newer one must not replace the newer findings.
-                    ConditionExpression="attribute_not_exists(pk) OR run_at <= :run_at",
-                    ExpressionAttributeValues=values(run_at=report.run_at),
-                )
+            self._client.put_item(
+                TableName=self.table,
+                Item=to_dynamo(report_to_item(report, purge_at)),
+                # Race: a slow or retried run of the same shard and window finishing after
+                # a newer one must not replace the newer findings.
+                ConditionExpression="attribute_not_exists(pk) OR run_at <= :run_at",
+                ExpressionAttributeValues=values(run_at=report.run_at),
+            )
         except ConditionFailed:
             return False
         return True

@@ -15,17 +15,21 @@ occurrence holds no run lease), until its claim takes the run slot and empties i
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from punctual.dal.common import (
+    UNPARSABLE,
+    BadItems,
     ConditionFailed,
     Item,
     Transactions,
     batch_get,
+    batch_get_all,
+    dynamo,
     from_dynamo,
     to_dynamo,
-    translated,
     values,
 )
 from punctual.dal.tables import current_key, occurrence_key
@@ -79,7 +83,9 @@ class RunLease:
     expires_at: int
     concurrency_slot: int
     overlap: bool  # takes the schedule's run slot
-    queue_one: bool = False  # and frees its wait slot (QUEUE_ONE): no other may be waiting
+    # A new QUEUE_ONE occurrence's claim: no other may be waiting, and it frees the wait slot
+    # (not a take-over's or a retry's: that occurrence's run goes on, ahead of any waiting).
+    queue_one: bool = False
     # Where the claim put this attempt in the occurrence's ``attempts`` list (attempt_no - 1,
     # unless the occurrence began under the old layout, with attempt items of its own).
     attempt_index: int = 0
@@ -145,13 +151,25 @@ def _finished_by(
     write (no newer attempt, ours closed with this outcome at this time)."""
     if not item or item.get("state") != state.value or "lease_token" in item:
         return False
-    if int(item.get("attempt_count", 0)) != lease.attempt_no:
-        return False
-    history = item.get("attempts") or []
-    if len(history) <= lease.attempt_index:
-        return False
-    mine = history[lease.attempt_index]
-    return mine.get("outcome") == outcome.value and int(mine.get("finished_at", -1)) == now
+    try:
+        if int(item.get("attempt_count", 0)) != lease.attempt_no:
+            return False
+        history = item.get("attempts") or []
+        if len(history) <= lease.attempt_index:
+            return False
+        mine = history[lease.attempt_index]
+        return mine.get("outcome") == outcome.value and int(mine.get("finished_at", -1)) == now
+    except UNPARSABLE:
+        return False  # not what this SDK wrote: not our own completion
+
+
+def _held(slot: Item, now: int) -> bool:
+    """Whether a slot item holds a live lease; one that is not what the SDK writes (the
+    tenant's workers may write its slots) counts as held: the claim's condition decides."""
+    try:
+        return int(slot.get("expires_at", 0)) > now
+    except UNPARSABLE:
+        return True
 
 
 def _stored_run(item: Item) -> StoredRun:
@@ -181,8 +199,9 @@ def _schedule_for_run(item: Item) -> ScheduleForRun:
 
 
 class RunStore:
-    def __init__(self, client: Any, settings: Settings) -> None:
-        self._client = client
+    def __init__(self, client: Any, settings: Settings, bad: BadItems | None = None) -> None:
+        self._client = dynamo(client)
+        self._bad = bad or BadItems()
         self._occurrences = settings.occurrences_table
         self._schedules = settings.schedules_table
         self._tenants = settings.tenants_table
@@ -223,17 +242,24 @@ class RunStore:
         for part in request.values():
             part["ConsistentRead"] = True
         found: dict[str, Item] = {}
-        while request:
-            answer = self._client.batch_get_item(RequestItems=request)
+        for answer in batch_get_all(self._client, request):
             for table, items in answer["Responses"].items():
                 for raw in items:
                     found[table] = from_dynamo(raw)
-            request = answer.get("UnprocessedKeys") or {}
         occurrence, schedule = found.get(self._occurrences), found.get(self._schedules)
         return (
-            _stored_run(occurrence) if occurrence else None,
+            self._run_of(occurrence) if occurrence else None,
             _schedule_for_run(schedule) if schedule else None,
         )
+
+    def _run_of(self, item: Item) -> StoredRun | None:
+        """The occurrence as a claim decides on it; None (as if absent: the message is then
+        rejected) for an item that is not one Punctual wrote (the tenant's bad data)."""
+        try:
+            return _stored_run(item)
+        except UNPARSABLE as error:
+            self._bad.skip(self._occurrences, item, error)
+            return None
 
     def schedule_version(
         self, schedule_id: str, *, consistent: bool = False
@@ -242,14 +268,13 @@ class RunStore:
         check (a hint, read again every few seconds); ``consistent`` for the check after a
         claim, which must see a change committed a moment before. Retryable when DynamoDB
         is busy."""
-        with translated():
-            found = self._client.get_item(
-                TableName=self._schedules,
-                Key=to_dynamo(current_key(schedule_id)),
-                ProjectionExpression="version, #s",
-                ExpressionAttributeNames={"#s": "state"},
-                ConsistentRead=consistent,
-            ).get("Item")
+        found = self._client.get_item(
+            TableName=self._schedules,
+            Key=to_dynamo(current_key(schedule_id)),
+            ProjectionExpression="version, #s",
+            ExpressionAttributeNames={"#s": "state"},
+            ConsistentRead=consistent,
+        ).get("Item")
         if not found:
             return None
         item = from_dynamo(found)
@@ -260,11 +285,7 @@ class RunStore:
         claim's condition decides)."""
         keys = [{"pk": run_partition(tenant_id), "sk": concurrency_sk(slot)} for slot in candidates]
         found = batch_get(self._client, self._tenants, keys, consistent=False)
-        return {
-            int(str(item["sk"]).removeprefix("RUN#"))
-            for item in found
-            if int(item.get("expires_at", 0)) > now
-        }
+        return {int(str(item["sk"]).removeprefix("RUN#")) for item in found if _held(item, now)}
 
     # --- claim --------------------------------------------------------------------------
 
@@ -388,17 +409,16 @@ class RunStore:
         """Hold the schedule's wait slot until ``until`` (QUEUE_ONE); None when held (taken
         or renewed), else the occurrence that waits already."""
         try:
-            with translated():
-                self._client.update_item(
-                    TableName=self._tenants,
-                    Key=self._wait_slot_key(tenant_id, schedule_id),
-                    UpdateExpression="SET occurrence_id = :occ, expires_at = :until",
-                    # Race: two occurrences that find the run slot held both try to wait;
-                    # one does. Free, expired (its holder gave up or died), or already ours.
-                    ConditionExpression=WAIT_FREE_OR_MINE,
-                    ExpressionAttributeValues=values(occ=occurrence_id, until=until, now=now),
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            self._client.update_item(
+                TableName=self._tenants,
+                Key=self._wait_slot_key(tenant_id, schedule_id),
+                UpdateExpression="SET occurrence_id = :occ, expires_at = :until",
+                # Race: two occurrences that find the run slot held both try to wait;
+                # one does. Free, expired (its holder gave up or died), or already ours.
+                ConditionExpression=WAIT_FREE_OR_MINE,
+                ExpressionAttributeValues=values(occ=occurrence_id, until=until, now=now),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
         except ConditionFailed as refused:
             return str((refused.old_item or {}).get("occurrence_id", "another occurrence"))
         return None
@@ -406,18 +426,15 @@ class RunStore:
     def stop_waiting(self, tenant_id: str, schedule_id: str, occurrence_id: str) -> None:
         """Free the wait slot if this occurrence holds it (it will not run: stale, done);
         best effort, since the slot expires anyway."""
-        try:
-            with translated():
-                self._client.update_item(
-                    TableName=self._tenants,
-                    Key=self._wait_slot_key(tenant_id, schedule_id),
-                    UpdateExpression="REMOVE occurrence_id, expires_at",
-                    # Race: the slot passed to another occurrence after ours expired.
-                    ConditionExpression="occurrence_id = :occ",
-                    ExpressionAttributeValues=values(occ=occurrence_id),
-                )
-        except (ConditionFailed, Retryable):
-            pass
+        with suppress(ConditionFailed, Retryable):
+            self._client.update_item(
+                TableName=self._tenants,
+                Key=self._wait_slot_key(tenant_id, schedule_id),
+                UpdateExpression="REMOVE occurrence_id, expires_at",
+                # Race: the slot passed to another occurrence after ours expired.
+                ConditionExpression="occurrence_id = :occ",
+                ExpressionAttributeValues=values(occ=occurrence_id),
+            )
 
     @staticmethod
     def _take_slot(table: str, key: dict[str, Any], lease: RunLease, now: int) -> dict[str, Any]:
@@ -498,12 +515,16 @@ class RunStore:
         return True
 
     def dlq_sent(self, occurrence_id: str) -> None:
-        """The DEAD occurrence's message is in the DLQ: clear the flag."""
-        self._client.update_item(
-            TableName=self._occurrences,
-            Key=self._occurrence_key(occurrence_id),
-            UpdateExpression="REMOVE dlq_pending",
-        )
+        """The DEAD occurrence's message is in the DLQ: clear the flag (if it is still set)."""
+        with suppress(ConditionFailed):
+            self._client.update_item(
+                TableName=self._occurrences,
+                Key=self._occurrence_key(occurrence_id),
+                UpdateExpression="REMOVE dlq_pending",
+                # Race: the flag cleared already (a redelivery copied it too) or the item gone
+                # (its retention ended): an update without a condition would make an item.
+                ConditionExpression="attribute_exists(dlq_pending)",
+            )
 
     # --- while running ------------------------------------------------------------------
 
@@ -584,21 +605,20 @@ class RunStore:
             expression += ", dlq_pending = :true"
             sets["true"] = True
         try:
-            with translated():
-                self._client.update_item(
-                    TableName=self._occurrences,
-                    Key=self._occurrence_key(lease.occurrence_id),
-                    UpdateExpression=expression + " REMOVE lease_token",
-                    # Race: the lease expired and another worker claimed the occurrence (new
-                    # token); this late completion must not overwrite the new attempt's state.
-                    ConditionExpression="#state = :running AND lease_token = :token",
-                    ExpressionAttributeNames={"#state": "state"}
-                    | ({"#e": "error"} if error is not None else {}),
-                    ExpressionAttributeValues=values(
-                        running=OccurrenceState.RUNNING.value, token=lease.token, **sets
-                    ),
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            self._client.update_item(
+                TableName=self._occurrences,
+                Key=self._occurrence_key(lease.occurrence_id),
+                UpdateExpression=expression + " REMOVE lease_token",
+                # Race: the lease expired and another worker claimed the occurrence (new
+                # token); this late completion must not overwrite the new attempt's state.
+                ConditionExpression="#state = :running AND lease_token = :token",
+                ExpressionAttributeNames={"#state": "state"}
+                | ({"#e": "error"} if error is not None else {}),
+                ExpressionAttributeValues=values(
+                    running=OccurrenceState.RUNNING.value, token=lease.token, **sets
+                ),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
         except ConditionFailed as refused:
             if not _finished_by(refused.old_item, lease, state, outcome, now):
                 raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
@@ -636,19 +656,18 @@ class RunStore:
     def _undo_claim(self, lease: RunLease, update: str, **given: Any) -> None:
         """ConditionFailed when the claim is no longer this lease's (the caller leaves it to
         run out)."""
-        with translated():
-            self._client.update_item(
-                TableName=self._occurrences,
-                Key=self._occurrence_key(lease.occurrence_id),
-                UpdateExpression=update,
-                # Race: none expected within the lease; a stale worker must not undo a newer
-                # holder's claim.
-                ConditionExpression="#state = :running AND lease_token = :token",
-                ExpressionAttributeNames={"#state": "state"},
-                ExpressionAttributeValues=values(
-                    running=OccurrenceState.RUNNING.value, token=lease.token, **given
-                ),
-            )
+        self._client.update_item(
+            TableName=self._occurrences,
+            Key=self._occurrence_key(lease.occurrence_id),
+            UpdateExpression=update,
+            # Race: none expected within the lease; a stale worker must not undo a newer
+            # holder's claim.
+            ConditionExpression="#state = :running AND lease_token = :token",
+            ExpressionAttributeNames={"#state": "state"},
+            ExpressionAttributeValues=values(
+                running=OccurrenceState.RUNNING.value, token=lease.token, **given
+            ),
+        )
 
     def release(self, lease: RunLease) -> None:
         """Free the slots this lease holds; best effort, since an expired lease frees them too."""
@@ -657,15 +676,14 @@ class RunStore:
             slots.append((self._tenants, self._run_slot_key(lease.tenant_id, lease.schedule_id)))
         for table, key in slots:
             try:
-                with translated():
-                    self._client.update_item(
-                        TableName=table,
-                        Key=key,
-                        UpdateExpression="REMOVE lease_token, expires_at, occurrence_id",
-                        # Race: our lease expired and another occurrence took the slot; it
-                        # is theirs now and must stay held.
-                        ConditionExpression="lease_token = :token",
-                        ExpressionAttributeValues=values(token=lease.token),
-                    )
+                self._client.update_item(
+                    TableName=table,
+                    Key=key,
+                    UpdateExpression="REMOVE lease_token, expires_at, occurrence_id",
+                    # Race: our lease expired and another occurrence took the slot; it
+                    # is theirs now and must stay held.
+                    ConditionExpression="lease_token = :token",
+                    ExpressionAttributeValues=values(token=lease.token),
+                )
             except ConditionFailed:
                 continue

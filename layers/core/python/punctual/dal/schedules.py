@@ -11,6 +11,7 @@ from punctual.dal.common import (
     Item,
     batch_get,
     decode_token,
+    dynamo,
     encode_token,
     from_dynamo,
     to_dynamo,
@@ -282,7 +283,7 @@ def minute_load_of(item: Item) -> dict[int, int]:
 
 class ScheduleStore:
     def __init__(self, client: Any, table: str) -> None:
-        self._client = client
+        self._client = dynamo(client)
         self.table = table
 
     def key(self, schedule_id: str, sk: str = SCHEDULE_CURRENT) -> dict[str, Any]:
@@ -334,7 +335,7 @@ class ScheduleStore:
         """The schedules in one due bucket, read from the due index: eventually consistent
         (an index cannot be read otherwise), so a schedule moved here a moment ago may be
         missing and one that left may still show (its cursor condition then refuses it)."""
-        pages = self._client.get_paginator("query").paginate(
+        pages = self._client.query_pages(
             TableName=self.table,
             IndexName=DUE_INDEX,
             KeyConditionExpression="due_bucket = :b",
@@ -350,7 +351,7 @@ class ScheduleStore:
         cursor (``planned_until``, ``next_run_at``...) reads as unset; the MISSED summary is
         there. Eventually consistent, as every index read: a schedule created a moment ago
         may be absent, and the window's ``created_before`` is older than any such one."""
-        pages = self._client.get_paginator("query").paginate(
+        pages = self._client.query_pages(
             TableName=self.table,
             IndexName=SHARD_INDEX,
             KeyConditionExpression="#shard = :s AND created_key < :c",
@@ -376,7 +377,7 @@ class ScheduleStore:
     def versions_since(self, schedule_id: str, since: int) -> list[ScheduleVersion]:
         """The history from the version in effect at ``since`` on, oldest first. Read newest
         first, so a long history costs only the versions that matter."""
-        pages = self._client.get_paginator("query").paginate(
+        pages = self._client.query_pages(
             TableName=self.table,
             KeyConditionExpression="schedule_id = :s AND begins_with(sk, :v)",
             ExpressionAttributeValues=values(s=schedule_id, v="V#"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from punctual.dal.common import ConditionFailed, Item, from_dynamo, to_dynamo, translated, values
+from punctual.dal.common import ConditionFailed, Item, dynamo, from_dynamo, to_dynamo, values
 from punctual.errors import Conflict, NotFound
 from punctual.tenancy import Quotas, Target, Tenant
 
@@ -73,19 +73,18 @@ def target_from_item(item: Item) -> Target:
 
 class TenantStore:
     def __init__(self, client: Any, table: str) -> None:
-        self._client = client
+        self._client = dynamo(client)
         self.table = table
 
     def create(self, tenant: Tenant) -> None:
         try:
-            with translated():
-                self._client.put_item(
-                    TableName=self.table,
-                    Item=to_dynamo(tenant_to_item(tenant)),
-                    # Race: two operators creating the same tenant; the second must not reset
-                    # usage.
-                    ConditionExpression="attribute_not_exists(pk)",
-                )
+            self._client.put_item(
+                TableName=self.table,
+                Item=to_dynamo(tenant_to_item(tenant)),
+                # Race: two operators creating the same tenant; the second must not reset
+                # usage.
+                ConditionExpression="attribute_not_exists(pk)",
+            )
         except ConditionFailed:
             raise Conflict(f"tenant {tenant.tenant_id} already exists") from None
 
@@ -104,34 +103,32 @@ class TenantStore:
             raise NotFound(f"tenant {tenant_id} not found") from None
 
     def _set_quotas(self, tenant_id: str, quotas: Quotas) -> None:
-        with translated():
-            self._client.update_item(
-                TableName=self.table,
-                Key=tenant_key(tenant_id),
-                UpdateExpression="SET quotas = :q",
-                # Race: quotas set on a tenant being created must not create a partial item.
-                ConditionExpression="attribute_exists(pk)",
-                ExpressionAttributeValues=values(q=quotas.model_dump()),
-            )
+        self._client.update_item(
+            TableName=self.table,
+            Key=tenant_key(tenant_id),
+            UpdateExpression="SET quotas = :q",
+            # Race: quotas set on a tenant being created must not create a partial item.
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeValues=values(q=quotas.model_dump()),
+        )
 
     def bind_principal(self, principal_arn: str, tenant_id: str) -> None:
         self.get(tenant_id)
         try:
-            with translated():
-                self._client.put_item(
-                    TableName=self.table,
-                    Item=to_dynamo(
-                        {
-                            "pk": f"P#{principal_arn}",
-                            "sk": PRINCIPAL_SK,
-                            "tenant_id": tenant_id,
-                        }
-                    ),
-                    # Race: one principal bound to two tenants would see both; first bind wins,
-                    # re-binding to the same tenant is a no-op.
-                    ConditionExpression="attribute_not_exists(pk) OR tenant_id = :t",
-                    ExpressionAttributeValues=values(t=tenant_id),
-                )
+            self._client.put_item(
+                TableName=self.table,
+                Item=to_dynamo(
+                    {
+                        "pk": f"P#{principal_arn}",
+                        "sk": PRINCIPAL_SK,
+                        "tenant_id": tenant_id,
+                    }
+                ),
+                # Race: one principal bound to two tenants would see both; first bind wins,
+                # re-binding to the same tenant is a no-op.
+                ConditionExpression="attribute_not_exists(pk) OR tenant_id = :t",
+                ExpressionAttributeValues=values(t=tenant_id),
+            )
         except ConditionFailed:
             raise Conflict(f"{principal_arn} is bound to another tenant") from None
         # The tenant keeps the set of its principals: its queues' policies grant them.
@@ -163,14 +160,13 @@ class TenantStore:
 
     def put_target(self, target: Target) -> None:
         try:
-            with translated():
-                self._client.put_item(
-                    TableName=self.table,
-                    Item=to_dynamo(target_to_item(target)),
-                    # Race: two creates of one target name; the first one's queues are the
-                    # target.
-                    ConditionExpression="attribute_not_exists(pk)",
-                )
+            self._client.put_item(
+                TableName=self.table,
+                Item=to_dynamo(target_to_item(target)),
+                # Race: two creates of one target name; the first one's queues are the
+                # target.
+                ConditionExpression="attribute_not_exists(pk)",
+            )
         except ConditionFailed:
             raise Conflict(f"target {target.name} already exists") from None
 
@@ -186,7 +182,7 @@ class TenantStore:
 
     def list_targets(self, tenant_id: str, *, consistent: bool = False) -> list[Target]:
         """Eventually consistent unless asked (a target made a moment ago may be missing)."""
-        pages = self._client.get_paginator("query").paginate(
+        pages = self._client.query_pages(
             TableName=self.table,
             ConsistentRead=consistent,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",

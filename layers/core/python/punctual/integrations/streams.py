@@ -12,6 +12,13 @@ from typing import Any
 from punctual.dal.tables import OCCURRENCE_PREFIX
 
 PAGE = 1000  # records per GetRecords call (DynamoDB Streams' maximum)
+# GetRecords may answer an empty page while records lie further on in the shard (AWS's API
+# reference); a range is read on through this many empty pages in a row before giving up.
+EMPTY_PAGES = 25
+
+
+class Unfinished(Exception):
+    """A range's records were not all read (empty pages past the bound): try again later."""
 
 
 ANY_LANE = "*"
@@ -61,8 +68,10 @@ def read_range(
     streams: Any, stream_arn: str, shard_id: str, first: str, last: str
 ) -> Iterator[dict[str, Any]]:
     """The records of one shard from sequence number ``first`` to ``last`` (inclusive), as
-    event records. Raises the client's TrimmedDataAccessException once the stream no longer
-    holds them (24 hours)."""
+    event records, read until the one at ``last`` (or the shard's end). Raises the client's
+    TrimmedDataAccessException once the stream no longer holds them (24 hours), Unfinished
+    after EMPTY_PAGES empty pages in a row short of ``last`` (an empty page does not mean
+    the range is over: AWS may answer one before the records)."""
     iterator = streams.get_shard_iterator(
         StreamArn=stream_arn,
         ShardId=shard_id,
@@ -70,13 +79,18 @@ def read_range(
         SequenceNumber=first,
     ).get("ShardIterator")
     end = int(last)
+    empty = 0
     while iterator:
         page = streams.get_records(ShardIterator=iterator, Limit=PAGE)
         records = page.get("Records", [])
         for record in records:
-            if int(record["dynamodb"]["SequenceNumber"]) > end:
+            sequence = int(record["dynamodb"]["SequenceNumber"])
+            if sequence > end:
                 return
             yield event_record(record, stream_arn)
-        if not records:
-            return  # the range was read once already, so it is all there: nothing after it yet
+            if sequence == end:
+                return
+        empty = 0 if records else empty + 1
+        if empty >= EMPTY_PAGES:
+            raise Unfinished(f"{empty} empty pages in a row before sequence number {last}")
         iterator = page.get("NextShardIterator")

@@ -1,0 +1,322 @@
+"""A hostile tenant's own writes, as its worker policy lets it make them (tests/hostile.py),
+met by every reader of the tables it can write: its malformed item is that tenant's bad
+data (counted, logged with its key, skipped), never a failure of a relay batch, a shard's
+walk, a reconcile run or another tenant's work (docs/security.md, *What a tenant's
+worker can write*)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import OCCURRENCE_PREFIX, occurrence_key, occurrence_sk
+from punctual.ids import occurrence_id
+from punctual.integrations.queues import queue_name
+from punctual.models import Finding, ScheduleDefinition
+from punctual.reconciler import Reconciler
+from punctual.relay import Relay
+from punctual.scheduling import ControlPlane
+from punctual.services import Services
+from punctual.settings import Settings
+from punctual.timing import use_zone_source
+from punctual_client.worker import Outcome, Worker
+from tests.hostile import HostileWorker
+from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, Clock, bootstrap
+from tests.integration.helpers import cron_spec, make, set_occurrence_state
+from tests.integration.test_reconciler import at, materialize_until
+from tests.integration.test_relay import messages, one_shot, record
+from tests.integration.test_tz_rules import OLD
+from tests.integration.test_worker import receive
+
+BOBS_QUEUE = queue_name("punctual", "bob", "default")
+# The unreadable item of the issue: an occurrence's sort key, only ``state`` set.
+ONLY_STATE = {"state": {"S": "SUCCEEDED"}}
+
+
+@pytest.fixture
+def settings() -> Settings:
+    # One shard: alice's and bob's schedules share it, as tenants share shards on AWS.
+    return Settings(operator_principals=frozenset({OPERATOR}), shard_count=1)
+
+
+@pytest.fixture
+def both(aws: Services) -> tuple[Api, Api]:
+    return bootstrap("alice", ALICE), bootstrap("bob", BOB)
+
+
+def bobs_worker(aws: Services) -> HostileWorker:
+    return HostileWorker(aws.dynamodb, "bob", aws.settings)
+
+
+def plant(aws: Services, schedule_id: str, instant: int, attributes: dict[str, Any]) -> str:
+    """Bob's worker writes ``attributes`` at the occurrence key of (schedule, v1, instant),
+    unconditionally: UpdateItem makes the item. The id that key names."""
+    named = occurrence_id(schedule_id, 1, instant)
+    bobs_worker(aws).write(
+        aws.settings.occurrences_table, to_dynamo(occurrence_key(named)), attributes
+    )
+    return named
+
+
+def inserted(aws: Services, schedule_id: str, instant: int, sequence: int) -> dict[str, Any]:
+    """The stream record of an item bob's worker made: an INSERT with its image."""
+    key = to_dynamo({"schedule_id": schedule_id, "sk": occurrence_sk(instant, 1)})
+    image = aws.dynamodb.get_item(TableName=aws.settings.occurrences_table, Key=key)["Item"]
+    return {
+        "eventID": str(sequence),
+        "eventName": "INSERT",
+        "eventSource": "aws:dynamodb",
+        "dynamodb": {"NewImage": image, "SequenceNumber": str(sequence), "Keys": key},
+    }
+
+
+def bobs_schedule(aws: Services, clock: Clock) -> str:
+    definition = ScheduleDefinition.model_validate(
+        {"target": "default", "spec": cron_spec("0 * * * *")}
+    )
+    return ControlPlane(aws).create("bob", definition).schedule.schedule_id
+
+
+def test_worker_policy_lets_bobs_worker_make_an_item_under_his_own_keys_only(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN bob's worker credentials (its generated policy) and one of alice's schedules
+    sid = bobs_schedule(aws, clock)
+    hers = make(aws, tenant="alice", spec=cron_spec("0 * * * *"))
+    # WHEN it writes an occurrence key of its own schedule that does not exist: it is made
+    made = plant(aws, sid, at("12:00"), ONLY_STATE)
+    item = aws.dynamodb.get_item(
+        TableName=aws.settings.occurrences_table, Key=to_dynamo(occurrence_key(made))
+    )["Item"]
+    assert item["state"] == {"S": "SUCCEEDED"}
+    assert "occurrence_id" not in item
+    # AND under alice's keys it is refused by IAM
+    with pytest.raises(Exception, match="denied by IAM"):
+        plant(aws, hers, at("12:00"), ONLY_STATE)
+
+
+def test_relay_skips_a_tenants_malformed_insert_and_sends_the_rest_of_the_batch(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN an item bob's worker made under his own schedule's key (only a state), whose
+    # INSERT reaches the relay first in a batch with one of alice's strict fires
+    sid = bobs_schedule(aws, clock)
+    plant(aws, sid, at("12:00"), ONLY_STATE)
+    hers = one_shot(aws, clock, tenant="alice")
+    clock.advance(30)
+    # WHEN the relay takes the batch
+    report = Relay(aws).relay([inserted(aws, sid, at("12:00"), 1), record(aws, hers, 2)])
+    # THEN the batch has no failure (nothing holds the stream shard back), the bad item is
+    # counted, and alice's fire is in her queue
+    assert report.failures == {}
+    assert (report.sent, report.malformed) == (1, 1)
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [hers]
+
+
+def test_relay_neither_fails_nor_sends_an_occurrence_forged_far_ahead_or_too_large(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN two well-formed occurrence items bob's worker forged under his own keys: one
+    # receivable in a day (SQS holds a message at most 900 s), one with a 300 KB payload
+    # (over SQS's 256 KiB); and one of alice's fires behind them in the batch
+    sid = bobs_schedule(aws, clock)
+    now = int(clock.now)
+
+    def forged(instant: int, available: int, payload: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "occurrence_id": {"S": occurrence_id(sid, 1, instant)},
+            "tenant_id": {"S": "bob"},
+            "schedule_version": {"N": "1"},
+            "scheduled_for": {"N": str(instant)},
+            "available_at": {"N": str(available)},
+            "target": {"S": "default"},
+            "state": {"S": "SCHEDULED"},
+            "payload": {"M": payload},
+        }
+
+    plant(aws, sid, now + 7200, forged(now + 7200, now + 86400, {}))
+    plant(aws, sid, now + 3600, forged(now + 3600, now, {"x": {"S": "x" * 300_000}}))
+    hers = one_shot(aws, clock, tenant="alice")
+    clock.advance(30)
+    # WHEN the relay takes the batch
+    report = Relay(aws).relay(
+        [
+            inserted(aws, sid, now + 7200, 1),
+            inserted(aws, sid, now + 3600, 2),
+            record(aws, hers, 3),
+        ]
+    )
+    # THEN no record fails: the far one is held back (the reconciler re-sends what is
+    # overdue), the large one is DEAD (SQS would refuse its batch whole, every time)
+    assert report.failures == {}
+    assert (report.too_early, report.undeliverable, report.sent) == (1, 1, 1)
+    large = aws.occurrences.get(occurrence_id(sid, 1, now + 3600))
+    assert large is not None
+    assert large.state.value == "DEAD"
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [hers]
+
+
+def test_reconciler_counts_a_tenants_malformed_item_and_settles_the_shards_hour(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN alice's and bob's hourly schedules on one shard, made before the hour
+    # [10:00, 11:00); alice's 10:30 fire was lost by the materializer, and bob's worker
+    # stripped his 10:00 occurrence of its identity (UpdateItem REMOVE: his policy allows it)
+    clock.now = at("08:50")
+    alice_sid = make(aws, tenant="alice", spec=cron_spec("30 * * * *"))
+    bob_sid = make(aws, tenant="bob", spec=cron_spec("0 * * * *"))
+    materialize_until(
+        aws, clock, at("11:10"), [0], skip=lambda s, t: s == alice_sid and t == at("10:30")
+    )
+    key = to_dynamo(occurrence_key(occurrence_id(bob_sid, 1, at("10:00"))))
+    bobs_worker(aws).update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=key,
+        UpdateExpression="REMOVE occurrence_id, tenant_id, scheduled_for, available_at",
+    )
+    # WHEN the hourly run checks that hour
+    clock.now = at("12:05")
+    [result] = Reconciler(aws, workers=2).run([0], at("10:00"), at("11:00"))
+    # THEN the run completes and stores its report: alice's gap is repaired, bob's item is
+    # counted (not judged, not repaired: its key is taken)
+    report = result.report
+    assert report.complete
+    assert report.malformed == 1
+    assert result.fired == [occurrence_id(alice_sid, 1, at("10:30"))]
+    assert occurrence_id(bob_sid, 1, at("10:00")) not in result.missing
+    assert aws.reports.get_many(at("10:00"), at("11:00"), [0]) == [report]
+    # AND once alice's repaired fire ran, a run an hour later finds the hour settled: bob's
+    # item keeps nothing open (no hour left for ReconcileGaveUp)
+    set_occurrence_state(aws, occurrence_id(alice_sid, 1, at("10:30")), "SUCCEEDED")
+    clock.now = at("13:05")
+    again = Reconciler(aws, workers=2).run([0], at("10:00"), at("11:00"))
+    assert again[0].report.settled
+    assert again[0].report.counts[Finding.MISSING] == 0
+
+
+def test_materializer_replan_skips_a_tenants_malformed_item_and_walks_on(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN bob's daily 09:00 in Vancouver planned under tzdata 2025b, and an item of only a
+    # state that bob's worker made among his occurrences; alice's every-minute schedule on
+    # the same shard
+    use_zone_source(OLD)
+    try:
+        clock.now = at("15:40", "2026-12-02")
+        bob_sid = make(aws, tenant="bob", spec=cron_spec("0 9 * * *", "America/Vancouver"))
+        materialize_until(aws, clock, at("16:41", "2026-12-02"), [0], every=600)
+    finally:
+        use_zone_source(None)
+    plant(aws, bob_sid, at("16:30", "2026-12-02"), ONLY_STATE)
+    alice_sid = make(aws, tenant="alice", spec=cron_spec("* * * * *"))
+    # WHEN the pinned release is in use and the materializer walks on
+    materialize_until(aws, clock, at("17:20", "2026-12-02"), [0], every=60)
+    # THEN bob's schedule was re-planned (09:00 is 16:00Z now) and the walk went past: alice
+    # fires every minute up to the walk's end
+    item = aws.schedules.current(bob_sid)
+    assert item is not None
+    assert item.schedule.tzdata_version != "2025b"
+    made = aws.occurrences.window(
+        alice_sid, since=at("17:00", "2026-12-02"), until=at("17:20", "2026-12-02")
+    )
+    assert len(made.occurrences) == 21
+    watermark = aws.leases.watermark(0)
+    assert watermark is not None
+    assert watermark > at("17:20", "2026-12-02")
+
+
+def test_api_lists_and_gets_a_schedules_occurrences_without_a_malformed_one(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    _alice_api, bob_api = both
+    # GIVEN bob's schedule with a real occurrence and an item of only a state beside it
+    at_ = datetime.fromtimestamp(clock.now + 60).astimezone().isoformat()
+    created = bob_api.post(
+        "/v1/schedules", {"target": "default", "spec": {"kind": "at", "at": at_}}
+    )
+    assert created.status == 201, created.body
+    sid = created.body["schedule"]["schedule_id"]
+    bad = plant(aws, sid, int(clock.now) + 30, ONLY_STATE)
+    # WHEN bob lists its occurrences and asks for the bad one
+    listed = bob_api.get(f"/v1/schedules/{sid}/occurrences")
+    got = bob_api.get(f"/v1/occurrences/{bad}")
+    # THEN the list answers (the real one only) and the bad one is not found: no 500
+    assert listed.status == 200, listed.body
+    assert [o["occurrence_id"] for o in listed.body["occurrences"]] != []
+    assert bad not in [o["occurrence_id"] for o in listed.body["occurrences"]]
+    assert got.status == 404
+
+
+def test_worker_rejects_a_message_whose_occurrence_item_is_unreadable(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN bob's real occurrence in his queue, whose item bob's worker then mangled (its
+    # attempt count a string)
+    made = one_shot(aws, clock, tenant="bob")
+    clock.advance(30)
+    assert Relay(aws).relay([record(aws, made, 1)]).sent == 1
+    bobs_worker(aws).write(
+        aws.settings.occurrences_table,
+        to_dynamo(occurrence_key(made)),
+        {"attempt_count": {"S": "many"}},
+    )
+    [delivery] = receive(aws, BOBS_QUEUE)
+    # WHEN bob's worker SDK takes the message
+    result = Worker(aws, "bob", lambda job: None).process(delivery)
+    # THEN it is rejected (to the DLQ), not an error of the poll
+    assert result.outcome is Outcome.REJECTED
+    assert aws.bad_items.count >= 1
+
+
+def test_every_write_the_worker_sdk_makes_to_an_occurrence_refuses_to_create_one(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN the worker SDK's writes of a full run and a dead one (claim, heartbeat, retry,
+    # completion, refusal, the DLQ flag), recorded as they were sent
+    made = [one_shot(aws, clock, tenant="bob") for _ in range(2)]
+    clock.advance(30)
+    assert Relay(aws).relay([record(aws, o, n) for n, o in enumerate(made, 1)]).sent == 2
+    sent: list[dict[str, Any]] = []
+    real = aws.dynamodb
+
+    class Recording:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def update_item(self, **request: Any) -> Any:
+            sent.append({"Update": request})
+            return real.update_item(**request)
+
+        def transact_write_items(self, **request: Any) -> Any:
+            sent.extend(request["TransactItems"])
+            return real.transact_write_items(**request)
+
+    recording = Services(Recording(), aws.sqs, aws.settings, aws.now)
+
+    def handler(job: Any) -> None:
+        job.heartbeat()
+        if job.occurrence_id == made[1]:
+            raise ValueError("permanent")
+
+    work = Worker(recording, "bob", handler, permanent=(ValueError,))
+    for delivery in receive(aws, BOBS_QUEUE):
+        work.process(delivery)
+    writes = [
+        body
+        for action in sent
+        for kind, body in action.items()
+        if kind == "Update" and body["TableName"] == aws.settings.occurrences_table
+    ]
+    assert len(writes) >= 4
+    # WHEN each is sent again for an occurrence key that holds no item
+    table = aws.settings.occurrences_table
+    for n, body in enumerate(writes):
+        key = {"schedule_id": {"S": "sch_bob.none"}, "sk": {"S": f"{OCCURRENCE_PREFIX}{n:012d}#1"}}
+        request = {k: v for k, v in body.items() if k != "ReturnValuesOnConditionCheckFailure"}
+        with pytest.raises(Exception, match="ConditionalCheckFailed"):
+            aws.dynamodb.update_item(**(request | {"Key": key}))
+        # THEN its condition refuses it and no item is made
+        assert "Item" not in aws.dynamodb.get_item(TableName=table, Key=key)
