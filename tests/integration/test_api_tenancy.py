@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from punctual.errors import Conflict, NotFound
+from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.tenancy import Quotas
@@ -408,6 +409,23 @@ def _before_jobs_is_stored(faults: Faults, action: Callable[[], Any]) -> list[An
 
     faults.before["put_item"] = hook
     return done
+
+
+def test_a_schedule_on_a_target_made_a_second_ago_is_accepted_on_a_lagging_replica(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a control plane on a lagging replica, and alice's target made a second ago
+    plane, _ = _lagging(aws, clock)
+    plane.create_target("alice", "jobs")
+    clock.advance(1)
+    # WHEN she creates a schedule on it
+    definition = ScheduleDefinition.model_validate(
+        {"target": "jobs", "spec": {"kind": "rate", "expression": "rate(5 minutes)"}}
+    )
+    saved = plane.create("alice", definition)
+    # THEN it is accepted on that target (its check of the target was not served from before
+    # the target existed: no 400 for an unknown target)
+    assert saved.schedule.target == "jobs"
 
 
 def test_a_principal_bound_just_after_a_target_is_made_is_granted_on_it(

@@ -376,6 +376,24 @@ def test_versions_list_a_change_made_a_moment_ago_on_a_lagging_replica(
     assert [v.schedule.version for v in found] == [2, 1]
 
 
+def test_listing_a_moment_after_a_change_on_a_lagging_replica_shows_the_change(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a control plane whose eventually consistent reads (and indexes) lag a minute
+    plan = FaultPlan(stale=1.0, stale_seconds=60, index_lag=1.0, index_lag_seconds=60)
+    faults = Faults(plan, clock)
+    plane = ControlPlane(dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)))
+    schedule_id = create(alice, cron(name="v1"))["schedule"]["schedule_id"]
+    clock.advance(120)
+    # WHEN it is changed, and the tenant's schedules are listed a second later
+    plane.update("alice", schedule_id, if_match=1, changes={"name": "v2"})
+    clock.advance(1)
+    found, _ = plane.list_schedules("alice", state=None, limit=10, token=None)
+    # THEN the listing shows the change (the caller has just been answered with it): the
+    # index gives the keys, the items are read from the table consistently
+    assert [(s.schedule_id, s.version, s.name) for s in found] == [(schedule_id, 2, "v2")]
+
+
 def test_versions_refuse_a_token_minted_for_another_schedule(alice: Api) -> None:
     # GIVEN a page token of one schedule's versions
     first = create(alice, cron(name="a"))["schedule"]["schedule_id"]

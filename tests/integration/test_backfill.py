@@ -13,6 +13,7 @@ import pytest
 from punctual.ids import backfill_tag, occurrence_id, occurrence_name
 from punctual.models import Finding
 from punctual.reconciler import Reconciler
+from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
@@ -23,6 +24,7 @@ from tests.integration.helpers import (
     cron,
     make,
     occurrence_items,
+    overtaken_at_commit,
     patch,
     set_occurrence_state,
 )
@@ -332,3 +334,88 @@ def test_backfill_rounds_fractional_instants_up(alice: Api, aws: Services, clock
     )
     assert answer.status == 200, answer.body
     assert [o["scheduled_for"] for o in answer.body["occurrences"]] == ["2026-11-18T09:05:00Z"]
+
+
+# --- two backfills of one schedule: one pace, not two -------------------------------------
+
+
+def paced(aws: Services, sid: str, since: int, until: int) -> list[int]:
+    """When the schedule's occurrences of [since, until) become receivable, in order."""
+    return sorted(
+        int(item["available_at"]["N"])
+        for instant, items in occurrences(aws, sid).items()
+        if since <= instant < until
+        for item in items
+    )
+
+
+def test_backfill_second_in_a_row_is_paced_after_the_firsts_last_occurrence(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule made at 09:40, and at 10:31 a backfill of [09:00, 09:40): its 8
+    # fires paced from now, one a second (the default catch-up pace)
+    sid = running_since_0940(aws, clock, lost=set())
+    clock.now = at("10:31")
+    first = ControlPlane(aws).backfill("alice", sid, at("09:00"), at("09:40"), dry_run=False)
+    assert len(first.made) == 8
+    # WHEN a second backfill, of the disjoint [08:00, 08:40), follows in the same second
+    second = ControlPlane(aws).backfill("alice", sid, at("08:00"), at("08:40"), dry_run=False)
+    # THEN its 8 are paced on after the first's last one, a second apart: the schedule's
+    # catch-up never runs faster than the tenant's pace, however many backfills ask
+    assert len(second.made) == 8
+    assert paced(aws, sid, at("09:00"), at("09:40")) == list(range(at("10:31"), at("10:31") + 8))
+    assert paced(aws, sid, at("08:00"), at("08:40")) == list(
+        range(at("10:31") + 8, at("10:31") + 16)
+    )
+
+
+def test_backfill_that_read_the_schedule_before_another_committed_is_paced_after_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */5 schedule made at 09:40, and at 10:31 a backfill of [08:00, 08:40) that
+    # read the schedule before another backfill, of [09:00, 09:40), committed (both paced
+    # from now as they read it)
+    sid = running_since_0940(aws, clock, lost=set())
+    clock.now = at("10:31")
+    plane, rival = overtaken_at_commit(
+        aws,
+        clock,
+        lambda: ControlPlane(aws).backfill("alice", sid, at("09:00"), at("09:40"), dry_run=False),
+    )
+    # WHEN it commits
+    done = plane.backfill("alice", sid, at("08:00"), at("08:40"), dry_run=False)
+    # THEN its first commit was refused (the pace it started from was taken) and it was
+    # paced again after the other's last occurrence: no second of the catch-up twice
+    [other] = rival
+    assert [o.available_at for o in other.made] == list(range(at("10:31"), at("10:31") + 8))
+    assert [o.available_at for o in done.made] == list(range(at("10:31") + 8, at("10:31") + 16))
+    assert paced(aws, sid, at("08:00"), at("09:40")) == list(range(at("10:31"), at("10:31") + 16))
+
+
+def test_backfill_after_a_pace_that_fills_sqss_delay_is_refused_with_when_to_retry(
+    aws: Services, clock: Clock
+):
+    # GIVEN a tenant allowed one catch-up fire a minute, and a backfill at 10:31 of 15 fires
+    # (08:25 to 09:35), paced a minute apart: its last one receivable 14 minutes on, as
+    # far as SQS's delay (900 s, a tick to spare) reaches
+    alice = bootstrap("alice", ALICE, catchup_per_minute=1)
+    sid = running_since_0940(aws, clock, lost=set())
+    clock.now = at("10:31")
+    first = backfill(alice, sid, at("08:25"), at("09:40"))
+    assert (first.status, first.body["created"]) == (200, 15), first.body
+    assert paced(aws, sid, at("08:25"), at("09:40"))[-1] == at("10:45")
+    # WHEN another backfill, of [08:00, 08:25), is asked at once
+    refused = backfill(alice, sid, at("08:00"), at("08:25"))
+    # THEN it is refused (its first fire, a minute after 10:45, is beyond SQS's delay),
+    # saying when to ask again, and makes nothing
+    error = assert_error(refused, 409, "conflict")
+    assert error["details"] == {"retry_after": 60}
+    assert paced(aws, sid, at("08:00"), at("08:25")) == []
+    # AND asked again then, it is accepted, paced after the first's last one, within SQS's
+    # delay
+    clock.advance(60)
+    again = backfill(alice, sid, at("08:00"), at("08:25"))
+    assert (again.status, again.body["created"]) == (200, 5), again.body
+    receivable = paced(aws, sid, at("08:00"), at("08:25"))
+    assert receivable[0] == at("10:46")
+    assert receivable[-1] - clock.now <= 900

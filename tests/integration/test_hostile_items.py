@@ -10,23 +10,36 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from relay import redrive as redrive_handler
 
 from punctual.dal.common import to_dynamo
+from punctual.dal.occurrences import StoredOccurrence
 from punctual.dal.tables import OCCURRENCE_PREFIX, occurrence_key, occurrence_sk
 from punctual.ids import occurrence_id
 from punctual.integrations.queues import queue_name
+from punctual.message import message_body
 from punctual.models import Finding, ScheduleDefinition
 from punctual.reconciler import Reconciler
-from punctual.relay import Relay
+from punctual.redrive import StreamRedrive
+from punctual.relay import Relay, outbound
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.settings import Settings
 from punctual.timing import use_zone_source
 from punctual_client.worker import Outcome, Worker
 from tests.hostile import HostileWorker
-from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, Clock, bootstrap
-from tests.integration.helpers import cron_spec, make, set_occurrence_state
-from tests.integration.test_reconciler import at, materialize_until
+from tests.integration.conftest import (
+    ALICE,
+    BOB,
+    OPERATOR,
+    Api,
+    Clock,
+    LambdaContextStub,
+    bootstrap,
+)
+from tests.integration.helpers import cron_spec, make, set_occurrence_state, wire
+from tests.integration.test_reconciler import _emitted_metrics, at, materialize_until
+from tests.integration.test_redrive import _on_failure_event
 from tests.integration.test_relay import messages, one_shot, record
 from tests.integration.test_tz_rules import OLD
 from tests.integration.test_worker import receive
@@ -116,6 +129,80 @@ def test_relay_skips_a_tenants_malformed_insert_and_sends_the_rest_of_the_batch(
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [hers]
 
 
+class Stream:
+    """DynamoDB Streams holding ``records`` on one shard, as the re-drive reads a discarded
+    batch back (punctual.integrations.streams.read_range: an iterator, then GetRecords)."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+
+    def get_shard_iterator(self, **request: Any) -> dict[str, Any]:
+        assert request["ShardIteratorType"] == "AT_SEQUENCE_NUMBER"
+        return {"ShardIterator": "0"}
+
+    def get_records(self, ShardIterator: str, Limit: int) -> dict[str, Any]:
+        return {"Records": self.records, "NextShardIterator": None}
+
+
+def discarded_with_bobs_insert(aws: Services, clock: Clock) -> tuple[Stream, dict[str, Any], str]:
+    """A stream batch the relay's mapping gave up on (its on-failure queue's message), whose
+    range holds the item of only a state bob's worker made and then one of alice's strict
+    fires; alice's occurrence id."""
+    sid = bobs_schedule(aws, clock)
+    plant(aws, sid, at("12:00"), ONLY_STATE)
+    hers = one_shot(aws, clock, tenant="alice")
+    clock.advance(30)
+    stream = Stream([inserted(aws, sid, at("12:00"), 1), record(aws, hers, 2)])
+    failure = {
+        "requestContext": {"condition": "RetryAttemptsExhausted", "approximateInvokeCount": 11},
+        "DDBStreamBatchInfo": {
+            "shardId": "shard-1",
+            "startSequenceNumber": "1",
+            "endSequenceNumber": "2",
+            "batchSize": 2,
+            "streamArn": "arn:aws:dynamodb:us-east-1:123456789012:table/occ/stream/x",
+        },
+    }
+    return stream, failure, hers
+
+
+def test_stream_redrive_skips_a_tenants_malformed_insert_and_sends_the_rest_of_the_range(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN a discarded stream batch holding bob's item of only a state and alice's fire
+    stream, failure, hers = discarded_with_bobs_insert(aws, clock)
+    # WHEN the re-drive replays it
+    report = StreamRedrive(stream, Relay(aws)).redrive(failure)
+    # THEN it finishes (no SendFailed: the on-failure message is done), bob's item is counted
+    # as malformed, and alice's fire is in her queue
+    assert report.failures == {}
+    assert (report.sent, report.malformed) == (1, 1)
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [hers]
+
+
+def test_redrive_handler_lets_the_batch_go_and_counts_a_tenants_malformed_insert(
+    both: tuple[Api, Api],
+    aws: Services,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    # GIVEN the same batch as the re-drive Lambda's event (the on-failure queue's message)
+    stream, failure, hers = discarded_with_bobs_insert(aws, clock)
+    wire(redrive_handler, aws, monkeypatch)
+    monkeypatch.setattr(
+        redrive_handler, "_redrive", lambda services: StreamRedrive(stream, Relay(services))
+    )
+    capsys.readouterr()
+    # WHEN the handler takes it
+    answer = redrive_handler.lambda_handler(_on_failure_event(failure), LambdaContextStub())
+    # THEN no record failed (the message is not kept to come back), alice's fire was sent,
+    # and bob's item is counted
+    assert answer == {"batchItemFailures": []}
+    assert _emitted_metrics(capsys.readouterr().out) == {"Redriven": 1, "MalformedItems": 1}
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [hers]
+
+
 def test_relay_neither_fails_nor_sends_an_occurrence_forged_far_ahead_or_too_large(
     both: tuple[Api, Api], aws: Services, clock: Clock
 ):
@@ -157,6 +244,57 @@ def test_relay_neither_fails_nor_sends_an_occurrence_forged_far_ahead_or_too_lar
     assert large is not None
     assert large.state.value == "DEAD"
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [hers]
+
+
+def test_reconciler_never_resends_bobs_occurrence_into_alices_queue_whatever_it_claims(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN bob's hourly occurrence of 10:00, never taken, whose item bob's worker changed to
+    # name alice as its tenant (his policy lets him update his own occurrences)
+    clock.now = at("09:50")
+    bob_sid = make(aws, tenant="bob", spec=cron_spec("0 * * * *"))
+    materialize_until(aws, clock, at("10:05"), [0])
+    forged = occurrence_id(bob_sid, 1, at("10:00"))
+    bobs_worker(aws).write(
+        aws.settings.occurrences_table,
+        to_dynamo(occurrence_key(forged)),
+        {"tenant_id": {"S": "alice"}},
+    )
+    # WHEN the hourly run finds it overdue and re-sends what no worker took
+    clock.now = at("12:05")
+    [result] = Reconciler(aws, workers=1).run([0], at("10:00"), at("11:00"))
+    # THEN nothing reaches alice's queue (the queue is the one its key's tenant owns, and a
+    # tenant field that disagrees with the key is refused on every path that sends)
+    assert result.redriven == []
+    assert messages(aws, "alice") == []
+
+
+def test_relay_and_worker_refuse_an_occurrence_of_bobs_that_names_alice(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN bob's occurrence, whose item bob's worker changed to name alice
+    made = aws.occurrences.get(one_shot(aws, clock, tenant="bob"))
+    assert made is not None
+    key = to_dynamo(occurrence_key(made.occurrence_id))
+    bobs_worker(aws).write(aws.settings.occurrences_table, key, {"tenant_id": {"S": "alice"}})
+    forged = aws.occurrences.get(made.occurrence_id)
+    assert forged is not None
+    assert forged.tenant_id == "alice"
+    clock.advance(30)
+    # WHEN it is re-sent (the path of the reconciler's re-drive); THEN it is refused
+    assert Relay(aws).send([outbound("1", StoredOccurrence(forged, {}))]).refused == 1
+    assert messages(aws, "alice") == []
+    # AND WHEN its message reached alice's queue anyway, alice's worker rejects it: bob's
+    # occurrence is neither claimed nor run by alice's worker (on AWS her role could not
+    # even read it; the key, not the item's field, says whose it is)
+    alices = queue_name("punctual", "alice", "default")
+    url = aws.sqs.get_queue_url(QueueName=alices)["QueueUrl"]
+    aws.sqs.send_message(QueueUrl=url, MessageBody=message_body(forged, {}))
+    [delivery] = receive(aws, alices)
+    ran: list[str] = []
+    result = Worker(aws, "alice", lambda job: ran.append(job.occurrence_id)).process(delivery)
+    assert result.outcome is Outcome.REJECTED
+    assert ran == []
 
 
 def test_reconciler_counts_a_tenants_malformed_item_and_settles_the_shards_hour(

@@ -20,6 +20,7 @@ from punctual.materializer import (
     LEASE_SECONDS,
     MAX_RETRIES,
     RENEW_AFTER,
+    RETRY,
     STEP_LIMIT,
     Materializer,
 )
@@ -263,12 +264,17 @@ def test_materializer_gives_a_bucket_up_after_its_retries_and_the_next_tick_does
     racing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
     before = aws.leases.watermark(number)
     assert before is not None
+    paused: list[float] = []
+    racing = dataclasses.replace(racing, sleep=paused.append)
     # WHEN the materializer ticks
     report = Materializer(racing, "m1").run_shard(int(clock.now), number)
-    # THEN it tries MAX_RETRIES times after the first attempt, then leaves the bucket: nothing
+    # THEN it tries MAX_RETRIES times after the first attempt, each after a jittered pause
+    # (not at once: the same hot partition or rival again), then leaves the bucket: nothing
     # written, the watermark still on the bucket (each bucket before it counted once), the
     # lease released (not lost)
     assert faults.injected["transaction_conflict"] == MAX_RETRIES + 1
+    assert len(paused) == MAX_RETRIES
+    assert all(0 <= p <= RETRY.ceiling(n) for n, p in enumerate(paused))
     assert (report.shard, report.occurrences, report.lease_lost) == (number, 0, False)
     assert report.watermark == aws.leases.watermark(number)
     assert report.watermark is not None
@@ -1644,3 +1650,47 @@ def test_materializer_a_step_refused_by_its_cursor_and_a_put_is_reread_at_once(
     assert report.conflicts == 1
     assert counting.transactions == 1
     assert all(o["state"] != OccurrenceState.SCHEDULED for o in occurrences(aws, sid))
+
+
+def test_materializer_step_of_an_old_version_is_refused_when_neither_version_has_a_cursor(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a one-shot due in 30 s: the API made its occurrence, and it waits in the due
+    # index with no next fire, its strict fire counted in its minute of the hour
+    sid, at = _one_shot_in(aws, clock, 30)
+    waiting = current(aws, sid)
+    assert waiting.get("next_run_at") is None
+    assert aws.tenants.get("alice").minute_load[at % 3600 // 60] == 1
+    clock.now = waiting["next_available_at"]
+    moved = int(clock.now) + 90  # six minutes after the first: another minute of the hour
+    plane = ControlPlane(aws)
+    updated: list[int] = []
+
+    def update_first(point: str) -> None:
+        if point == "before_commit" and not updated:
+            later = {"kind": "at", "at": utc_text(moved)}
+            saved = plane.update("alice", sid, if_match=1, changes={"spec": later})
+            updated.append(saved.schedule.version)
+
+    # WHEN the walk that read version 1 (to complete it) commits after an update moved the
+    # one-shot to that minute: version 2 made by the API too, with no next fire either, so
+    # the cursor condition (no next_run_at) holds for both
+    report = tick(aws, clock, sid, crash=update_first)
+    # THEN the version condition refuses the old step: version 2 is still ACTIVE, waiting
+    # to be completed, and the usage moved with the update, to its new minute
+    assert updated == [2]
+    assert (report.conflicts, report.completed) == (1, 0)
+    item = current(aws, sid)
+    assert (item["version"], item["state"]) == (2, ScheduleState.ACTIVE)
+    assert instants(aws, sid) == [at, moved]
+    usage = aws.tenants.get("alice")
+    assert usage.schedule_count == 1
+    assert {m: n for m, n in enumerate(usage.minute_load) if n} == {moved % 3600 // 60: 1}
+    # AND once the walk reaches version 2's minute it completes it, and every count of the
+    # tenant's usage is back to zero (none left held, none below zero)
+    clock.now = item["next_available_at"]
+    assert tick(aws, clock, sid, holder="m2").completed == 1
+    assert current(aws, sid)["state"] == ScheduleState.COMPLETED
+    usage = aws.tenants.get("alice")
+    assert usage.schedule_count == 0
+    assert usage.minute_load == [0] * 60

@@ -2,8 +2,9 @@
 a generation; only the home region's materializer and reconciler act on it; a take-over by
 another region moves the home, bumps the generation (fencing the old region's materializer
 off, even mid-step) and rewinds the cursor so the old region's last minutes are planned
-again. Two regions are two Services over the same tables here (a global table that
-replicates at once: kinder than AWS, whose replication lags; the doc says what that costs)."""
+again. Two regions are two Services over the same schedules and tenants tables here (global
+tables that replicate at once: kinder than AWS, whose replication lags; the doc says what
+that costs), each with occurrences and leases tables of its own (regional, as deployed)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from punctual.dal.common import to_dynamo
-from punctual.dal.tables import occurrence_key
+from punctual.dal.tables import create_tables, occurrence_key
 from punctual.failover import main as failover_main
 from punctual.failover import take_over
 from punctual.ids import occurrence_id, shard_of
@@ -23,25 +24,20 @@ from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock
-from tests.integration.helpers import cron_spec, current_item, make
+from tests.integration.helpers import cron_spec, current_item, make, set_occurrence_state
 from tests.integration.test_reconciler import at, materialize_until, stored
 
 WEST = "us-west-2"
 
 
 def region(aws: Services, name: str) -> Services:
-    """Another region over the same schedules and occurrences tables, with a leases table of
-    its own (regional: its shard walks, leases and reconcile reports)."""
-    leases = f"{name}-leases_table"  # (read as the deployed leases table by tests/aws_calls.py)
-    if leases not in aws.dynamodb.list_tables()["TableNames"]:
-        shape = aws.dynamodb.describe_table(TableName=aws.settings.leases_table)["Table"]
-        aws.dynamodb.create_table(
-            TableName=leases,
-            KeySchema=shape["KeySchema"],
-            AttributeDefinitions=shape["AttributeDefinitions"],
-            BillingMode="PAY_PER_REQUEST",
-        )
-    settings = aws.settings.model_copy(update={"region": name, "leases_table": leases})
+    """Another region over the same schedules and tenants tables (global), with occurrences
+    and leases tables of its own (regional: its occurrences and their stream, its shard
+    walks, leases and reconcile reports): what one region made, the other cannot read."""
+    # (each read as the deployed table of its setting by tests/aws_calls.py)
+    own = {setting: f"{name}-{setting}" for setting in ("occurrences_table", "leases_table")}
+    settings = aws.settings.model_copy(update={"region": name, **own})
+    create_tables(aws.dynamodb, settings)  # (only those missing: its regional ones)
     return dataclasses.replace(aws, settings=settings)
 
 
@@ -77,8 +73,9 @@ def test_only_the_home_regions_materializer_plans_a_schedule(
     # WHEN us-west-2's materializer walks its shard for half an hour
     west = region(aws, WEST)
     materialize_until(west, clock, at("10:10"), [shard])
-    # THEN it made nothing and left the cursor alone
+    # THEN it made nothing (in either region's table) and left the cursor alone
     assert {o["occurrence_id"] for o in stored(aws)} == made
+    assert stored(west) == []
     assert current_item(aws, sid)["planned_until"] == before["planned_until"]
     # AND the home region's materializer plans it
     clock.now = at("10:10")
@@ -107,12 +104,12 @@ def test_take_over_moves_the_home_bumps_the_generation_and_replans_the_last_minu
     assert (report.taken, report.conflicts) == ([sid], [])
     assert home(aws, sid) == (WEST, 2)
     assert current_item(aws, sid)["planned_until"] == at("10:19")
-    # AND us-west-2's materializer plans the lost fires again (same ids), the old region's
-    # plans nothing any more, and a second take-over changes nothing
+    # AND us-west-2's materializer plans the lost fires again (same ids, in its own table),
+    # the old region's plans nothing any more, and a second take-over changes nothing
     Materializer(aws, "east").run_shard(int(clock.now), shard)
     assert not {occurrence_id(sid, 1, t) for t in lost} & {o["occurrence_id"] for o in stored(aws)}
     Materializer(west, "west").run_shard(int(clock.now), shard)
-    remade = {o["scheduled_for"] for o in stored(aws, since=at("10:20"))}
+    remade = {o["scheduled_for"] for o in stored(west, since=at("10:20"))}
     assert remade >= {at("10:20"), at("10:25"), at("10:30")}
     assert take_over(west, shard, "us-east-1").taken == []
     assert home(aws, sid) == (WEST, 2)
@@ -194,9 +191,59 @@ def test_the_reconciler_checks_only_the_schedules_homed_in_its_region(
     assert (east.report.schedules, east.missing) == (0, [])
     assert (before.report.schedules, before.missing) == (1, [])
     assert (at_take_over.missing, at_take_over.fired) == ([], [])
-    assert at("11:50") not in {o["scheduled_for"] for o in stored(aws)}
+    assert at("11:50") not in {o["scheduled_for"] for o in stored(aws) + stored(west)}
     assert after.missing == [occurrence_id(sid, 1, at("12:20"))]
     assert after.fired == [occurrence_id(sid, 1, at("12:20"))]
+
+
+@pytest.mark.parametrize("ending", ["completed", "paused"])
+def test_take_over_of_a_completed_or_paused_schedule_finds_nothing_missing_or_fires_it_again(
+    alice: Api, aws: Services, clock: Clock, ending: str
+):
+    # GIVEN a */5 schedule made at 09:40 in us-east-1 (CATCHUP, a week of lateness
+    # tolerance: a repair would fire), whose fires to 10:30 ran there (recorded in
+    # us-east-1's table only), then completed (its end_at was 10:30) or paused at 10:32
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 7 * 86400, "catchup_limit": 10}
+    ends = {"end_at": "2026-11-19T10:30:00Z"} if ending == "completed" else {}
+    sid = make(aws, spec=cron_spec("*/5 * * * *") | ends, misfire=misfire)
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, at("10:30"), [shard])
+    ran = {o["occurrence_id"] for o in stored(aws)}
+    assert ran == {occurrence_id(sid, 1, t) for t in range(at("09:40"), at("10:31"), 300)}
+    for oid in ran:
+        set_occurrence_state(aws, oid, "SUCCEEDED")
+    clock.now = at("10:32")
+    if ending == "paused":
+        ControlPlane(aws).pause("alice", sid)
+    assert current_item(aws, sid)["state"] == ending.upper()
+    # WHEN us-east-1 fails and us-west-2 takes the shard over at 10:45 (rewinding to 10:30),
+    # walks it, and checks the hour those fires were due in
+    clock.now = at("10:45")
+    west = region(aws, WEST)
+    assert take_over(west, shard, "us-east-1").taken == [sid]
+    materialize_until(west, clock, at("11:05"), [shard], every=60)
+    [checked] = Reconciler(west).run([shard], at("10:00"), at("11:00"))
+    # THEN it read the schedule and found nothing MISSING: those fires' records are in
+    # us-east-1's table, not its own to find missing or to repair; nothing was made here
+    assert checked.report.schedules == 1
+    assert (checked.missing, checked.fired, checked.recorded_missed) == ([], [], [])
+    assert stored(west) == []
+    # AND once the tenant has it fire again through us-west-2 (resumed, or its end moved
+    # to 11:30) and us-west-2 walks on, the hour checked again still finds nothing MISSING:
+    # only the fires after the change are made, in us-west-2's table
+    clock.now = at("11:06")
+    if ending == "paused":
+        ControlPlane(west).resume("alice", sid)
+    else:
+        later = cron_spec("*/5 * * * *") | {"end_at": "2026-11-19T11:30:00Z"}
+        ControlPlane(west).update("alice", sid, if_match=1, changes={"spec": later})
+    materialize_until(west, clock, at("11:31"), [shard], every=60)
+    clock.now = at("12:05")
+    [again] = Reconciler(west).run([shard], at("10:00"), at("11:00"))
+    assert (again.missing, again.fired, again.recorded_missed) == ([], [], [])
+    fired_here = sorted(o["scheduled_for"] for o in stored(west))
+    assert fired_here == list(range(at("11:10"), at("11:31"), 300))
 
 
 def test_the_old_regions_reconciler_repairs_nothing_its_lagging_index_still_shows_home(

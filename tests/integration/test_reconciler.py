@@ -727,6 +727,51 @@ def test_reconciler_expected_sets_follow_updates_zone_changes_and_pauses(
     assert total(results, Finding.IN_FLIGHT) == 1
 
 
+def test_reconciler_agrees_with_the_planner_on_an_updated_flexible_schedule_and_repairs_its_gap(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a flexible */10 schedule (a 300 s window, a week of lateness tolerance) made at
+    # 09:40 and updated at 09:45:30 (version 2), materialized every minute to 11:10 by a
+    # materializer that silently drops version 2's 10:20
+    clock.now = at("09:40")
+    misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 7 * 86400}
+    sid = make(aws, spec=cron_spec("*/10 * * * *"), flexible_window_seconds=300, misfire=misfire)
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("09:45"), shards, every=60)
+    clock.now = at("09:45") + 30
+    ControlPlane(aws).update("alice", sid, if_match=1, changes={"payload": {"v": 2}})
+    clock.now = at("09:46")
+    materialize_until(aws, clock, at("11:10"), shards, every=60, skip=lambda s, t: t == at("10:20"))
+    lost = occurrence_id(sid, 2, at("10:20"))
+    # WHEN the reconciler recomputes [10:00, 11:00) from the history
+    versions = aws.schedules.versions_since(sid, at("10:00") - HISTORY_MARGIN)
+    horizon = aws.settings.planned_horizon_seconds + 60
+    expected = expected_occurrences(versions, at("10:00"), at("11:00"), horizon=horizon)
+    made = {
+        o["occurrence_id"]: o["available_at"]
+        for o in stored(aws, since=at("10:00"), until=at("11:00"))
+    }
+    # THEN it expects version 2's fires receivable where the planner put them: each one's
+    # jitter is that of its own id, the version's (a flexible fire is due at
+    # scheduled_for + jitter(id), so the id of another version gives another instant)
+    jittered = {
+        occurrence_id(sid, 2, t): available_at(occurrence_id(sid, 2, t), t, 300)
+        for t in range(at("10:00"), at("11:00"), 600)
+    }
+    assert {e.occurrence_id: e.available_at for e in expected} == jittered
+    assert made == {oid: due for oid, due in jittered.items() if oid != lost}
+    assert len(set(jittered.values()) - set(range(at("10:00"), at("11:00"), 600))) > 1
+    # AND the lost fire is MISSING (no other of the version looks fired late, so nothing
+    # says a misfire policy left it) and repaired; nothing else is flagged
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    assert ids(results, "missing") == {lost}
+    assert ids(results, "fired") == {lost}
+    assert total(results, Finding.UNEXPECTED) == 0
+    assert total(results, Finding.MISSED) == 0
+    assert lost in {o["occurrence_id"] for o in stored(aws, since=at("10:20"), until=at("10:21"))}
+
+
 @pytest.mark.parametrize(
     ("changed_at", "finding"),
     [("10:10:00", Finding.SUPERSEDED), ("10:09:59", Finding.UNEXPECTED)],
@@ -905,6 +950,49 @@ def test_reconciler_agrees_with_the_time_contract_on_dst_nights(
     # THEN the stray one is UNEXPECTED and the lost one MISSING, nothing else
     assert ids(again, "unexpected") == {bogus}
     assert ids(again, "missing") == {real}
+
+
+ADELAIDE = "Australia/Adelaide"
+ADELAIDE_FALL = "2026-04-04"  # 03:00 ACDT -> 02:00 ACST at 16:30Z: 02:00-02:59 twice
+# Each schedule's fires in [16:00Z, 17:00Z), the hour that ends at 02:30 of the repeated
+# hour's second pass (ACST): only first-pass instants (the earlier, in ACDT) fire.
+ADELAIDE_HOUR = {
+    "*/15 * * * *": ["16:00", "16:15"],  # 02:30, 02:45 ACDT; 02:00-02:29 fired at 15:30Z on
+    "0 * * * *": [],  # 02:00 ACDT fired at 15:30Z, 03:00 ACST is 17:30Z
+    "30 * * * *": ["16:00"],
+    "45 2 * * *": ["16:15"],
+}
+
+
+def test_reconciler_hour_ending_inside_adelaides_repeated_hour_finds_nothing_unexpected(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN Adelaide schedules (a zone half an hour off UTC) made at 14:50Z on the night its
+    # clocks go back, materialized through the night
+    day = ADELAIDE_FALL
+    clock.now = at("14:50", day)
+    schedules = {expr: make(aws, spec=cron_spec(expr, ADELAIDE)) for expr in ADELAIDE_HOUR}
+    materialize_until(aws, clock, at("17:10", day), shards_of(aws, schedules.values()))
+    # WHEN the reconciler checks the hours around the change: [15:00Z, 16:00Z) ends at 02:30
+    # ACDT, in the repeated hour's first pass, [16:00Z, 17:00Z) at 02:30 ACST, in its second
+    clock.now = at("18:05", day)
+    hours = {
+        start: reconcile(aws, at(start, day), at(end, day), repair=False)
+        for start, end in [("15:00", "16:00"), ("16:00", "17:00")]
+    }
+    # THEN no hour finds a stored fire it did not expect, nor one missing: the expected
+    # fires of the hour ending in the repeated hour include those of its first pass
+    for start, results in hours.items():
+        assert total(results, Finding.UNEXPECTED) == 0, start
+        assert total(results, Finding.MISSING) == 0, start
+    for expression, sid in schedules.items():
+        found = sorted(
+            o["scheduled_for"]
+            for o in stored(aws, since=at("16:00", day), until=at("17:00", day))
+            if o["schedule_id"] == sid
+        )
+        assert found == [at(t, day) for t in ADELAIDE_HOUR[expression]], expression
+    assert total(hours["16:00"], Finding.IN_FLIGHT) == 4
 
 
 # --- reports, checks and the Lambda ------------------------------------------------------

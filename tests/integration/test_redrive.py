@@ -17,6 +17,7 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import StoredOccurrence, occurrence_to_item
 from punctual.dal.tables import occurrence_key
 from punctual.ids import MANUAL_MARK, backfill_tag, occurrence_id, shard_of
+from punctual.integrations.queues import queue_name
 from punctual.models import Lane, Occurrence, OccurrenceState, ScheduleDefinition
 from punctual.reconciler import Reconciler
 from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed, overdue
@@ -24,18 +25,20 @@ from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.settings import Settings
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock, LambdaContextStub
 from tests.integration.helpers import set_occurrence_state, wire
 from tests.integration.test_reconciler import _emitted_metrics
+from tests.integration.test_reconciler_races import lagging
 from tests.integration.test_relay import messages
 
 HOUR = 3600
 
 
-def _one_shot(aws: Services, clock: Clock, seconds: int = 30) -> str:
+def _one_shot(aws: Services, clock: Clock, seconds: int = 30, target: str = "default") -> str:
     at = datetime.fromtimestamp(int(clock.now) + seconds).astimezone().isoformat()
     definition = ScheduleDefinition.model_validate(
-        {"target": "default", "spec": {"kind": "at", "at": at}}
+        {"target": target, "spec": {"kind": "at", "at": at}}
     )
     return ControlPlane(aws).create("alice", definition).materialized[0].occurrence_id
 
@@ -175,6 +178,33 @@ def test_reconciler_checks_an_hour_again_while_it_is_open_and_resends_a_later_lo
     assert end not in {r.report.window_end for r in later}
 
 
+def test_reconciler_does_not_resend_what_a_worker_took_a_moment_ago_on_a_lagging_replica(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence whose first message was lost, long overdue, that a worker took a
+    # moment ago (its message sent again by the stream re-drive): RUNNING under a live
+    # lease, written through replicas that lag 5 s (and an index that lags as much)
+    occ = _one_shot(aws, clock)
+    start, end = _window_of(int(clock.now) + 30)
+    clock.now = end + HOUR + 60
+    replicas = lagging(aws, clock)
+    set_occurrence_state(replicas, occ, "RUNNING")
+    replicas.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(occ)),
+        UpdateExpression="SET lease_expires_at = :live",
+        ExpressionAttributeValues={":live": {"N": str(int(clock.now) + 300)}},
+    )
+    # WHEN the reconciler checks that hour a second later, on the same replicas (its read of
+    # the hour still shows the occurrence SCHEDULED, an hour overdue)
+    clock.now += 1
+    result = Reconciler(replicas).run_shard(_shard(aws, occ), start, end)
+    # THEN it reads the occurrence again, consistently, before re-sending: the worker holds
+    # it, so nothing is sent a second time
+    assert result.redriven == []
+    assert messages(aws, "alice") == []
+
+
 def _shard(aws: Services, occurrence_id: str) -> int:
     schedule_id = occurrence_key(occurrence_id)["schedule_id"]
     return shard_of(schedule_id, aws.settings.shard_count)
@@ -265,6 +295,35 @@ def test_stream_redrive_resends_only_the_failed_lanes_records(
     sent = {m["occurrence_id"] for m in messages(local_aws, "alice")}
     expected = {"on time": {on_time, catchup}, "catch-up": {late.occurrence_id}}
     assert sent == set().union(*(expected[lane] for lane in lanes))
+
+
+def test_stream_redrive_does_not_take_a_target_created_a_moment_ago_for_unknown(
+    local_aws: Services, streams: Any, clock: Clock
+):
+    # GIVEN replicas (and indexes) that lag a minute, a target created through them just
+    # now, and an occurrence for it whose stream batch the relay's mapping gave up on
+    from tests.integration.conftest import ALICE, bootstrap
+
+    bootstrap("alice", ALICE)
+    plan = FaultPlan(stale=1.0, stale_seconds=60, index_lag=1.0, index_lag_seconds=60)
+    replicas = dataclasses.replace(
+        local_aws, dynamodb=FaultyDynamoDB(local_aws.dynamodb, Faults(plan, clock))
+    )
+    ControlPlane(replicas).create_target("alice", "fresh")
+    occ = _one_shot(replicas, clock, target="fresh")
+    failure = _discarded_batch(local_aws, streams)
+    clock.advance(40)
+    # WHEN the re-drive handles the on-failure queue's message, on the same replicas
+    report = StreamRedrive(streams, Relay(replicas)).redrive(failure)
+    # THEN the occurrence is sent to the new target's queue, never declared DEAD for an
+    # unknown target
+    assert (report.sent, report.dead) == (1, 0)
+    stored = local_aws.occurrences.get(occ)
+    assert stored is not None
+    assert stored.state is OccurrenceState.SCHEDULED
+    url = local_aws.sqs.get_queue_url(QueueName=queue_name("punctual", "alice", "fresh"))
+    got = local_aws.sqs.receive_message(QueueUrl=url["QueueUrl"], MaxNumberOfMessages=10)
+    assert [json.loads(m["Body"])["occurrence_id"] for m in got["Messages"]] == [occ]
 
 
 def _on_failure_event(failure: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from punctual.relay import (
 )
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
-from tests.faults import FaultPlan, Faults, FaultyDynamoDB
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS, client_error
 from tests.integration.conftest import BOB, Api, Clock, LambdaContextStub, bootstrap
 from tests.integration.helpers import set_occurrence_state, table_items, wire
 
@@ -339,6 +339,32 @@ def test_relay_batch_call_that_fails_reports_each_of_its_records_and_sends_nothi
     assert (state(aws, first), state(aws, second)) == ("SCHEDULED", "SCHEDULED")
 
 
+def test_relay_batch_call_that_fails_before_reaching_sqs_reports_its_records_and_resends(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN two occurrences, and SendMessageBatch failing with no answer before SQS took the
+    # request (a connection that timed out): none of the messages went in
+    first, second = one_shot(aws, clock), one_shot(aws, clock)
+    clock.advance(30)
+    faults = Faults(FaultPlan(send_error=1.0), clock)
+    relay = Relay(dataclasses.replace(aws, sqs=FaultySQS(aws.sqs, faults)))
+    records = [record(aws, first, 1), record(aws, second, 2)]
+    # WHEN their stream records are relayed
+    report = relay.relay(records)
+    # THEN both records are reported failed (the stream brings the batch back), none is
+    # counted sent, and the queue holds nothing: no answer is not taken for delivered
+    assert faults.injected["send_error"] == 1
+    assert set(report.failures) == {"1", "2"}
+    assert report.sent == 0
+    assert messages(aws, "alice") == []
+    assert (state(aws, first), state(aws, second)) == ("SCHEDULED", "SCHEDULED")
+    # AND when the stream brings them back and SQS answers, each is sent, once
+    faults.plan.send_error = 0.0
+    again = relay.relay(records)
+    assert (again.failures, again.sent) == ({}, 2)
+    assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted([first, second])
+
+
 def test_relay_entry_that_keeps_failing_is_reported_and_stays_scheduled(
     alice: Api, aws: Services, clock: Clock
 ):
@@ -496,6 +522,50 @@ def test_relay_unknown_target_goes_dead_without_blocking_the_batch(
     assert found is not None
     assert found[0].state is OccurrenceState.DEAD
     assert found[0].reason == "the target does not exist (deleted or never created)"
+
+
+@pytest.mark.parametrize("operation", ["get_item", "update_item"])
+def test_relay_a_throttled_read_or_dead_write_fails_its_own_record_only(
+    alice: Api, aws: Services, clock: Clock, operation: str
+):
+    # GIVEN three occurrences: one whose target was deleted (the relay reads the target,
+    # then writes it DEAD), one for a fresh target, one for the cached default; and DynamoDB
+    # throttling, past the SDK's retries, the first of those calls (the read or the write)
+    # for the deleted target
+    ControlPlane(aws).create_target("alice", "gone")
+    ControlPlane(aws).create_target("alice", "fresh")
+    lost = one_shot(aws, clock, target="gone")
+    other, good = one_shot(aws, clock, target="fresh"), one_shot(aws, clock)
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.tenants_table,
+        Key=to_dynamo({"pk": "T#alice", "sk": "TARGET#gone"}),
+    )
+    clock.advance(30)
+    faults = Faults(FaultPlan.none(), clock)
+    throttled: list[str] = []
+
+    def throttle(name: str, request: dict[str, Any]) -> None:
+        if {"TARGET#gone", occurrence_key(lost)["sk"]} & {str(v) for v in keyed(request)}:
+            throttled.append(name)
+            raise client_error("ThrottlingException", name)
+
+    def keyed(request: dict[str, Any]) -> list[str]:
+        return [next(iter(v.values())) for v in request["Key"].values()]
+
+    faults.before[operation] = throttle
+    relay = Relay(dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)))
+    # WHEN the relay handles the batch
+    report = relay.relay([record(aws, lost, 1), record(aws, other, 2), record(aws, good, 3)])
+    # THEN only that record is a failure (it comes back), the others are sent: one tenant's
+    # throttled key fails no other record of the batch
+    assert throttled
+    assert set(report.failures) == {"1"}
+    assert (report.sent, report.dead) == (2, 0)
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
+    assert state(aws, lost) == "SCHEDULED"
+    # AND on the retry, DynamoDB answering, it goes DEAD
+    again = Relay(aws).relay([record(aws, lost, 1)])
+    assert (again.failures, again.dead, state(aws, lost)) == ({}, 1, "DEAD")
 
 
 def test_relay_handler_reports_undelivered_records_as_batch_item_failures(

@@ -5,6 +5,7 @@ take-over or retry of the one that ran (docs/worker.md, *Overlap*)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -14,14 +15,19 @@ from punctual.models import AttemptOutcome, OccurrenceState
 from punctual.services import Services
 from punctual.tenancy import Quotas
 from punctual_client.worker import Job, Outcome
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock
 from tests.integration.test_worker import (
     Calls,
     WorkerDied,
     by_occurrence,
+    concurrency_slots,
+    consumer,
+    depth,
     due,
     receive,
     redeliver,
+    run_slot,
     state,
     stored,
     three_due,
@@ -180,3 +186,129 @@ def test_queue_one_retry_that_had_to_wait_gives_the_wait_slot_up_when_it_runs(
     assert result.outcome is Outcome.SUCCEEDED
     assert wait_slot(aws, sid) is None
     assert worker(aws, Calls()).process(deliveries[third]).outcome is Outcome.SUCCEEDED
+
+
+def test_consumer_one_delivery_that_raises_costs_the_others_of_the_batch_nothing(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN two due occurrences received in one batch, and DynamoDB failing (past the
+    # SDK's retries) whenever the first one's item is read
+    first, second = due(aws, clock, count=2)
+    work = worker(aws, Calls())
+    real = work.runs.read
+
+    def read(occurrence_id: str, schedule_id: str) -> Any:
+        if occurrence_id == first:
+            raise RuntimeError("DynamoDB unreachable")
+        return real(occurrence_id, schedule_id)
+
+    monkeypatch.setattr(work.runs, "read", read)
+    # WHEN the consumer polls once
+    results = consumer(work).poll_once()
+    # THEN the second ran and its message was deleted; the first is kept (it comes back),
+    # counted as failed, not a failure of the poll
+    assert sorted(r.outcome for r in results) == sorted([Outcome.SUCCEEDED, Outcome.FAILED])
+    assert state(aws, second) is S.SUCCEEDED
+    assert state(aws, first) is S.SCHEDULED
+    assert depth(aws) == 1
+
+
+def test_takeover_whose_claim_meets_the_holders_heartbeat_is_refused_and_never_runs(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN worker A running an occurrence, stalled past its 60 s lease, and worker B given
+    # the message again: B reads the occurrence RUNNING under a lease that has run out
+    [occ] = due(aws, clock)
+    [delivery] = receive(aws)
+    b_handler = Calls()
+    seen: dict[str, Any] = {}
+
+    def stall(job: Job) -> None:
+        clock.advance(61)
+        faults = Faults(FaultPlan.none(), clock)
+
+        def heartbeat_first(_: str, __: dict[str, Any]) -> None:
+            if "beat" not in seen:
+                seen["beat"] = job.heartbeat()
+
+        faults.before["transact_write_items"] = heartbeat_first
+        b = worker(
+            dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)),
+            b_handler,
+            rng=random.Random(8),
+        )
+        # WHEN A's heartbeat lands between B's read and B's claim
+        seen["b"] = b.process(redeliver(aws, delivery))
+        seen["during"] = stored(aws, occ)
+
+    result = worker(aws, stall).process(delivery)
+    # THEN B's claim is refused (the lease it read as run out is live again): B reads again,
+    # finds the lease held and leaves the message for later; its handler never ran, and the
+    # occurrence is still A's first attempt
+    assert seen["beat"] is True
+    assert (seen["b"].outcome, seen["b"].detail) == (
+        Outcome.IN_PROGRESS,
+        "another worker holds the lease",
+    )
+    assert b_handler.count == 0
+    occurrence, attempts = seen["during"]
+    assert (occurrence.state, occurrence.attempt_count) == (S.RUNNING, 1)
+    assert [a.outcome for a in attempts] == [AttemptOutcome.RUNNING]
+    # AND A, its lease extended, completes the occurrence: one attempt, SUCCEEDED
+    assert result.outcome is Outcome.SUCCEEDED
+    assert [a.outcome for a in stored(aws, occ)[1]] == [AttemptOutcome.SUCCEEDED]
+
+
+def test_claim_that_lost_a_race_on_a_duplicate_delivery_writes_no_slot(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a SKIP_IF_RUNNING schedule's first two occurrences due, the first delivered
+    # twice (a duplicate delivery): worker L read it (SCHEDULED) before worker W claimed it
+    sid, [first, second, *_] = two_due(aws, clock, overlap="SKIP_IF_RUNNING")
+    deliveries = by_occurrence(receive(aws))
+    l_handler = Calls()
+    loser = worker(aws, l_handler, rng=random.Random(3))
+    read_before = loser.runs.read(first, sid)
+    real_read = loser.runs.read
+    reads: list[str] = []
+
+    def read_once_before(occurrence_id: str, schedule_id: str) -> Any:
+        reads.append(occurrence_id)
+        return read_before if len(reads) == 1 else real_read(occurrence_id, schedule_id)
+
+    loser.runs.read = read_once_before  # type: ignore[method-assign]
+    seen: dict[str, Any] = {}
+
+    def winner_runs(job: Job) -> None:
+        # WHEN L's claim, from what it read, comes while W runs the occurrence
+        seen["loser"] = loser.process(deliveries[first])
+        seen["run_slot"] = run_slot(aws, sid)
+        seen["held"] = [s for s in concurrency_slots(aws) if "lease_token" in s]
+        seen["token"] = job._lease.token
+        # (and W beats its heart after it)
+        seen["beat"] = job.heartbeat()
+
+    result = worker(aws, winner_runs).process(deliveries[first])
+    # THEN L's claim was refused and wrote nothing: the run slot and the one concurrency
+    # slot held are W's; L read again, found W's lease and left the message, never running
+    assert (seen["loser"].outcome, seen["loser"].detail) == (
+        Outcome.IN_PROGRESS,
+        "another worker holds the lease",
+    )
+    assert l_handler.count == 0
+    assert (seen["run_slot"]["occurrence_id"], seen["run_slot"]["lease_token"]) == (
+        first,
+        seen["token"],
+    )
+    assert [(s["occurrence_id"], s["lease_token"]) for s in seen["held"]] == [
+        (first, seen["token"])
+    ]
+    # AND W's heartbeat held, W completed it, and its slots were freed: the schedule's next
+    # occurrence runs (not SKIPPED_OVERLAP behind a slot the refused claim left held)
+    assert seen["beat"] is True
+    assert result.outcome is Outcome.SUCCEEDED
+    assert [a.outcome for a in stored(aws, first)[1]] == [AttemptOutcome.SUCCEEDED]
+    next_handler = Calls()
+    assert worker(aws, next_handler).process(deliveries[second]).outcome is Outcome.SUCCEEDED
+    assert [job.occurrence_id for job in next_handler.jobs] == [second]
+    assert state(aws, second) is S.SUCCEEDED

@@ -25,7 +25,7 @@ from punctual.services import Services
 from punctual.timing import ZoneSource, tzdata_version, use_zone_source
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
-from tests.integration.helpers import cron_spec, current_item, make
+from tests.integration.helpers import cron_spec, current_item, make, set_occurrence_state
 from tests.integration.test_multi_region import WEST, region
 from tests.integration.test_reconciler import materialize_until, stored
 
@@ -290,6 +290,25 @@ def test_a_wall_time_that_fired_is_not_fired_again_when_new_rules_give_it_a_late
         [day] = Reconciler(aws).run([shard], at("16:00"), at("18:00"))
         assert day.unexpected == []
         assert day.missing == []
+    finally:
+        use_zone_source(None)
+
+
+def test_a_backfill_does_not_fire_again_a_wall_time_that_ran_under_other_rules(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a daily 09:00 Vancouver schedule whose 09:00 of today ran at 16:00Z under the
+    # pinned rules, then rules that put 09:00 at 17:00Z in use
+    sid, _ = fired_then_old_rules(aws, clock, "0 9 * * *", ["16:00"])
+    try:
+        set_occurrence_state(aws, occurrence_id(sid, 1, at("16:00")), "SUCCEEDED")
+        # WHEN the tenant backfills today's 16:30Z to 18:00Z (where these rules put 09:00)
+        done = ControlPlane(aws).backfill("alice", sid, at("16:30"), at("18:00"), dry_run=False)
+        # THEN nothing is made: 09:00 of today ran already, at the instant the rules of its
+        # time gave it (each wall time fires once, docs/time.md)
+        assert done.made == []
+        assert occurrence_id(sid, 1, at("17:00")) not in occurrences_of(aws, sid)
+        assert done.existing == 1
     finally:
         use_zone_source(None)
 

@@ -1511,6 +1511,35 @@ def test_worker_reads_its_occurrence_and_schedule_strongly_consistent_before_a_c
     assert handler.count == 0
 
 
+def test_worker_check_after_its_claim_sees_a_change_committed_a_moment_before_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a DynamoDB that serves every eventually consistent read a minute stale, an
+    # occurrence of version 1 whose message a worker on it has read, and an update of the
+    # schedule committed through it between that read and the claim (its API died before
+    # settling version 1's occurrences, so only the worker's check can refuse the run)
+    faults = Faults(FaultPlan(stale=1.0, stale_seconds=60), clock)
+    stale = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    sid, occ, delivery = delivered(aws)
+    handler = Calls()
+    work = worker(stale, handler)
+    real_claim = work.runs.claim
+
+    def claim_a_moment_after_an_update(lease: Any, **kwargs: Any) -> None:
+        update_whose_api_dies(stale, sid)
+        clock.advance(1)
+        real_claim(lease, **kwargs)
+
+    work.runs.claim = claim_a_moment_after_an_update  # type: ignore[method-assign]
+    # WHEN the worker processes the message
+    result = work.process(delivery)
+    # THEN its check after the claim saw version 2 (a stale read would show version 1 and
+    # run a superseded occurrence): the claim undone, the handler never ran
+    assert result.outcome is Outcome.STALE
+    assert handler.count == 0
+    assert stored(aws, occ)[0].state is S.CANCELED
+
+
 def test_worker_claim_whose_schedule_is_gone_by_the_check_after_it_is_withdrawn(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -14,15 +14,21 @@ from punctual.errors import Retryable
 
 class Table:
     """A BatchGetItem that serves at most ``serve`` keys a call and leaves the rest
-    unprocessed, as DynamoDB does under load."""
+    unprocessed, as DynamoDB does under load. Past ``calls`` calls it fails the test: an
+    unbounded loop of asks then fails instead of hanging."""
 
-    def __init__(self, items: list[dict[str, Any]], serve: int = 100) -> None:
+    def __init__(
+        self, items: list[dict[str, Any]], serve: int = 100, calls: int | None = None
+    ) -> None:
         self.items = {item["pk"]: item for item in items}
         self.serve = serve
+        self.calls = calls
         self.requests: list[dict[str, Any]] = []
 
     def batch_get_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
         ((table, part),) = RequestItems.items()
+        if self.calls is not None and len(self.requests) >= self.calls:
+            raise AssertionError(f"asked {len(self.requests) + 1} times: more than {self.calls}")
         self.requests.append(part)
         assert len(part["Keys"]) <= 100  # DynamoDB refuses more
         served, left = part["Keys"][: self.serve], part["Keys"][self.serve :]
@@ -58,8 +64,9 @@ def test_what_dynamodb_leaves_unprocessed_is_asked_again_after_a_jittered_pause(
 
 
 def test_keys_left_unprocessed_every_time_are_retryable_after_a_bounded_number_of_asks() -> None:
-    # GIVEN a table that never serves anything (every key throttled, every time)
-    table = Table([{"pk": "k0", "n": 0}], serve=0)
+    # GIVEN a table that never serves anything (every key throttled, every time), and fails
+    # the test past one ask more than the bound (an unbounded loop would ask forever)
+    table = Table([{"pk": "k0", "n": 0}], serve=0, calls=UNPROCESSED.tries + 1)
     slept: list[float] = []
     # WHEN the keys are read; THEN it gives up after UNPROCESSED's tries, retryable (503)
     with pytest.raises(Retryable):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import cache
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from punctual.timing import CronError, CronRule, get_zone, parse_cron
@@ -85,3 +86,64 @@ def test_parse_cron_rejects_exactly_the_expressions_that_never_fire(expr: Expr) 
     else:
         with pytest.raises(CronError, match="can never fire"):
             parse_cron(expr.text)
+
+
+# Everyday expressions beside the generated ones: each has a wall time in most repeated
+# hours (a generated one often has none there).
+EVERYDAY = ["* * * * *", "*/15 * * * *", "0 * * * *", "30 * * * *", "45 1,2 * * *", "@daily"]
+
+
+@cache
+def fall_backs(name: str) -> tuple[tuple[int, int], ...]:
+    """(instant, seconds the clocks go back) of each of the zone's fall-backs, 1973-2037."""
+    zone = get_zone(name)
+    found = []
+    for instant in transitions(name, zone):
+        before = datetime.fromtimestamp(instant - 1, zone).utcoffset()
+        after = datetime.fromtimestamp(instant, zone).utcoffset()
+        assert before is not None
+        assert after is not None
+        if after < before:
+            found.append((instant, int((before - after).total_seconds())))
+    return tuple(found)
+
+
+@st.composite
+def inside_a_repeated_hour(draw) -> tuple[str, int]:
+    """A zone that has fall-backs and an instant in one of them: while its clocks show the
+    repeated wall times a second time."""
+    name = draw(st.sampled_from(ALL_ZONES))
+    found = fall_backs(name)
+    assume(found)
+    instant, back = draw(st.sampled_from(found))
+    return name, instant + draw(st.integers(0, back - 1))
+
+
+@SETTINGS
+@given(
+    expr=st.one_of(
+        st.sampled_from(EVERYDAY),
+        expressions().filter(can_ever_fire).map(lambda e: e.text),
+    ),
+    where=inside_a_repeated_hour(),
+    span=st.integers(1, WINDOW),
+)
+# Adelaide's 02:15 ACST on 2026-04-05 (16:45Z): 02:30 and 02:45 fired at 16:00Z and 16:15Z.
+@example(expr="*/15 * * * *", where=("Australia/Adelaide", 1775321100), span=3600)
+def test_cron_fires_until_inside_a_repeated_hour_equal_the_next_after_walk(
+    expr: str, where: tuple[str, int], span: int
+) -> None:
+    # GIVEN a window (after, until] whose end lies inside a repeated hour, in its second pass
+    # (the clocks show its wall times again, the earlier instants of which fired already)
+    name, until = where
+    after = until - span
+    rule = CronRule(parse_cron(expr), get_zone(name))
+    # WHEN the engine plans the window, and walks it fire by fire
+    walked = []
+    fire = rule.next_after(after)
+    while fire is not None and fire <= until:
+        walked.append(fire)
+        fire = rule.next_after(fire)
+    # THEN both give the same fires: none of the first pass's lost for lying at wall times
+    # after the end's (the reconciler plans its hours by windows, the materializer by steps)
+    assert list(rule.fires(after, until)) == walked

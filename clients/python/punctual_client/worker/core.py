@@ -31,6 +31,7 @@ from punctual.dal.runs import (
     Seen,
 )
 from punctual.errors import NotFound, Retryable
+from punctual.ids import tenant_of_schedule
 from punctual.message import Message, parse_message
 from punctual.models import (
     TERMINAL,
@@ -267,6 +268,10 @@ class Worker:
             return self._rejected(delivery, f"unreadable message: {error}")
         if message.tenant_id != self.tenant_id:
             return self._rejected(delivery, f"a message of tenant {message.tenant_id}")
+        if tenant_of_schedule(message.schedule_id) != self.tenant_id:
+            # Its key is another tenant's (a forged item's message): whatever its tenant_id
+            # field says, this worker neither reads nor runs another tenant's occurrence.
+            return self._rejected(delivery, "a message of another tenant's schedule")
         for _ in range(CLAIM_ROUNDS):
             step = self._claim(delivery, message)
             if step is not None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from punctual.backoff import Backoff
 from punctual.dal.common import ConditionFailed
+from punctual.dal.occurrences import Window
 from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.errors import InvalidInput, Retryable
 from punctual.ids import available_at, is_manual, minute_of, occurrence_id
@@ -232,6 +233,26 @@ class _ScheduleOutcome:
     stalled: list[Occurrence] = field(default_factory=list)  # open, and may be overdue
     redriven: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)  # ids whose items are a tenant's bad data
+
+    def found_after_all(self, gaps: list[Expected], window: Window) -> set[str]:
+        """Those of ``gaps`` that exist after all (a consistent read found them): judged by
+        their state, as the first read would have (not at all where the item is a tenant's
+        unreadable one), no longer MISSING. Their ids."""
+        asked = {g.occurrence_id for g in gaps}
+        states = {
+            o.occurrence_id: _BY_STATE[o.state]
+            for o in window.occurrences
+            if o.occurrence_id in asked
+        }
+        taken = asked & set(window.unreadable)
+        self.findings = [
+            (states.get(oid, f) if f is Finding.MISSING else f, oid)
+            for f, oid in self.findings
+            if not (f is Finding.MISSING and oid in taken)
+        ]
+        found = states.keys() | taken
+        self.missing = [e for e in self.missing if e.occurrence_id not in found]
+        return found
 
     def settled_by_policy(self, ids: set[str]) -> None:
         """These MISSING ones turned out MISSED by the misfire policy (a consistent read found
@@ -577,13 +598,17 @@ class Reconciler:
     def _schedule(self, current: ScheduleVersion, start: int, end: int) -> _ScheduleOutcome:
         schedule_id = current.schedule.schedule_id
         since = start - HISTORY_MARGIN
+        window = self.occurrences.window(schedule_id, since=start, until=end - 1)
+        stored = window.occurrences
         versions = [current]
-        if current.effective_from > since:
+        # Race: the shard index lags a change made a moment ago (it still shows the version
+        # before): an occurrence of a later version says so, and without the history that
+        # version's fires would be judged strays of the old one.
+        newer = any(o.schedule_version > current.schedule.version for o in stored)
+        if current.effective_from > since or newer:
             # A version changed near or after the window: the history says who owned what.
             versions = self.schedules.versions_since(schedule_id, since) or versions
         expected = expected_occurrences(versions, start, end, horizon=self.horizon)
-        window = self.occurrences.window(schedule_id, since=start, until=end - 1)
-        stored = window.occurrences
         outcome = _ScheduleOutcome(
             schedule_id, {v.schedule.version: v.schedule for v in versions}, (start, end)
         )
@@ -728,7 +753,8 @@ class Reconciler:
         if not late:
             return
         report = self.relay.send(late)
-        sent = [o.occurrence.occurrence_id for o in late if o.record_id not in report.failures]
+        # (Not one refused: an item whose tenant field its key does not name, forged.)
+        sent = [o.occurrence.occurrence_id for o in late if o.record_id in report.sent_records]
         outcome.redriven += sent
         logger.warning(
             "re-sent occurrences no worker took",
@@ -759,12 +785,17 @@ class Reconciler:
             window = self.occurrences.window(
                 outcome.schedule_id, since=start, until=end - 1, consistent=True
             )
+            # Race: a materializer's catch-up a moment before the first read made some of
+            # the gaps (CATCHUP's late fires inside the window): found, they are judged by
+            # their state; judged by the policy, they would be MISSED, and the hour settled
+            # with them in flight.
+            made = outcome.found_after_all(pending, window)
+            pending = [e for e in pending if e.occurrence_id not in made]
             settled = self._missed_by_policy(
                 pending, window.occurrences, outcome.versions, current, end, consistent=True
             )
             outcome.settled_by_policy(settled)
-            made = {o.occurrence_id for o in window.occurrences} | set(window.unreadable)
-            pending = [e for e in pending if e.occurrence_id not in settled | made]
+            pending = [e for e in pending if e.occurrence_id not in settled]
             if not pending:
                 return
             now = self._now()

@@ -27,6 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from punctual.backoff import Backoff, Sleep
 from punctual.dal.occurrences import StoredOccurrence, inserted_occurrence
+from punctual.errors import Retryable
 from punctual.ids import tenant_of_schedule
 from punctual.message import MESSAGE_VERSION, message_body
 from punctual.models import Lane, Occurrence, OccurrenceState
@@ -81,6 +82,7 @@ class _Outbound:
 class RelayReport:
     failures: dict[str, Exception] = field(default_factory=dict)  # record id -> why
     sent: int = 0
+    sent_records: list[str] = field(default_factory=list)  # their record ids
     dead: int = 0  # unknown target
     undeliverable: int = 0  # DEAD: SQS refuses its message (the sender's fault, too large)
     refused: int = 0  # an item naming a tenant its key does not (forged): never sent
@@ -164,41 +166,43 @@ class Relay:
         """Send the occurrences the records inserted. A record that is not one (another
         event, a tenant's bad data) is skipped, never a failure of the batch: one tenant's
         item must not hold back the stream shard that other tenants' fires share."""
-        refused = 0
         bad = self._s.bad_items
         before = bad.count
-        outbound = []
-        for record in records:
-            parsed = self._parse(record)
-            if parsed is None:
-                continue
-            owner = tenant_of_schedule(parsed.occurrence.schedule_id)
-            if owner != parsed.occurrence.tenant_id or owner is None:
-                # Not an occurrence Punctual wrote: a tenant's worker may write items under
-                # its own schedules' keys (IAM allows no other), and one naming another
-                # tenant would send into that tenant's queue. Dropped and counted.
-                logger.warning(
-                    "refused an occurrence whose tenant its key does not name",
-                    extra={"occurrence_id": parsed.occurrence.occurrence_id, "tenant": owner},
-                )
-                refused += 1
-                continue
-            outbound.append(parsed)
-        report = self.send(outbound)
-        report.refused = refused
+        parsed = [p for p in map(self._parse, records) if p is not None]
+        report = self.send(parsed)
         report.malformed = bad.count - before
         return report
 
     def send(self, outbound: list[_Outbound]) -> RelayReport:
-        """Send occurrences (from stream records, or re-sent) to their queues."""
+        """Send occurrences (from stream records, or re-sent: the reconciler's re-drive,
+        the API's prompt send) to their queues."""
         report = RelayReport()
         by_queue: dict[str, list[_Outbound]] = {}
         now = self._s.now()
         for item in outbound:
-            url = self.queues.url(item.occurrence.tenant_id, item.occurrence.target)
+            owner = tenant_of_schedule(item.occurrence.schedule_id)
+            if owner != item.occurrence.tenant_id or owner is None:
+                # Not an occurrence Punctual wrote: a tenant's worker may write items under
+                # its own schedules' keys (IAM allows no other), and one naming another
+                # tenant would send into that tenant's queue, from the stream or re-sent
+                # once overdue. Dropped and counted, on every path that sends.
+                logger.warning(
+                    "refused an occurrence whose tenant its key does not name",
+                    extra={"occurrence_id": item.occurrence.occurrence_id, "tenant": owner},
+                )
+                report.refused += 1
+                continue
+            try:
+                url = self.queues.url(item.occurrence.tenant_id, item.occurrence.target)
+            except Retryable as error:
+                # DynamoDB throttled (or did not answer) the target's read, its SDK retries
+                # spent: this record comes back (a batch item failure), the rest of the batch
+                # goes on; a raise would fail every record of the batch.
+                report.failures[item.record_id] = error
+                continue
             if url is None:
-                self._dead(item, "the target does not exist (deleted or never created)")
-                report.dead += 1
+                why = "the target does not exist (deleted or never created)"
+                report.dead += self._dead(item, why, report)
                 continue
             try:
                 item.delay = delay_seconds(item.occurrence.available_at, now)
@@ -216,8 +220,8 @@ class Relay:
             if len(item.body.encode()) > MAX_BODY_BYTES:
                 # Not a payload Punctual stores (32 KiB at most): a forged item. SQS would
                 # refuse its batch whole, every time.
-                self._dead(item, f"its message is over SQS's {MAX_BODY_BYTES} bytes")
-                report.undeliverable += 1
+                why = f"its message is over SQS's {MAX_BODY_BYTES} bytes"
+                report.undeliverable += self._dead(item, why, report)
                 continue
             item.queue_url = url
             by_queue.setdefault(url, []).append(item)
@@ -255,14 +259,15 @@ class Relay:
                 if isinstance(error, Refused):
                     # SQS will refuse it again, every time: it can never be sent (DEAD, with
                     # SQS's reason), and its record must not hold the batch back.
-                    self._dead(item, f"SQS refused the message: {error}")
-                    report.undeliverable += 1
+                    why = f"SQS refused the message: {error}"
+                    report.undeliverable += self._dead(item, why, report)
                 else:
                     report.failures[item.record_id] = error
             sent_at = self._s.now()
             self._crash("after_send")
             for item in sent:
                 report.sent += 1
+                report.sent_records.append(item.record_id)
                 receivable, occurrence = sent_at + item.delay, item.occurrence
                 if occurrence.lane is Lane.CATCHUP:
                     # Hours past its fire by design: its lag is behind its paced time.
@@ -316,18 +321,25 @@ class Relay:
             },
         }
 
-    def _dead(self, item: _Outbound, reason: str) -> None:
+    def _dead(self, item: _Outbound, reason: str, report: RelayReport) -> bool:
         """SCHEDULED -> DEAD (it can never be sent); a no-op if it has moved on meanwhile
         (a cancel got there first: CANCELED stays CANCELED). Its record is then done: never
-        retried, so it holds back nothing after it."""
-        self._s.occurrences.settle_scheduled(
-            item.occurrence.occurrence_id, OccurrenceState.DEAD, reason
-        )
+        retried, so it holds back nothing after it. False when DynamoDB throttled the write
+        (its SDK retries spent): the record is a failure of its own, made DEAD on its retry."""
+        try:
+            self._s.occurrences.settle_scheduled(
+                item.occurrence.occurrence_id, OccurrenceState.DEAD, reason
+            )
+        except Retryable as error:
+            report.failures[item.record_id] = error
+            return False
+        return True
 
     @staticmethod
     def _merge(part: RelayReport, into: RelayReport) -> None:
         into.failures.update(part.failures)
         into.sent += part.sent
+        into.sent_records += part.sent_records
         into.undeliverable += part.undeliverable
         into.lags += part.lags
         into.catchup_lags += part.catchup_lags

@@ -482,14 +482,14 @@ class ControlPlane:
                 # of the same gap then meets this occurrence instead of making a second.
                 mark = None if owned and fire not in regular else tag
                 todo.append(occurrence_id(schedule_id, schedule.version, fire, mark))
-            made = self._backfilled(schedule, todo, quotas.catchup_pace)
+            made = self._backfilled(stored, todo, quotas.catchup_pace)
             result = Backfilled(
                 len(fires), len(fires) - planned - len(todo), planned, made, dry_run
             )
             if dry_run or not made:
                 return result
             try:
-                self._commit_backfill(schedule, made)
+                self._commit_backfill(stored, made)
             except ConditionFailed:
                 # The schedule changed (read again: paused, updated), or one of them was
                 # made meanwhile (a repair, a concurrent backfill): it exists when read again.
@@ -514,21 +514,46 @@ class ControlPlane:
             schedule.version: schedule.zone_name
         }
 
-    def _backfilled(self, schedule: Schedule, ids: list[str], pace: int) -> list[Occurrence]:
-        """The occurrences of ``ids`` (in time order), paced from now: the tenant's catch-up
-        pace, compressed to fit SQS's delay as the materializer's catch-up is."""
+    def _backfilled(self, stored: StoredSchedule, ids: list[str], pace: int) -> list[Occurrence]:
+        """The occurrences of ``ids`` (in time order), paced: from now, or from where the
+        schedule's last backfill's pace ended if that is later (two backfills at once are
+        paced one after the other, not both from now), at the tenant's catch-up pace,
+        compressed to fit SQS's delay as the materializer's catch-up is. Conflict when an
+        earlier backfill's pace leaves no room within SQS's delay (retry after it)."""
+        schedule = stored.schedule
         now = self._now()
-        gaps = max(1, len(ids) - 1)
+        # Race: two backfills of the schedule, the later paced from where the earlier's pace
+        # ended. One pace past its last occurrence, not at it: the two would otherwise share
+        # that second, faster than the tenant's catch-up rate (and never leave "no room").
+        start = now if stored.paced_until is None else max(now, stored.paced_until + pace)
+        room = now + MAX_CATCHUP_SPREAD - start  # (the last paced one within SQS's delay)
+        late = sum(
+            1
+            for oid in ids
+            if available_at(oid, occurrence_name(oid)[2], schedule.flexible_window_seconds) < now
+        )
+        if late and room < 0:
+            wait = -room
+            raise Conflict(
+                f"an earlier backfill of this schedule is paced until {utc_text(start)}; "
+                f"retry in {wait} s",
+                retry_after=wait,
+            )
+        gaps = max(1, late - 1)
         retention = self.settings.retention_days * 86400
         made = []
-        for index, oid in enumerate(ids):
+        index = 0
+        for oid in ids:
             _, version, fire, _ = occurrence_name(oid)
-            # At the pace, or spread over MAX_CATCHUP_SPREAD when that is too long for SQS;
+            # At the pace, or spread over the room SQS's delay leaves when that is too long;
             # a fire still ahead (of the lookahead the materializer passed) at its own time,
             # neither early nor held back by the pace.
             own = available_at(oid, fire, schedule.flexible_window_seconds)
-            paced = now + min(index * pace, index * MAX_CATCHUP_SPREAD // gaps)
-            receivable = own if own >= now else paced
+            if own >= now:
+                receivable = own
+            else:
+                receivable = start + min(index * pace, index * room // gaps)
+                index += 1
             made.append(
                 Occurrence(
                     occurrence_id=oid,
@@ -541,19 +566,31 @@ class ControlPlane:
                     expires_at=receivable + retention,
                     # A fire past its time is relayed apart from the fires due now.
                     lane=Lane.CATCHUP if own < now else None,
+                    # Its wall time, as every fire records it: what a change of the zone's
+                    # rules keeps (punctual.rezone; a later backfill matches it too).
+                    local=wall_text(schedule, fire),
                 )
             )
         return made
 
-    def _commit_backfill(self, schedule: Schedule, made: list[Occurrence]) -> None:
+    def _commit_backfill(self, stored: StoredSchedule, made: list[Occurrence]) -> None:
         """Chunks of puts, each with the version check: a change of the schedule refuses the
         rest (the caller reads again); what committed stays, and is found on the next read.
-        (Unlike a run now, no ``manual_run`` mark: every backfilled fire is one of the
-        version's rule, so the reconciler reads its hour anyway: one the version owns has
-        an expected fire there, one before the version began is within its change.)"""
+        The first also records where this backfill's pace ends (``backfill_paced``): of two
+        backfills paced from the same start, the second is refused and paced again after
+        the first. (Unlike a run now, no ``manual_run`` mark: every backfilled fire is one of
+        the version's rule, so the reconciler reads its hour anyway: one the version owns
+        has an expected fire there, one before the version began is within its change.)"""
+        schedule = stored.schedule
+        paced = [o.available_at for o in made if o.lane is Lane.CATCHUP]
         for first in range(0, len(made), BACKFILL_CHUNK):
+            check = (
+                self.schedules.backfill_paced(stored, until=max(paced))
+                if first == 0 and paced
+                else self.schedules.unchanged(schedule, stepped_past=None)
+            )
             self._s.transactions.commit(
-                [("schedule", self.schedules.unchanged(schedule, stepped_past=None))]
+                [("schedule", check)]
                 + [
                     ("occurrence", self.occurrences.put_new(o, schedule.payload))
                     for o in made[first : first + BACKFILL_CHUNK]

@@ -60,6 +60,12 @@ def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, i
     }
     if schedule.home_region is not None:
         item["home_region"] = schedule.home_region
+    if schedule.homed_since is not None:
+        # Race: a change (resume, update) written whole after a take-over (``take_over``)
+        # keeps where the take-over homed it from: fires due before that are the failed
+        # region's, recorded in its table; without it this region's reconciler takes them
+        # for missing, and a repair or a backfill would make them a second time.
+        item["homed_since"] = schedule.homed_since
     if schedule.zone_name is not None:
         # Every write of the whole item planned it under the rules in use now.
         item["tzdata"] = tzdata_version()
@@ -185,15 +191,21 @@ class StoredSchedule:
     # a schedule that owns no fire in an hour only when the hour is not after it. None:
     # neither since the item was last written whole.
     manual_through: int | None = None
+    # When the latest backfill's paced occurrences become receivable (``backfill_paced``):
+    # a later backfill of the schedule is paced on from there. None: none since the item
+    # was last written whole.
+    paced_until: int | None = None
 
 
 def stored_schedule(item: Item) -> StoredSchedule:
+    paced = item.get("backfill_until")
     return StoredSchedule(
         schedule=schedule_from_item(item),
         shard=int(item["shard"]),
         due_bucket=item.get("due_bucket"),
         minute_load=minute_load_of(item),
         manual_through=_manual_through(item),
+        paced_until=None if paced is None else int(paced),
     )
 
 
@@ -649,6 +661,27 @@ class ScheduleStore:
                 # Races: ``unchanged``'s, and the mark's (``_raised_mark``).
                 "ConditionExpression": f"{check['ConditionExpression']} AND {raised}",
                 "ExpressionAttributeValues": check["ExpressionAttributeValues"] | values(mark=mark),
+            }
+        }
+
+    def backfill_paced(self, stored: StoredSchedule, *, until: int) -> dict[str, Any]:
+        """A transaction action for a backfill whose paced occurrences become receivable
+        up to ``until``: ``unchanged`` (no cursor condition) that records ``until`` as the
+        pace's new start (``backfill_until``), conditional on the one it was paced from."""
+        check = self.unchanged(stored.schedule, stepped_past=None)["ConditionCheck"]
+        if stored.paced_until is None:
+            seen, named = "attribute_not_exists(backfill_until)", {}
+        else:
+            seen, named = "backfill_until = :seen", {"seen": stored.paced_until}
+        return {
+            "Update": check
+            | {
+                "UpdateExpression": "SET backfill_until = :until",
+                # Races: ``unchanged``'s, and a concurrent backfill of the schedule paced from
+                # the same start: the second reads again and is paced after the first.
+                "ConditionExpression": f"{check['ConditionExpression']} AND {seen}",
+                "ExpressionAttributeValues": check["ExpressionAttributeValues"]
+                | values(until=until, **named),
             }
         }
 
