@@ -3,7 +3,10 @@ the faults injected by kind, the repairs, and every violation of the contract.
 
     python -m scripts.simulate [--seed N] [--trials K] [--days D] [--schedules S]
 
-A failing seed replays exactly: run it again with --seed N --trials 1.
+A seed replays its world (schedules, requests, faults, outages, in the same order): run a
+failing one again with --seed N --trials 1. DynamoDB Local decides on its own clock when a
+stream record can be read, which may batch the relay's records differently from one run to
+the next: a replay may differ in such details (and in the fault draws that follow them).
 """
 
 from __future__ import annotations
@@ -15,13 +18,31 @@ from collections import Counter
 
 from punctual.observability import logger
 from punctual_local.dynamodb import start as start_dynamodb_local
+from tests.sim.explain import explain, schedule_of
 from tests.sim.oracle import Verdict, check
 from tests.sim.world import SimConfig, Simulation
 
 
-def trial(config: SimConfig, dynamodb: object) -> tuple[Verdict, Counter[str], Counter[str]]:
+def trial(
+    config: SimConfig, dynamodb: object
+) -> tuple[Verdict, Counter[str], Counter[str], list[str]]:
+    """One run: its verdict, the faults injected, what was done, and the story of the first
+    schedule of each kind of violation (tests/sim/explain.py)."""
     run = Simulation(config, dynamodb).run()
-    return check(run), run.injected, run.counts
+    counts = run.counts + Counter(
+        {
+            "bad items skipped": run.bad_items.count,
+            "zone rules changed": run.rules_changed_at is not None,
+            "failed over": run.failed_over_at is not None,
+        }
+    )
+    verdict = check(run)
+    stories = []
+    for kind, examples in verdict.examples.items():
+        schedule_id = schedule_of(examples[0])
+        if schedule_id is not None:
+            stories += [f"{kind}: {examples[0]}", *explain(run, schedule_id)]
+    return verdict, run.injected, counts, stories
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seed, args.seed + args.trials):
             config = SimConfig(seed=seed, days=args.days, schedules=args.schedules)
             started = time.monotonic()
-            verdict, faults, counts = trial(config, dynamodb)
+            verdict, faults, counts, stories = trial(config, dynamodb)
             schedule_days += verdict.schedule_days
             injected.update(faults)
             activity.update(counts)
@@ -57,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                     "handler runs": verdict.runs,
                     "fires checked": verdict.fires_checked,
                     "missed by policy": verdict.missed_by_policy,
+                    "fired late by policy": verdict.fired_late,
+                    "runs now and backfilled checked": verdict.manual,
+                    "hostile items unreadable": verdict.hostile_items,
+                    "lost before a take-over (known limit)": verdict.left_by_failover,
                 }
             )
             status = (
@@ -71,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {kind}: {verdict.violations[kind]}, e.g. {'; '.join(examples)}")
             if verdict.violations:
                 failing.append(seed)
+                print("\n".join(f"    {line}" for line in stories))
         print(
             f"\n{args.trials} trials, {args.trials * args.days:g} simulated days, "
             f"{schedule_days:.0f} schedule-days in {time.monotonic() - began:.0f} s"

@@ -637,6 +637,33 @@ def test_reconciler_finds_the_late_fired_follower_inside_the_window_when_no_epis
     assert ids(results, "missing") == {occurrence_id(sid, 1, at("10:45"))}
 
 
+@pytest.mark.parametrize("inside", [True, False])
+def test_reconciler_takes_no_run_now_for_the_policys_late_fire(
+    alice: Api, aws: Services, clock: Clock, inside: bool
+):
+    # GIVEN an hourly schedule with a minute's flexible window, materialized to 09:55 and
+    # then the materializer down (10:00 and 11:00 never made), and a run now at 10:20 or,
+    # past the window, at 11:20 (receivable at its instant: never its jittered one)
+    clock.now = at("09:40")
+    sid = make(
+        aws,
+        spec=cron_spec("0 * * * *"),
+        flexible_window_seconds=60,
+        misfire={"action": "FIRE_ONCE", "max_lateness_seconds": 7200},
+    )
+    materialize_until(aws, clock, at("09:55"), shards_of(aws, [sid]))
+    clock.now = at("10:20" if inside else "11:20")
+    ran = ControlPlane(aws).trigger("alice", sid, "key").occurrence
+    assert ran.available_at == ran.scheduled_for
+    # WHEN the reconciler checks [10:00, 11:00)
+    clock.now = at("11:30")
+    results = reconcile(aws, at("10:00"), at("11:00"), repair=False)
+    # THEN 10:00 is MISSING (a loss to repair), not MISSED by a misfire policy: a run now is
+    # not a fire the policy released late, whatever its instant says
+    assert ids(results, "missing") == {occurrence_id(sid, 1, at("10:00"))}
+    assert total(results, Finding.MISSED) == 0
+
+
 def test_reconciler_reads_the_follower_trace_for_every_gap_after_one_an_episode_covers(
     alice: Api, aws: Services, clock: Clock
 ):

@@ -1,5 +1,7 @@
-"""A short seeded simulation under every kind of fault (tests/sim), and the oracle's own
-sensitivity: each invariant it checks is shown to fail on a planted violation."""
+"""A short seeded simulation under every kind of fault and every kind of action the world
+makes (tests/sim), and the oracle's own sensitivity: each invariant it checks of the stored
+end state is shown to fail on a planted violation (the checks of what workers and clients
+logged: tests/unit/test_sim_oracle.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,13 @@ import pytest
 
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import occurrence_key
+from punctual.models import OverlapPolicy
 from punctual.observability import logger
 from punctual_local.dynamodb import LocalDynamoDB
 from tests.faults import FaultPlan
+from tests.sim.explain import explain, schedule_of
 from tests.sim.oracle import Verdict, check
+from tests.sim.workers import HandlerRun
 from tests.sim.world import Run, SimConfig, Simulation
 
 # Rates well above the full run's (scripts/simulate.py), so 3.6 hours meet every kind (with
@@ -28,7 +33,27 @@ HARSH = FaultPlan(
     index_lag_seconds=150,
     send_failure=0.1,
     send_timeout=0.05,
+    send_error=0.05,
 )
+EVERY_ACTION = {
+    "trigger",
+    "backfill",
+    "raced_request",
+    "raced_tick",
+    "update",
+    "pause",
+    "long_runs",
+    "told_to_stop",
+    "worker_killed",
+    "worker_waiting",
+    "worker_skipped_overlap",
+    "worker_lease_lost",
+    "hostile_only_a_state",
+    "hostile_forge",
+    "hostile_tamper",
+    "hostile_refused_AccessDeniedException",
+    "reconcile_replanned",
+}
 EVERY_KIND = {
     "throttled",
     "transaction_conflict",
@@ -37,10 +62,22 @@ EVERY_KIND = {
     "stale_read",
     "index_lag",
     "send_failed",
+    "send_timeout",
+    "send_error",
     "message_lost",
     "relay_cut",
     "mapping_gave_up",
 }
+
+
+def stories(run: Run, verdict: Verdict) -> list[str]:
+    """Each violation's examples, and the story of the first one's schedule."""
+    lines = []
+    for kind, examples in verdict.examples.items():
+        lines += [f"{kind}: {verdict.violations[kind]}, e.g. {'; '.join(examples)}"]
+        schedule_id = schedule_of(examples[0])
+        lines += explain(run, schedule_id) if schedule_id else []
+    return lines
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +95,14 @@ def simulated(dynamodb_local: LocalDynamoDB) -> tuple[Run, Verdict]:
         gives_up=0.6,
         lost_message=0.01,
         outages=2,
+        # Every kind of request and run many times over (the rates of a full run's world
+        # would leave some to chance in 3.6 hours).
+        changes_per_hour=12,
+        manual_share=0.5,
+        long_run=0.3,
+        stall=0.5,
+        # The US fall-back of 2026: the change of zone rules mid-run moves Vancouver's fires.
+        start="2026-11-01T06:00:00Z",
     )
     try:
         run = Simulation(config, dynamodb_local.client()).run()
@@ -74,10 +119,19 @@ def test_simulation_short_run_under_every_fault_keeps_the_contract(
     # THEN every kind was injected, the system did real work ...
     assert set(run.injected) >= EVERY_KIND, run.injected
     assert run.counts["materializer_killed"] > 0
-    assert verdict.fires_checked > 100
+    assert verdict.fires_checked > 60
     assert verdict.runs > 50
+    # ... every kind of request and run the world makes was made: runs now (and retried
+    # with their key), backfills, racing requests, long runs with heartbeats, a worker told
+    # to stop and one killed, overlap policies deciding, the hostile tenant's bad items met,
+    # the zone rules changed and a fail-over
+    assert set(run.counts) >= EVERY_ACTION, EVERY_ACTION - set(run.counts)
+    assert run.bad_items.count > 0
+    assert verdict.hostile_items > 0
+    assert run.rules_changed_at is not None
+    assert run.failed_over_at is not None
     # AND no invariant is violated
-    assert not verdict.violations, dict(verdict.examples)
+    assert not verdict.violations, "\n".join(stories(run, verdict))
 
 
 def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, Verdict]):
@@ -114,7 +168,20 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
         "state": "SCHEDULED",
     }
     dynamodb.put_item(TableName=table, Item=to_dynamo(stray))
-    run.handler_runs.append((done["occurrence_id"]["S"], version, 0.0, 10.0, version, "ACTIVE"))
+    run.runs.append(
+        HandlerRun(
+            done["occurrence_id"]["S"],
+            done["schedule_id"]["S"],
+            version,
+            1,
+            started=0.0,
+            available=10.0,
+            current=version,
+            state="ACTIVE",
+            overlap=OverlapPolicy.ALLOW,
+            ended=1.0,
+        )
+    )
     tenants = run.settings.tenants_table
     dynamodb.update_item(
         TableName=tenants,

@@ -1,21 +1,27 @@
 """A deterministic simulation of Punctual under AWS's failure modes, FoundationDB-style.
 
 One seed decides everything: the schedules (cron in many zones across DST changes, rate,
-one-shot, flexible windows up to the maximum, every misfire and overlap policy), the
-tenants' changes (update, pause, resume, cancel, create), the faults (throttling, conflicts,
-lost responses, stale reads, SQS send failures, messages lost after the send, killed
-materializers, relay invocations cut short, stream batches the mapping gives up on, clock
-skew between components) and the outages (materializer, relay, workers, reconciler: minutes
-to a day). Time is simulated: a day runs in seconds, nothing sleeps.
+one-shot, flexible windows up to the maximum, every misfire and overlap policy, QUEUE_ONE
+included), the tenants' requests (update, pause, resume, cancel, create, run now and
+backfill, retried and racing each other: tests/sim/tenants.py), the workers (failing, long
+runs that heartbeat while another worker polls beside them, runs that stall past their
+lease or die: tests/sim/workers.py), a hostile tenant writing whatever its IAM policy allows
+(tests/sim/hostile.py), the faults (throttling, conflicts, lost responses, stale reads, SQS
+send failures, messages lost after the send, killed materializers, relay invocations cut
+short, stream batches the mapping gives up on, clock skew between components), the outages
+(materializer, relay, workers, reconciler: minutes to a day), a change of the zone rules
+mid-run (planned under IANA 2025b, then the pinned release is deployed) and a fail-over to
+another region mid-run (the old one's materializer still ticking for a while, fenced off).
+Time is simulated: a day runs in seconds, nothing sleeps.
 
 The code under test is Punctual's own (the control plane, the materializer, the relay, the
-re-drive, the worker SDK, the reconciler) against DynamoDB Local through the faults layer
-and an SQS on the simulated clock. The drivers stand in for AWS's glue: the 1-minute ticker
-(EventBridge + Step Functions), the stream's event source mapping (retries, then the
-on-failure queue), SQS-fed workers, the hourly reconciler.
+re-drive, the worker SDK, the reconciler, the re-plan, the fail-over) against DynamoDB
+Local through the faults layer and an SQS on the simulated clock. The drivers stand in for
+AWS's glue: the 1-minute ticker (EventBridge + Step Functions), the stream's event source
+mapping (retries, then the on-failure queue), SQS-fed workers, the hourly reconciler.
 
 At the end, with the faults off and the system drained, ``oracle.check`` verifies the
-contract against what is stored (tests/sim/oracle.py).
+contract against what is stored and what the workers logged (tests/sim/oracle.py).
 """
 
 from __future__ import annotations
@@ -24,64 +30,57 @@ import itertools
 import random
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from punctual import scheduling
+from punctual.dal.common import BadItems
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.errors import PunctualError
+from punctual.errors import PunctualError, Retryable
+from punctual.failover import REWIND_SECONDS, take_over
 from punctual.ids import schedule_key_prefix
-from punctual.integrations.queues import queue_name
 from punctual.integrations.streams import event_record, wanted
 from punctual.materializer import Materializer
-from punctual.models import ScheduleDefinition, ScheduleState
 from punctual.reconciler import Reconciler
 from punctual.redrive import StreamRedrive, Trimmed
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
+from punctual.relay import Relay, SendFailed
 from punctual.services import Services
 from punctual.settings import Settings
-from punctual.tenancy import Quotas
-from punctual.timing import get_zone
-from punctual_client.worker import Job, PermanentError, QueueConsumer, Worker
+from punctual.timing import ZoneSource, use_zone_source
 from punctual_client.worker import core as worker_core
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS
+from tests.sim.hostile import Hostile
 from tests.sim.sqs import SimSQS
+from tests.sim.tenants import Backfill, Tenants, Trigger
+from tests.sim.workers import Event, HandlerRun, Workers
 
 MINUTE = 60
 HOUR = 3600
 DAY = 86400
-# Starts near DST changes: the US spring-forward, the EU fall-back, Lord Howe's half hour.
-STARTS = ("2026-03-07T12:00:00Z", "2026-10-24T12:00:00Z", "2026-04-04T06:00:00Z")
-ZONES = (
-    "UTC",
-    "America/New_York",
-    "Europe/Berlin",
-    "Asia/Kolkata",
-    "Australia/Lord_Howe",
-    "Pacific/Chatham",
-    "America/Sao_Paulo",
+# Starts near DST changes: the US spring-forward, the EU fall-back, Lord Howe's half hour,
+# and the US fall-back of 2026, after which IANA 2025b and the pinned release disagree on
+# America/Vancouver (the change of rules mid-run then moves its wall times).
+STARTS = (
+    "2026-03-07T12:00:00Z",
+    "2026-10-24T12:00:00Z",
+    "2026-04-04T06:00:00Z",
+    "2026-11-01T06:00:00Z",
 )
-CRONS = (
-    "0 * * * *",
-    "*/15 * * * *",
-    "30 2 * * *",
-    "0 9 * * 1-5",
-    "0 0 * * *",
-    "@hourly",
-    "15,45 1-3 * * *",
-    "30 */2 * * *",
-)
-RATES = ("rate(1 hour)", "rate(90 minutes)", "rate(1 day)", "rate(20 minutes)", "rate(3 hours)")
-# Frequent ones, drawn rarely: they dominate the cost of a run.
-FREQUENT = ("* * * * *", "*/5 * * * *", "rate(7 minutes)")
+OLD_RULES = ZoneSource("2025b", Path(__file__).parent.parent / "tzdata_2025b")
 MAPPING_RETRIES = 3  # the relay's event source mapping: attempts before it discards a batch
 DRAIN_SECONDS = 3 * HOUR  # after the faults stop: the reconciler covers every hour
+STEP_BUDGET = 55  # seconds of its minute a step may take (long runs): the next starts at 60
+HOME, OTHER = "us-east-1", "us-west-2"
+ZOMBIE_SECONDS = 10 * MINUTE  # the failed region's materializer ticks on this long
+HOSTILE = "evil"
+TAKE_OVER_TRIES = 30
 
 
 class Killed(BaseException):
@@ -108,6 +107,7 @@ class SimConfig:
             index_lag_seconds=150,
             send_failure=0.02,
             send_timeout=0.005,
+            send_error=0.005,
         )
     )
     kill: float = 0.02  # a materializer run killed at one of its crash points
@@ -116,8 +116,17 @@ class SimConfig:
     lost_message: float = 0.002  # per message per step: a message lost after the send
     handler_failure: float = 0.05  # transient; a tenth of these permanent
     changes_per_hour: float = 6.0
+    manual_share: float = 0.3  # of the requests on a schedule: run now or backfill
+    race: float = 0.15  # a request raced by another on the same schedule
+    long_run: float = 0.1  # a handler that runs up to 50 s, heartbeating
+    stall: float = 0.3  # of the long runs: silent past the lease once
+    worker_dies: float = 0.01  # a worker killed mid-run
+    hostile_per_hour: float = 6.0  # writes of the hostile tenant's worker (0: no such tenant)
+    rules_change: bool = True  # planned under IANA 2025b, the pinned release deployed mid-run
+    failover: bool = True  # another region takes every shard over mid-run
     outages: int = 3  # per component over the run
     skew: int = 3  # seconds, each way, between components
+    start: str | None = None  # one of STARTS (None: the seed draws it)
 
 
 @dataclass
@@ -137,12 +146,26 @@ class Run:
     settings: Settings
     services: Services  # fault-free, true clock: the oracle's view
     sqs: SimSQS
-    handler_runs: list[tuple[str, int, float, float, int, str]] = field(default_factory=list)
-    # (occurrence id, its version, when it ran, its available_at, and the schedule's version
-    # and state at that moment, read consistently: what the run must agree with)
+    runs: list[HandlerRun] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    triggers: list[Trigger] = field(default_factory=list)
+    backfills: list[Backfill] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     injected: Counter[str] = field(default_factory=Counter)
     skew: int = 0  # the largest clock skew injected between components, in seconds
+    hostile: str | None = None  # the hostile tenant, if any
+    # The hostile tenant's stream records that failed their relay batch by themselves (not a
+    # send failure or a throttled read): must stay empty.
+    hostile_failures: list[str] = field(default_factory=list)
+    bad_items: BadItems = field(default_factory=BadItems)  # every component's count
+    rules_changed_at: int | None = None  # when the pinned zone rules replaced 2025b
+    failed_over_at: int | None = None
+    rewind: int = 0  # how far back the fail-over planned again
+
+    @property
+    def backfilled_ids(self) -> set[str]:
+        """Every occurrence a backfill made (a missed fire among them, by request)."""
+        return {made for b in self.backfills if not b.dry_run for made in b.made}
 
 
 class _Seeded:
@@ -156,17 +179,24 @@ class _Seeded:
             self._rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(size)
         )
 
+    def token_bytes(self, size: int = 8) -> bytes:
+        return bytes(self._rng.getrandbits(8) for _ in range(size))
+
     def schedule_id(self, tenant_id: str) -> str:
         return schedule_key_prefix(tenant_id) + self.token_urlsafe(24)
 
 
 @contextmanager
 def seeded_ids(rng: random.Random) -> Iterator[None]:
-    """Schedule ids, lease tokens and request tokens from the seed, for the run's length."""
+    """Schedule ids, lease tokens, manual tags and request tokens from the seed, for the
+    run's length."""
+    from punctual import ids
+
     seeded = _Seeded(rng)
     patches = [
         (scheduling, "new_schedule_id", seeded.schedule_id),
         (worker_core, "secrets", seeded),
+        (ids, "secrets", seeded),
         (uuid, "uuid4", lambda: uuid.UUID(int=rng.getrandbits(128))),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
@@ -187,9 +217,10 @@ class Simulation:
     def __init__(self, config: SimConfig, dynamodb: Any) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
-        self.start = _epoch(self.rng.choice(STARTS))
+        self.start = _epoch(config.start or self.rng.choice(STARTS))
         self.end = self.start + int(config.days * DAY)
         self.clock = Clock(float(self.start))
+        self.step_end = float(self.start)
         prefix = f"sim{config.seed}-{uuid.UUID(int=self.rng.getrandbits(128)).hex[:8]}"
         self.settings = Settings(
             # DynamoDB Local runs TTL on its own (real) clock: occurrences of simulated months
@@ -198,15 +229,21 @@ class Simulation:
             shard_count=config.shards,
             lookahead_seconds=config.lookahead,
             tick_seconds=60,
+            region=HOME,
             operator_principals=frozenset({"arn:aws:iam::000000000000:user/operator"}),
         ).model_copy(update={spec.setting: f"{prefix}-{spec.setting}" for spec in ALL_TABLES})
+        # The region that takes over: the same (global) tables, a leases table of its own.
+        self.other = self.settings.model_copy(
+            update={"region": OTHER, "leases_table": f"{prefix}-{OTHER}-leases"}
+        )
+        self.region = self.settings  # where the system runs now
         self.real = dynamodb
         self.faults = Faults(config.faults, self.clock, random.Random(self.rng.getrandbits(64)))
         self.sqs = SimSQS(self.clock)
         self.dynamodb = FaultyDynamoDB(dynamodb, self.faults)
         self.faulty_sqs = FaultySQS(self.sqs, self.faults)
         self.tenants = [f"t{i}" for i in range(config.tenants)]
-        self.schedule_ids: list[str] = []
+        self.hostile = HOSTILE if config.hostile_per_hour > 0 else None
         self.run_record = Run(
             self.start,
             self.end,
@@ -214,22 +251,56 @@ class Simulation:
             Services(dynamodb, self.sqs, self.settings, self.clock),
             self.sqs,
             skew=config.skew,
+            hostile=self.hostile,
         )
         self._skews: dict[str, int] = {}
         self.outages = self._outages()
+        span = self.end - self.start
+        self.rules_change_at = (
+            self.start + int(span * self.rng.uniform(0.4, 0.7)) if config.rules_change else None
+        )
+        self.failover_at = (
+            self.start + int(span * self.rng.uniform(0.3, 0.8)) if config.failover else None
+        )
+        self.second_take_over_at: int | None = None
         self.mapping = _Mapping(self)
         self.redrive_queue: list[dict[str, Any]] = []
+        self.requests = Tenants(self)
+        self.workers = Workers(self)
+        self.evil = Hostile(self, self.hostile) if self.hostile else None
+
+    @property
+    def faulty(self) -> bool:
+        """Before the drain: faults, changes, races and failing handlers happen."""
+        return self.clock.now < self.end
+
+    @property
+    def every_tenant(self) -> list[str]:
+        return self.tenants + ([self.hostile] if self.hostile else [])
 
     # --- wiring ---------------------------------------------------------------------------
 
-    def services(self, component: str) -> Services:
-        """What one component runs with: the faulty clients, and its own clock's skew."""
+    def services(self, component: str, settings: Settings | None = None) -> Services:
+        """What one component runs with: the faulty clients, the region it runs in, its own
+        clock's skew, and the run's count of bad items."""
         skew = self._skews.setdefault(
             component, self.rng.randint(-self.config.skew, self.config.skew)
         )
         return Services(
-            self.dynamodb, self.faulty_sqs, self.settings, lambda: self.clock.now + skew
+            self.dynamodb,
+            self.faulty_sqs,
+            settings or self.region,
+            lambda: self.clock.now + skew,
+            sleep=lambda _: None,  # (simulated time: a back-off's pause takes none)
+            bad_items=self.run_record.bad_items,
         )
+
+    def advance(self, seconds: float) -> bool:
+        """Move the clock on within the current minute (a long handler run); False once the
+        minute is spent."""
+        before = self.clock.now
+        self.clock.now = min(self.clock.now + seconds, self.step_end)
+        return self.clock.now > before
 
     def _outages(self) -> dict[str, list[tuple[int, int]]]:
         spans: dict[str, list[tuple[int, int]]] = {}
@@ -251,143 +322,109 @@ class Simulation:
 
     def run(self) -> Run:
         with seeded_ids(self.rng):
-            self.faults.enabled = False
-            create_tables(self.real, self.settings)
-            self._bootstrap()
-            self.faults.enabled = True
-            for _ in range(self.config.schedules):
-                self._create()
-            now = self.start
-            while now < self.end + DRAIN_SECONDS:
-                if now >= self.end:
-                    self.faults.enabled = False  # the drain: healthy, no changes
-                self.clock.now = float(now)
-                self._step(now)
-                now += MINUTE
+            use_zone_source(OLD_RULES if self.rules_change_at is not None else None)
+            try:
+                self._run()
+            finally:
+                use_zone_source(None)
         self.run_record.injected = self.faults.injected
         return self.run_record
 
+    def _run(self) -> None:
+        self.faults.enabled = False
+        create_tables(self.real, self.settings)
+        create_tables(self.real, self.other)
+        self.requests.bootstrap()
+        if self.evil is not None:
+            for _ in range(max(1, self.config.schedules // 10)):
+                self.requests.create(self.evil.tenant)
+            self.evil.schedule_ids = list(self.requests.schedule_ids)
+            self.requests.schedule_ids.clear()
+        self.faults.enabled = True
+        for _ in range(self.config.schedules):
+            self.requests.create()
+        now = self.start
+        while now < self.end + DRAIN_SECONDS:
+            if now >= self.end:
+                self.faults.enabled = False  # the drain: healthy, no changes
+            self.clock.now = float(now)
+            self.step_end = float(now + STEP_BUDGET)
+            self._step(now)
+            now += MINUTE
+
     def _step(self, now: int) -> None:
         draining = now >= self.end
+        if self.rules_change_at is not None and now >= self.rules_change_at:
+            self._change_rules(now)
+        if self.failover_at is not None and now >= self.failover_at:
+            self._fail_over(now)
+        elif self.second_take_over_at is not None and now >= self.second_take_over_at:
+            # A minute later in any case (docs/multi-region.md): the shard index it lists
+            # from is eventually consistent.
+            self.second_take_over_at = None
+            self._take_over(self.run_record.rewind)
         if draining or self.up("materializer"):
-            self._tick(now)
+            self._tick(now, self.region)
+        failed = self.run_record.failed_over_at
+        if failed is not None and now < failed + ZOMBIE_SECONDS:
+            self._tick(now, self.settings)  # the failed region's: fenced off by generation
         if draining or self.up("relay"):
             self.mapping.poll()
             self._redrive()
         if draining or self.up("workers"):
-            self._work()
+            self.workers.work()
         if not draining:
             self._lose_messages()
             if self.rng.random() < self.config.changes_per_hour / 60:
-                self._change()
+                self.requests.change()
+            if self.evil is not None:
+                self.evil.act()
         if now % HOUR == 5 * MINUTE and (draining or self.up("reconciler")):
             self._reconcile(now)
 
-    def _bootstrap(self) -> None:
-        plane = ControlPlane(self.services("api"))
-        for tenant in self.tenants:
-            plane.create_tenant(
-                tenant,
-                Quotas(
-                    max_schedules=self.config.schedules,
-                    max_strict_fires_per_minute=self.config.schedules,
-                    catchup_per_minute=self.rng.choice([6, 60, 600]),
-                ),
-            )
-            plane.create_target(tenant, "default")
+    def _change_rules(self, now: int) -> None:
+        """The pinned tzdata is deployed: plan with its rules from now on, and run the
+        reconciler at once (as a deploy does), which re-plans every stale schedule."""
+        self.rules_change_at = None
+        use_zone_source(None)
+        self.run_record.rules_changed_at = now
+        if self.up("reconciler"):
+            self._reconcile(now)
 
-    # --- tenants' calls -------------------------------------------------------------------
+    def _fail_over(self, now: int) -> None:
+        """The home region fails: the other takes every shard over (run again for a shard
+        whose schedules kept changing under it), and runs the system from now on."""
+        self.failover_at = None
+        self.run_record.failed_over_at = now
+        self.region = self.other
+        # The operator rewinds to when the failed region stopped materializing, if it had
+        # (docs/multi-region.md): what it never planned before that, no region plans.
+        down = [a for a, b in self.outages["materializer"] if a <= now < b]
+        rewind = max(REWIND_SECONDS, now - min(down, default=now) + MINUTE)
+        self.run_record.rewind = rewind
+        self._take_over(rewind)
+        self.second_take_over_at = now + MINUTE
 
-    def _call(self, name: str, call: Callable[[], Any]) -> Any:
-        """A client call with the SDK-style retries a tenant's client makes."""
-        for _ in range(4):
-            try:
-                return call()
-            except PunctualError as error:
-                if error.callers_fault:
-                    self.run_record.counts[f"api_{name}_refused"] += 1
-                    return None
-            except (ClientError, BotoCoreError):
-                pass
-        self.run_record.counts[f"api_{name}_gave_up"] += 1
-        return None
-
-    def _definition(self) -> dict[str, Any]:
-        rng = self.rng
-        kind = rng.choice(["cron", "cron", "cron", "rate", "at"])
-        zone = rng.choice(ZONES)
-        if kind == "cron":
-            spec: dict[str, Any] = {
-                "kind": "cron",
-                "expression": rng.choice(CRONS),
-                "timezone": zone,
-            }
-        elif kind == "rate":
-            spec = {"kind": "rate", "expression": rng.choice(RATES)}
-        else:
-            at = int(self.clock.now) + rng.randint(0, max(60, self.end - int(self.clock.now)))
-            local = datetime.fromtimestamp(at, UTC).astimezone(get_zone(zone)).replace(tzinfo=None)
-            spec = {"kind": "at", "at": local.isoformat(timespec="seconds"), "timezone": zone}
-        action = rng.choice(["SKIP", "FIRE_ONCE", "CATCHUP"])
-        misfire: dict[str, Any] = {
-            "action": action,
-            "max_lateness_seconds": rng.choice([0, 60, 300, 3600, 7 * DAY]),
-        }
-        if action == "CATCHUP":
-            misfire["catchup_limit"] = rng.choice([1, 3, 25])
-        return {
-            "spec": spec,
-            "target": "default",
-            "flexible_window_seconds": rng.choice([0, 0, 0, 60, 300, 900]),
-            "misfire": misfire,
-            "overlap": rng.choice(["ALLOW", "ALLOW", "SKIP_IF_RUNNING"]),
-            "retry": {"max_attempts": rng.choice([1, 3, 5]), "backoff_base_seconds": 10},
-            "payload": {"n": rng.randint(0, 1000)},
-        }
-
-    def _create(self) -> None:
-        tenant = self.rng.choice(self.tenants)
-        definition = ScheduleDefinition.model_validate(self._definition())
-        plane = ControlPlane(self.services("api"))
-        saved = self._call("create", lambda: plane.create(tenant, definition))
-        if saved is not None:
-            self.schedule_ids.append(saved.schedule.schedule_id)
-            self.run_record.counts["created"] += 1
-
-    def _change(self) -> None:
-        if not self.schedule_ids or self.rng.random() < 0.2:
-            self._create()
-            return
-        sid = self.rng.choice(self.schedule_ids)
-        plane = ControlPlane(self.services("api"))
-        stored = self.run_record.services.schedules.current(sid)
-        if stored is None:
-            return
-        tenant, version, state = (
-            stored.schedule.tenant_id,
-            stored.schedule.version,
-            stored.schedule.state,
-        )
-        if state is ScheduleState.CANCELED:
-            return
-        choice = self.rng.choice(["update", "pause", "resume", "cancel"])
-        changes = {k: v for k, v in self._definition().items() if self.rng.random() < 0.5}
-
-        def call() -> Any:
-            if choice == "update":
-                return plane.update(tenant, sid, if_match=version, changes=changes)
-            return getattr(plane, choice)(tenant, sid)
-
-        if self._call(choice, call) is not None:
-            self.run_record.counts[choice] += 1
+    def _take_over(self, rewind: int) -> None:
+        """``python -m punctual.failover`` for every shard, run again while it lists
+        schedules that changed under it or fails (throttled), as its operator does."""
+        services = self.services("failover")
+        for shard in range(self.settings.shard_count):
+            for _ in range(TAKE_OVER_TRIES):
+                try:
+                    if not take_over(services, shard, HOME, rewind=rewind).conflicts:
+                        break
+                except (ClientError, BotoCoreError, PunctualError):
+                    pass
+                self.run_record.counts["failover_retried"] += 1
 
     # --- the glue AWS provides ------------------------------------------------------------
 
-    def _tick(self, now: int) -> None:
+    def _tick(self, now: int, settings: Settings) -> None:
         """EventBridge + the Step Functions Map: one materializer per shard; a run may be
         killed at any crash point (its lease then runs out on its own)."""
-        services = self.services("materializer")
-        for shard in range(self.settings.shard_count):
+        services = self.services(f"materializer-{settings.region}", settings)
+        for shard in range(settings.shard_count):
             point = (
                 self.rng.choice(
                     ["before_commit", "after_commit", "before_watermark", "before_hand_over"]
@@ -400,15 +437,19 @@ class Simulation:
                 if at == point:
                     raise Killed(at)
 
-            holder = f"m{now}-{shard}"
+            holder = f"m{now}-{shard}-{settings.region}"
+            step = partial(Materializer(services, holder, crash=crash).run_shard, now, shard)
             try:
-                Materializer(services, holder, crash=crash).run_shard(now, shard)
+                if self.rng.random() < self.config.race / 10 and now < self.end:
+                    # A tenant's request commits between the step's reads and its commit.
+                    self.requests.raced("tick", step, self.requests.rival())
+                else:
+                    step()
             except Killed:
                 self.run_record.counts["materializer_killed"] += 1
             except (ClientError, BotoCoreError, PunctualError):
-                self.run_record.counts["materializer_failed"] += (
-                    1  # Step Functions retries next tick
-                )
+                # Step Functions retries next tick.
+                self.run_record.counts["materializer_failed"] += 1
 
     def _redrive(self) -> None:
         redrive = StreamRedrive(self.mapping.streams, self._relay("redrive"))
@@ -425,42 +466,6 @@ class Simulation:
 
     def _relay(self, component: str) -> Relay:
         return Relay(self.services(component), workers=1, sleep=lambda _: None)
-
-    def _work(self) -> None:
-        for tenant in self.tenants:
-            worker = Worker(
-                self.services(f"worker-{tenant}"),
-                tenant,
-                self._handler,
-                rng=random.Random(self.rng.getrandbits(64)),
-            )
-            url = self.sqs.get_queue_url(QueueName=queue_name("punctual", tenant, "default"))[
-                "QueueUrl"
-            ]
-            consumer = QueueConsumer(worker, url, wait_seconds=0, threads=1)
-            for _ in range(50):
-                try:
-                    if not consumer.poll_once():
-                        break
-                except (ClientError, BotoCoreError, PunctualError):
-                    self.run_record.counts["worker_poll_failed"] += 1
-
-    def _handler(self, job: Job) -> None:
-        stored = self.run_record.services.schedules.current(job.message.schedule_id)
-        self.run_record.handler_runs.append(
-            (
-                job.occurrence_id,
-                job.message.schedule_version,
-                self.clock.now,
-                job.message.available_at.timestamp(),
-                stored.schedule.version if stored else 0,
-                stored.schedule.state.value if stored else "",
-            )
-        )
-        if self.clock.now < self.end and self.rng.random() < self.config.handler_failure:
-            if self.rng.random() < 0.1:
-                raise PermanentError("injected permanent failure")
-            raise RuntimeError("injected transient failure")
 
     def _lose_messages(self) -> None:
         for url in self.sqs.queues():
@@ -486,6 +491,7 @@ class Simulation:
                 self.run_record.counts["reconcile_recorded_missed"] += report.repaired_missed
                 self.run_record.counts["reconcile_redriven"] += report.redriven
                 self.run_record.counts["reconcile_cursors_moved"] += report.cursors_moved
+                self.run_record.counts["reconcile_replanned"] += report.replanned
 
 
 def _at_most_a_day(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -599,9 +605,18 @@ class _Mapping:
         except Killed:
             self.sim.faults.injected["relay_cut"] += 1
             return 0  # the invocation timed out: the whole batch comes again
-        except (ClientError, BotoCoreError):
+        except (ClientError, BotoCoreError, PunctualError):  # the invocation failed: all again
             return 0
         failed = {int(k) for k in report.failures}
+        hostile = self.sim.hostile
+        for record in batch:
+            error = report.failures.get(record["dynamodb"]["SequenceNumber"])
+            if hostile and error is not None and not isinstance(error, SendFailed | Retryable):
+                # Not a send the faults failed, nor a throttled read: the record itself failed
+                # the batch. The hostile tenant's item must never do that.
+                owner = str(record["dynamodb"].get("Keys", {}).get("schedule_id", ""))
+                if owner.startswith(schedule_key_prefix(hostile)):
+                    self.sim.run_record.hostile_failures.append(f"{owner}: {error!r}")
         if not failed:
             return len(batch)
         first = min(failed)

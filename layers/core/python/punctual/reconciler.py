@@ -696,9 +696,9 @@ class Reconciler:
         """Gaps the materializer left on purpose: MISSED by the misfire policy.
 
         Two traces: the MISSED episodes recorded on the current schedule (the latest
-        MISSED_RANGES, every version), and the next stored occurrence of the same version
-        having been fired late (FIRE_ONCE and CATCHUP fire the latest late instants and
-        leave the ones before them). A gap
+        MISSED_RANGES, every version), and the next stored fire of the same version (not a
+        run now or a backfill's) having been fired late (FIRE_ONCE and CATCHUP fire the
+        latest late instants and leave the ones before them). A gap
         that was materialized, then lost, right before an outage is taken for MISSED too:
         nothing stored tells those two apart.
         """
@@ -716,7 +716,9 @@ class Reconciler:
                 (
                     o
                     for o in in_order
-                    if o.schedule_version == gap.version and o.scheduled_for > gap.scheduled_for
+                    if o.schedule_version == gap.version
+                    and o.scheduled_for > gap.scheduled_for
+                    and not is_manual(o.occurrence_id)
                 ),
                 None,
             )
@@ -734,11 +736,15 @@ class Reconciler:
     def _first_after(
         self, schedule_id: str, version: int, after: int, *, consistent: bool
     ) -> Occurrence | None:
-        """The version's first stored occurrence after ``after`` (read one page ahead)."""
+        """The version's first stored fire after ``after`` (read one page ahead): not a run
+        now or a backfill's, which are receivable when asked, never the policy's late fire."""
         found = self.occurrences.first_after(
             schedule_id, after=after, limit=FOLLOWER_PAGE, consistent=consistent
         )
-        return next((o for o in found if o.schedule_version == version), None)
+        return next(
+            (o for o in found if o.schedule_version == version and not is_manual(o.occurrence_id)),
+            None,
+        )
 
     # --- re-drive -----------------------------------------------------------------------
 

@@ -1,0 +1,295 @@
+"""What tenants do in the simulation: create schedules of every kind the API offers, change
+them (update, pause, resume, cancel), run them now and backfill them, with the retries a
+client makes and with two requests racing (the second made at the first's first write, as
+two concurrent requests interleave).
+
+Every run now and backfill is logged for the oracle (tests/sim/oracle.py): a retried run
+now with the same Idempotency-Key must name one occurrence, and neither may fire again a
+fire that ran or will.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from punctual.errors import PunctualError
+from punctual.models import ScheduleDefinition, ScheduleState
+from punctual.scheduling import Backfilled, ControlPlane, Triggered
+from punctual.tenancy import Quotas
+from punctual.timing import get_zone
+
+if TYPE_CHECKING:
+    from tests.sim.world import Simulation
+
+MINUTE = 60
+HOUR = 3600
+DAY = 86400
+ZONES = (
+    "UTC",
+    "America/New_York",
+    "Europe/Berlin",
+    "Asia/Kolkata",
+    "Australia/Lord_Howe",
+    "Pacific/Chatham",
+    "America/Sao_Paulo",
+    # Its rules differ between IANA 2025b and the pinned release from November 2026 (UTC-7
+    # all year): the simulation's change of rules moves its wall times (tests/sim/world.py).
+    "America/Vancouver",
+)
+CRONS = (
+    "0 * * * *",
+    "*/15 * * * *",
+    "30 2 * * *",
+    "0 9 * * 1-5",
+    "0 0 * * *",
+    "@hourly",
+    "15,45 1-3 * * *",
+    "30 */2 * * *",
+)
+RATES = ("rate(1 hour)", "rate(90 minutes)", "rate(1 day)", "rate(20 minutes)", "rate(3 hours)")
+OVERLAPS = ("ALLOW", "ALLOW", "SKIP_IF_RUNNING", "QUEUE_ONE")
+# The first writes of a request: where a racing request is made.
+RACE_POINTS = ("transact_write_items", "update_item", "put_item")
+CHANGES = ("update", "pause", "resume", "cancel")
+MANUAL = ("trigger", "backfill")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A run now the API answered: the key it was asked with, and the occurrence it named."""
+
+    schedule_id: str
+    key: str | None
+    occurrence_id: str
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class Backfill:
+    schedule_id: str
+    since: int
+    until: int
+    made: tuple[str, ...]
+    dry_run: bool
+
+
+class Tenants:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.rng = sim.rng
+        self.schedule_ids: list[str] = []
+
+    def bootstrap(self) -> None:
+        plane = ControlPlane(self.sim.services("api"))
+        for tenant in self.sim.tenants + ([self.sim.hostile] if self.sim.hostile else []):
+            plane.create_tenant(
+                tenant,
+                Quotas(
+                    max_schedules=self.sim.config.schedules,
+                    max_strict_fires_per_minute=self.sim.config.schedules,
+                    catchup_per_minute=self.rng.choice([6, 60, 600]),
+                ),
+            )
+            plane.create_target(tenant, "default")
+
+    # --- calls ----------------------------------------------------------------------------
+
+    def call(self, name: str, call: Callable[[], Any]) -> Any:
+        """A client call with the SDK-style retries a tenant's client makes."""
+        counts = self.sim.run_record.counts
+        for _ in range(4):
+            try:
+                return call()
+            except PunctualError as error:
+                if error.callers_fault:
+                    counts[f"api_{name}_refused"] += 1
+                    return None
+            except (ClientError, BotoCoreError):
+                pass
+        counts[f"api_{name}_gave_up"] += 1
+        return None
+
+    def raced(self, name: str, call: Callable[[], Any], rival: Callable[[], Any]) -> Any:
+        """``call``, with ``rival`` made at the first write of it (a transaction, an update
+        or a put): two concurrent requests, the rival's commit between the first's reads
+        and its commit."""
+        faults = self.sim.faults
+        saved = {point: faults.before.get(point) for point in RACE_POINTS}
+        done = False
+
+        def restore() -> None:
+            for point, hook in saved.items():
+                if hook is None:
+                    faults.before.pop(point, None)
+                else:
+                    faults.before[point] = hook
+
+        def race(operation: str, request: dict[str, Any]) -> None:
+            nonlocal done
+            restore()
+            if not done:
+                done = True
+                self.sim.run_record.counts[f"raced_{name}"] += 1
+                rival()
+            if saved[operation] is not None:
+                saved[operation](operation, request)  # type: ignore[misc]
+
+        for point in RACE_POINTS:
+            faults.before[point] = race
+        try:
+            return call()
+        finally:
+            restore()
+
+    # --- schedules ------------------------------------------------------------------------
+
+    def definition(self) -> dict[str, Any]:
+        rng = self.rng
+        kind = rng.choice(["cron", "cron", "cron", "rate", "at"])
+        zone = rng.choice(ZONES)
+        now = int(self.sim.clock.now)
+        if kind == "cron":
+            spec: dict[str, Any] = {
+                "kind": "cron",
+                "expression": rng.choice(CRONS),
+                "timezone": zone,
+            }
+        elif kind == "rate":
+            spec = {"kind": "rate", "expression": rng.choice(RATES)}
+        else:
+            at = now + rng.randint(0, max(60, self.sim.end - now))
+            local = datetime.fromtimestamp(at, UTC).astimezone(get_zone(zone)).replace(tzinfo=None)
+            spec = {"kind": "at", "at": local.isoformat(timespec="seconds"), "timezone": zone}
+        action = rng.choice(["SKIP", "FIRE_ONCE", "CATCHUP"])
+        misfire: dict[str, Any] = {
+            "action": action,
+            "max_lateness_seconds": rng.choice([0, 60, 300, 3600, 7 * DAY]),
+        }
+        if action == "CATCHUP":
+            misfire["catchup_limit"] = rng.choice([1, 3, 25])
+        return {
+            "spec": spec,
+            "target": "default",
+            "flexible_window_seconds": rng.choice([0, 0, 0, 60, 300, 900]),
+            "misfire": misfire,
+            "overlap": rng.choice(OVERLAPS),
+            "retry": {"max_attempts": rng.choice([1, 3, 5]), "backoff_base_seconds": 10},
+            "payload": {"n": rng.randint(0, 1000)},
+        }
+
+    def create(self, tenant: str | None = None) -> None:
+        tenant = tenant or self.rng.choice(self.sim.tenants)
+        definition = ScheduleDefinition.model_validate(self.definition())
+        plane = ControlPlane(self.sim.services("api"))
+        saved = self.call("create", lambda: plane.create(tenant, definition))
+        if saved is not None:
+            self.schedule_ids.append(saved.schedule.schedule_id)
+            self.sim.run_record.counts["created"] += 1
+
+    def change(self) -> None:
+        """One tenant request on a schedule, sometimes raced by another on the same one."""
+        if not self.schedule_ids or self.rng.random() < 0.2:
+            self.create()
+            return
+        manual = self.rng.random() < self.sim.config.manual_share
+        choice = self.rng.choice(MANUAL if manual else CHANGES)
+        sid = self._missed_one() if choice == "backfill" else None
+        sid = sid or self.rng.choice(self.schedule_ids)
+        stored = self.sim.run_record.services.schedules.current(sid)
+        if stored is None or stored.schedule.state is ScheduleState.CANCELED:
+            return
+        first = self._request(sid, choice)
+        if self.rng.random() < self.sim.config.race:
+            rival = self._request(sid, self.rng.choice(CHANGES + MANUAL))
+            self.raced("request", first, rival)
+        else:
+            first()
+
+    def rival(self) -> Callable[[], Any]:
+        """A change or a manual run of one schedule, to be made inside another component's
+        first write (the materializer's step, a worker's claim): what races them."""
+        sid = self.rng.choice(self.schedule_ids) if self.schedule_ids else None
+        stored = self.sim.run_record.services.schedules.current(sid) if sid else None
+        if sid is None or stored is None or stored.schedule.state is ScheduleState.CANCELED:
+            return lambda: None
+        return self._request(sid, self.rng.choice(CHANGES + MANUAL))
+
+    def _missed_one(self) -> str | None:
+        """Mostly a schedule whose misfire policy recorded fires MISSED: what a tenant
+        backfills."""
+        if self.rng.random() < 0.3:
+            return None
+        read = self.sim.run_record.services.schedules.current
+        missed = [
+            sid for sid in self.schedule_ids if (stored := read(sid)) and stored.schedule.missed
+        ]
+        return self.rng.choice(missed) if missed else None
+
+    def _request(self, sid: str, choice: str) -> Callable[[], Any]:
+        """A request of the schedule's tenant on it, as a client would make it: the version
+        it read for an update, a key for most runs now (asked twice now and then: a retry
+        after a lost answer), a range of the last hours for a backfill."""
+        rng = self.rng
+        stored = self.sim.run_record.services.schedules.current(sid)
+        assert stored is not None
+        tenant, version = stored.schedule.tenant_id, stored.schedule.version
+        changes = {k: v for k, v in self.definition().items() if rng.random() < 0.5}
+        key = None if rng.random() < 0.3 else f"k{rng.getrandbits(40)}"
+        asks = 2 if rng.random() < 0.3 else 1
+        now = int(self.sim.clock.now)
+        until = now - rng.randint(0, 2 * HOUR)
+        since = max(self.sim.start, until - rng.randint(10 * MINUTE, 12 * HOUR))
+        missed = stored.schedule.missed
+        if missed and rng.random() < 0.7:
+            # What its misfire policy recorded MISSED, asked for again.
+            episode = rng.choice(missed)
+            since, until = episode.first, episode.last + 1
+        dry = rng.random() < 0.2
+
+        def request() -> None:
+            plane = ControlPlane(self.sim.services("api"))
+            if choice == "trigger":
+                for _ in range(asks):
+                    self._trigger(plane, tenant, sid, key)
+            elif choice == "backfill":
+                if since < until:
+                    for _ in range(asks):
+                        self._backfill(plane, tenant, sid, since, until, dry)
+            elif choice == "update":
+                call = lambda: plane.update(tenant, sid, if_match=version, changes=changes)  # noqa: E731
+                if self.call(choice, call) is not None:
+                    self.sim.run_record.counts[choice] += 1
+            elif self.call(choice, lambda: getattr(plane, choice)(tenant, sid)) is not None:
+                self.sim.run_record.counts[choice] += 1
+
+        return request
+
+    def run_now(self, tenant: str, sid: str) -> None:
+        """A run now of the schedule, asked with a fresh Idempotency-Key (while one of its
+        occurrences runs: what its overlap policy is for)."""
+        plane = ControlPlane(self.sim.services("api"))
+        self._trigger(plane, tenant, sid, f"k{self.rng.getrandbits(40)}")
+
+    def _trigger(self, plane: ControlPlane, tenant: str, sid: str, key: str | None) -> None:
+        made: Triggered | None = self.call("trigger", lambda: plane.trigger(tenant, sid, key))
+        if made is not None:
+            record = Trigger(sid, key, made.occurrence.occurrence_id, made.replayed)
+            self.sim.run_record.triggers.append(record)
+            self.sim.run_record.counts["trigger"] += 1
+
+    def _backfill(
+        self, plane: ControlPlane, tenant: str, sid: str, since: int, until: int, dry: bool
+    ) -> None:
+        done: Backfilled | None = self.call(
+            "backfill", lambda: plane.backfill(tenant, sid, since, until, dry_run=dry)
+        )
+        if done is not None:
+            made = tuple(o.occurrence_id for o in done.made)
+            self.sim.run_record.backfills.append(Backfill(sid, since, until, made, dry))
+            self.sim.run_record.counts["backfill"] += 1
+            self.sim.run_record.counts["backfilled"] += 0 if dry else len(made)

@@ -1,0 +1,332 @@
+"""The simulation's oracle (tests/sim/oracle.py) can fail: each check of the contract meets
+the violation it is for, planted in a small made-up history, and stays quiet on the same
+history without it. (tests/integration/test_simulation.py plants violations in a real run's
+stored end state; these cover the checks of what the workers and clients logged.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from punctual.ids import backfill_tag, occurrence_id
+from punctual.models import (
+    Attempt,
+    AttemptOutcome,
+    MissedEpisode,
+    Occurrence,
+    OccurrenceState,
+    OverlapPolicy,
+    Schedule,
+)
+from punctual.reconciler import Expected
+from punctual.settings import Settings
+from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
+from tests.sim import oracle
+from tests.sim.oracle import Verdict, _Fire
+from tests.sim.tenants import Backfill, Trigger
+from tests.sim.workers import Event, HandlerRun
+from tests.sim.world import Run
+
+SID = "sch_t0.abc"
+OTHER = "sch_t0.def"
+T = 1_800_000_000
+
+
+def run_of(**fields: Any) -> Run:
+    run = Run(T, T + 86400, Settings(), cast(Any, None), cast(Any, None), skew=3)
+    for name, value in fields.items():
+        setattr(run, name, value)
+    return run
+
+
+def occurrence(
+    instant: int, state: OccurrenceState = OccurrenceState.SUCCEEDED, **fields: Any
+) -> Occurrence:
+    schedule_id = fields.pop("schedule_id", SID)
+    manual = fields.pop("manual", None)
+    return Occurrence(
+        occurrence_id=occurrence_id(schedule_id, 1, instant, manual),
+        tenant_id="t0",
+        schedule_id=schedule_id,
+        schedule_version=1,
+        scheduled_for=instant,
+        available_at=fields.pop("available_at", instant),
+        target="default",
+        state=state,
+        **fields,
+    )
+
+
+def handler_run(oid: str, started: float, ended: float, **fields: Any) -> HandlerRun:
+    values: dict[str, Any] = {
+        "schedule_id": SID,
+        "version": 1,
+        "attempt": 1,
+        "available": started,
+        "current": 1,
+        "state": "ACTIVE",
+        "overlap": OverlapPolicy.QUEUE_ONE,
+    } | fields
+    return HandlerRun(occurrence_id=oid, started=started, ended=ended, **values)
+
+
+def schedule(**fields: Any) -> Schedule:
+    return Schedule.model_validate(
+        {
+            "tenant_id": "t0",
+            "schedule_id": SID,
+            "version": 1,
+            "target": "default",
+            "spec": {"kind": "cron", "expression": "*/15 * * * *", "timezone": "UTC"},
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+        }
+        | fields
+    )
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "lapsed", "expected"),
+    [
+        (OverlapPolicy.QUEUE_ONE, False, {"overlapped"}),
+        (OverlapPolicy.SKIP_IF_RUNNING, False, {"overlapped"}),
+        (OverlapPolicy.QUEUE_ONE, True, set()),  # the first one's lease ran out
+        (OverlapPolicy.ALLOW, False, set()),
+    ],
+)
+def test_oracle_two_runs_of_a_one_at_a_time_schedule_at_once(
+    policy: OverlapPolicy, lapsed: bool, expected: set[str]
+):
+    # GIVEN two occurrences of one schedule whose handlers ran at the same time
+    runs = [
+        handler_run("a", T, T + 40, lapsed=lapsed),
+        handler_run("b", T + 10, T + 20),
+    ]
+    verdict = Verdict()
+    # WHEN checked under the policy
+    oracle._check_runs(verdict, run_of(runs=runs), {(SID, 1): policy})
+    # THEN they overlap only under one that runs one at a time, both holding their leases
+    assert set(verdict.violations) == expected
+
+
+def test_oracle_runs_one_after_the_other_or_of_two_schedules_are_fine():
+    runs = [
+        handler_run("a", T, T + 10),
+        handler_run("b", T + 10, T + 20),
+        handler_run("c", T + 5, T + 15, schedule_id=OTHER),
+    ]
+    verdict = Verdict()
+    policies = {(SID, 1): OverlapPolicy.QUEUE_ONE, (OTHER, 1): OverlapPolicy.QUEUE_ONE}
+    oracle._check_runs(verdict, run_of(runs=runs), policies)
+    assert not verdict.violations
+
+
+def test_oracle_two_attempts_of_one_occurrence_at_once_under_allow():
+    runs = [handler_run("a", T, T + 20), handler_run("a", T + 5, T + 10, attempt=2)]
+    verdict = Verdict()
+    oracle._check_runs(verdict, run_of(runs=runs), {(SID, 1): OverlapPolicy.ALLOW})
+    assert set(verdict.violations) == {"ran_at_once"}
+
+
+@pytest.mark.parametrize(
+    ("started", "current", "state", "kind"),
+    [
+        (T - 10, 1, "ACTIVE", "early"),
+        (T, 2, "ACTIVE", "stale_run"),
+        (T, 1, "CANCELED", "stale_run"),
+    ],
+)
+def test_oracle_a_run_early_or_of_a_version_not_in_effect(
+    started: int, current: int, state: str, kind: str
+):
+    runs = [handler_run("a", started, started + 1, available=T, current=current, state=state)]
+    verdict = Verdict()
+    oracle._check_runs(verdict, run_of(runs=runs), {})
+    assert set(verdict.violations) == {kind}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "flagged"), [(AttemptOutcome.SUCCEEDED, True), (AttemptOutcome.LOST, False)]
+)
+def test_oracle_an_attempt_told_to_stop_is_never_recorded_finished(
+    outcome: AttemptOutcome, flagged: bool
+):
+    # GIVEN a run whose heartbeat said False, and its attempt as stored
+    oid = occurrence_id(SID, 1, T)
+    attempt = Attempt(
+        occurrence_id=oid, attempt_no=1, started_at=T, lease_expires_at=T + 30, outcome=outcome
+    )
+    services = SimpleNamespace(
+        occurrences=SimpleNamespace(get_with_attempts=lambda _: (occurrence(T), [attempt]))
+    )
+    run = run_of(runs=[handler_run(oid, T, T + 40, stopped=True, lapsed=True)])
+    run.services = cast(Any, services)
+    verdict = Verdict()
+    # WHEN checked; THEN a finished record of it is a violation, LOST is not
+    oracle._check_runs(verdict, run, {})
+    assert ("stopped_but_recorded" in verdict.violations) is flagged
+
+
+# --- QUEUE_ONE --------------------------------------------------------------------------
+
+
+def events(*items: tuple[float, str, str]) -> list[Event]:
+    return [Event(at, SID, oid, what) for at, oid, what in items]
+
+
+@pytest.mark.parametrize(
+    ("log", "expected"),
+    [
+        # b waits while a's wait holds: two waiting
+        ([(T, "a", Outcome.WAITING), (T + 10, "b", Outcome.WAITING)], {"two_waiting"}),
+        # a is skipped while its wait holds
+        ([(T, "a", Outcome.WAITING), (T + 10, "a", Outcome.SKIPPED_OVERLAP)], {"waiting_skipped"}),
+        # a ran (its claim emptied the wait slot), then b waits: fine
+        (
+            [(T, "a", Outcome.WAITING), (T + 5, "a", "START"), (T + 10, "b", Outcome.WAITING)],
+            set(),
+        ),
+        # a's wait ran out (its worker gone): b may wait, and a be skipped later
+        (
+            [
+                (T, "a", Outcome.WAITING),
+                (T + QUEUE_WAIT_SECONDS, "b", Outcome.WAITING),
+                (T + QUEUE_WAIT_SECONDS + 1, "a", Outcome.SKIPPED_OVERLAP),
+            ],
+            set(),
+        ),
+    ],
+)
+def test_oracle_queue_one_waits_one_at_a_time(
+    log: list[tuple[float, str, str]], expected: set[str]
+):
+    verdict = Verdict()
+    oracle._check_queue_one(verdict, run_of(events=events(*log)), {(SID, 1)})
+    assert set(verdict.violations) == expected
+
+
+# --- fires ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        # a repair's second occurrence of one instant (a backfill's tag)
+        ([occurrence(T), occurrence(T, manual=backfill_tag(SID))], {"fired_twice"}),
+        # one wall time twice in its zone (both instants of a repeated hour)
+        (
+            [
+                occurrence(T, local="2026-11-01T01:30:00"),
+                occurrence(T + 3600, local="2026-11-01T01:30:00"),
+            ],
+            {"fired_twice"},
+        ),
+        # one canceled, one ran; or a run now at the same instant: fine
+        ([occurrence(T, OccurrenceState.CANCELED), occurrence(T, manual="a" * 13)], set()),
+    ],
+)
+def test_oracle_one_fire_one_occurrence_that_runs(stored: list[Occurrence], expected: set[str]):
+    verdict = Verdict()
+    zoned = schedule(
+        spec={"kind": "cron", "expression": "30 1 * * *", "timezone": "America/New_York"}
+    )
+    oracle._check_once(verdict, stored, {1: zoned})
+    assert set(verdict.violations) == expected
+
+
+def fires(*instants: int) -> list[_Fire]:
+    return [
+        _Fire(1, [Expected(SID, 1, i, occurrence_id(SID, 1, i), i, True)], True) for i in instants
+    ]
+
+
+def misfire_check(stored: list[Occurrence], ranges: list[MissedEpisode], **misfire: Any) -> Verdict:
+    verdict = Verdict()
+    by_id = {o.occurrence_id: o for o in stored}
+    instants = sorted(
+        {o.scheduled_for for o in stored} | {i for r in ranges for i in (r.first, r.last)}
+    )
+    oracle._check_misfires(
+        verdict, fires(*instants), by_id, ranges, {1: schedule(misfire=misfire)}, 3, set(), None, 0
+    )
+    return verdict
+
+
+def test_oracle_an_instant_recorded_missed_that_fired_too():
+    episode = MissedEpisode(version=1, first=T, last=T + 900, count=2)
+    stored = [
+        occurrence(T + 900, available_at=T + 5000),
+        occurrence(T + 1800, available_at=T + 5000),
+    ]
+    verdict = misfire_check(stored, [episode], action="FIRE_ONCE", max_lateness_seconds=0)
+    assert set(verdict.violations) == {"missed_and_fired"}
+
+
+def test_oracle_skip_fires_nothing_late():
+    stored = [occurrence(T, available_at=T + 600)]
+    verdict = misfire_check(stored, [], action="SKIP", max_lateness_seconds=60)
+    assert set(verdict.violations) == {"late_under_skip"}
+    assert not misfire_check(stored, [], action="SKIP", max_lateness_seconds=900).violations
+
+
+def test_oracle_fire_once_releases_one_late_fire_after_a_miss():
+    # GIVEN an outage: 09:00 recorded MISSED, then 09:15 and 09:30 both fired late at once
+    episode = MissedEpisode(version=1, first=T, last=T, count=1)
+    stored = [
+        occurrence(T + 900, available_at=T + 4000),
+        occurrence(T + 1800, available_at=T + 4000),
+    ]
+    verdict = misfire_check(stored, [episode], action="FIRE_ONCE", max_lateness_seconds=0)
+    assert set(verdict.violations) == {"late_over_limit"}
+    ok = misfire_check(stored[1:], [episode], action="CATCHUP", catchup_limit=2)
+    assert not ok.violations
+
+
+def test_oracle_a_late_fire_released_before_an_earlier_one():
+    # GIVEN two late fires of one outage, the later instant released first (a repair's)
+    stored = [occurrence(T, available_at=T + 5000), occurrence(T + 900, available_at=T + 4000)]
+    verdict = misfire_check(stored, [], action="CATCHUP", catchup_limit=5, max_lateness_seconds=0)
+    assert set(verdict.violations) == {"late_out_of_order"}
+
+
+# --- requests ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("triggers", "backfills", "expected"),
+    [
+        ([Trigger(SID, "k", "o1", False), Trigger(SID, "k", "o2", True)], [], {"trigger_twice"}),
+        ([Trigger(SID, None, "o1", False), Trigger(SID, None, "o2", False)], [], set()),
+        ([Trigger(SID, "k", "gone", False)], [], {"trigger_lost"}),
+        (
+            [],
+            [Backfill(SID, T, T + 60, (occurrence_id(SID, 1, T + 60),), False)],
+            {"backfill_outside", "backfill_lost"},
+        ),
+        ([], [Backfill(SID, T, T + 60, ("never",), True)], set()),  # a dry run makes nothing
+    ],
+)
+def test_oracle_requests_name_what_they_made(
+    triggers: list[Trigger], backfills: list[Backfill], expected: set[str]
+):
+    # (named as the triggers name them)
+    stored = {SID: [occurrence(T).model_copy(update={"occurrence_id": n}) for n in ("o1", "o2")]}
+    verdict = Verdict()
+    oracle._check_requests(verdict, run_of(triggers=triggers, backfills=backfills), stored)
+    assert set(verdict.violations) == expected
+
+
+def test_oracle_names_a_hostile_record_that_failed_a_batch(monkeypatch: pytest.MonkeyPatch):
+    # GIVEN a run (nothing stored) where one of the hostile tenant's records failed a batch
+    run = run_of(hostile_failures=["sch_evil.x: ValidationError()"])
+    empty: Callable[..., list[dict[str, Any]]] = lambda run, table: []  # noqa: E731
+    monkeypatch.setattr(oracle, "_scan", empty)
+    run.services = cast(Any, SimpleNamespace(schedules=None))
+    # WHEN checked; THEN it is named
+    assert set(oracle.check(run).violations) == {"hostile_failed_a_batch"}
