@@ -234,7 +234,7 @@ class Simulation:
         ).model_copy(update={spec.setting: f"{prefix}-{spec.setting}" for spec in ALL_TABLES})
         # The region that takes over: the same (global) tables, a leases table of its own.
         self.other = self.settings.model_copy(
-            update={"region": OTHER, "leases_table": f"{prefix}-{OTHER}-leases"}
+            update={"region": OTHER, "leases_table": f"{prefix}-{OTHER}-leases_table"}
         )
         self.region = self.settings  # where the system runs now
         self.real = dynamodb
