@@ -47,6 +47,23 @@ def late_fires(aws: Services) -> list[int]:
     ]
 
 
+def recovered_on_lagging_replicas(
+    aws: Services, clock: Clock, misfire: dict[str, Any]
+) -> tuple[str, list[int], Services]:
+    """A */5 schedule made at 09:40 and materialized up to 09:55, then an outage, and the
+    materializer's recovery at 11:04 (its late fires and MISSED episode) on replicas lagging
+    5 s: the schedule, its shards, and those replicas."""
+    clock.now = at("09:40")
+    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
+    shards = shards_of(aws, [sid])
+    materialize_until(aws, clock, at("09:55"), shards)
+    replicas = lagging(aws, clock)
+    clock.now = at("11:04")
+    for shard in shards:
+        Materializer(replicas, "recovery").run_shard(int(clock.now), shard)
+    return sid, shards, replicas
+
+
 @pytest.mark.parametrize(
     "misfire",
     [
@@ -61,14 +78,7 @@ def test_repair_a_second_after_a_catch_up_adds_no_second_late_fire(
     # 09:55, then an outage; at 11:04 the materializer recovers: it fires 11:00 late and
     # records 10:00 to 10:55 MISSED (an episode on the schedule), on a DynamoDB whose
     # replicas lag 5 s
-    clock.now = at("09:40")
-    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
-    shards = shards_of(aws, [sid])
-    materialize_until(aws, clock, at("09:55"), shards)
-    replicas = lagging(aws, clock)
-    clock.now = at("11:04")
-    for shard in shards:
-        Materializer(replicas, "recovery").run_shard(int(clock.now), shard)
+    _, shards, replicas = recovered_on_lagging_replicas(aws, clock, misfire)
     assert late_fires(aws) == [at("11:00")]
     # WHEN the reconciler checks [10:00, 11:00) a second later, on the same lagging replicas
     # (the shard index and the occurrence reads show neither the episode nor the late fire)
@@ -89,15 +99,8 @@ def test_repair_a_second_after_a_catch_up_reads_its_late_fire_past_the_window_co
     # outage; at 11:04 the materializer recovers (fires 11:00 late, skips 10:00 to 10:55),
     # and its MISSED episode is not on the schedule (only the latest few are kept): the
     # late fire past the window is the outage's only trace. Replicas lag 5 s.
-    clock.now = at("09:40")
     misfire = {"action": "FIRE_ONCE", "max_lateness_seconds": 60}
-    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
-    shards = shards_of(aws, [sid])
-    materialize_until(aws, clock, at("09:55"), shards)
-    replicas = lagging(aws, clock)
-    clock.now = at("11:04")
-    for shard in shards:
-        Materializer(replicas, "recovery").run_shard(int(clock.now), shard)
+    sid, shards, replicas = recovered_on_lagging_replicas(aws, clock, misfire)
     forget_missed_episodes(aws, sid)
     # WHEN the reconciler checks [10:00, 11:00) a second later, on the same replicas (they
     # do not show the late fire yet)
@@ -118,15 +121,8 @@ def test_repair_a_second_after_a_catch_up_counts_its_late_fires_in_the_window_as
     # GIVEN a */5 CATCHUP schedule (limit 3) made at 09:40 and materialized up to 09:55, then
     # an outage; at 11:04 the materializer recovers: it fires 10:50, 10:55 and 11:00 late
     # and records 10:00 to 10:45 MISSED, on a DynamoDB whose replicas lag 5 s
-    clock.now = at("09:40")
     misfire = {"action": "CATCHUP", "catchup_limit": 3, "max_lateness_seconds": 60}
-    sid = make(aws, spec=cron_spec("*/5 * * * *"), misfire=misfire)
-    shards = shards_of(aws, [sid])
-    materialize_until(aws, clock, at("09:55"), shards)
-    replicas = lagging(aws, clock)
-    clock.now = at("11:04")
-    for shard in shards:
-        Materializer(replicas, "recovery").run_shard(int(clock.now), shard)
+    _, shards, replicas = recovered_on_lagging_replicas(aws, clock, misfire)
     assert late_fires(aws) == [at("10:50"), at("10:55"), at("11:00")]
     # WHEN the reconciler checks [10:00, 11:00) a second later, on the same lagging replicas
     # (they show neither the episode nor the two late fires inside the window)
