@@ -13,8 +13,9 @@ result is also recorded in the repo (``tests/mutation/results/<module>.json``: p
 function's hash and each mutant's exit code), and a new workspace (a fresh clone) starts from
 that record: a run goes on where the last one, on any machine, stopped, and ``--report``
 prints the recorded figures without running anything. Mutants listed in
-``tests/mutation/equivalent.txt`` (each with its reason) are equivalent: they cannot change
-behaviour, count as neither killed nor survived, and are not printed.
+``tests/mutation/equivalent.txt`` (each with its reason and the hash of the function's code
+it was judged on) are equivalent: they cannot change behaviour, count as neither killed nor
+survived, and are not printed; an entry judged on other code counts again until re-checked.
 
     python -m scripts.mutate                  # every module
     python -m scripts.mutate relay worker     # some of them
@@ -118,6 +119,11 @@ MODULES = {
             "trigger",
             "backfill",
             "tz_rules",
+            "run_protocol",
+            "reconciler_races",
+            "hostile_items",
+            "backoff_bounds",
+            "api_retryable",
         )
         + _tests(
             "unit",
@@ -135,18 +141,35 @@ MODULES = {
     "materializer": Module(
         ("punctual/materializer.py", "punctual/planning.py"),
         ("punctual.materializer.", "punctual.planning."),
-        _tests("integration", "materializer", "handlers", "tz_rules") + _tests("unit", "planning"),
+        _tests(
+            "integration",
+            "materializer",
+            "handlers",
+            "tz_rules",
+            "hostile_items",
+            "backoff_bounds",
+        )
+        + _tests("unit", "planning"),
     ),
     "relay": Module(
         ("punctual/relay.py", "punctual/redrive.py", "punctual/message.py"),
         ("punctual.relay.", "punctual.redrive.", "punctual.message."),
-        _tests("integration", "relay", "redrive", "isolation", "handlers")
+        _tests(
+            "integration",
+            "relay",
+            "redrive",
+            "isolation",
+            "handlers",
+            "hostile_items",
+            "stream_lanes",
+            "prompt_send",
+        )
         + _tests("unit", "message"),
     ),
     "worker": Module(
         ("punctual_client/worker/*.py",),
         ("punctual_client.worker.",),
-        _tests("integration", "worker"),
+        _tests("integration", "worker", "run_protocol", "hostile_items"),
     ),
     "reconciler": Module(
         ("punctual/reconciler.py",),
@@ -160,6 +183,8 @@ MODULES = {
             "tz_rules",
             "multi_region",
             "materializer",
+            "reconciler_races",
+            "hostile_items",
         )
         + _tests("unit", "reconciler_rules"),
     ),
@@ -261,16 +286,44 @@ def _toml(value: object) -> str:
     raise TypeError(value)
 
 
-def equivalent() -> dict[str, str]:
-    """The mutants triaged as equivalent: name -> reason."""
+@dataclass(frozen=True)
+class Equivalent:
+    """A triaged mutant: why it cannot change behaviour, and the hash of its function's code
+    it was judged on (mutmut's, as recorded): a change to the function renumbers its
+    mutants, so the name may now be another mutant; judged on other code, it counts again
+    until someone checks it (``mutmut show``) and pins it to the hash ``--report`` prints."""
+
+    reason: str
+    judged_on: str | None
+
+
+def equivalent() -> dict[str, Equivalent]:
+    """The mutants triaged as equivalent, by name: ``NAME @HASH reason`` a line."""
     found = {}
     for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.startswith("#"):
-            name, _, reason = line.partition(" ")
+            name, _, rest = line.partition(" ")
+            pin, _, reason = rest.strip().partition(" ")
+            judged_on = pin[1:] if pin.startswith("@") else None
+            reason = reason if judged_on is not None else rest
             if not reason.strip():
                 raise SystemExit(f"{EQUIVALENT}: {name} has no reason")
-            found[name] = reason.strip()
+            found[name] = Equivalent(reason.strip(), judged_on)
     return found
+
+
+def function_hashes(module: str) -> dict[str, str]:
+    """Each recorded mutant's function's hash (the code it was made from): mutant -> hash."""
+    return {
+        name: entry["functions"].get(function_of(name), "")
+        for entry in read_record(module)["files"].values()
+        for name in entry["mutants"]
+    }
+
+
+def confirmed(equivalents: dict[str, Equivalent], hashes: dict[str, str]) -> set[str]:
+    """The entries that still name the mutant they were judged on (same function code)."""
+    return {n for n, e in equivalents.items() if e.judged_on and hashes.get(n) == e.judged_on}
 
 
 def record_path(module: str) -> Path:
@@ -403,14 +456,18 @@ def module_of(name: str) -> str | None:
     return next((m for m, spec in MODULES.items() if name.startswith(spec.prefixes)), None)
 
 
-def report(chosen: list[str], statuses: dict[str, int | None], equivalents: dict[str, str]) -> int:
+def report(
+    chosen: list[str], statuses: dict[str, int | None], equivalents: dict[str, Equivalent]
+) -> int:
     """Print the kill rate per module and the survivors; returns how many survived."""
     survivors = []
+    hashes = {n: h for module in chosen for n, h in function_hashes(module).items()}
+    settled = confirmed(equivalents, hashes)
     print(f"{'module':<14}{'mutants':>9}{'killed':>9}{'survived':>10}{'equivalent':>12}  kill rate")
     for module in chosen:
         mine = {n: s for n, s in statuses.items() if module_of(n) == module}
         counts = Counter(
-            "equivalent" if n in equivalents else "killed" if killed(s) else "survived"
+            "equivalent" if n in settled else "killed" if killed(s) else "survived"
             for n, s in mine.items()
             if killed(s) or survived(s)
         )
@@ -420,24 +477,33 @@ def report(chosen: list[str], statuses: dict[str, int | None], equivalents: dict
             f"{module:<14}{len(mine):>9}{counts['killed']:>9}{counts['survived']:>10}"
             f"{counts['equivalent']:>12}  {rate}"
         )
-        survivors += sorted(n for n, s in mine.items() if survived(s) and n not in equivalents)
+        survivors += sorted(n for n, s in mine.items() if survived(s) and n not in settled)
         unchecked = sum(1 for s in mine.values() if not (killed(s) or survived(s)))
         if unchecked:
             print(f"  ({unchecked} not checked yet)")
     if survivors:
         print("\nsurvivors (`cd .mutate/MODULE && ../../.venv/bin/mutmut show NAME`: the change):")
         for name in survivors:
-            print(f"  {name}  [exit code {statuses[name]}]")
+            again = " (listed equivalent, judged on other code)" if name in equivalents else ""
+            print(f"  {name}  [exit code {statuses[name]}]{again}")
     # Only the entries of chosen modules with results: another module's mutants, or those
     # of a module never run here, are not in ``statuses``.
     checked = {module_of(n) for n in statuses}
-    stale = sorted(
-        n for n in equivalents if module_of(n) in checked & set(chosen) and n not in statuses
-    )
+    listed = {n for n in equivalents if module_of(n) in checked & set(chosen)}
+    stale = sorted(n for n in listed if n not in statuses)
     if stale:
         print(f"\n{len(stale)} entries of {EQUIVALENT.name} name no mutant now (code changed):")
         for name in stale:
             print(f"  {name}")
+    repin = sorted(n for n in listed if n in statuses and n not in settled)
+    if repin:
+        print(
+            f"\n{len(repin)} entries of {EQUIVALENT.name} were judged on other code of their "
+            "function (or on none recorded): check each (`mutmut show NAME`), then pin it to "
+            "the hash shown or remove it:"
+        )
+        for name in repin:
+            print(f"  {name} @{hashes.get(name, '')}")
     return len(survivors)
 
 
@@ -486,7 +552,7 @@ def mutate(
     name: str,
     workspace: Path,
     max_children: int,
-    equivalents: dict[str, str],
+    equivalents: dict[str, Equivalent],
     only: tuple[str, ...] = (),
 ) -> None:
     """Bring the module's workspace up to date with the repo and run mutmut there: if the
@@ -494,7 +560,8 @@ def mutate(
     keeps a result until its function changes; new tests are what a triage adds, so a
     stopped run has checked them first), then the mutants not tested yet or whose function
     changed. ``only``: mutant name globs, the rest left for a later run."""
-    before = {n for n, s in results(name).items() if survived(s)} - set(equivalents)
+    hashes = function_hashes(name)
+    before = {n for n, s in results(name).items() if survived(s)} - confirmed(equivalents, hashes)
     workspace.mkdir(parents=True, exist_ok=True)
     written = {part: sync(source, workspace / part) for part, source in MIRRORED.items()}
     config = workspace / "pyproject.toml"

@@ -18,9 +18,10 @@ from punctual.dal.occurrences import StoredOccurrence, occurrence_to_item
 from punctual.dal.tables import occurrence_key
 from punctual.ids import MANUAL_MARK, backfill_tag, occurrence_id, shard_of
 from punctual.integrations.queues import queue_name
+from punctual.integrations.streams import ANY_LANE
 from punctual.models import Lane, Occurrence, OccurrenceState, ScheduleDefinition
 from punctual.reconciler import Reconciler
-from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed, overdue
+from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed, failed_lane, overdue
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
@@ -453,3 +454,12 @@ def test_a_final_occurrence_is_never_overdue(state: OccurrenceState):
 
 def test_a_running_occurrence_without_a_lease_is_not_overdue():
     assert not overdue(_stored(OccurrenceState.RUNNING), 10**9)
+
+
+@pytest.mark.parametrize(
+    "failure", [{}, {"requestContext": {}}, {"requestContext": {"functionArn": "not-an-arn"}}]
+)
+def test_a_failure_that_names_no_function_is_re_driven_on_both_lanes(failure: dict[str, Any]):
+    # GIVEN an on-failure message that names no function (or not as an ARN)
+    # THEN its batch is re-sent on both lanes: duplicates, never a lane's records left out
+    assert failed_lane(failure, "punctual-RelayFunction", "punctual-RelayCatchup") == ANY_LANE

@@ -15,6 +15,7 @@ from punctual import relay as relay_module
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.dal.tenants import TenantStore
+from punctual.errors import Retryable
 from punctual.integrations.queues import queue_name
 from punctual.models import OccurrenceState, ScheduleDefinition
 from punctual.relay import (
@@ -740,3 +741,126 @@ def test_relay_lag_is_to_receivable_and_strict_ones_past_the_slo_are_counted(
     assert report.sent == 3
     assert sorted(round(lag) for _, lag in report.lags) == [0, 4, 14]
     assert report.late_strict == 1
+
+
+def test_relay_counts_each_record_it_gives_up_or_holds_back_across_its_queues(
+    alice: Api, bob: Api, aws: Services, clock: Clock
+):
+    # GIVEN alice's batch: a forged item whose message is over SQS's limit (first), two
+    # forged due an hour ahead, one on time and one on the catch-up lane; and bob's: two
+    # that SQS refuses as the sender's fault, one on the catch-up lane, and one over-size
+    big, good, early, later, slow = (one_shot(aws, clock) for _ in range(5))
+    refused, also_refused, bobs_slow, bobs_big = (
+        one_shot(aws, clock, tenant="bob") for _ in range(4)
+    )
+    clock.advance(30)
+    made = [big, good, early, later, slow, refused, also_refused, bobs_slow, bobs_big]
+    records = {occ: record(aws, occ, n) for n, occ in enumerate(made, 1)}
+    image = {occ: records[occ]["dynamodb"]["NewImage"] for occ in made}
+    for occ in (big, bobs_big):
+        image[occ]["payload"] = {"M": {"blob": {"S": "x" * relay_module.MAX_BODY_BYTES}}}
+    for occ in (early, later):
+        image[occ]["available_at"] = {"N": str(int(clock.now) + 3600)}
+    for occ in (slow, bobs_slow):
+        image[occ]["lane"] = {"S": "CATCHUP"}
+    sqs = SenderFaults(aws.sqs, sender={refused, also_refused}, transient=set())
+    relay = Relay(Services(aws.dynamodb, sqs, aws.settings, aws.now), sleep=lambda _: None)
+    # WHEN the relay handles it
+    report = relay.relay(list(records.values()))
+    # THEN every record is accounted for, each queue's added up: none is a failure to retry
+    assert report.failures == {}
+    assert (report.too_early, report.undeliverable, report.sent) == (2, 4, 3)
+    assert sorted(report.sent_records) == sorted(
+        str(made.index(occ) + 1) for occ in (good, slow, bobs_slow)
+    )
+    assert len(report.catchup_lags) == 2
+    assert [strict for strict, _ in report.lags] == [True]
+    # AND the over-size one is DEAD with its reason, and held back none after it
+    assert (state(aws, big), reason(aws, big)) == ("DEAD", "its message is over SQS's 262144 bytes")
+    assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted([good, slow])
+    assert [state(aws, occ) for occ in (early, later)] == ["SCHEDULED", "SCHEDULED"]
+
+
+def test_relay_a_refused_message_whose_dead_write_is_throttled_fails_its_own_record(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a message SQS refuses as the sender's fault, a forged one over SQS's size limit,
+    # and DynamoDB throttling (past the SDK's retries) the writes that make them DEAD
+    refused, good, big = (one_shot(aws, clock) for _ in range(3))
+    clock.advance(30)
+    faults = Faults(FaultPlan.none(), clock)
+
+    def throttle(name: str, request: dict[str, Any]) -> None:
+        raise client_error("ThrottlingException", name)
+
+    faults.before["update_item"] = throttle
+    services = Services(
+        FaultyDynamoDB(aws.dynamodb, faults),
+        SenderFaults(aws.sqs, sender={refused}, transient=set()),
+        aws.settings,
+        aws.now,
+    )
+    # WHEN the relay handles the batch
+    records = [record(aws, refused, 1), record(aws, good, 2), record(aws, big, 3)]
+    records[2]["dynamodb"]["NewImage"]["payload"] = {
+        "M": {"blob": {"S": "x" * relay_module.MAX_BODY_BYTES}}
+    }
+    report = Relay(services, sleep=lambda _: None).relay(records)
+    # THEN those records come back, each with the throttling as its reason (they go DEAD on
+    # their retry), the other is sent
+    assert (set(report.failures), report.undeliverable, report.sent) == ({"1", "3"}, 0, 1)
+    assert all(isinstance(e, Retryable) for e in report.failures.values())
+    assert [state(aws, occ) for occ in (refused, big)] == ["SCHEDULED", "SCHEDULED"]
+
+
+def test_relay_handler_reports_a_record_whose_target_read_is_throttled(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN the Lambda handler, and DynamoDB throttling (past the SDK's retries) the read of
+    # one record's target
+    from relay import handler
+
+    ControlPlane(aws).create_target("alice", "busy")
+    occ, good = one_shot(aws, clock, target="busy"), one_shot(aws, clock)
+    clock.advance(30)
+    faults = Faults(FaultPlan.none(), clock)
+
+    def throttle(name: str, request: dict[str, Any]) -> None:
+        if request["Key"]["sk"] == {"S": "TARGET#busy"}:
+            raise client_error("ThrottlingException", name)
+
+    faults.before["get_item"] = throttle
+    wire(
+        handler,
+        dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)),
+        monkeypatch,
+    )
+    # WHEN the handler runs on the batch
+    answer = handler.lambda_handler(
+        {"Records": [record(aws, occ, 11), record(aws, good, 12)]}, LambdaContextStub()
+    )
+    # THEN that record is reported (the mapping retries it): never dropped
+    assert answer == {"batchItemFailures": [{"itemIdentifier": "11"}]}
+    assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
+
+
+def test_relay_counts_a_tenants_malformed_item_on_each_batch_that_holds_it(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN one relay (a warm Lambda) and a stream record of an item a tenant's worker wrote
+    # under an occurrence key: only a state
+    good = one_shot(aws, clock)
+    clock.advance(30)
+    forged = record(aws, good, 7)
+    forged["dynamodb"]["NewImage"] = {
+        "schedule_id": forged["dynamodb"]["NewImage"]["schedule_id"],
+        "sk": forged["dynamodb"]["NewImage"]["sk"],
+        "state": {"S": "SCHEDULED"},
+    }
+    relay = Relay(aws)
+    # WHEN it comes in two batches, one after the other
+    first = relay.relay([forged, record(aws, good, 8)])
+    second = relay.relay([forged])
+    # THEN each batch counts it once (the MalformedItems metric), skipped, no failure
+    assert (first.malformed, first.failures, first.sent) == (1, {}, 1)
+    assert (second.malformed, second.failures, second.sent) == (1, {}, 0)

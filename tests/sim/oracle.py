@@ -31,7 +31,8 @@ Runs (the workers' log):
   while its wait holds.
 
 Requests: a run now asked again with its Idempotency-Key names the same occurrence, and
-each one made is stored. Quotas: each tenant's usage equals a recount of its live
+each one made is stored (its item exists: the hostile tenant may have made its own
+unreadable since). Quotas: each tenant's usage equals a recount of its live
 schedules. The hostile tenant: none of its items failed a relay batch by itself.
 """
 
@@ -47,7 +48,7 @@ from pydantic import ValidationError
 from punctual.dal.common import from_dynamo
 from punctual.dal.occurrences import occurrence_from_item
 from punctual.dal.schedules import ScheduleVersion, minute_load_of, missed_ranges_of
-from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT
+from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT, occurrence_key
 from punctual.failover import REWIND_SECONDS
 from punctual.ids import backfill_tag, occurrence_name, schedule_key_prefix
 from punctual.models import (
@@ -139,9 +140,11 @@ def check(run: Run) -> Verdict:
         if i["sk"] == SCHEDULE_CURRENT
     }
     stored: dict[str, list[Occurrence]] = defaultdict(list)
+    keys: set[tuple[str, str]] = set()  # every occurrence item's key, readable or not
     for item in _scan(run, settings.occurrences_table):
         if not str(item["sk"]).startswith(OCCURRENCE_PREFIX):
             continue
+        keys.add((item["schedule_id"], item["sk"]))
         try:
             stored[item["schedule_id"]].append(occurrence_from_item(item))
         except (ValidationError, KeyError, ValueError, TypeError):
@@ -164,7 +167,7 @@ def check(run: Run) -> Verdict:
     }
     _check_runs(verdict, run, overlap)
     _check_queue_one(verdict, run, {k for k, p in overlap.items() if p is OverlapPolicy.QUEUE_ONE})
-    _check_requests(verdict, run, stored)
+    _check_requests(verdict, run, keys)
     _check_quota(verdict, run, current)
     for failure in run.hostile_failures:
         verdict.flag("hostile_failed_a_batch", failure)
@@ -578,12 +581,18 @@ _FINAL = (
 # --- requests, quotas -------------------------------------------------------------------
 
 
-def _check_requests(verdict: Verdict, run: Run, stored: dict[str, list[Occurrence]]) -> None:
-    ids = {o.occurrence_id for occurrences in stored.values() for o in occurrences}
+def _check_requests(verdict: Verdict, run: Run, keys: set[tuple[str, str]]) -> None:
+    """Each run now and backfilled occurrence made is stored: its item exists, by key (the
+    hostile tenant may have made its own unreadable since, which is not a loss)."""
+
+    def stored(occurrence_id: str) -> bool:
+        key = occurrence_key(occurrence_id)
+        return (key["schedule_id"], key["sk"]) in keys
+
     named: dict[tuple[str, str], set[str]] = defaultdict(set)
     for trigger in run.triggers:
         verdict.manual += 1
-        if trigger.occurrence_id not in ids:
+        if not stored(trigger.occurrence_id):
             verdict.flag("trigger_lost", trigger.occurrence_id)
         if trigger.key is not None:
             named[(trigger.schedule_id, trigger.key)].add(trigger.occurrence_id)
@@ -594,7 +603,7 @@ def _check_requests(verdict: Verdict, run: Run, stored: dict[str, list[Occurrenc
         if backfill.dry_run:
             continue
         for made in backfill.made:
-            if made not in ids:
+            if not stored(made):
                 verdict.flag("backfill_lost", made)
             instant = occurrence_name(made)[2]
             if not backfill.since <= instant < backfill.until:

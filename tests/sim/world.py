@@ -532,6 +532,7 @@ class _Mapping:
         self.polls = 0
         self.pending: dict[str, list[dict[str, Any]]] = {}
         self.iterators: dict[str, str | None] = {}
+        self.read_up_to: dict[str, str] = {}  # shard -> the sequence number of its last record
         self.attempts: dict[str, int] = {}
 
     def poll(self) -> None:
@@ -566,19 +567,39 @@ class _Mapping:
         self.polls += 1
         for shard_id in self.shards:
             if shard_id not in self.iterators:
-                self.iterators[shard_id] = self.streams.get_shard_iterator(
-                    StreamArn=arn, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
-                )["ShardIterator"]
+                self.iterators[shard_id] = self._iterator(arn, shard_id)
                 self.pending[shard_id] = []
             iterator = self.iterators[shard_id]
             while iterator:
-                page = self.streams.get_records(ShardIterator=iterator, Limit=1000)
-                records = [event_record(r, arn) for r in page.get("Records", []) if wanted(r)]
-                self.pending[shard_id] += records
+                try:
+                    page = self.streams.get_records(ShardIterator=iterator, Limit=1000)
+                except ClientError as error:
+                    if error.response["Error"]["Code"] != "ExpiredIteratorException":
+                        raise
+                    # An iterator expires 15 minutes (wall clock) after it was issued, and
+                    # on a busy machine the next poll can come later: go on after the last
+                    # record read, as Lambda's mapping does.
+                    iterator = self._iterator(arn, shard_id)
+                    continue
+                got = page.get("Records", [])
+                self.pending[shard_id] += [event_record(r, arn) for r in got if wanted(r)]
+                if got:
+                    self.read_up_to[shard_id] = got[-1]["dynamodb"]["SequenceNumber"]
                 iterator = page.get("NextShardIterator")
-                if not page.get("Records"):
+                if not got:
                     break
             self.iterators[shard_id] = iterator
+
+    def _iterator(self, arn: str, shard_id: str) -> str:
+        """An iterator after the shard's last record read (from its start if none was)."""
+        after = self.read_up_to.get(shard_id)
+        where: dict[str, str] = (
+            {"ShardIteratorType": "TRIM_HORIZON"}
+            if after is None
+            else {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after}
+        )
+        answer = self.streams.get_shard_iterator(StreamArn=arn, ShardId=shard_id, **where)
+        return str(answer["ShardIterator"])
 
     def _deliver(self, batch: list[dict[str, Any]]) -> int:
         """Records of the batch delivered before the first failure."""

@@ -158,3 +158,38 @@ def test_a_module_over_part_of_a_file_runs_and_counts_only_its_functions():
     # --only narrows it further; a module over whole files runs every mutant by default
     assert quotas.selection(("x*",)) == ["x*"]
     assert mutate.MODULES["relay"].selection(()) == []
+
+
+def test_an_equivalent_judged_on_other_code_of_its_function_counts_again(
+    records: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN two surviving mutants listed equivalent: one judged on _send_batch's recorded
+    # code, one on relay's code before a change (its number may now be another mutation),
+    # and a third listed without the code it was judged on
+    listed = records / "equivalent.txt"
+    listed.write_text(
+        "# comment\n"
+        f"{name(SEND, 2)} @h-send the text of an exception only\n"
+        f"{name(RELAY, 2)} @h-relay-old a label nothing reads\n"
+        f"{name(RELAY, 3)} a label nothing reads\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(mutate, "EQUIVALENT", listed)
+    record = mutate.read_record("relay")
+    record["files"][FILE]["mutants"] |= {name(RELAY, 2): 0, name(RELAY, 3): 0}
+    mutate.write_record("relay", record)
+    equivalents = mutate.equivalent()
+    expected = mutate.Equivalent("the text of an exception only", "h-send")
+    assert equivalents[name(SEND, 2)] == expected
+    assert equivalents[name(RELAY, 3)] == mutate.Equivalent("a label nothing reads", None)
+    # WHEN the results are reported
+    survived = mutate.report(["relay"], mutate.results("relay"), equivalents)
+    # THEN only the entry judged on today's code is equivalent; the other two count as
+    # survivors and are listed with the hash to pin once checked again
+    assert survived == 2
+    out = capsys.readouterr().out
+    assert "relay" in out
+    assert "50.0%" in out  # 2 killed, 2 survived, 1 equivalent
+    assert f"{name(RELAY, 2)} @h-relay" in out
+    assert f"{name(RELAY, 3)} @h-relay" in out
+    assert f"{name(SEND, 2)} @" not in out

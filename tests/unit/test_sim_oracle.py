@@ -11,7 +11,8 @@ from typing import Any, cast
 
 import pytest
 
-from punctual.ids import backfill_tag, occurrence_id
+from punctual.dal.tables import occurrence_key
+from punctual.ids import backfill_tag, occurrence_id, schedule_key_prefix
 from punctual.models import (
     Attempt,
     AttemptOutcome,
@@ -298,12 +299,15 @@ def test_oracle_a_late_fire_released_before_an_earlier_one():
 # --- requests ---------------------------------------------------------------------------
 
 
+O1, O2, GONE = (occurrence_id(SID, 1, T + n) for n in range(3))
+
+
 @pytest.mark.parametrize(
     ("triggers", "backfills", "expected"),
     [
-        ([Trigger(SID, "k", "o1", False), Trigger(SID, "k", "o2", True)], [], {"trigger_twice"}),
-        ([Trigger(SID, None, "o1", False), Trigger(SID, None, "o2", False)], [], set()),
-        ([Trigger(SID, "k", "gone", False)], [], {"trigger_lost"}),
+        ([Trigger(SID, "k", O1, False), Trigger(SID, "k", O2, True)], [], {"trigger_twice"}),
+        ([Trigger(SID, None, O1, False), Trigger(SID, None, O2, False)], [], set()),
+        ([Trigger(SID, "k", GONE, False)], [], {"trigger_lost"}),
         (
             [],
             [Backfill(SID, T, T + 60, (occurrence_id(SID, 1, T + 60),), False)],
@@ -315,11 +319,29 @@ def test_oracle_a_late_fire_released_before_an_earlier_one():
 def test_oracle_requests_name_what_they_made(
     triggers: list[Trigger], backfills: list[Backfill], expected: set[str]
 ):
-    # (named as the triggers name them)
-    stored = {SID: [occurrence(T).model_copy(update={"occurrence_id": n}) for n in ("o1", "o2")]}
+    keys = {(k["schedule_id"], k["sk"]) for k in map(occurrence_key, (O1, O2))}
     verdict = Verdict()
-    oracle._check_requests(verdict, run_of(triggers=triggers, backfills=backfills), stored)
+    oracle._check_requests(verdict, run_of(triggers=triggers, backfills=backfills), keys)
     assert set(verdict.violations) == expected
+
+
+def test_oracle_a_run_now_the_hostile_tenant_made_unreadable_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # GIVEN the hostile tenant's run now, whose item it then made unreadable (only a state)
+    evil = f"{schedule_key_prefix('evil')}x"
+    made = occurrence_id(evil, 1, T)
+    tampered = {**occurrence_key(made), "state": "SUCCEEDED"}
+    run = run_of(triggers=[Trigger(evil, None, made, False)], hostile="evil")
+    scans = {run.settings.occurrences_table: [tampered]}
+    monkeypatch.setattr(oracle, "_scan", lambda run, table: scans.get(table, []))
+    run.services = cast(Any, SimpleNamespace(schedules=None))
+    # WHEN checked; THEN the item is counted as the tenant's unreadable one, the run now stored
+    verdict = oracle.check(run)
+    assert (verdict.violations, verdict.hostile_items) == ({}, 1)
+    # (and a run now with no item at all is lost)
+    scans.clear()
+    assert set(oracle.check(run).violations) == {"trigger_lost"}
 
 
 def test_oracle_names_a_hostile_record_that_failed_a_batch(monkeypatch: pytest.MonkeyPatch):
