@@ -82,11 +82,14 @@ def test_materializer_and_relay_handlers_carry_a_flexible_schedule_to_its_queue(
     shards = list(range(aws.settings.shard_count))
     planned_by_api = len(occurrence_items(aws, schedule_id))
     capsys.readouterr()
-    # WHEN the ticker invokes the materializer each minute for twelve minutes: its last
-    # horizon (the tick's minute + the 420 s lookahead) then passes the second fire after
-    # the API's plan whatever its jitter (< 120 s), so the count does not hang on the id
+    # WHEN the ticker invokes the materializer each minute for fifteen minutes. The API
+    # planned the fires due within its horizon (300 s: the 180 s lookahead, a tick, the
+    # index margin); a tick walks to the end of the minute holding tick + lookahead, and a
+    # flexible fire is due up to 120 s after its instant (its jitter, from the random
+    # schedule id). The last walk (to 1,080 s) so holds every fire of (300 s, 960 s]: two
+    # at least, whatever the jitter (twelve ticks held one, 1 run in about 40)
     materialized = 0
-    for _ in range(12):
+    for _ in range(15):
         clock.advance(60)
         answer = materializer_handler.lambda_handler(
             {"tick": iso(clock.now), "shards": shards}, LambdaContextStub()
