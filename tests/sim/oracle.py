@@ -246,6 +246,7 @@ def _check_schedule(
     latest = versions[-1].schedule.version
     ranges = missed_ranges_of(item)
     backfilled = backfill_tag(sid)
+    unsettled: set[str] = set()  # flagged by their fire (not again as an occurrence)
     for fire in fires:
         e = fire.first
         if not fire.required or e.available_at > until:
@@ -269,6 +270,7 @@ def _check_schedule(
         o = settled[0]
         if o.state in _OPEN:
             verdict.flag("unsettled", f"{o.occurrence_id} {o.state.value}")
+            unsettled.add(o.occurrence_id)
         elif (
             o.state is S.CANCELED
             and e.version == latest
@@ -309,7 +311,7 @@ def _check_schedule(
         run.rewind,
     )
     for o in occurrences:
-        if o.state in _OPEN and o.available_at <= until:
+        if o.state in _OPEN and o.available_at <= until and o.occurrence_id not in unsettled:
             verdict.flag("unsettled", f"{o.occurrence_id} {o.state.value}")
 
 

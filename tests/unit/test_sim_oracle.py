@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import occurrence_key
 from punctual.ids import backfill_tag, occurrence_id, schedule_key_prefix
 from punctual.models import (
@@ -257,6 +258,20 @@ def misfire_check(stored: list[Occurrence], ranges: list[MissedEpisode], **misfi
         verdict, fires(*instants), by_id, ranges, {1: schedule(misfire=misfire)}, 3, set(), None, 0
     )
     return verdict
+
+
+@pytest.mark.parametrize("manual", [None, backfill_tag(SID)])
+def test_oracle_names_an_open_occurrence_once(manual: str | None):
+    # GIVEN a fire (or a run now) still SCHEDULED after the drain
+    stored = [occurrence(T, OccurrenceState.SCHEDULED, manual=manual)]
+    versions = [ScheduleVersion(schedule(), T - 3600)]
+    verdict = Verdict()
+    # WHEN its schedule is checked; THEN it is unsettled, named once (by its fire, or as
+    # an occurrence no fire owes)
+    oracle._check_schedule(
+        verdict, {"schedule_id": SID}, versions, fires(T), stored, run_of(), T + 3600, 0
+    )
+    assert verdict.violations["unsettled"] == 1
 
 
 def test_oracle_an_instant_recorded_missed_that_fired_too():
