@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -743,6 +744,25 @@ def test_relay_lag_is_to_receivable_and_strict_ones_past_the_slo_are_counted(
     assert report.late_strict == 1
 
 
+# A payload whose message is over SQS's limit (Punctual stores 32 KiB at most: a forged item).
+OVER_SIZE = {"M": {"blob": {"S": "x" * relay_module.MAX_BODY_BYTES}}}
+
+
+def throttling(
+    aws: Services, clock: Clock, operation: str, when: Callable[[dict[str, Any]], bool]
+) -> FaultyDynamoDB:
+    """``aws``'s DynamoDB, throttling (past the SDK's retries) the ``operation`` requests
+    ``when`` picks."""
+    faults = Faults(FaultPlan.none(), clock)
+
+    def throttle(name: str, request: dict[str, Any]) -> None:
+        if when(request):
+            raise client_error("ThrottlingException", name)
+
+    faults.before[operation] = throttle
+    return FaultyDynamoDB(aws.dynamodb, faults)
+
+
 def test_relay_counts_each_record_it_gives_up_or_holds_back_across_its_queues(
     alice: Api, bob: Api, aws: Services, clock: Clock
 ):
@@ -758,7 +778,7 @@ def test_relay_counts_each_record_it_gives_up_or_holds_back_across_its_queues(
     records = {occ: record(aws, occ, n) for n, occ in enumerate(made, 1)}
     image = {occ: records[occ]["dynamodb"]["NewImage"] for occ in made}
     for occ in (big, bobs_big):
-        image[occ]["payload"] = {"M": {"blob": {"S": "x" * relay_module.MAX_BODY_BYTES}}}
+        image[occ]["payload"] = OVER_SIZE
     for occ in (early, later):
         image[occ]["available_at"] = {"N": str(int(clock.now) + 3600)}
     for occ in (slow, bobs_slow):
@@ -788,23 +808,15 @@ def test_relay_a_refused_message_whose_dead_write_is_throttled_fails_its_own_rec
     # and DynamoDB throttling (past the SDK's retries) the writes that make them DEAD
     refused, good, big = (one_shot(aws, clock) for _ in range(3))
     clock.advance(30)
-    faults = Faults(FaultPlan.none(), clock)
-
-    def throttle(name: str, request: dict[str, Any]) -> None:
-        raise client_error("ThrottlingException", name)
-
-    faults.before["update_item"] = throttle
     services = Services(
-        FaultyDynamoDB(aws.dynamodb, faults),
+        throttling(aws, clock, "update_item", lambda request: True),
         SenderFaults(aws.sqs, sender={refused}, transient=set()),
         aws.settings,
         aws.now,
     )
     # WHEN the relay handles the batch
     records = [record(aws, refused, 1), record(aws, good, 2), record(aws, big, 3)]
-    records[2]["dynamodb"]["NewImage"]["payload"] = {
-        "M": {"blob": {"S": "x" * relay_module.MAX_BODY_BYTES}}
-    }
+    records[2]["dynamodb"]["NewImage"]["payload"] = OVER_SIZE
     report = Relay(services, sleep=lambda _: None).relay(records)
     # THEN those records come back, each with the throttling as its reason (they go DEAD on
     # their retry), the other is sent
@@ -823,18 +835,8 @@ def test_relay_handler_reports_a_record_whose_target_read_is_throttled(
     ControlPlane(aws).create_target("alice", "busy")
     occ, good = one_shot(aws, clock, target="busy"), one_shot(aws, clock)
     clock.advance(30)
-    faults = Faults(FaultPlan.none(), clock)
-
-    def throttle(name: str, request: dict[str, Any]) -> None:
-        if request["Key"]["sk"] == {"S": "TARGET#busy"}:
-            raise client_error("ThrottlingException", name)
-
-    faults.before["get_item"] = throttle
-    wire(
-        handler,
-        dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults)),
-        monkeypatch,
-    )
+    busy = throttling(aws, clock, "get_item", lambda r: r["Key"]["sk"] == {"S": "TARGET#busy"})
+    wire(handler, dataclasses.replace(aws, dynamodb=busy), monkeypatch)
     # WHEN the handler runs on the batch
     answer = handler.lambda_handler(
         {"Records": [record(aws, occ, 11), record(aws, good, 12)]}, LambdaContextStub()
