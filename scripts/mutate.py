@@ -185,6 +185,8 @@ MODULES = {
             "materializer",
             "reconciler_races",
             "hostile_items",
+            # (the backfill's records: the reconciler's check of the hour it was made in)
+            "backfill",
         )
         + _tests("unit", "reconciler_rules"),
     ),

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from punctual.dal.common import to_dynamo
+from punctual.dal.tables import occurrence_key
 from punctual.ids import backfill_tag, occurrence_id, occurrence_name
 from punctual.models import Finding
 from punctual.reconciler import Reconciler
@@ -29,6 +31,8 @@ from tests.integration.helpers import (
     set_occurrence_state,
 )
 from tests.integration.test_reconciler import materialize_until, shards_of
+from tests.integration.test_reconciler_races import lagging
+from tests.integration.test_relay import messages
 
 DAY = "2026-11-19"
 
@@ -231,8 +235,9 @@ def test_backfill_whose_commit_answer_was_lost_makes_nothing_twice_when_asked_ag
         ControlPlane(lossy).backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)
     # ... and the client asks again
     again = ControlPlane(lossy).backfill("alice", sid, at("09:00"), at("10:30"), dry_run=False)
-    # THEN the second finds them all made, and each instant has one occurrence
-    assert calls == [10]
+    # THEN the second finds them all made (the first's one transaction: the schedule's
+    # check, the backfill's record, 9 occurrences), and each instant has one occurrence
+    assert calls == [11]
     assert (len(again.made), again.existing) == (0, 18)
     assert {len(v) for t, v in occurrences(aws, sid).items() if t < at("10:30")} == {1}
 
@@ -419,3 +424,110 @@ def test_backfill_after_a_pace_that_fills_sqss_delay_is_refused_with_when_to_ret
     receivable = paced(aws, sid, at("08:00"), at("08:25"))
     assert receivable[0] == at("10:46")
     assert receivable[-1] - clock.now <= 900
+
+
+def _sent(aws: Services) -> list[str]:
+    return sorted(m["occurrence_id"] for m in messages(aws, "alice"))
+
+
+def _hour(instant: int) -> tuple[int, int]:
+    return instant - instant % 3600, instant - instant % 3600 + 3600
+
+
+def _checked(aws: Services, sid: str, at_: int, window: tuple[int, int]) -> Any:
+    """The scheduled reconciler run at ``at_``: its result for ``window`` (None: not checked)."""
+    results = Reconciler(aws).catch_up(shards_of(aws, [sid]), at_)
+    return next((r for r in results if r.report.window_end == window[1]), None)
+
+
+def _healthy_until(aws: Services, clock: Clock, sid: str, until: int, keep: list[str]) -> None:
+    """The materializer ticks up to ``until``, and a worker does every fire but ``keep``."""
+    materialize_until(aws, clock, until, shards_of(aws, [sid]))
+    for items in occurrences(aws, sid).values():
+        for item in items:
+            open_ = item["state"]["S"] in ("SCHEDULED", "RUNNING", "RETRY_WAIT")
+            if open_ and item["occurrence_id"]["S"] not in keep:
+                set_occurrence_state(aws, item["occurrence_id"]["S"], "SUCCEEDED")
+    clock.now = until
+
+
+@pytest.mark.parametrize("case", ["before_it_existed", "in_a_settled_hour", "then_updated"])
+def test_backfilled_occurrences_whose_messages_were_lost_are_sent_again_until_done(
+    alice: Api, aws: Services, clock: Clock, case: str
+):
+    # GIVEN a */5 schedule made at 09:40, healthy since, every fire done
+    sid = running_since_0940(aws, clock, lost=set())
+    _healthy_until(aws, clock, sid, at("12:05"), keep=[])
+    if case in ("before_it_existed", "then_updated"):
+        # (fires before the schedule existed: no hour's check ever reads them)
+        since, until = at("07:00"), at("07:30")
+    else:
+        # (10:15 recorded MISSED, and its hour checked and settled at 12:05)
+        since, until = at("10:15"), at("10:20")
+        set_occurrence_state(aws, occurrence_id(sid, 1, at("10:15")), "MISSED")
+        checked = _checked(aws, sid, at("12:05"), (at("10:00"), at("11:00")))
+        assert checked is not None
+        assert checked.report.settled
+    # WHEN its owner backfills a range at 12:10, and every message of it is lost (never
+    # relayed: the stream record trimmed, the message dropped)
+    clock.now = at("12:10")
+    done = backfill(alice, sid, since, until)
+    assert done.status == 200, done.body
+    made = sorted(o["occurrence_id"] for o in done.body["occurrences"])
+    assert len(made) == done.body["created"] > 0
+    if case == "then_updated":
+        # (a worker took them, under a lease until 12:40, and died; a new version at 12:30,
+        # which leaves running ones be, writes the schedule's item whole: the backfill's
+        # mark on it is gone)
+        for oid in made:
+            set_occurrence_state(aws, oid, "RUNNING")
+            aws.dynamodb.update_item(
+                TableName=aws.settings.occurrences_table,
+                Key=to_dynamo(occurrence_key(oid)),
+                UpdateExpression="SET lease_expires_at = :at",
+                ExpressionAttributeValues={":at": {"N": str(at("12:40"))}},
+            )
+        clock.now = at("12:30")
+        changed = patch(alice, sid, {"payload": {"v": 2}}, 1)
+        assert changed.status == 200, changed.body
+    # THEN the reconciler's check of the hour the backfill was made in sends each again,
+    # same id, once overdue, and leaves that hour open while they are
+    watch = _hour(at("12:10"))
+    _healthy_until(aws, clock, sid, at("14:05"), keep=made)
+    first = _checked(aws, sid, at("14:05"), watch)
+    assert first is not None
+    assert sorted(first.redriven) == made
+    assert not first.report.settled
+    assert _sent(aws) == made
+    # AND a later run checks that hour again while they are open, and sends them again
+    _healthy_until(aws, clock, sid, at("15:05"), keep=made)
+    again = _checked(aws, sid, at("15:05"), watch)
+    assert again is not None
+    assert sorted(again.redriven) == made
+    # AND once they are done the hour settles, and no later run checks it or sends more
+    _healthy_until(aws, clock, sid, at("16:05"), keep=[])
+    last = _checked(aws, sid, at("16:05"), watch)
+    assert last is not None
+    assert last.report.settled
+    assert last.redriven == []
+    _healthy_until(aws, clock, sid, at("17:05"), keep=[])
+    assert _checked(aws, sid, at("17:05"), watch) is None
+
+
+def test_backfill_made_a_moment_before_its_hour_is_checked_keeps_the_hour_open_on_lagging_replicas(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a healthy */5 schedule, backfilled at 12:59:58 (fires before it existed), on
+    # replicas and an index that lag 5 s
+    sid = running_since_0940(aws, clock, lost=set())
+    _healthy_until(aws, clock, sid, at("12:59") + 58, keep=[])
+    replicas = lagging(aws, clock)
+    made = ControlPlane(replicas).backfill("alice", sid, at("07:00"), at("07:30"), dry_run=False)
+    assert len(made.made) == 6
+    # WHEN an operator checks [12:00, 13:00) three seconds later, on those replicas
+    clock.now = at("13:00") + 1
+    [result] = Reconciler(replicas).run(shards_of(aws, [sid]), at("12:00"), at("13:00"))
+    # THEN the backfill's record and occurrences are read as they are now: in flight, the
+    # hour not settled (so the scheduled run checks it again, and re-sends them if lost)
+    assert result.report.counts.get(Finding.IN_FLIGHT, 0) == 6
+    assert not result.report.settled

@@ -14,7 +14,13 @@ from relay import redrive as redrive_handler
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import StoredOccurrence
-from punctual.dal.tables import OCCURRENCE_PREFIX, occurrence_key, occurrence_sk
+from punctual.dal.tables import (
+    BACKFILL_PREFIX,
+    OCCURRENCE_PREFIX,
+    backfill_sk,
+    occurrence_key,
+    occurrence_sk,
+)
 from punctual.ids import occurrence_id
 from punctual.integrations.queues import queue_name
 from punctual.message import message_body
@@ -38,7 +44,7 @@ from tests.integration.conftest import (
     bootstrap,
 )
 from tests.integration.helpers import cron_spec, make, set_occurrence_state, wire
-from tests.integration.test_reconciler import _emitted_metrics, at, materialize_until
+from tests.integration.test_reconciler import _emitted_metrics, at, materialize_until, stored
 from tests.integration.test_redrive import _on_failure_event
 from tests.integration.test_relay import messages, one_shot, record
 from tests.integration.test_tz_rules import OLD
@@ -458,3 +464,36 @@ def test_every_write_the_worker_sdk_makes_to_an_occurrence_refuses_to_create_one
             aws.dynamodb.update_item(**(request | {"Key": key}))
         # THEN its condition refuses it and no item is made
         assert "Item" not in aws.dynamodb.get_item(TableName=table, Key=key)
+
+
+def test_reconciler_counts_a_tenants_forged_backfill_records_and_reads_only_its_own_schedule(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN alice's and bob's hourly schedules on one shard, every fire done, and bob's
+    # worker making backfill records under his schedule's key (UpdateItem
+    # makes them): one not a record's key, one a range that ends before it starts, one a
+    # range of every instant there is
+    clock.now = at("08:50")
+    make(aws, tenant="alice", spec=cron_spec("30 * * * *"))
+    bob_sid = make(aws, tenant="bob", spec=cron_spec("0 * * * *"))
+    materialize_until(aws, clock, at("11:00"), [0])
+    for item in stored(aws):
+        set_occurrence_state(aws, item["occurrence_id"], "SUCCEEDED")
+    for sk in (
+        f"{BACKFILL_PREFIX}{at('10:30'):012d}#garbage",
+        backfill_sk(at("10:30"), at("10:00"), at("09:00")),
+        backfill_sk(at("10:30"), 0, 10**12 - 1),
+    ):
+        key = to_dynamo({"schedule_id": bob_sid, "sk": sk})
+        bobs_worker(aws).write(aws.settings.occurrences_table, key, {"x": {"S": "y"}})
+    # WHEN an operator checks [10:00, 11:00) right after it closed (every schedule's
+    # backfill records are read: the index may not show a mark yet)
+    clock.now = at("11:01")
+    [result] = Reconciler(aws, workers=2).run([0], at("10:00"), at("11:00"))
+    # THEN the run completes and settles: the two unreadable records counted, the range
+    # read within bob's own schedule (his fires, done), nothing re-sent
+    report = result.report
+    assert (report.complete, report.settled, report.malformed) == (True, True, 2)
+    assert report.counts[Finding.SUCCEEDED] == 2
+    assert result.redriven == []
+    assert messages(aws, "alice") == []

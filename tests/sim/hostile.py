@@ -6,6 +6,8 @@ its generated IAM policy allows (tests/hostile.py judges each call as IAM would)
   availability far off, attributes of the wrong type, a payload over SQS's limit;
 - whole occurrence items under keys of its own schedules that do not exist;
 - its run slots (the tenants table's ``R#<tenant>`` partition) filled with garbage;
+- backfill records under its own schedules' keys: unreadable keys, and ranges of every
+  instant there is (the reconciler reads them in the hour they name);
 - and, denied by IAM, the same under another tenant's keys and its own quota record.
 
 Its draws come from an RNG of its own, and its calls go to DynamoDB without faults: what it
@@ -23,7 +25,7 @@ from botocore.exceptions import ClientError
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.runs import concurrency_sk, run_partition, run_slot_sk, wait_slot_sk
-from punctual.dal.tables import OCCURRENCE_PREFIX, occurrence_key
+from punctual.dal.tables import BACKFILL_PREFIX, OCCURRENCE_PREFIX, backfill_sk, occurrence_key
 from punctual.dal.tenants import tenant_partition
 from punctual.ids import occurrence_id, schedule_key_prefix
 from tests.hostile import HostileWorker
@@ -46,6 +48,7 @@ class Hostile:
             self._tamper,
             self._forge,
             self._slots,
+            self._backfill_records,
             self._trespass,
         )
 
@@ -147,6 +150,21 @@ class Hostile:
             self.sim.settings.tenants_table,
             to_dynamo({"pk": run_partition(self.tenant), "sk": sk}),
             {"expires_at": value, "occurrence_id": {"S": "occ_nonsense"}},
+        )
+
+    def _backfill_records(self) -> None:
+        """A backfill record (``BKF#<made_at>#<from>#<to>``) of its own: an unreadable key,
+        a range that ends before it starts, or one of every instant there is."""
+        made = self._instant()
+        sk = self.rng.choice(
+            [
+                f"{BACKFILL_PREFIX}{made:012d}#garbage",
+                backfill_sk(made, made, made - HOUR),
+                backfill_sk(made, 0, 10**12 - 1),
+            ]
+        )
+        self.worker.write(
+            self._table, to_dynamo({"schedule_id": self._own(), "sk": sk}), {"x": {"S": "y"}}
         )
 
     def _trespass(self) -> None:

@@ -22,6 +22,7 @@ from punctual.reconciler import (
     ShardResult,
     _dormant,
     _idle,
+    _merged,
     _not_handled_yet,
     expected_occurrences,
     metric_values,
@@ -356,3 +357,22 @@ def test_a_superseded_fire_jittered_past_the_horizon_does_not_hide_a_later_one_w
     }
     assert (START + 60, False) not in owned
     assert (START + 120, False) in owned
+
+
+@pytest.mark.parametrize(
+    ("ranges", "merged"),
+    [
+        ([], []),
+        ([(5, 9), (1, 3)], [(1, 3), (5, 9)]),  # apart: each read, in order
+        ([(1, 4), (4, 6)], [(1, 6)]),  # touching: one read
+        ([(1, 8), (2, 3), (7, 12)], [(1, 12)]),  # inside and overlapping
+        ([(-50, 3), (18, 90)], [(0, 3), (18, 20)]),  # clipped to [0, 20)
+        ([(-9, -1), (25, 30), (6, 6)], []),  # outside, or empty
+    ],
+)
+def test_backfill_ranges_are_read_clipped_and_joined(
+    ranges: list[tuple[int, int]], merged: list[tuple[int, int]]
+):
+    # (A backfill's record names [from, to) of its fires; the reconciler reads each stretch
+    # once, within what a backfill can make.)
+    assert _merged(ranges, 0, 20) == merged

@@ -174,8 +174,8 @@ def _idle(version: ScheduleVersion, start: int, end: int, since: int) -> bool:
     its version has been in effect since ``since`` (no earlier version's fire trails into
     the window), it was planned under the zone rules in use (``rezone.stale``), no run now
     was made for ``start`` or later and no re-plan left older rules' occurrences there
-    (``manual_through``: ``ScheduleStore.manual_run``, ``ScheduleStore.replanned``; a
-    backfill's fires are the rule's, in an hour read anyway), and its zone's offset does not
+    (``manual_through``: ``ScheduleStore.manual_run``, ``ScheduleStore.replanned``, and
+    ``backfill_made``, whose records the window may hold), and its zone's offset does not
     change within a day of the window (where a planner's mistake would put a fire the rules
     do not give: such a stray stays UNEXPECTED). What this gives up (docs/operations.md): a
     stray at another wrong hour is not reported there; the fire it should have been is
@@ -187,6 +187,32 @@ def _idle(version: ScheduleVersion, start: int, end: int, since: int) -> bool:
         and not stale(version.schedule)
         and (zone is None or not offset_changes(zone, start - DAY, end + DAY))
     )
+
+
+def _may_have_backfilled(version: ScheduleVersion, start: int, index_settled: bool) -> bool:
+    """Whether a backfill of the schedule may have been made in or after the window that
+    starts at ``start``: every backfill raises ``manual_through`` to when it was made, so it
+    is not before the window; or the index may not show that yet (the window closed a
+    moment ago); or a version that began after the window opened wrote the item whole,
+    which drops the mark."""
+    return (
+        not index_settled
+        or version.effective_from > start
+        or (version.manual_through is not None and version.manual_through >= start)
+    )
+
+
+def _merged(ranges: Iterable[tuple[int, int]], low: int, high: int) -> list[tuple[int, int]]:
+    """``ranges`` ([from, to) each) clipped to [low, high), overlapping ones joined."""
+    merged: list[tuple[int, int]] = []
+    for since, until in sorted((max(a, low), min(b, high)) for a, b in ranges):
+        if since >= until:
+            continue
+        if merged and since <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], until))
+        else:
+            merged.append((since, until))
+    return merged
 
 
 def _may_be_overdue(occurrence: Occurrence, now: int) -> bool:
@@ -473,7 +499,8 @@ class Reconciler:
                 # occurrence query per schedule); repairs, rare and racing the API and the
                 # materializer, one at a time.
                 wanted = [c for c in page if not self._unread(c, start, end, skip_idle)]
-                for outcome in pool.map(lambda c: self._schedule(c, start, end), wanted):
+                checked = pool.map(lambda c: self._schedule(c, start, end, skip_idle), wanted)
+                for outcome in checked:
                     if outcome.missing and self.repair:
                         self._repair(outcome)
                     if outcome.stalled and self.repair:
@@ -595,7 +622,9 @@ class Reconciler:
             return True
         return skip_idle and _idle(current, start, end, since)
 
-    def _schedule(self, current: ScheduleVersion, start: int, end: int) -> _ScheduleOutcome:
+    def _schedule(
+        self, current: ScheduleVersion, start: int, end: int, index_settled: bool = True
+    ) -> _ScheduleOutcome:
         schedule_id = current.schedule.schedule_id
         since = start - HISTORY_MARGIN
         window = self.occurrences.window(schedule_id, since=start, until=end - 1)
@@ -614,7 +643,7 @@ class Reconciler:
         )
         # A tenant's unreadable item at an instant is not judged (it is not an occurrence
         # Punctual wrote), but its key is taken: nothing is missing there to repair.
-        outcome.unreadable = window.unreadable
+        outcome.unreadable = list(window.unreadable)
         taken = set(window.unreadable)
         classified = self._classify(outcome, expected, stored)
         gaps = [e for e in classified if e.occurrence_id not in taken]
@@ -632,7 +661,40 @@ class Reconciler:
             else:
                 outcome.findings.append((Finding.MISSING, gap.occurrence_id))
                 outcome.missing.append(gap)
+        if _may_have_backfilled(current, start, index_settled):
+            self._backfilled(outcome, stored, start, end)
         return outcome
+
+    def _backfilled(
+        self, outcome: _ScheduleOutcome, seen: list[Occurrence], start: int, end: int
+    ) -> None:
+        """The open occurrences that the schedule's backfills made in [start, end) (their
+        records, ``OccurrenceStore.backfilled``), in whatever hours their instants are: in
+        flight in this window, which stays unsettled and is checked again, and re-sent once
+        overdue (``_redrive``). Their instants' hours cannot do it: one may have been checked
+        and settled before the backfill (its fires recorded MISSED), or never be checked (a
+        fire before the schedule existed)."""
+        schedule_id = outcome.schedule_id
+        ranges = self.occurrences.backfilled(
+            schedule_id, since=start, until=end, unreadable=outcome.unreadable
+        )
+        # (Within what a backfill can make: no older than the retention, nothing beyond the
+        # materializer's reach. A record a tenant's worker forged costs reads of its own
+        # schedule's occurrences, at most once per range.)
+        low, high = start - self.settings.retention_days * DAY - DAY, end + DAY
+        known = {o.occurrence_id for o in seen}
+        for since, until in _merged(ranges, low, high):
+            # Consistent: the window settles on what this read shows, and a lagging replica
+            # may not show what a backfill made in its last seconds (a check run right after
+            # the window closed).
+            window = self.occurrences.window(
+                schedule_id, since=since, until=until - 1, consistent=True
+            )
+            for occurrence in window.occurrences:
+                if occurrence.state in _OPEN and occurrence.occurrence_id not in known:
+                    known.add(occurrence.occurrence_id)
+                    outcome.findings.append((Finding.IN_FLIGHT, occurrence.occurrence_id))
+                    outcome.stalled.append(occurrence)
 
     @staticmethod
     def _classify(

@@ -9,7 +9,8 @@
    (a message dropped after the send, a stream trimmed before the re-drive, a purged
    queue), the hourly reconciler re-sends every occurrence of the hour it checks that is
    still open ``REDRIVE_AFTER`` past the moment it should have been taken (``overdue``),
-   same occurrence id, and counts it.
+   same occurrence id, and counts it; and every one a backfill made in that hour, whatever
+   hour its instant is in (the backfill's record).
 
 Both send through the relay, so a re-sent message is the same message; the worker's claim
 makes a duplicate harmless.

@@ -76,8 +76,9 @@ GRANT = Backoff(tries=5, base=0.1, cap=1.0)
 # send, and clocks apart. An occurrence receivable later than now + window + this reaches
 # its queue before its time through the outbox alone.
 PROMPT_MARGIN_SECONDS = 3
-# A backfill's puts per transaction, next to the schedule's version check (100 actions).
-BACKFILL_CHUNK = 99
+# A backfill's puts per transaction, next to the schedule's version check and the backfill's
+# record (100 actions).
+BACKFILL_CHUNK = 98
 BACKFILL_SHOWN = 10  # occurrences a backfill's answer lists
 # States of an occurrence that was never delivered and never will be: a backfill may make
 # its instant anew. (SKIPPED_OVERLAP was delivered, and the overlap policy decided: kept.)
@@ -576,21 +577,40 @@ class ControlPlane:
     def _commit_backfill(self, stored: StoredSchedule, made: list[Occurrence]) -> None:
         """Chunks of puts, each with the version check: a change of the schedule refuses the
         rest (the caller reads again); what committed stays, and is found on the next read.
-        The first also records where this backfill's pace ends (``backfill_paced``): of two
+
+        The first also records the backfill (``put_backfill``: the range of its fires, keyed
+        by now) and raises the schedule's mark to now (``backfill_made``): the reconciler
+        re-sends an occurrence no worker took only in an hour it checks, and its fires' hours
+        may have been checked and settled long ago, or never (before the schedule existed);
+        the check of this hour reads the record, and checks this hour again until every one
+        of them is done. The same write records where this backfill's pace ends: of two
         backfills paced from the same start, the second is refused and paced again after
-        the first. (Unlike a run now, no ``manual_run`` mark: every backfilled fire is one of
-        the version's rule, so the reconciler reads its hour anyway: one the version owns
-        has an expected fire there, one before the version began is within its change.)"""
+        the first."""
         schedule = stored.schedule
+        now = self._now()
         paced = [o.available_at for o in made if o.lane is Lane.CATCHUP]
+        record = self.occurrences.put_backfill(
+            schedule.schedule_id,
+            made_at=now,
+            since=min(o.scheduled_for for o in made),
+            until=max(o.scheduled_for for o in made) + 1,
+            expires_at=now + self.settings.retention_days * 86400,
+        )
+        first_actions = [
+            (
+                "schedule",
+                self.schedules.backfill_made(stored, at=now, paced_until=max(paced, default=None)),
+            ),
+            ("occurrence", record),
+        ]
         for first in range(0, len(made), BACKFILL_CHUNK):
-            check = (
-                self.schedules.backfill_paced(stored, until=max(paced))
-                if first == 0 and paced
-                else self.schedules.unchanged(schedule, stepped_past=None)
+            checks = (
+                first_actions
+                if first == 0
+                else [("schedule", self.schedules.unchanged(schedule, stepped_past=None))]
             )
             self._s.transactions.commit(
-                [("schedule", check)]
+                checks
                 + [
                     ("occurrence", self.occurrences.put_new(o, schedule.payload))
                     for o in made[first : first + BACKFILL_CHUNK]

@@ -19,9 +19,11 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import (
+    BACKFILL_PREFIX,
     OCCURRENCE_PREFIX,
     OCCURRENCES,
     TRIGGER_PREFIX,
+    backfill_sk,
     occurrence_key,
     occurrence_sk,
 )
@@ -206,6 +208,60 @@ class OccurrenceStore:
                 "ConditionExpression": "attribute_not_exists(sk)",
             }
         }
+
+    def put_backfill(
+        self, schedule_id: str, *, made_at: int, since: int, until: int, expires_at: int
+    ) -> dict[str, Any]:
+        """Transaction action recording that a backfill made at ``made_at`` made occurrences
+        of the schedule's fires in [since, until): the reconciler's check of the hour it was
+        made in reads them (``backfilled``), in whatever hour their instants are. (No
+        condition: the same backfill asked twice in a second records the same range, and an
+        item a tenant's worker made at that key is replaced by ours.)"""
+        return {
+            "Put": {
+                "TableName": self.table,
+                "Item": to_dynamo(
+                    {
+                        "schedule_id": schedule_id,
+                        "sk": backfill_sk(made_at, since, until),
+                        "expires_at": expires_at,
+                    }
+                ),
+            }
+        }
+
+    def backfilled(
+        self, schedule_id: str, *, since: int, until: int, unreadable: list[str]
+    ) -> list[tuple[int, int]]:
+        """The fire ranges [from, to) of the schedule's backfills made in [since, until),
+        read from their records' keys, all pages; a record whose key is not one Punctual
+        writes is skipped, counted, and its key added to ``unreadable`` (a tenant's worker
+        can make one). Strongly consistent: the hour settles on what this read shows, and a
+        backfill missed here would leave its occurrences unchecked for good."""
+        pages = self._client.query_pages(
+            TableName=self.table,
+            KeyConditionExpression="schedule_id = :s AND sk BETWEEN :a AND :b",
+            ExpressionAttributeValues=values(
+                s=schedule_id,
+                a=f"{BACKFILL_PREFIX}{max(since, 0):012d}",
+                b=f"{BACKFILL_PREFIX}{max(until - 1, 0):012d}#~",  # ('~' sorts after digits)
+            ),
+            ConsistentRead=True,
+        )
+        found = []
+        for page in pages:
+            for item in map(from_dynamo, page["Items"]):
+                sk = str(item.get("sk"))
+                try:
+                    made, first, end = (int(part) for part in sk.split("#")[1:])
+                    if backfill_sk(made, first, end) != sk or not first < end:
+                        raise ValueError("not a backfill record's key")
+                except ValueError as error:
+                    self._bad.skip(self.table, item, error)
+                    unreadable.append(sk)
+                    continue
+                found.append((first, end))
+        return found
 
     def triggered(self, schedule_id: str, tag: str) -> tuple[str, Occurrence | None] | None:
         """The id of the occurrence a run-now request with this tag made, and the

@@ -186,12 +186,13 @@ class StoredSchedule:
     shard: int
     due_bucket: str | None
     minute_load: dict[int, int]
-    # The latest instant a run now was made for, or a re-plan's old cursor
-    # (``ScheduleStore.manual_run``, ``replanned``): the reconciler reads the occurrences of
-    # a schedule that owns no fire in an hour only when the hour is not after it. None:
-    # neither since the item was last written whole.
+    # The latest instant a run now was made for, a re-plan's old cursor, or when a backfill
+    # was made (``ScheduleStore.manual_run``, ``replanned``, ``backfill_made``): the
+    # reconciler reads the occurrences of a schedule that owns no fire in an hour, and its
+    # backfill records, only when the hour is not after it. None: none of them since the
+    # item was last written whole.
     manual_through: int | None = None
-    # When the latest backfill's paced occurrences become receivable (``backfill_paced``):
+    # When the latest backfill's paced occurrences become receivable (``backfill_made``):
     # a later backfill of the schedule is paced on from there. None: none since the item
     # was last written whole.
     paced_until: int | None = None
@@ -664,24 +665,31 @@ class ScheduleStore:
             }
         }
 
-    def backfill_paced(self, stored: StoredSchedule, *, until: int) -> dict[str, Any]:
-        """A transaction action for a backfill whose paced occurrences become receivable
-        up to ``until``: ``unchanged`` (no cursor condition) that records ``until`` as the
-        pace's new start (``backfill_until``), conditional on the one it was paced from."""
-        check = self.unchanged(stored.schedule, stepped_past=None)["ConditionCheck"]
+    def backfill_made(
+        self, stored: StoredSchedule, *, at: int, paced_until: int | None
+    ) -> dict[str, Any]:
+        """A transaction action for a backfill made at ``at``: ``manual_run``'s (the mark
+        raised to ``at``: the reconciler reads the schedule's backfill records in the hours
+        up to it, ``OccurrenceStore.backfilled``) that, when some of its occurrences are
+        paced, also records when the last becomes receivable (``backfill_until``): a later
+        backfill is paced on from there. Conditional on the pace end it was paced from."""
+        action = self.manual_run(stored, through=at)
+        if paced_until is None:
+            return action
+        update = action["Update"]
         if stored.paced_until is None:
             seen, named = "attribute_not_exists(backfill_until)", {}
         else:
             seen, named = "backfill_until = :seen", {"seen": stored.paced_until}
         return {
-            "Update": check
+            "Update": update
             | {
-                "UpdateExpression": "SET backfill_until = :until",
-                # Races: ``unchanged``'s, and a concurrent backfill of the schedule paced from
-                # the same start: the second reads again and is paced after the first.
-                "ConditionExpression": f"{check['ConditionExpression']} AND {seen}",
-                "ExpressionAttributeValues": check["ExpressionAttributeValues"]
-                | values(until=until, **named),
+                "UpdateExpression": f"{update['UpdateExpression']}, backfill_until = :until",
+                # Races: ``manual_run``'s, and a concurrent backfill of the schedule paced
+                # from the same start: the second reads again and is paced after the first.
+                "ConditionExpression": f"{update['ConditionExpression']} AND {seen}",
+                "ExpressionAttributeValues": update["ExpressionAttributeValues"]
+                | values(until=paced_until, **named),
             }
         }
 

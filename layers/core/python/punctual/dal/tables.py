@@ -14,6 +14,10 @@ OCCURRENCE_PREFIX = "OCC#"  # sk of an occurrence item: OCC#<scheduled_for>#<ver
 # A manual occurrence (run now) has ".m<tag>" after the version in both (punctual.ids);
 # TRG#<tag> records which occurrence a run-now request made (its Idempotency-Key's tag).
 TRIGGER_PREFIX = "TRG#"
+# BKF#<made_at>#<since>#<until>: a backfill made at ``made_at`` occurrences of fires in
+# [since, until) (punctual.scheduling): the reconciler's check of the hour it was made in
+# reads them, whatever hours their instants are in (``OccurrenceStore.backfilled``).
+BACKFILL_PREFIX = "BKF#"
 
 DUE_INDEX = "due"  # due_bucket ("YYYYMMDDHHMM#SSSS") -> due_at: only ACTIVE schedules
 TENANT_INDEX = "by_tenant"  # tenant_id -> created_key: current schedule items only
@@ -37,8 +41,9 @@ SHARD_INDEX_ATTRIBUTES = (
     "homed_since",
     # Time zone rules: the reconciler re-plans a schedule planned under an older release.
     "tzdata",
-    # The latest run now's instant or re-plan's old cursor: the reconciler skips the
-    # occurrence query of a schedule owning no fire in an hour only after it.
+    # The latest run now's instant, re-plan's old cursor or backfill's time: the reconciler
+    # skips the occurrence query of a schedule owning no fire in an hour, and the query of
+    # its backfill records, only after it.
     "manual_through",
 )
 
@@ -153,6 +158,11 @@ def occurrence_sk(scheduled_for: int, version: int, manual: str | None = None) -
     (run now) sorts right after the fire of the same instant and version, if any."""
     suffix = "" if manual is None else MANUAL_MARK + manual
     return f"{OCCURRENCE_PREFIX}{scheduled_for:012d}#{version:010d}{suffix}"
+
+
+def backfill_sk(made_at: int, since: int, until: int) -> str:
+    """Fixed width, so a Query by sort key finds the backfills made in a range of time."""
+    return f"{BACKFILL_PREFIX}{made_at:012d}#{since:012d}#{until:012d}"
 
 
 def current_key(schedule_id: str) -> dict[str, str]:
