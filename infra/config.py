@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -87,6 +88,28 @@ class AlarmThresholds(BaseModel):
     dynamodb_throttles: int = Field(default=0, ge=0)
     # API Gateway 5xx answers in 5 minutes.
     api_5xx: int = Field(default=5, ge=0)
+
+
+CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
+
+
+def committed_context() -> dict[str, Any]:
+    """cdk.json's "punctual" object (what a deploy uses where the command line says nothing)."""
+    context = json.loads(CDK_JSON.read_text(encoding="utf-8"))["context"]
+    found: dict[str, Any] = context.get("punctual", {})
+    return found
+
+
+def _overlaid(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` over ``base``: a knob given replaces the base's, an object given is laid
+    over the base's object the same way."""
+    merged = dict(base)
+    for key, value in given.items():
+        below = merged.get(key)
+        if isinstance(below, dict) and isinstance(value, dict):
+            value = _overlaid(below, value)
+        merged[key] = value
+    return merged
 
 
 class DeployConfig(BaseModel):
@@ -230,12 +253,24 @@ class DeployConfig(BaseModel):
         return problems
 
     @classmethod
-    def from_context(cls, context: dict[str, Any] | str) -> DeployConfig:
-        """``context``: the "punctual" object, or its JSON text (from ``-c punctual=...``)."""
+    def from_context(
+        cls, context: dict[str, Any] | str, base: dict[str, Any] | None = None
+    ) -> DeployConfig:
+        """``context``: the "punctual" object, or its JSON text (from ``-c punctual=...``),
+        laid knob by knob (and alarm by alarm) over ``base``, cdk.json's committed object:
+        the CDK replaces a context key given on the command line whole, so an override of
+        one knob would otherwise deploy the code's defaults for every other (64 shards, not
+        cdk.json's 128: the schedules homed in the others never materialized)."""
+        given: Any = context
+        if isinstance(context, str):
+            try:
+                given = json.loads(context)
+            except ValueError:
+                raise ValueError("invalid CDK context: punctual is not JSON") from None
+        if not isinstance(given, dict):
+            raise ValueError("invalid CDK context: punctual is not a JSON object")
         try:
-            if isinstance(context, str):
-                return cls.model_validate_json(context)
-            return cls.model_validate(context)
+            return cls.model_validate(_overlaid(base or {}, given))
         except ValidationError as error:
             problems = "; ".join(
                 f"punctual.{'.'.join(map(str, e['loc']))}: {e['msg']}"

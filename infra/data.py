@@ -10,16 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from aws_cdk import RemovalPolicy
+import aws_cdk as cdk
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from infra.functions import log_group
+from infra.layer import ARCHITECTURE, ROOT, RUNTIME
 from punctual.dal.tables import ALL_TABLES, TableSpec
 from punctual.settings import Settings
 
+GUARD_CODE = ROOT / "infra" / "guard_handler.py"
 _TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
 
 
@@ -59,6 +64,9 @@ class Data(Construct):
                     string_value=str(table.table_stream_arn),
                     description=f"Stream of {spec.name(settings)}: the outbox the relay reads",
                 )
+        ShardCountGuard(
+            self, "ShardCountGuard", table=self.tables["leases_table"], count=settings.shard_count
+        )
 
     def _table(self, spec: TableSpec, retain: bool, deletion_protection: bool) -> dynamodb.Table:
         table = dynamodb.Table(
@@ -85,6 +93,49 @@ class Data(Construct):
                 non_key_attributes=list(index.include) if index.include else None,
             )
         return table
+
+
+class ShardCountGuard(Construct):
+    """Fails a deploy whose shard count is below the largest ever deployed (its code:
+    infra/guard_handler.py, inlined), so CloudFormation rolls it back."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, table: dynamodb.Table, count: int
+    ) -> None:
+        super().__init__(scope, construct_id)
+        logs_ = log_group(self, "Logs", logs.RetentionDays.ONE_MONTH)
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="Punctual shard-count guard",
+        )
+        logs_.grant_write(role)
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:UpdateItem", "dynamodb:GetItem"], resources=[table.table_arn]
+            )
+        )
+        function = lambda_.Function(
+            self,
+            "Function",
+            description="Refuses a deploy with fewer shards than deployed before",
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            handler="index.on_event",
+            code=lambda_.Code.from_inline(GUARD_CODE.read_text(encoding="utf-8")),
+            role=role,
+            timeout=Duration.seconds(60),
+            memory_size=128,
+            log_group=logs_,
+        )
+        cdk.CustomResource(
+            self,
+            "Count",
+            service_token=function.function_arn,
+            resource_type="Custom::PunctualShardCount",
+            properties={"ShardCount": count, "Table": table.table_name},
+        )
 
 
 # A function's DynamoDB access: (table setting, index name or None for the table itself) ->

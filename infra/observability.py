@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
@@ -34,9 +36,16 @@ NAMESPACE = "Punctual"
 DIMENSIONS = {"service": "punctual"}
 MINUTE = Duration.minutes(1)
 FIVE_MINUTES = Duration.minutes(5)
+
+
 # For alarms on filled sums: FILL gives the latest period a 0 even when a datapoint is only
 # late, so a failure counts in either of the last two periods (docs: FILL in alarms).
-LATE_FAILURES = {"evaluation_periods": 2, "datapoints": 1}
+class _Periods(TypedDict):
+    evaluation_periods: int
+    datapoints: int
+
+
+LATE_FAILURES: _Periods = {"evaluation_periods": 2, "datapoints": 1}
 
 
 def punctual_metric(
@@ -50,6 +59,17 @@ def punctual_metric(
         period=period,
         # A label would make an alarm on the metric a metric-math alarm; graphs only.
         label=label,
+    )
+
+
+def _failed_invocations(rule: events.Rule) -> cw.Metric:
+    """The rule's invocations of its target that failed (AWS/Events), per 5 minutes."""
+    return cw.Metric(
+        namespace="AWS/Events",
+        metric_name="FailedInvocations",
+        dimensions_map={"RuleName": rule.rule_name},
+        statistic="Sum",
+        period=FIVE_MINUTES,
     )
 
 
@@ -98,8 +118,11 @@ class Watched:
     relay: lambda_.Function
     catchup_relay: lambda_.Function
     relay_failures: sqs.Queue
+    relay_failures_dead: sqs.Queue  # the on-failure queue's dead-letter queue
     reconciler: lambda_.Function
     reconciler_machine: sfn.StateMachine
+    ticker_rule: events.Rule  # starts the ticker every minute
+    reconciler_rule: events.Rule  # starts the hourly run
 
 
 class Observability(Construct):
@@ -182,7 +205,10 @@ class Observability(Construct):
         *,
         evaluation_periods: int = 1,
         datapoints: int = 1,
+        heartbeat: bool = False,
     ) -> None:
+        """An alarm when ``metric`` is above ``threshold``; a ``heartbeat`` alarm when it is
+        below, or absent: what must happen every minute stopped."""
         alarm = cw.Alarm(
             self,
             name,
@@ -190,11 +216,16 @@ class Observability(Construct):
             metric=metric,
             alarm_description=description,
             threshold=threshold,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            comparison_operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD
+            if heartbeat
+            else cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
             evaluation_periods=evaluation_periods,
             datapoints_to_alarm=datapoints,
-            # No data means nothing happened (no strict occurrence, no request): healthy.
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            # No data means nothing happened (no strict occurrence, no request): healthy;
+            # for a heartbeat, that what must happen did not.
+            treat_missing_data=cw.TreatMissingData.BREACHING
+            if heartbeat
+            else cw.TreatMissingData.NOT_BREACHING,
         )
         alarm.add_alarm_action(actions.SnsAction(self.topic))
         alarm.add_ok_action(actions.SnsAction(self.topic))
@@ -229,15 +260,21 @@ class Observability(Construct):
         )
         self._alarm(
             "RelayUndelivered",
-            w.relay_failures.metric_approximate_age_of_oldest_message(
+            w.relay_failures_dead.metric_approximate_number_of_messages_visible(
                 period=MINUTE, statistic="Maximum"
             ),
-            15 * 60,
-            "A stream batch the relay gave up on has waited 15 minutes in the on-failure "
-            "queue: the re-drive keeps failing to send it again (its logs); the stream keeps "
-            "it 24 hours, then the reconciler re-sends what no worker took.",
+            0,
+            "A stream batch the relay gave up on failed its re-drive 3 times and waits in "
+            "the dead-letter queue: fix the cause (the re-drive's logs), then move it back "
+            "to the on-failure queue (docs/operations.md); the stream keeps it 24 hours, "
+            "then only the reconciler re-sends what no worker took.",
         )
         for name, what in (
+            (
+                "RedriveFailures",
+                "the re-drive failed to send a stream batch the relay gave up on again; it "
+                "tries again in 6 minutes (read its logs)",
+            ),
             (
                 "RedriveExpired",
                 "a stream batch the relay gave up on expired before its re-drive: the "
@@ -263,14 +300,41 @@ class Observability(Construct):
                     "failed": w.ticker.metric_failed(period=FIVE_MINUTES),
                     "timedOut": w.ticker.metric_timed_out(period=FIVE_MINUTES),
                     "errors": w.materializer.metric_errors(period=FIVE_MINUTES),
+                    # (a throttled invocation counts as none of the others)
+                    "throttles": w.materializer.metric_throttles(period=FIVE_MINUTES),
                 },
                 "materializer failures",
                 FIVE_MINUTES,
             ),
             t.materializer_failures,
-            "Materializer ticks failed or timed out, or a group's invocation failed; its "
-            "watermark holds, the next tick retries.",
+            "Materializer ticks failed or timed out, or a group's invocation failed or was "
+            "throttled; its watermark holds, the next tick retries.",
             **LATE_FAILURES,
+        )
+        self._alarm(
+            "MaterializerStopped",
+            w.ticker.metric_succeeded(period=MINUTE, statistic="Sum"),
+            1,
+            "No materializer tick succeeded in 3 minutes (none ran: the rule is disabled or "
+            "failing to start it, the state machine is throttled or gone): nothing is "
+            "materialized, and the strict lag alarm has no data to fire on.",
+            evaluation_periods=3,
+            datapoints=3,
+            heartbeat=True,
+        )
+        self._alarm(
+            "ScheduleRuleFailures",
+            filled_sum(
+                {
+                    "ticker": _failed_invocations(w.ticker_rule),
+                    "hourly": _failed_invocations(w.reconciler_rule),
+                },
+                "rule invocations failed",
+                FIVE_MINUTES,
+            ),
+            0,
+            "EventBridge failed to start the materializer's ticker or the reconciler's "
+            "hourly run (its role, a throttled or missing state machine).",
         )
         self._alarm(
             "ReconcileMissing",
@@ -472,6 +536,10 @@ class Observability(Construct):
                     w.relay_failures.metric_approximate_number_of_messages_visible(
                         period=MINUTE, statistic="Maximum", label="relay on-failure queue"
                     ),
+                    w.relay_failures_dead.metric_approximate_number_of_messages_visible(
+                        period=MINUTE, statistic="Maximum", label="re-drive gave up (dead)"
+                    ),
+                    punctual_metric("RedriveFailures", label="re-drive failures"),
                     punctual_metric("DeadUnknownTarget", label="dead (unknown target)"),
                     punctual_metric("Missed", label="missed (misfire policy)"),
                 ],

@@ -15,7 +15,6 @@ from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from infra.checks import acknowledge
 from infra.data import DataReferences, TableGrants
 from infra.functions import FunctionDefaults, python_function
 from infra.queues import TargetQueueAccess
@@ -24,6 +23,10 @@ from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS
 from punctual.models import Lane
 
 REDRIVE_TIMEOUT_SECONDS = 60
+# Tries of one discarded batch's re-drive before it waits in the dead-letter queue: SQS
+# stops counting a message in ApproximateAgeOfOldestMessage after its third receive, so
+# the alarm reads the dead-letter queue's depth instead.
+REDRIVE_RECEIVES = 3
 
 
 class Relaying(Construct):
@@ -78,6 +81,16 @@ class Relaying(Construct):
             queues.grant(function, "SendMessage")
 
         grant_sending(self.function)
+        # A batch the re-drive failed to send REDRIVE_RECEIVES times waits here (alarmed:
+        # RelayUndelivered) for an operator to move it back once the cause is fixed
+        # (docs/operations.md); the stream keeps its records 24 hours.
+        self.dead_failures = sqs.Queue(
+            self,
+            "UndeliveredBatchesDead",
+            retention_period=Duration.days(14),
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+        )
         self.failures = sqs.Queue(
             self,
             "UndeliveredBatches",
@@ -86,13 +99,9 @@ class Relaying(Construct):
             visibility_timeout=Duration.seconds(6 * REDRIVE_TIMEOUT_SECONDS),
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
-        )
-        acknowledge(
-            self.failures,
-            "SQS3",
-            "This queue is itself the relay's on-failure destination: the re-drive consumes "
-            "it and keeps a message until its batch is sent again (or the stream expired it, "
-            "counted as RedriveExpired); an old message alarms (RelayUndelivered).",
+            dead_letter_queue=sqs.DeadLetterQueue(
+                queue=self.dead_failures, max_receive_count=REDRIVE_RECEIVES
+            ),
         )
         self.redrive = python_function(
             self,

@@ -15,7 +15,7 @@ from constructs import Construct
 
 from infra.api import Api
 from infra.checks import add_security_checks
-from infra.config import DeployConfig
+from infra.config import DeployConfig, committed_context
 from infra.data import Data, DataReferences
 from infra.functions import FunctionDefaults
 from infra.layer import CoreLayer
@@ -111,8 +111,11 @@ class PunctualStack(cdk.Stack):
                 relay=self.relaying.function,
                 catchup_relay=self.relaying.catchup,
                 relay_failures=self.relaying.failures,
+                relay_failures_dead=self.relaying.dead_failures,
                 reconciler=self.reconciliation.function,
                 reconciler_machine=self.reconciliation.state_machine,
+                ticker_rule=self.materialization.rule,
+                reconciler_rule=self.reconciliation.rule,
             ),
             settings=settings,
             thresholds=config.alarms,
@@ -158,6 +161,7 @@ def compose(app: cdk.App, config: DeployConfig, name: str = "Punctual") -> Deplo
 
 
 def build(app: cdk.App) -> Deployment:
-    """What app.py deploys, configured by the app's "punctual" context (cdk.json, or
-    `-c punctual='{...}'` on the command line, which arrives as a JSON string)."""
-    return compose(app, DeployConfig.from_context(app.node.try_get_context("punctual") or {}))
+    """What app.py deploys, configured by the app's "punctual" context: cdk.json's, with
+    `-c punctual='{...}'` (a JSON string) laid over it knob by knob."""
+    given = app.node.try_get_context("punctual") or {}
+    return compose(app, DeployConfig.from_context(given, base=committed_context()))

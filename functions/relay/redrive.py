@@ -47,6 +47,11 @@ def record_handler(record: SQSRecord) -> None:
         logger.error("discarded stream batch expired before its re-drive", extra=failure)
         metrics.add_metric(name="RedriveExpired", unit=MetricUnit.Count, value=1)
         return
+    except Exception:
+        # Counted (alarmed: RedriveFailures); the message comes back, and after
+        # REDRIVE_RECEIVES tries waits in the dead-letter queue (RelayUndelivered).
+        metrics.add_metric(name="RedriveFailures", unit=MetricUnit.Count, value=1)
+        raise
     # Anything not sent raises SendFailed: the message comes back and is tried again.
     metrics.add_metric(name="Redriven", unit=MetricUnit.Count, value=report.sent)
     metrics.add_metric(name="MalformedItems", unit=MetricUnit.Count, value=report.malformed)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from infra.config import DeployConfig
+from infra.config import DeployConfig, committed_context
 from infra.offline import cdk_json_context, synthesize
 from tests.aws_calls import RECORDER, whole_integration_suite
 
@@ -71,7 +71,7 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     assembly = synthesize(str(outdir), {**cdk_json_context(), "punctual": TEST_CONTEXT})
     templates = {stack.stack_name: stack.template for stack in assembly.stacks}
     return Synthesized(
-        config=DeployConfig.from_context(TEST_CONTEXT),
+        config=DeployConfig.from_context(TEST_CONTEXT, base=committed_context()),
         data=Template.from_json(templates["PunctualData"]),
         service=Template.from_json(templates["Punctual"]),
         service_json=templates["Punctual"],

@@ -4,6 +4,7 @@ the others publish nothing, as they do while nothing is wrong."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -79,9 +80,15 @@ def _failure(alarm: dict[str, Any], failing: str) -> dict[str, Series]:
     }
 
 
+def _heartbeat(alarm: dict[str, Any]) -> bool:
+    """An alarm on what must happen (below its threshold, or absent, is the failure)."""
+    return bool(alarm["ComparisonOperator"].startswith("LessThan"))
+
+
 def test_alarms_each_fires_when_any_one_of_its_inputs_fails(service: Template):
-    # GIVEN every alarm of the stack (the failure alarms sum several metrics)
-    alarms = _alarms(service)
+    # GIVEN every alarm of the stack (the failure alarms sum several metrics; heartbeats
+    # below)
+    alarms = {name: a for name, a in _alarms(service).items() if not _heartbeat(a)}
     assert len(alarms) >= 15
     for name, alarm in alarms.items():
         for failing in inputs(alarm):
@@ -92,6 +99,8 @@ def test_alarms_each_fires_when_any_one_of_its_inputs_fails(service: Template):
 
 def test_alarms_stay_ok_while_nothing_is_published_or_all_is_zero(service: Template):
     for name, alarm in _alarms(service).items():
+        if _heartbeat(alarm):
+            continue  # (silence is what it exists for: below)
         periods = alarm["EvaluationPeriods"] + 2
         for value in (None, 0.0):
             # WHEN no input publishes anything, or every one reports 0
@@ -109,7 +118,48 @@ def test_alarms_materializer_failures_counts_each_kind_of_failure(service: Templ
         for q in alarm["Metrics"]
         if "MetricStat" in q
     }
-    assert sorted(metrics.values()) == ["Errors", "ExecutionsFailed", "ExecutionsTimedOut"]
+    assert sorted(metrics.values()) == [
+        "Errors",
+        "ExecutionsFailed",
+        "ExecutionsTimedOut",
+        "Throttles",
+    ]
     (expression,) = [q["Expression"] for q in alarm["Metrics"] if "Expression" in q]
     for metric_id in metrics:
         assert f"FILL({metric_id}, 0)" in expression
+
+
+def test_alarms_materializer_stopped_fires_when_ticks_stop_not_on_one_missed_minute(
+    service: Template,
+):
+    # GIVEN the materializer's heartbeat: successful ticks of the ticker per minute
+    [alarm] = [a for name, a in _alarms(service).items() if "MaterializerStopped" in name]
+    assert _heartbeat(alarm)
+    assert alarm["MetricName"] == "ExecutionsSucceeded"
+    [ticks] = inputs(alarm)
+    periods = alarm["EvaluationPeriods"] + 2
+
+    def after(*latest: float | None) -> str:
+        series: Series = [1.0] * (periods - len(latest))
+        return alarm_state(alarm, {ticks: [*series, *latest]})
+
+    # THEN a ticker whose ticks all fail (0 succeeded) fires it in 3 minutes; one that
+    # stopped (nothing published: the rule disabled, the machine gone) once its last
+    # success leaves the 5 minutes CloudWatch reads back (cloudwatch.py), not before
+    assert after(0.0, 0.0, 0.0) == "ALARM"
+    assert after(None, None, None, None, None) == "ALARM"
+    assert after(None, None, None, None) == "OK"
+    # AND one tick a minute is healthy; so is one minute without a success (a tick late)
+    assert after(1.0, 1.0, 1.0) == "OK"
+    assert after(1.0, None, 1.0) == "OK"
+    assert after(None, None, 1.0) == "OK"
+
+
+def test_alarms_a_rule_that_cannot_start_its_state_machine_fires(service: Template):
+    # GIVEN the alarm on the schedule rules' failed invocations
+    [alarm] = [a for name, a in _alarms(service).items() if "ScheduleRuleFailures" in name]
+    metrics = [q["MetricStat"]["Metric"] for q in alarm["Metrics"] if "MetricStat" in q]
+    # THEN it reads both rules' FailedInvocations (each fires it alone: the test above)
+    assert [m["MetricName"] for m in metrics] == ["FailedInvocations"] * 2
+    rules = {json.dumps(m["Dimensions"][0]["Value"]) for m in metrics}
+    assert rules == {json.dumps({"Ref": r}) for r in service.find_resources("AWS::Events::Rule")}

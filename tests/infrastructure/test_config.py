@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aws_cdk.assertions import Template
 
 from infra.config import (
     EVENTBRIDGE_INPUT_LIMIT,
     AlarmThresholds,
     DeployConfig,
+    committed_context,
     rule_input_text,
 )
-from infra.offline import cdk_json_context
+from infra.offline import cdk_json_context, synthesize
 
 from .conftest import Synthesized
 
@@ -89,6 +92,44 @@ def test_config_accepts_the_context_as_json_text_from_the_command_line():
     assert config.alarms.api_5xx == 1
     with pytest.raises(ValueError, match=r"punctual\.shard_count"):
         DeployConfig.from_context('{"shard_count": "many"}')
+
+
+def test_config_from_the_command_line_is_laid_over_cdk_json_knob_by_knob():
+    # GIVEN `cdk deploy -c punctual='{"alarm_emails": [...], "alarms": {"api_5xx": 1}}'`
+    # (as docs/deploy.md shows), which the CDK hands over instead of cdk.json's object
+    text = '{"alarm_emails": ["oncall@example.com"], "alarms": {"api_5xx": 1}}'
+    # WHEN it is validated over cdk.json's object
+    config = DeployConfig.from_context(text, base=committed_context())
+    # THEN every knob it does not name is cdk.json's (128 shards, not the code's 64: the
+    # schedules homed in shards 64-127 would never be materialized), alarm by alarm too
+    committed = DeployConfig.from_context(committed_context())
+    assert config.model_dump(exclude={"alarm_emails", "alarms"}) == committed.model_dump(
+        exclude={"alarm_emails", "alarms"}
+    )
+    assert (config.shard_count, config.lookahead_seconds) == (128, 420)
+    assert config.alarm_emails == ["oncall@example.com"]
+    assert config.alarms == committed.alarms.model_copy(update={"api_5xx": 1})
+    # AND text that is not a JSON object is refused in one line
+    for bad in ("{shard_count: 1}", "[1]"):
+        with pytest.raises(ValueError, match="invalid CDK context: punctual is not"):
+            DeployConfig.from_context(bad, base=committed_context())
+
+
+def test_config_override_reaches_the_synthesized_functions(tmp_path: Path):
+    # GIVEN a synthesis with only the alarm address given on the command line
+    assembly = synthesize(
+        str(tmp_path),
+        {**cdk_json_context(), "punctual": '{"alarm_emails": ["oncall@example.com"]}'},
+    )
+    service = Template.from_json(assembly.get_stack_by_name("Punctual").template)
+    # WHEN its functions' environments are read
+    shard_counts = {
+        resource["Properties"]["Environment"]["Variables"].get("PUNCTUAL_SHARD_COUNT")
+        for resource in service.find_resources("AWS::Lambda::Function").values()
+        if "Environment" in resource["Properties"]
+    }
+    # THEN each has cdk.json's 128 shards
+    assert shard_counts - {None} == {"128"}
 
 
 @pytest.mark.parametrize(

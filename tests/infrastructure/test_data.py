@@ -8,6 +8,7 @@ import aws_cdk as cdk
 from aws_cdk.assertions import Match, Template
 
 from infra.config import DeployConfig
+from infra.data import GUARD_CODE
 from infra.stack import PunctualDataStack
 from punctual.dal.tables import ALL_TABLES, DUE_INDEX, OCCURRENCES
 from punctual.settings import Settings
@@ -136,3 +137,32 @@ def test_data_tables_can_be_made_disposable_for_a_test_account():
     for table in template.find_resources("AWS::DynamoDB::Table").values():
         assert table["Properties"]["DeletionProtectionEnabled"] is False
         assert table["DeletionPolicy"] == "Delete"
+
+
+def test_data_guards_the_shard_count_with_its_inlined_code(
+    data: Template, synthesized: Synthesized
+):
+    # GIVEN the data stack (its settings' shard count)
+    # THEN it holds the guard, given the count deployed and the leases table it is kept in
+    [guard] = data.find_resources("Custom::PunctualShardCount").values()
+    assert guard["Properties"]["ShardCount"] == synthesized.config.shard_count
+    # AND its function runs infra/guard_handler.py as it is, inlined within CloudFormation's
+    # 4,096 characters, allowed only to read and write that table
+    [function] = [
+        f
+        for f in data.find_resources("AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler") == "index.on_event"
+    ]
+    code = function["Properties"]["Code"]["ZipFile"]
+    assert code == GUARD_CODE.read_text(encoding="utf-8")
+    assert len(code) <= 4096
+    statements = [
+        s
+        for policy in data.find_resources("AWS::IAM::Policy").values()
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "dynamodb:" in json.dumps(s["Action"])
+    ]
+    assert [sorted(s["Action"]) for s in statements] == [
+        ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    ]
+    assert "Leases" in json.dumps(statements[0]["Resource"])

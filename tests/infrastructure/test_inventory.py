@@ -229,7 +229,11 @@ def test_metrics_every_aws_metric_watched_names_a_resource_of_the_stacks(
     # GIVEN the resources AWS publishes metrics for, as the template names them
     refs: dict[str, set[str]] = {
         kind: {f"<{logical_id}>" for logical_id in service.find_resources(kind)}
-        for kind in ("AWS::Lambda::Function", "AWS::StepFunctions::StateMachine")
+        for kind in (
+            "AWS::Lambda::Function",
+            "AWS::StepFunctions::StateMachine",
+            "AWS::Events::Rule",
+        )
     }
     queues = {
         f"<{logical_id}.QueueName>" for logical_id in service.find_resources("AWS::SQS::Queue")
@@ -250,6 +254,9 @@ def test_metrics_every_aws_metric_watched_names_a_resource_of_the_stacks(
             and d["StateMachineArn"] in refs["AWS::StepFunctions::StateMachine"]
         ),
         "AWS/SQS": lambda d: set(d) == {"QueueName"} and d["QueueName"] in queues,
+        "AWS/Events": lambda d: (
+            set(d) == {"RuleName"} and d["RuleName"] in refs["AWS::Events::Rule"]
+        ),
         "AWS/ApiGateway": lambda d: d == {"ApiName": api["Properties"]["Name"]},
         "AWS/DynamoDB": lambda d: (
             set(d) <= {"TableName", "GlobalSecondaryIndexName"}

@@ -31,11 +31,15 @@ def test_observability_every_alarm_notifies_the_topic_both_ways(service: Templat
     )
     # AND every alarm tells it when it fires and when it recovers
     alarms = service.find_resources("AWS::CloudWatch::Alarm")
-    assert len(alarms) == 16 + len(ALL_TABLES)
+    assert len(alarms) == 19 + len(ALL_TABLES)
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
         assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
-        assert alarm["Properties"]["TreatMissingData"] == "notBreaching"
+        # (no data is healthy, but for the heartbeat: no tick is what it exists for)
+        heartbeat = alarm["Properties"]["AlarmName"].endswith("MaterializerStopped")
+        assert alarm["Properties"]["TreatMissingData"] == (
+            "breaching" if heartbeat else "notBreaching"
+        )
 
 
 def test_observability_strict_lag_alarm_is_the_slo_on_p99(service: Template):
@@ -77,11 +81,12 @@ def test_observability_failure_alarms_cover_executions_and_invocations(service: 
     # (test_alarms.py evaluates that it fires on any one of them)
     metrics = _alarm(service, "MaterializerFailures")["Metrics"]
     names = {m["MetricStat"]["Metric"]["MetricName"] for m in metrics if "MetricStat" in m}
-    assert names == {"ExecutionsFailed", "ExecutionsTimedOut", "Errors"}
-    # AND the relay alarm fires on a batch the re-drive has not sent again in 15 minutes
+    assert names == {"ExecutionsFailed", "ExecutionsTimedOut", "Errors", "Throttles"}
+    # AND the relay alarm fires on a batch the re-drive gave up on (its dead-letter queue:
+    # test_relay.py)
     undelivered = _alarm(service, "RelayUndelivered")
-    assert undelivered["MetricName"] == "ApproximateAgeOfOldestMessage"
-    assert undelivered["Threshold"] == 900
+    assert undelivered["MetricName"] == "ApproximateNumberOfMessagesVisible"
+    assert undelivered["Threshold"] == 0
     # AND the schedules throttle alarm includes every index of the table
     throttles = _alarm(service, "ThrottlesSchedules")["Metrics"]
     indexes = {

@@ -167,18 +167,48 @@ def test_relay_on_failure_queue_is_encrypted_and_kept_two_weeks(service: Templat
     )
 
 
+def _on_failure_queue(service: Template) -> str:
+    """The logical id of the relay's on-failure queue (the one with a dead-letter queue)."""
+    [queue] = service.find_resources(
+        "AWS::SQS::Queue", {"Properties": {"RedrivePolicy": Match.any_value()}}
+    )
+    return queue
+
+
+def test_relay_on_failure_queue_gives_up_after_three_redrives_into_an_alarmed_dlq(
+    service: Template,
+):
+    # GIVEN the on-failure queue
+    queues = service.find_resources("AWS::SQS::Queue")
+    policy = queues[_on_failure_queue(service)]["Properties"]["RedrivePolicy"]
+    # THEN a batch the re-drive failed 3 times moves to its dead-letter queue (SQS stops
+    # counting a message in its age metric after the third receive: an alarm on the age
+    # could never fire), kept 14 days
+    assert policy["maxReceiveCount"] == 3
+    dead = policy["deadLetterTargetArn"]["Fn::GetAtt"][0]
+    assert queues[dead]["Properties"]["MessageRetentionPeriod"] == 14 * 86400
+    # AND RelayUndelivered alarms on one message there, RedriveFailures on each failed try
+    alarms = {
+        a["Properties"]["AlarmName"]: a["Properties"]
+        for a in service.find_resources("AWS::CloudWatch::Alarm").values()
+    }
+    [undelivered] = [a for name, a in alarms.items() if name.endswith("RelayUndelivered")]
+    assert undelivered["MetricName"] == "ApproximateNumberOfMessagesVisible"
+    assert undelivered["Dimensions"][0]["Value"]["Fn::GetAtt"][0] == dead
+    assert (undelivered["Threshold"], undelivered["ComparisonOperator"]) == (
+        0,
+        "GreaterThanThreshold",
+    )
+    [failures] = [a for name, a in alarms.items() if name.endswith("RedriveFailures")]
+    assert (failures["MetricName"], failures["Threshold"]) == ("RedriveFailures", 0)
+
+
 def test_relay_on_failure_queue_is_consumed_by_the_redrive_one_message_at_a_time(
     service: Template,
 ):
     # THEN the re-drive function polls the on-failure queue, one message per invocation,
     # reporting a message it could not send again as failed (SQS keeps it and retries)
-    queue = next(
-        iter(
-            service.find_resources(
-                "AWS::SQS::Queue", {"Properties": {"MessageRetentionPeriod": 14 * 86400}}
-            )
-        )
-    )
+    queue = _on_failure_queue(service)
     service.has_resource_properties(
         "AWS::Lambda::EventSourceMapping",
         {

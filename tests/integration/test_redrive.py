@@ -341,7 +341,11 @@ def _on_failure_event(failure: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_stream_redrive_handler_keeps_the_message_until_the_batch_is_sent(
-    local_aws: Services, streams: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    local_aws: Services,
+    streams: Any,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ):
     # GIVEN a discarded batch, and SQS refusing every send for now
     from relay import redrive as handler
@@ -367,8 +371,12 @@ def test_stream_redrive_handler_keeps_the_message_until_the_batch_is_sent(
     event = _on_failure_event(failure)
     # WHEN the handler runs; THEN the invocation fails (every record of the batch failed),
     # so SQS keeps the message and delivers it again: the batch is not dropped
+    capsys.readouterr()
     with pytest.raises(BatchProcessingError, match="All records failed"):
         handler.lambda_handler(event, LambdaContextStub())
+    # AND the failure is counted (alarmed: RedriveFailures; after 3 tries the message waits
+    # in the dead-letter queue, RelayUndelivered)
+    assert _emitted_metrics(capsys.readouterr().out) == {"RedriveFailures": 1}
 
 
 def test_stream_redrive_handler_counts_a_batch_the_stream_dropped_and_lets_it_go(
