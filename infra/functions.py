@@ -26,10 +26,19 @@ class FunctionDefaults:
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
 
 
-def log_group(scope: Construct, construct_id: str, retention: logs.RetentionDays) -> logs.LogGroup:
+def log_group(
+    scope: Construct,
+    construct_id: str,
+    retention: logs.RetentionDays,
+    name: str | None = None,
+) -> logs.LogGroup:
     # The stateless stack leaves nothing behind; retention bounds what it keeps meanwhile.
     return logs.LogGroup(
-        scope, construct_id, retention=retention, removal_policy=RemovalPolicy.DESTROY
+        scope,
+        construct_id,
+        log_group_name=name,
+        retention=retention,
+        removal_policy=RemovalPolicy.DESTROY,
     )
 
 

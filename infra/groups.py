@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
@@ -117,7 +117,15 @@ def scheduled_over_groups(
         timeout=timeout,
         tracing_enabled=True,
         logs=sfn.LogOptions(
-            destination=log_group(scope, f"{name}Logs", log_retention),
+            # Under /aws/vendedlogs/: CloudWatch Logs then needs no entry for the group in
+            # the account's log resource policy, which holds 5,120 characters for every
+            # vended log delivery of the account (Step Functions' logging documentation).
+            destination=log_group(
+                scope,
+                f"{name}Logs",
+                log_retention,
+                f"/aws/vendedlogs/states/{Stack.of(scope).stack_name}-{name}",
+            ),
             level=sfn.LogLevel.ERROR,
         ),
     )

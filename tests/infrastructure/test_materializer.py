@@ -111,3 +111,21 @@ def test_materializer_ticker_outlives_its_groups_whole_retry_chain(service: Temp
     # THEN the Express execution still runs when the last attempt ends (a retried group ends
     # retried or caught, not as a timed-out tick), within Express's five minutes
     assert chain < definition["TimeoutSeconds"] <= 300
+
+
+def test_state_machines_log_under_vendedlogs(service: Template):
+    # GIVEN both state machines (the ticker and the hourly run) and the log groups
+    groups = service.find_resources("AWS::Logs::LogGroup")
+    machines = service.find_resources("AWS::StepFunctions::StateMachine").values()
+    destinations = [
+        m["Properties"]["LoggingConfiguration"]["Destinations"][0]["CloudWatchLogsLogGroup"]
+        for m in machines
+    ]
+    # THEN each logs to a group under /aws/vendedlogs/ (no entry in the account's 5,120
+    # characters of log resource policy), one of its own
+    names = [
+        groups[d["LogGroupArn"]["Fn::GetAtt"][0]]["Properties"]["LogGroupName"]
+        for d in destinations
+    ]
+    assert len(names) == len(set(names)) == 2
+    assert all(n.startswith("/aws/vendedlogs/states/Punctual-") for n in names), names

@@ -531,3 +531,31 @@ def test_backfill_made_a_moment_before_its_hour_is_checked_keeps_the_hour_open_o
     # hour not settled (so the scheduled run checks it again, and re-sends them if lost)
     assert result.report.counts.get(Finding.IN_FLIGHT, 0) == 6
     assert not result.report.settled
+
+
+def test_backfill_of_more_fires_than_a_transaction_holds_commits_them_in_chunks_under_one_record(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a minutely schedule made at 09:40, and its owner backfilling the 200 fires of
+    # [06:00, 09:20) at 09:41
+    clock.now = at("09:40")
+    sid = make(aws, spec={"kind": "cron", "expression": "* * * * *", "timezone": "UTC"})
+    clock.now = at("09:41")
+    sizes: list[int] = []
+    aws.dynamodb.meta.events.register(
+        "before-parameter-build.dynamodb.TransactWriteItems",
+        lambda params, **_: sizes.append(len(params["TransactItems"])),
+    )
+    done = backfill(alice, sid, at("06:00"), at("09:20"))
+    # THEN every fire is made, in transactions of at most 100 actions: the first with the
+    # schedule's mark and the backfill's record, each with the schedule's version check
+    assert (done.status, done.body["created"]) == (200, 200), done.body
+    assert sizes == [100, 99, 5]  # (98 + 2, 98 + 1, 4 + 1)
+    made = occurrences(aws, sid)
+    assert all(len(made[t]) == 1 for t in range(at("06:00"), at("09:20"), 60))
+    # AND one record covers them all, found by the check of the hour it was made in
+    unreadable: list[str] = []
+    ranges = aws.occurrences.backfilled(
+        sid, since=at("09:00"), until=at("10:00"), unreadable=unreadable
+    )
+    assert (ranges, unreadable) == ([(at("06:00"), at("09:19") + 1)], [])
