@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from punctual.errors import Conflict, NotFound
 from punctual.models import ScheduleDefinition
@@ -506,3 +507,59 @@ def test_two_principals_bound_at_once_are_both_granted(alice: Api, aws: Services
     assert target is not None
     for url in (target.queue_url, target.dlq_url):
         assert _policy_principals(aws, url) == sorted([ALICE, ROLE, WORKERS])
+
+
+class _NewQueuesSettle:
+    """SQS as it is in a new queue's first second: each call on a queue created a moment
+    ago says it does not exist, ``misses`` times per queue and operation."""
+
+    def __init__(self, sqs: Any, misses: int) -> None:
+        self._sqs = sqs
+        self._misses = misses
+        self._new: set[str] = set()
+        self.refused: dict[tuple[str, str], int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._sqs, name)
+
+        def settling(**request: Any) -> Any:
+            url = request.get("QueueUrl")
+            key = (str(url), name)
+            if url in self._new and self.refused.get(key, 0) < self._misses:
+                self.refused[key] = self.refused.get(key, 0) + 1
+                raise ClientError(
+                    {"Error": {"Code": "AWS.SimpleQueueService.NonExistentQueue"}}, name
+                )
+            answer = call(**request)
+            if name == "create_queue":
+                self._new.add(answer["QueueUrl"])
+            return answer
+
+        return settling
+
+
+def test_a_target_is_made_though_its_new_queues_are_not_usable_for_their_first_second(
+    alice: Api, aws: Services
+):
+    # GIVEN SQS answering "does not exist" twice per operation on each queue just created
+    slept: list[float] = []
+    settling = _NewQueuesSettle(aws.sqs, misses=2)
+    plane = ControlPlane(dataclasses.replace(aws, sqs=settling, sleep=slept.append))
+    # WHEN alice's second target is made
+    made = plane.create_target("alice", "jobs")
+    # THEN it is made, its queues tagged and granted to her principal, after short waits
+    assert made.name == "jobs"
+    assert _policy_principals(aws, made.queue_url) == [ALICE]
+    assert _policy_principals(aws, made.dlq_url) == [ALICE]
+    assert settling.refused
+    assert set(settling.refused.values()) == {2}
+    assert slept
+    assert max(slept) <= 2.0
+    # AND a queue that never becomes usable fails the request after about 6 s of waits
+    slept.clear()
+    never = ControlPlane(
+        dataclasses.replace(aws, sqs=_NewQueuesSettle(aws.sqs, misses=99), sleep=slept.append)
+    )
+    with pytest.raises(ClientError):
+        never.create_target("alice", "other")
+    assert sum(slept) == pytest.approx(5.75)

@@ -209,7 +209,7 @@ class ControlPlane:
         self.occurrences = services.occurrences
         self.tenants = services.tenants
         self.leases = services.leases
-        self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix)
+        self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix, services.sleep)
         # The relay's own sending code, for what the API sends at once (_send_promptly).
         self._relay = Relay(services, workers=1)
 

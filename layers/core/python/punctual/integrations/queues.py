@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
+from punctual.backoff import Backoff
 from punctual.errors import Conflict
 from punctual.models import TARGET_NAME_PATTERN
 from punctual.principals import principal_patterns
@@ -41,6 +45,12 @@ OWNER_TAG = "punctual:tenant"
 TARGET_TAG = "punctual:target"
 ROLE_TAG = "punctual:role"
 MAX_NAME = 80  # SQS's limit on a queue name
+# SQS's CreateQueue: a queue can be used about a second after it was created; until then a
+# call on it may say it does not exist. Waits of 0.25, 0.5, 1, 2 and 2 s: about 6 s in all.
+NEW_QUEUE = Backoff(tries=6, base=0.25, cap=2.0)
+_MISSING = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
+
+T = TypeVar("T")
 
 
 def queue_name(prefix: str, tenant_id: str, target: str, *, dlq: bool = False) -> str:
@@ -68,12 +78,27 @@ def queue_owner(prefix: str, name: str) -> tuple[str, str, bool] | None:
 
 
 class QueueAdmin:
-    def __init__(self, sqs: Any, prefix: str) -> None:
+    def __init__(self, sqs: Any, prefix: str, sleep: Callable[[float], None] = time.sleep) -> None:
         self._sqs = sqs
         self._prefix = prefix
+        self._sleep = sleep
+
+    def _settled(self, call: Callable[[], T]) -> T:
+        """``call`` on a queue created a moment ago, tried again while SQS says the queue
+        does not exist yet (NEW_QUEUE); any other error, or the last try's, is raised."""
+        for attempt in range(NEW_QUEUE.tries):
+            try:
+                return call()
+            except ClientError as error:
+                if _code(error) not in _MISSING or attempt == NEW_QUEUE.tries - 1:
+                    raise
+            self._sleep(NEW_QUEUE.ceiling(attempt))
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def _arn(self, url: str) -> str:
-        attributes = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+        attributes = self._settled(
+            lambda: self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+        )
         return str(attributes["Attributes"]["QueueArn"])
 
     def create(self, tenant_id: str, target: str, principals: list[str]) -> TargetQueues:
@@ -123,7 +148,7 @@ class QueueAdmin:
             if _code(error) not in ("QueueAlreadyExists", "QueueNameExists"):
                 raise
             raise Conflict(f"a queue named {name} exists with other settings") from None
-        self._check_owner(url, tenant_id)
+        self._settled(lambda: self._check_owner(url, tenant_id))
         return url
 
     def _url(self, name: str) -> str | None:
@@ -131,7 +156,7 @@ class QueueAdmin:
             return str(self._sqs.get_queue_url(QueueName=name)["QueueUrl"])
         except ClientError as error:
             # SQS says QueueDoesNotExist; some engines the older code name.
-            if _code(error) in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"):
+            if _code(error) in _MISSING:
                 return None
             raise
 
@@ -150,7 +175,7 @@ class QueueAdmin:
         if not principals:
             return
         for url in (queues.queue_url, queues.dlq_url):
-            self._check_owner(url, tenant_id)
+            self._settled(partial(self._check_owner, url, tenant_id))
         roots: set[str] = set()
         patterns: set[str] = set()
         for principal in principals:
@@ -181,7 +206,10 @@ class QueueAdmin:
                     }
                 ],
             }
-            self._sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": json.dumps(policy)})
+            attributes = {"Policy": json.dumps(policy)}
+            self._settled(
+                partial(self._sqs.set_queue_attributes, QueueUrl=url, Attributes=attributes)
+            )
 
 
 def _code(error: ClientError) -> str:
