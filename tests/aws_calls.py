@@ -438,6 +438,61 @@ def differences(
     return new, stale
 
 
+# The functions of the stack as docs/deploy.md names them, in its order.
+GRANTS_ROWS = {
+    "api": "API",
+    "materializer": "materializer",
+    "relay": "relay",
+    "redrive": "re-drive",
+    "drain": "drain widget (the dashboard's)",
+    "reconciler": "reconciler",
+}
+GRANTS_BEGIN = "<!-- grants: generated from tests/infrastructure/inventory.txt -->"
+GRANTS_END = "<!-- /grants -->"
+
+
+def _dynamodb_resource(resource: str) -> str:
+    """'table/punctual-schedules/index/due' -> 'schedules `due`'."""
+    parts = resource.split("/")
+    table = parts[1].removeprefix("punctual-")
+    if len(parts) >= 4 and parts[2] == "index":
+        return f"{table} `{parts[3]}`"
+    if len(parts) >= 3 and parts[2] == "stream":
+        return f"{table}' stream"
+    return table
+
+
+def grants_table(calls: set[Call]) -> str:
+    """docs/deploy.md's table of what each function's role allows: its recorded calls."""
+    lines = [
+        "| function | DynamoDB | SQS (`punctual-*` of this account and region), other |",
+        "|---|---|---|",
+    ]
+    for function, title in GRANTS_ROWS.items():
+        tables: dict[str, set[str]] = {}
+        other: set[str] = set()
+        for call in calls:
+            if call.function != function:
+                continue
+            service, _, action = call.action.partition(":")
+            if service == "dynamodb":
+                tables.setdefault(_dynamodb_resource(call.resource), set()).add(action)
+            elif service == "sqs":
+                other.add(action)
+            else:
+                other.add(f"{call.action} (on `{call.resource}`)")
+        dynamodb = "; ".join(f"{t}: {', '.join(sorted(a))}" for t, a in sorted(tables.items()))
+        lines.append(f"| {title} | {dynamodb or 'none'} | {', '.join(sorted(other)) or 'none'} |")
+    return "\n".join(lines)
+
+
+def documented_grants(text: str) -> str | None:
+    """The generated table in a document's text (None: no markers)."""
+    if GRANTS_BEGIN not in text or GRANTS_END not in text:
+        return None
+    return text.split(GRANTS_BEGIN, 1)[1].split(GRANTS_END, 1)[0].strip()
+
+
 def main(paths: list[str]) -> int:
     """The union of what several sessions recorded (each a part of the integration tests,
     together all of them) against the inventory; 1 and each difference when they differ."""
@@ -463,4 +518,7 @@ def main(paths: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--grants"]:  # docs/deploy.md's table, from the inventory
+        print(grants_table(read_inventory()[0]))
+        sys.exit(0)
     sys.exit(main(sys.argv[1:]))

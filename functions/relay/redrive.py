@@ -15,6 +15,7 @@ from aws_lambda_powertools.utilities.batch import (
 )
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.config import Config
 
 from punctual.observability import logger, metrics
 from punctual.redrive import StreamRedrive, Trimmed
@@ -28,9 +29,15 @@ wiring = Wiring()
 configure = wiring.configure  # tests and the local stack hand their services in
 
 
+# The stream's shards have two readers already (the two lanes' mappings): AWS throttles a
+# third with LimitExceededException, which botocore's legacy retry mode retries only for
+# Kinesis. The standard mode retries it, with exponential back-off and jitter.
+STREAMS_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 6})
+
+
 def _redrive(services: Services) -> StreamRedrive:
     return StreamRedrive(
-        boto3.client("dynamodbstreams"),
+        boto3.client("dynamodbstreams", config=STREAMS_CONFIG),
         Relay(services),
         services.settings.relay_function,
         services.settings.catchup_relay_function,

@@ -13,15 +13,26 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aws_cdk.assertions import Template
 
-from tests.aws_calls import FUNCTIONS, RECORDER, Call, Emitted, differences, read_inventory
+from tests.aws_calls import (
+    FUNCTIONS,
+    RECORDER,
+    Call,
+    Emitted,
+    differences,
+    documented_grants,
+    grants_table,
+    read_inventory,
+)
 
 from .conftest import Synthesized, actions_of, render, resources_of, role_statements
 
+ROOT = Path(__file__).resolve().parents[2]
 HANDLERS = {function: f"{function}.handler.lambda_handler" for function in FUNCTIONS} | {
     "redrive": "relay.redrive.lambda_handler",
     "drain": "relay.drain.lambda_handler",
@@ -292,3 +303,10 @@ def test_inventory_is_what_the_integration_tests_recorded(
             "in the inventory but no longer made: remove its grant, then `make inventory`: "
             + "; ".join(stale)
         )
+
+
+def test_deploy_docs_grants_table_is_the_inventorys():
+    # GIVEN docs/deploy.md's table of what each function's role allows
+    documented = documented_grants((ROOT / "docs" / "deploy.md").read_text(encoding="utf-8"))
+    # THEN it is the one the inventory gives (regenerate: python -m tests.aws_calls --grants)
+    assert documented == grants_table(read_inventory()[0])

@@ -471,3 +471,21 @@ def test_a_failure_that_names_no_function_is_re_driven_on_both_lanes(failure: di
     # GIVEN an on-failure message that names no function (or not as an ARN)
     # THEN its batch is re-sent on both lanes: duplicates, never a lane's records left out
     assert failed_lane(failure, "punctual-RelayFunction", "punctual-RelayCatchup") == ANY_LANE
+
+
+def test_stream_redrive_reads_the_stream_with_a_client_that_backs_off_when_throttled(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # GIVEN the re-drive's stream client, the third reader of each shard (AWS throttles it
+    # with LimitExceededException)
+    from botocore.retries.standard import ThrottledRetryableChecker
+    from relay import redrive as handler
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    client = handler._redrive(Services(None, None, Settings(), time.time))._streams
+    # THEN its retry mode is the standard one, which takes that error for throttling and
+    # backs off (the legacy mode retries it only for Kinesis), a few times within the
+    # re-drive's minute
+    assert client.meta.config.retries["mode"] == "standard"
+    assert client.meta.config.retries["total_max_attempts"] == 6
+    assert "LimitExceededException" in ThrottledRetryableChecker._THROTTLED_ERROR_CODES
