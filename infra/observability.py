@@ -143,8 +143,10 @@ class Observability(Construct):
         acknowledge(
             self.topic,
             "SNS2",
-            "CloudWatch alarms cannot publish to a topic encrypted with the AWS managed SNS "
-            "key, and the notifications carry only alarm names and states, no tenant data.",
+            "Not encrypted at rest: CloudWatch alarms can publish to an encrypted topic only "
+            "with a customer managed KMS key whose policy lets cloudwatch.amazonaws.com use it "
+            "(the AWS managed SNS key does not), and the notifications carry only alarm names, "
+            "states and descriptions, no tenant data: not worth a key of its own.",
         )
         # The topic's policy replaces SNS's default one, so CloudWatch needs its own grant:
         # this account's alarms of this stack only (the alarms are named after the stack).
