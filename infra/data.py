@@ -21,9 +21,10 @@ from constructs import Construct
 
 from infra.functions import log_group
 from infra.layer import ARCHITECTURE, ROOT, RUNTIME
-from punctual.dal.tables import ALL_TABLES, TableSpec
+from punctual.dal.tables import ALL_TABLES, DUE_INDEX, OCCURRENCES, SCHEDULES, TableSpec
 from punctual.settings import Settings
 
+WARMED = (SCHEDULES, OCCURRENCES)
 GUARD_CODE = ROOT / "infra" / "guard_handler.py"
 _TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
 
@@ -47,9 +48,15 @@ class Data(Construct):
         settings: Settings,
         retain: bool,
         deletion_protection: bool,
+        warm_write_units: int = 0,
     ) -> None:
         super().__init__(scope, construct_id)
         self.settings = settings
+        self.warm = (
+            dynamodb.WarmThroughput(write_units_per_second=warm_write_units)
+            if warm_write_units
+            else None
+        )
         self.tables: dict[str, dynamodb.Table] = {}
         for spec in ALL_TABLES:
             table = self._table(spec, retain, deletion_protection)
@@ -83,6 +90,8 @@ class Data(Construct):
             stream=dynamodb.StreamViewType.NEW_IMAGE if spec.stream else None,
             deletion_protection=deletion_protection,
             removal_policy=RemovalPolicy.RETAIN if retain else RemovalPolicy.DESTROY,
+            # The tables the top-of-hour peak writes (a step's transaction, its occurrence).
+            warm_throughput=self.warm if spec in WARMED else None,
         )
         for index in spec.indexes:
             table.add_global_secondary_index(
@@ -91,6 +100,8 @@ class Data(Construct):
                 sort_key=_attribute(index.sk),
                 projection_type=dynamodb.ProjectionType(index.projection),
                 non_key_attributes=list(index.include) if index.include else None,
+                # (the due index: each step moves its schedule from one bucket to the next)
+                warm_throughput=self.warm if index.name == DUE_INDEX else None,
             )
         return table
 

@@ -38,6 +38,7 @@ class PunctualDataStack(cdk.Stack):
             settings=config.settings(),
             retain=config.retain_data,
             deletion_protection=config.deletion_protection,
+            warm_write_units=config.warm_write_units,
         )
 
 

@@ -49,6 +49,7 @@ def test_config_committed_cdk_json_is_valid():
         ({"alarms": {"api_5xx": -1}}, r"punctual\.alarms\.api_5xx"),
         ({"alarms": {"lag": 5}}, r"punctual\.alarms\.lag"),
         ({"shards": 64}, r"punctual\.shards"),
+        ({"warm_write_units": 3999}, r"punctual\.warm_write_units: 3999 is below the 4,000"),
     ],
 )
 def test_config_rejects_bad_context_naming_the_field(context: dict[str, Any], field: str):

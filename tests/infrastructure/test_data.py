@@ -166,3 +166,36 @@ def test_data_guards_the_shard_count_with_its_inlined_code(
         ["dynamodb:GetItem", "dynamodb:UpdateItem"]
     ]
     assert "Leases" in json.dumps(statements[0]["Resource"])
+
+
+def test_data_what_the_peak_writes_is_warmed_and_nothing_else(
+    data: Template, synthesized: Synthesized
+):
+    # GIVEN cdk.json's warm_write_units: 15,000 (the 500k top-of-hour peak writes 14,500
+    # units a second to each of these, docs/capacity.md; a new on-demand table serves 4,000)
+    assert synthesized.config.warm_write_units == 15_000
+    tables = {
+        t["Properties"]["TableName"]: t["Properties"]
+        for t in data.find_resources("AWS::DynamoDB::Table").values()
+    }
+    warm = {"WriteUnitsPerSecond": 15_000}
+    # THEN the schedules and occurrences tables and the due index are warmed to it
+    warmed = {name for name, table in tables.items() if table.get("WarmThroughput") == warm}
+    assert warmed == {"punctual-schedules", "punctual-occurrences"}
+    assert not any(
+        "WarmThroughput" in table for name, table in tables.items() if name not in warmed
+    )
+    indexes = {
+        i["IndexName"]: i.get("WarmThroughput")
+        for i in tables["punctual-schedules"]["GlobalSecondaryIndexes"]
+    }
+    assert indexes == {"due": warm, "by_tenant": None, "by_shard": None}
+
+
+def test_data_no_warm_throughput_when_the_knob_is_zero():
+    # GIVEN a data stack with warm_write_units 0 (AWS's own warm throughput)
+    app = cdk.App()
+    config = DeployConfig(warm_write_units=0)
+    stack = PunctualDataStack(app, "PunctualData", config=config)
+    # THEN no table or index names one
+    assert "WarmThroughput" not in json.dumps(Template.from_stack(stack).to_json())
