@@ -32,6 +32,7 @@ from tests.integration.helpers import (
 )
 from tests.integration.test_reconciler import materialize_until, shards_of
 from tests.integration.test_reconciler_races import lagging
+from tests.integration.test_redrive import _window_of
 from tests.integration.test_relay import messages
 
 DAY = "2026-11-19"
@@ -430,10 +431,6 @@ def _sent(aws: Services) -> list[str]:
     return sorted(m["occurrence_id"] for m in messages(aws, "alice"))
 
 
-def _hour(instant: int) -> tuple[int, int]:
-    return instant - instant % 3600, instant - instant % 3600 + 3600
-
-
 def _checked(aws: Services, sid: str, at_: int, window: tuple[int, int]) -> Any:
     """The scheduled reconciler run at ``at_``: its result for ``window`` (None: not checked)."""
     results = Reconciler(aws).catch_up(shards_of(aws, [sid]), at_)
@@ -492,7 +489,7 @@ def test_backfilled_occurrences_whose_messages_were_lost_are_sent_again_until_do
         assert changed.status == 200, changed.body
     # THEN the reconciler's check of the hour the backfill was made in sends each again,
     # same id, once overdue, and leaves that hour open while they are
-    watch = _hour(at("12:10"))
+    watch = _window_of(at("12:10"))
     _healthy_until(aws, clock, sid, at("14:05"), keep=made)
     first = _checked(aws, sid, at("14:05"), watch)
     assert first is not None

@@ -623,7 +623,7 @@ class Reconciler:
         return skip_idle and _idle(current, start, end, since)
 
     def _schedule(
-        self, current: ScheduleVersion, start: int, end: int, index_settled: bool = True
+        self, current: ScheduleVersion, start: int, end: int, index_settled: bool
     ) -> _ScheduleOutcome:
         schedule_id = current.schedule.schedule_id
         since = start - HISTORY_MARGIN
