@@ -75,6 +75,19 @@ def all_delayed(stack: Stack, queue: str, expected: int) -> None:
     wait_for(sent, DELAY_SECONDS - 5, f"{expected} messages in the queue, the last {BATCH} delayed")
 
 
+def checkpointed(stack: Stack) -> None:
+    """Until the on-time stream poller has saved its checkpoint since now. The batch just
+    seen in the queue was sent by a poll that saves its checkpoint when it ends; killed
+    before that save, a restarted stack relays the batch again (at least once: the workers'
+    claim makes that harmless, which the end of the test shows), and the exact counts this
+    test waits for would never come (CI, 2026-12-06: 24 awaited, 30 there). Linux stamps a
+    file with a clock that lags, never leads, the one read here: a save before now never
+    passes this check; one just after may wait for the next (every 0.5 s)."""
+    seen = time.time_ns()
+    checkpoint = stack.data / "streams.json"
+    wait_for(lambda: checkpoint.stat().st_mtime_ns > seen, 10, "the stream poller's checkpoint")
+
+
 def output(stack: Stack) -> str:
     return stack.log.read_text(errors="replace")
 
@@ -148,6 +161,7 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         # WHEN the foreground `local up` is killed with the next batch waiting delayed
         expected += one_shots(stack, "durable", BATCH)
         all_delayed(stack, queue, len(expected))
+        checkpointed(stack)
         engines = recorded(tmp_path)
         stack.process.kill()
         stack.process.wait()
