@@ -119,6 +119,7 @@ class Api(Construct):
         rate_limit: int,
         burst_limit: int,
         caller_accounts: Sequence[str],
+        reserved_concurrency: int,
     ) -> None:
         super().__init__(scope, construct_id)
         self.function = python_function(
@@ -132,6 +133,8 @@ class Api(Construct):
             # and the zone rules; 1 GB keeps both well under a second.
             memory_mb=1024,
             description="Punctual's HTTPS API (control plane)",
+            # Requests are served whatever the relay's backlog takes (DeployConfig).
+            reserved_concurrency=reserved_concurrency,
         )
         # Exactly what the API's code calls (tests/infrastructure/inventory.txt).
         data.grant(

@@ -52,6 +52,12 @@ MAX_CONCURRENCY = 40
 WARM_WRITES_DEFAULT = 4000
 # EventBridge's limit on a target's input (InputTemplate) in characters.
 EVENTBRIDGE_INPUT_LIMIT = 8192
+# Lambda refuses a reservation that leaves fewer than this unreserved in the account: the
+# reconciler's groups (at most MAX_CONCURRENCY) and the re-drives run there.
+UNRESERVED_MINIMUM = 100
+# Re-drives of discarded stream batches at once (its SQS mapping's maximum concurrency,
+# the least SQS allows).
+REDRIVE_CONCURRENCY = 2
 
 
 def rule_input_text(time_key: str, shard_count: int, group_size: int) -> str:
@@ -154,6 +160,18 @@ class DeployConfig(BaseModel):
     # writes: the schedules and occurrences tables and the due index. A new on-demand table
     # serves about 4,000 at once and throttles past twice its previous peak; 0: AWS's own.
     warm_write_units: int = Field(default=0, ge=0, le=1_000_000)
+    # The account's Lambda concurrency quota in the region (docs/deploy.md, prerequisites:
+    # `aws lambda get-account-settings`; new accounts may have far less than 1,000). The
+    # reservations below must fit in it, with what the reconciler needs left unreserved.
+    account_concurrency: int = Field(default=1000, ge=1, le=1_000_000)
+    # Reserved for the API: about this many requests at once whatever else runs (at the
+    # 1,000 requests/s limit, invocations averaging up to 100 ms).
+    api_concurrency: int = Field(default=100, ge=1, le=10_000)
+    # The relay lanes' caps (reserved concurrency, which is also a limit): a backlog after
+    # an outage, or a replayed stream, takes no more. A throttled batch waits in the stream
+    # and is retried until it is 6 hours old, its retries not counted (docs/capacity.md).
+    relay_concurrency: int = Field(default=300, ge=1, le=10_000)
+    catchup_concurrency: int = Field(default=50, ge=1, le=10_000)
     # Stage-wide API throttling (requests/s and burst); every tenant shares it.
     api_rate_limit: int = Field(default=1000, ge=1, le=10_000)
     api_burst_limit: int = Field(default=2000, ge=1, le=5000)
@@ -170,10 +188,43 @@ class DeployConfig(BaseModel):
             *self._rule_inputs(),
             *self._window(),
             *self._warm(),
+            *self._concurrency(),
         ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def materializer_concurrency(self) -> int:
+        """Reserved for the materializer: a tick runs its groups at once (at most the Map's
+        concurrency), and a tick whose groups are retried runs into the next ticks' (up to
+        its timeout), so this many never wait for a slot the relay took."""
+        groups = min(math.ceil(self.shard_count / self.shard_group_size), self.map_concurrency)
+        return math.ceil(TICKER_TIMEOUT_SECONDS / 60) * groups
+
+    def reserved_concurrency(self) -> dict[str, int]:
+        """Each reservation the stack makes (infra/stack.py passes these on)."""
+        return {
+            "materializer": self.materializer_concurrency,
+            "api": self.api_concurrency,
+            "relay": self.relay_concurrency,
+            "catch-up relay": self.catchup_concurrency,
+        }
+
+    def _concurrency(self) -> list[str]:
+        reserved = self.reserved_concurrency()
+        left = self.account_concurrency - sum(reserved.values())
+        if left >= UNRESERVED_MINIMUM:
+            return []
+        parts = " + ".join(f"{n} {k}" for k, n in reserved.items())
+        return [
+            f"punctual.account_concurrency: the reservations ({parts}) leave "
+            f"{self.account_concurrency} - {sum(reserved.values())} = {left} unreserved, "
+            f"fewer than Lambda's minimum of {UNRESERVED_MINIMUM} (where the reconciler's "
+            f"groups and the re-drive run); account_concurrency >= "
+            f"{sum(reserved.values()) + UNRESERVED_MINIMUM} (ask AWS for a higher quota: "
+            "docs/deploy.md), or a lower relay_concurrency"
+        ]
 
     def _warm(self) -> list[str]:
         if 0 < self.warm_write_units < WARM_WRITES_DEFAULT:

@@ -11,16 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import aws_cdk as cdk
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from infra.functions import log_group
-from infra.layer import ARCHITECTURE, ROOT, RUNTIME
+from infra.functions import inline_function, role_of
+from infra.layer import ROOT
 from punctual.dal.tables import ALL_TABLES, DUE_INDEX, OCCURRENCES, SCHEDULES, TableSpec
 from punctual.settings import Settings
 
@@ -114,31 +113,18 @@ class ShardCountGuard(Construct):
         self, scope: Construct, construct_id: str, *, table: dynamodb.Table, count: int
     ) -> None:
         super().__init__(scope, construct_id)
-        logs_ = log_group(self, "Logs", logs.RetentionDays.ONE_MONTH)
-        role = iam.Role(
+        # (The function keeps its construct id: CloudFormation refuses to change a custom
+        # resource's service token, the function's ARN.)
+        function = inline_function(
             self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Punctual shard-count guard",
+            "Function",
+            code=GUARD_CODE,
+            description="Refuses a deploy with fewer shards than deployed before",
         )
-        logs_.grant_write(role)
-        role.add_to_policy(
+        role_of(function).add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:UpdateItem", "dynamodb:GetItem"], resources=[table.table_arn]
             )
-        )
-        function = lambda_.Function(
-            self,
-            "Function",
-            description="Refuses a deploy with fewer shards than deployed before",
-            runtime=RUNTIME,
-            architecture=ARCHITECTURE,
-            handler="index.on_event",
-            code=lambda_.Code.from_inline(GUARD_CODE.read_text(encoding="utf-8")),
-            role=role,
-            timeout=Duration.seconds(60),
-            memory_size=128,
-            log_group=logs_,
         )
         cdk.CustomResource(
             self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
@@ -42,6 +43,35 @@ def log_group(
     )
 
 
+def inline_function(
+    scope: Construct, construct_id: str, *, code: Path, description: str
+) -> lambda_.Function:
+    """A custom resource's handler: ``code`` (one file, standard library and boto3 only)
+    inlined in the template, under a role that may write its own logs and nothing else
+    until the caller grants more."""
+    logs_ = log_group(scope, f"{construct_id}Logs", logs.RetentionDays.ONE_MONTH)
+    role = iam.Role(
+        scope,
+        f"{construct_id}Role",
+        assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+        description=f"Punctual: {description}",
+    )
+    logs_.grant_write(role)
+    return lambda_.Function(
+        scope,
+        construct_id,
+        description=description,
+        runtime=RUNTIME,
+        architecture=ARCHITECTURE,
+        handler="index.on_event",
+        code=lambda_.Code.from_inline(code.read_text(encoding="utf-8")),
+        role=role,
+        timeout=Duration.seconds(60),
+        memory_size=128,
+        log_group=logs_,
+    )
+
+
 def role_of(function: lambda_.Function) -> iam.IRole:
     """Where findings about a function's permissions are acknowledged: its role's policy."""
     role = function.role
@@ -60,8 +90,12 @@ def python_function(
     memory_mb: int,
     description: str,
     any_resource_reasons: tuple[str, ...] = (),
+    reserved_concurrency: int | None = None,
 ) -> lambda_.Function:
     """``handler`` is relative to functions/, e.g. 'api.handler.lambda_handler'.
+
+    ``reserved_concurrency``: its reserved concurrency (DeployConfig.reserved_concurrency),
+    which is also its cap; None: it shares the account's unreserved pool.
 
     ``any_resource_reasons``: why the function's other actions on '*' must be on '*' (one
     acknowledgment covers every '*' statement of the role, so its reason names them all).
@@ -99,6 +133,7 @@ def python_function(
         },
         timeout=timeout,
         memory_size=memory_mb,
+        reserved_concurrent_executions=reserved_concurrency,
         tracing=lambda_.Tracing.ACTIVE,
         log_group=logs_,
         logging_format=lambda_.LoggingFormat.JSON,

@@ -30,6 +30,7 @@ class Materialization(Construct):
         defaults: FunctionDefaults,
         group_size: int,
         max_concurrency: int,
+        reserved_concurrency: int,
     ) -> None:
         super().__init__(scope, construct_id)
         settings = data.settings
@@ -45,6 +46,9 @@ class Materialization(Construct):
             # work, and one group must plan its shards' whole minute inside the tick.
             memory_mb=1024,
             description="Turns due schedules of a shard group into occurrences",
+            # Every group of every tick that may run at once: a relay draining a backlog
+            # never throttles planning (DeployConfig.materializer_concurrency).
+            reserved_concurrency=reserved_concurrency,
         )
         # Exactly what the materializer's code calls (tests/infrastructure/inventory.txt).
         data.grant(

@@ -325,6 +325,17 @@ class Observability(Construct):
             heartbeat=True,
         )
         self._alarm(
+            "PlanningBehind",
+            punctual_metric("DueBacklog", "Maximum"),
+            0,
+            "The materializer left due buckets for the next tick in each of the last 5 "
+            "minutes (a group out of time tick after tick, its lease held elsewhere, its "
+            "shards too full): it falls behind, and fires become late once the backlog "
+            "eats the lookahead. A top of the hour's minute or two of backlog is normal.",
+            evaluation_periods=5,
+            datapoints=5,
+        )
+        self._alarm(
             "ScheduleRuleFailures",
             filled_sum(
                 {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aws_cdk as cdk
 from aws_cdk import Duration
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
@@ -15,13 +16,20 @@ from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from infra.config import REDRIVE_CONCURRENCY
 from infra.data import DataReferences, TableGrants
-from infra.functions import FunctionDefaults, python_function
+from infra.functions import FunctionDefaults, inline_function, python_function
+from infra.layer import ROOT
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import OCCURRENCE_PREFIX
 from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS
 from punctual.models import Lane
 
+# A new mapping reads the stream from its oldest record (LATEST would skip what was
+# inserted while no mapping read it); the relay does not send again what was inserted and
+# due before the mappings were made (relay_start).
+STARTING_POSITION = lambda_.StartingPosition.TRIM_HORIZON
+START_CODE = ROOT / "infra" / "start_handler.py"
 REDRIVE_TIMEOUT_SECONDS = 60
 # Tries of one discarded batch's re-drive before it waits in the dead-letter queue: SQS
 # stops counting a message in ApproximateAgeOfOldestMessage after its third receive, so
@@ -41,13 +49,17 @@ class Relaying(Construct):
         parallelization_factor: int,
         catchup_parallelization_factor: int,
         batching_window_seconds: int,
+        reserved_concurrency: int,
+        catchup_reserved_concurrency: int,
     ) -> None:
         super().__init__(scope, construct_id)
         occurrences = data.tables["occurrences_table"]
         stream_arn = occurrences.table_stream_arn
         assert stream_arn is not None, "the occurrences table is the outbox: it has a stream"
 
-        def relay_function(construct_id: str, handler: str, what: str) -> lambda_.Function:
+        def relay_function(
+            construct_id: str, handler: str, what: str, reserved: int
+        ) -> lambda_.Function:
             return python_function(
                 self,
                 construct_id,
@@ -64,9 +76,17 @@ class Relaying(Construct):
                     "dynamodb:ListStreams (the event source mapping) has no resource-level "
                     "permission.",
                 ),
+                # A cap, below the shards x parallelization factor batches the mapping
+                # could run: a throttled batch waits in the stream, retried until it is
+                # 6 hours old (throttles use none of its retry attempts: Lambda's
+                # "services-dynamodb-errors"), and the API and the materializer keep
+                # their own reservations (DeployConfig._concurrency).
+                reserved_concurrency=reserved,
             )
 
-        self.function = relay_function("Function", "relay.handler.lambda_handler", "occurrences")
+        self.function = relay_function(
+            "Function", "relay.handler.lambda_handler", "occurrences", reserved_concurrency
+        )
         # Exactly what the relay's code calls (tests/infrastructure/inventory.txt): it reads
         # the batch's occurrences and the targets' queue URLs, settles an occurrence whose
         # target is gone as DEAD, and sends (SendMessageBatch is authorized as SendMessage).
@@ -122,7 +142,13 @@ class Relaying(Construct):
             )
         )
         self.redrive.add_event_source(
-            sources.SqsEventSource(self.failures, batch_size=1, report_batch_item_failures=True)
+            sources.SqsEventSource(
+                self.failures,
+                batch_size=1,
+                report_batch_item_failures=True,
+                # Unreserved: few at once (DeployConfig's arithmetic counts them).
+                max_concurrency=REDRIVE_CONCURRENCY,
+            )
         )
         self.function.add_event_source(
             _mapping(
@@ -145,7 +171,10 @@ class Relaying(Construct):
         # its own position, so a catch-up of any size never sits ahead of fires due now;
         # its few batches at once bound the Lambda concurrency it takes.
         self.catchup = relay_function(
-            "Catchup", "relay.catchup.lambda_handler", "catch-up occurrences"
+            "Catchup",
+            "relay.catchup.lambda_handler",
+            "catch-up occurrences",
+            catchup_reserved_concurrency,
         )
         grant_sending(self.catchup)
         self.catchup.add_event_source(
@@ -158,9 +187,41 @@ class Relaying(Construct):
                 batching_window=Duration.seconds(CATCHUP_WINDOW_SECONDS),
             )
         )
+        self.start = relay_start(self, (self.function, self.catchup))
         # Which lane's batch failed: the re-drive re-sends only that lane's records.
         self.redrive.add_environment("PUNCTUAL_RELAY_FUNCTION", self.function.function_name)
         self.redrive.add_environment("PUNCTUAL_CATCHUP_RELAY_FUNCTION", self.catchup.function_name)
+
+
+def relay_start(scope: Construct, relays: tuple[lambda_.Function, ...]) -> cdk.CustomResource:
+    """The instant the relays' stream mappings were made (infra/start_handler.py, inlined),
+    handed to each relay function as PUNCTUAL_RELAY_STARTED_AT. Its properties name the
+    mappings, so the mappings made anew (the stack re-created after a destroy, a mapping
+    replaced) make a new instant; a deploy that keeps them keeps it, and the functions'
+    configuration with it. (It must not refer to the mappings themselves: each function's
+    environment depends on it, and each mapping on its function.)"""
+    mappings = sorted(
+        child.node.path
+        for relay in relays
+        for child in relay.node.children
+        if isinstance(child, lambda_.EventSourceMapping)
+    )
+    function = inline_function(
+        scope,
+        "StartFunction",
+        code=START_CODE,
+        description="Answers the instant the relay's stream mappings were made",
+    )
+    start = cdk.CustomResource(
+        scope,
+        "Start",
+        service_token=function.function_arn,
+        resource_type="Custom::PunctualRelayStart",
+        properties={"Mappings": mappings, "StartingPosition": STARTING_POSITION.value},
+    )
+    for relay in relays:
+        relay.add_environment("PUNCTUAL_RELAY_STARTED_AT", start.get_att_string("StartedAt"))
+    return start
 
 
 def _mapping(
@@ -174,7 +235,7 @@ def _mapping(
     ``lane`` attribute matches ``lane`` (as punctual.integrations.streams.wanted)."""
     return sources.DynamoEventSource(
         occurrences,
-        starting_position=lambda_.StartingPosition.TRIM_HORIZON,
+        starting_position=STARTING_POSITION,
         batch_size=500,
         max_batching_window=batching_window,
         # Shards of the stream are read this many batches at a time; records of

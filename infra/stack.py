@@ -70,6 +70,7 @@ class PunctualStack(cdk.Stack):
             queues=queues,
             defaults=defaults,
             rate_limit=config.api_rate_limit,
+            reserved_concurrency=config.api_concurrency,
             burst_limit=config.api_burst_limit,
             caller_accounts=config.caller_accounts,
         )
@@ -80,6 +81,7 @@ class PunctualStack(cdk.Stack):
             defaults=defaults,
             group_size=config.shard_group_size,
             max_concurrency=config.map_concurrency,
+            reserved_concurrency=config.materializer_concurrency,
         )
         self.relaying = Relaying(
             self,
@@ -90,6 +92,8 @@ class PunctualStack(cdk.Stack):
             parallelization_factor=config.relay_parallelization_factor,
             catchup_parallelization_factor=config.catchup_parallelization_factor,
             batching_window_seconds=config.relay_batching_window_seconds,
+            reserved_concurrency=config.relay_concurrency,
+            catchup_reserved_concurrency=config.catchup_concurrency,
         )
         self.reconciliation = Reconciliation(
             self,

@@ -34,6 +34,7 @@ def trial(
             "bad items skipped": run.bad_items.count,
             "zone rules changed": run.rules_changed_at is not None,
             "failed over": run.failed_over_at is not None,
+            "relay mappings made anew": run.remapped_at is not None,
         }
     )
     verdict = check(run)

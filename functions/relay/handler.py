@@ -33,7 +33,9 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     # The relay sends the whole batch grouped by queue (SendMessageBatch, queues in
     # parallel); Powertools then reports each record it could not deliver as a batch item
     # failure, so the event source mapping retries from there and nothing is dropped.
-    report = wiring.built(Relay).relay(event.get("Records", []))
+    # A new mapping's replay of the stream is not sent again (Settings.relay_started_at).
+    started_at = wiring.services().settings.relay_started_at
+    report = wiring.built(Relay).relay(event.get("Records", []), started_at=started_at)
     for strict, lag in report.lags:
         metrics.add_metric(
             name="EnqueueLagStrict" if strict else "EnqueueLagFlexible",
@@ -50,6 +52,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="RelayUndeliverable", unit=MetricUnit.Count, value=report.undeliverable)
     metrics.add_metric(name="RelayTooEarly", unit=MetricUnit.Count, value=report.too_early)
     metrics.add_metric(name="MalformedItems", unit=MetricUnit.Count, value=report.malformed)
+    metrics.add_metric(name="RelayReplaySkipped", unit=MetricUnit.Count, value=report.before_start)
     if report.late_strict:
         logger.warning(
             "strict occurrences receivable past the SLO", extra={"late": report.late_strict}

@@ -181,11 +181,11 @@ def calibrate(schedules: int) -> None:
             return reports
 
     class TimedRelay(Relay):
-        def relay(self, records: Any) -> RelayReport:
+        def relay(self, records: Any, *, started_at: int | None = None) -> RelayReport:
             phase[0] = "relay"
             records = list(records)
             wall = time.perf_counter()
-            answer = super().relay(records)
+            answer = super().relay(records, started_at=started_at)
             batches.append([wall, time.perf_counter(), len(records)])
             return answer
 

@@ -163,3 +163,21 @@ def test_alarms_a_rule_that_cannot_start_its_state_machine_fires(service: Templa
     assert [m["MetricName"] for m in metrics] == ["FailedInvocations"] * 2
     rules = {json.dumps(m["Dimensions"][0]["Value"]) for m in metrics}
     assert rules == {json.dumps({"Ref": r}) for r in service.find_resources("AWS::Events::Rule")}
+
+
+def test_alarms_planning_behind_fires_when_backlog_persists_not_at_a_peaks_minute(
+    service: Template,
+):
+    # GIVEN the alarm on the due buckets the materializer leaves for the next tick
+    [alarm] = [a for name, a in _alarms(service).items() if "PlanningBehind" in name]
+    assert (alarm["MetricName"], alarm["Statistic"]) == ("DueBacklog", "Maximum")
+    [backlog] = inputs(alarm)
+
+    def after(*latest: float | None) -> str:
+        return alarm_state(alarm, {backlog: [0.0, 0.0, *latest]})
+
+    # THEN buckets left tick after tick for 5 minutes fire it
+    assert after(1.0, 2.0, 3.0, 5.0, 8.0) == "ALARM"
+    # AND a top of the hour's minutes of backlog, caught up after, do not
+    assert after(0.0, 3.0, 2.0, 0.0, 0.0) == "OK"
+    assert after(2.0, 1.0, 1.0, 1.0, 0.0) == "OK"

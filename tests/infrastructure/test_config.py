@@ -168,6 +168,13 @@ def test_config_override_reaches_the_synthesized_functions(tmp_path: Path):
         ),
         # nobody could onboard a tenant after the deploy
         ({"operator_role": False}, r"punctual\.operator_principals: empty while operator_role"),
+        # a new account's quota: the reservations leave less than Lambda's minimum
+        (
+            {"shard_count": 128, "account_concurrency": 600},
+            r"punctual\.account_concurrency: the reservations \(64 materializer \+ 100 api \+ "
+            r"300 relay \+ 50 catch-up relay\) leave 600 - 514 = 86 unreserved, fewer than "
+            r"Lambda's minimum of 100 .*account_concurrency >= 614",
+        ),
     ],
 )
 def test_config_rejects_what_cannot_work_with_the_arithmetic(
@@ -215,3 +222,41 @@ def test_config_checks_the_input_text_the_rules_really_carry(synthesized: Synthe
     assert texts["cron(25 * * * ? *)"] == rule_input_text(
         "time", config.shard_count, config.reconcile_group_size
     )
+
+
+def test_config_reserves_concurrency_for_planning_and_requests_and_caps_the_relay(
+    synthesized: Synthesized,
+):
+    # GIVEN the synthesized stack and its config
+    config = synthesized.config
+    reserved = {
+        f["Properties"]["Handler"]: f["Properties"].get("ReservedConcurrentExecutions")
+        for f in synthesized.service.find_resources("AWS::Lambda::Function").values()
+        if f["Properties"]["Handler"].endswith(".lambda_handler")
+    }
+    # THEN the materializer has every group of the ticks that may overlap (a tick retried
+    # up to its timeout runs into the next ones), the API its share, and each relay lane a
+    # cap below what its mapping could run (stream shards x parallelization factor)
+    groups = -(-config.shard_count // config.shard_group_size)
+    assert config.materializer_concurrency == 4 * min(groups, config.map_concurrency)
+    assert reserved == {
+        "materializer.handler.lambda_handler": config.materializer_concurrency,
+        "api.handler.lambda_handler": config.api_concurrency,
+        "relay.handler.lambda_handler": config.relay_concurrency,
+        "relay.catchup.lambda_handler": config.catchup_concurrency,
+        # the unreserved pool: the reconciler's groups, the re-drive, the dashboard's widget
+        "reconciler.handler.lambda_handler": None,
+        "relay.redrive.lambda_handler": None,
+        "relay.drain.lambda_handler": None,
+    }
+    # AND the re-drive takes at most two of the unreserved slots
+    [redrive] = [
+        m["Properties"]
+        for m in synthesized.service.find_resources("AWS::Lambda::EventSourceMapping").values()
+        if "StartingPosition" not in m["Properties"]
+    ]
+    assert redrive["ScalingConfig"] == {"MaximumConcurrency": 2}
+    # AND with cdk.json's knobs, what stays unreserved is Lambda's minimum or more
+    committed = DeployConfig.from_context(committed_context())
+    left = committed.account_concurrency - sum(committed.reserved_concurrency().values())
+    assert left >= 100

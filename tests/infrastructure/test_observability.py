@@ -31,7 +31,7 @@ def test_observability_every_alarm_notifies_the_topic_both_ways(service: Templat
     )
     # AND every alarm tells it when it fires and when it recovers
     alarms = service.find_resources("AWS::CloudWatch::Alarm")
-    assert len(alarms) == 19 + len(ALL_TABLES)
+    assert len(alarms) == 20 + len(ALL_TABLES)
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
         assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from aws_cdk.assertions import Match, Template
 
+from infra.offline import cdk_json_context, synthesize
+from infra.relay import START_CODE
 from punctual.integrations.streams import wanted
 from punctual.models import Lane
 
@@ -271,3 +274,61 @@ def test_relay_reads_tenants_but_cannot_change_them(service: Template):
     }
     assert "dynamodb:GetItem" in tenant_actions
     assert not {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"} & (tenant_actions)
+
+
+def _start_resource(service: Template) -> tuple[str, dict[str, Any]]:
+    [(name, start)] = service.find_resources("Custom::PunctualRelayStart").items()
+    return name, start["Properties"]
+
+
+def test_relay_lanes_know_when_their_mappings_were_made(service: Template):
+    # GIVEN the relay's start resource
+    name, start = _start_resource(service)
+    functions = service.find_resources("AWS::Lambda::Function")
+    # THEN both lanes read its instant, and the re-drive (which re-sends batches the
+    # mappings gave up on, whenever) does not
+    started = {
+        f["Properties"]["Handler"]: f["Properties"]["Environment"]["Variables"].get(
+            "PUNCTUAL_RELAY_STARTED_AT"
+        )
+        for f in functions.values()
+        if f["Properties"]["Handler"].startswith("relay.")
+    }
+    instant = {"Fn::GetAtt": [name, "StartedAt"]}
+    assert started == {
+        HANDLER: instant,
+        CATCHUP_HANDLER: instant,
+        "relay.redrive.lambda_handler": None,
+        "relay.drain.lambda_handler": None,
+    }
+    # AND its properties name both stream mappings (made anew, they make a new instant),
+    # which start at the stream's oldest record
+    assert start["StartingPosition"] == "TRIM_HORIZON"
+    assert {m["StartingPosition"] for m in _stream_mappings(service).values()} == {"TRIM_HORIZON"}
+    assert len(start["Mappings"]) == 2
+    assert all(
+        re.fullmatch(r"Punctual/Relay/(Function|Catchup)/DynamoDBEventSource:.+", p)
+        for p in start["Mappings"]
+    )
+    # AND its handler is infra/start_handler.py as it is, inlined
+    token = start["ServiceToken"]["Fn::GetAtt"][0]
+    assert functions[token]["Properties"]["Code"]["ZipFile"] == START_CODE.read_text(
+        encoding="utf-8"
+    )
+
+
+def test_relay_start_stays_through_a_deploy_with_other_settings(service: Template, tmp_path: Path):
+    # GIVEN a second synthesis with other settings (shards, caps, windows)
+    assembly = synthesize(
+        str(tmp_path),
+        {
+            **cdk_json_context(),
+            "punctual": '{"shard_count": 256, "relay_concurrency": 200, '
+            '"relay_batching_window_seconds": 0, "shard_group_size": 16, '
+            '"reconcile_group_size": 4}',
+        },
+    )
+    other = Template.from_json(assembly.get_stack_by_name("Punctual").template)
+    # THEN its start resource is the same, with the same properties: CloudFormation does
+    # not update it, so the instant stays and the relays' replay rule with it
+    assert _start_resource(other) == _start_resource(service)

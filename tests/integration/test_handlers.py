@@ -4,6 +4,7 @@ logic below them: the call inventory and the alarms' metrics are taken from thes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -12,8 +13,12 @@ from materializer import handler as materializer_handler
 from relay import catchup as catchup_handler
 from relay import handler as relay_handler
 
-from punctual.ids import minute_of
+from infra import start_handler
+from punctual.dal.common import to_dynamo
+from punctual.dal.occurrences import occurrence_to_item
+from punctual.ids import minute_of, new_schedule_id, occurrence_id
 from punctual.integrations.streams import wanted
+from punctual.models import Occurrence
 from punctual.reconciler import Reconciler
 from punctual.services import Services
 from tests.instants import iso
@@ -27,6 +32,7 @@ from tests.integration.helpers import (
     table_items,
     wire,
 )
+from tests.integration.test_relay import messages
 
 
 def emitted(out: str) -> dict[str, float]:
@@ -224,3 +230,101 @@ def test_relay_lanes_send_a_catchup_apart_and_measure_it_behind_its_pace(
     assert metrics["Relayed"] == len(lanes[None])
     assert "EnqueueLagStrict" in metrics
     assert "EnqueueLagCatchup" not in metrics
+
+
+def test_relay_handler_of_a_new_mapping_does_not_send_the_streams_past_again(
+    alice: Api,
+    aws: Services,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    # GIVEN relay mappings made anew at `start` (the stack re-created after a destroy, or a
+    # mapping replaced): the new mapping reads the stream from its oldest record, a day back
+    start = int(clock.now)
+    settings = aws.settings.model_copy(update={"relay_started_at": start})
+    wire(relay_handler, dataclasses.replace(aws, settings=settings), monkeypatch)
+
+    def inserted(created: int | None, due: int) -> tuple[str, dict[str, Any]]:
+        schedule_id = new_schedule_id("alice")
+        occurrence = Occurrence(
+            occurrence_id=occurrence_id(schedule_id, 1, due),
+            tenant_id="alice",
+            schedule_id=schedule_id,
+            schedule_version=1,
+            scheduled_for=due,
+            available_at=due,
+            target="default",
+        )
+        image = to_dynamo(occurrence_to_item(occurrence, {"n": due}))
+        dynamodb: dict[str, Any] = {"NewImage": image, "Keys": {}}
+        if created is not None:
+            dynamodb["ApproximateCreationDateTime"] = created
+        return occurrence.occurrence_id, {"eventName": "INSERT", "dynamodb": dynamodb}
+
+    # ... whose records hold: fires inserted and due before the start (the mappings before
+    # sent them, or the reconciler re-sends them), a fire inserted before the start but due
+    # after it, a late fire inserted after the start for an instant before it (a
+    # materializer catching up), and a record without its creation time
+    replayed = [inserted(start - 86_000, start - 85_000), inserted(start - 200, start - 1)]
+    sent = [
+        inserted(start - 100, start + 300),
+        inserted(start, start - 3600),
+        inserted(None, start - 60),
+    ]
+    records = [record for _, record in replayed + sent]
+    for n, record in enumerate(records, start=1):
+        record["dynamodb"] |= {"SequenceNumber": str(n)}
+        record["eventID"] = str(n)
+    # WHEN the new mapping hands them to the relay (by then the one due after the start is
+    # due too, so that every message sent is receivable now)
+    clock.now = start + 300
+    capsys.readouterr()
+    answer = relay_handler.lambda_handler({"Records": records}, LambdaContextStub())
+    # THEN only those inserted and due before the start are not sent again, and counted
+    assert answer == {"batchItemFailures": []}
+    assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted(o for o, _ in sent)
+    metrics = emitted(capsys.readouterr().out)
+    assert (metrics["RelayReplaySkipped"], metrics["Relayed"]) == (2, 3)
+
+
+def test_relay_start_answers_a_new_instant_when_the_mappings_are_made(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # GIVEN CloudFormation's events for the relay's start resource
+    def event(kind: str) -> dict[str, Any]:
+        return {
+            "RequestType": kind,
+            "StackId": "stack",
+            "RequestId": "request",
+            "LogicalResourceId": "RelayStart",
+            "ResponseURL": "https://example.invalid/answer",
+        }
+
+    # THEN a Create or an Update (the mappings made anew) answers the instant as StartedAt
+    for kind in ("Create", "Update"):
+        body = start_handler.answer(event(kind), 1_790_000_000.7)
+        assert body["Status"] == "SUCCESS"
+        assert body["Data"] == {"StartedAt": "1790000000"}
+        assert body["PhysicalResourceId"] == "punctual-relay-start"
+    # ... and a Delete needs none
+    assert "Data" not in start_handler.answer(event("Delete"), 1_790_000_000)
+    # AND the answer is PUT to CloudFormation's URL
+    put: list[Any] = []
+
+    class Answered:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *args: Any) -> None:
+            return None
+
+    def urlopen(request: Any, timeout: float) -> Answered:
+        put.append(request)
+        return Answered()
+
+    monkeypatch.setattr("urllib.request.urlopen", urlopen)
+    start_handler.on_event(event("Create"), None)
+    [request] = put
+    assert (request.method, request.full_url) == ("PUT", "https://example.invalid/answer")
+    assert json.loads(request.data)["Data"]["StartedAt"].isdigit()

@@ -124,6 +124,9 @@ class SimConfig:
     hostile_per_hour: float = 6.0  # writes of the hostile tenant's worker (0: no such tenant)
     rules_change: bool = True  # planned under IANA 2025b, the pinned release deployed mid-run
     failover: bool = True  # another region takes every shard over mid-run
+    # The relay's mappings made anew mid-run (the stack deployed again over its tables): the
+    # new one reads the stream from its oldest record (punctual.relay, replay)
+    remap: bool = True
     outages: int = 3  # per component over the run
     skew: int = 3  # seconds, each way, between components
     start: str | None = None  # one of STARTS (None: the seed draws it)
@@ -161,6 +164,7 @@ class Run:
     rules_changed_at: int | None = None  # when the pinned zone rules replaced 2025b
     failed_over_at: int | None = None
     rewind: int = 0  # how far back the fail-over planned again
+    remapped_at: int | None = None  # when the relay's mappings were made anew
 
     @property
     def backfilled_ids(self) -> set[str]:
@@ -263,6 +267,17 @@ class Simulation:
             self.start + int(span * self.rng.uniform(0.3, 0.8)) if config.failover else None
         )
         self.second_take_over_at: int | None = None
+        # (Its own generator: the draws above, and so every earlier seed's run, unchanged.)
+        self.remap_at = (
+            self.start + int(span * random.Random(config.seed * 7919).uniform(0.3, 0.9))
+            if config.remap
+            else None
+        )
+        # When the mapping first read each stream record (by sequence number): the record's
+        # creation time as the relay sees it. DynamoDB Local stamps records with its own
+        # (real) clock; a record is read in the step it was written unless the relay is
+        # down, and then later, which makes a replay look newer: sent, never skipped wrongly.
+        self.first_read: dict[str, int] = {}
         self.mapping = _Mapping(self)
         self.redrive_queue: list[dict[str, Any]] = []
         self.requests = Tenants(self)
@@ -368,6 +383,8 @@ class Simulation:
         failed = self.run_record.failed_over_at
         if failed is not None and now < failed + ZOMBIE_SECONDS:
             self._tick(now, self.settings)  # the failed region's: fenced off by generation
+        if self.remap_at is not None and now >= self.remap_at:
+            self._remap(now)
         if draining or self.up("relay"):
             self.mapping.poll()
             self._redrive()
@@ -381,6 +398,14 @@ class Simulation:
                 self.evil.act()
         if now % HOUR == 5 * MINUTE and (draining or self.up("reconciler")):
             self._reconcile(now)
+
+    def _remap(self, now: int) -> None:
+        """The stack is deployed again: the relay's mappings are made anew (what the old one
+        held, read but not yet sent, is dropped with it) and read the stream from its
+        oldest record; the relay is told when they were made (Settings.relay_started_at)."""
+        self.remap_at = None
+        self.run_record.remapped_at = now
+        self.mapping = _Mapping(self, started_at=now)
 
     def _change_rules(self, now: int) -> None:
         """The pinned tzdata is deployed: plan with its rules from now on, and run the
@@ -515,10 +540,11 @@ class _Mapping:
 
     BATCH = 100
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: Simulation, started_at: int | None = None) -> None:
         import boto3
 
         self.sim = sim
+        self.started_at = started_at
         endpoint = sim.real.meta.endpoint_url
         self.streams = boto3.client(
             "dynamodbstreams",
@@ -582,13 +608,23 @@ class _Mapping:
                     iterator = self._iterator(arn, shard_id)
                     continue
                 got = page.get("Records", [])
-                self.pending[shard_id] += [event_record(r, arn) for r in got if wanted(r)]
+                self.pending[shard_id] += [
+                    self._stamped(event_record(r, arn)) for r in got if wanted(r)
+                ]
                 if got:
                     self.read_up_to[shard_id] = got[-1]["dynamodb"]["SequenceNumber"]
                 iterator = page.get("NextShardIterator")
                 if not got:
                     break
             self.iterators[shard_id] = iterator
+
+    def _stamped(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with its creation time on the simulated clock (Simulation.first_read)."""
+        seen = self.sim.first_read.setdefault(
+            record["dynamodb"]["SequenceNumber"], int(self.sim.clock.now)
+        )
+        record["dynamodb"]["ApproximateCreationDateTime"] = seen
+        return record
 
     def _iterator(self, arn: str, shard_id: str) -> str:
         """An iterator after the shard's last record read (from its start if none was)."""
@@ -622,12 +658,14 @@ class _Mapping:
 
         relay = Relay(self.sim.services("relay"), workers=1, crash=crash, sleep=lambda _: None)
         try:
-            report = relay.relay(batch)
+            report = relay.relay(batch, started_at=self.started_at)
         except Killed:
             self.sim.faults.injected["relay_cut"] += 1
             return 0  # the invocation timed out: the whole batch comes again
         except (ClientError, BotoCoreError, PunctualError):  # the invocation failed: all again
             return 0
+        if report.before_start:
+            self.sim.faults.injected["replay_skipped"] += report.before_start
         failed = {int(k) for k in report.failures}
         hostile = self.sim.hostile
         for record in batch:

@@ -55,7 +55,9 @@ class ExpiringStreams:
 
 def mapping(streams: ExpiringStreams) -> _Mapping:
     endpoint = SimpleNamespace(meta=SimpleNamespace(endpoint_url="http://localhost:1"))
-    made = _Mapping(cast(Any, SimpleNamespace(real=endpoint)))
+    # (the records' first reads stamp them with the simulated clock)
+    sim = SimpleNamespace(real=endpoint, first_read={}, clock=SimpleNamespace(now=0.0))
+    made = _Mapping(cast(Any, sim))
     made.streams = streams
     made.arn, made.shards, made.polls = ARN, ["shard-1"], 1  # no DescribeStream at this poll
     return made

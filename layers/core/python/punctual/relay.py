@@ -90,6 +90,10 @@ class RelayReport:
     # Due more than SQS's 900 s away: not sent now (a forged or mis-planned available_at);
     # the reconciler re-sends it once it is overdue (punctual.redrive), never early.
     too_early: int = 0
+    # Inserted and due before the mappings were made (Settings.relay_started_at): a new
+    # mapping's replay of the stream, not sent again (the reconciler re-sends what no
+    # worker took).
+    before_start: int = 0
     lags: list[tuple[bool, float]] = field(default_factory=list)  # (strict, seconds)
     # Catch-up lane: receivable minus its (paced) available_at, seconds.
     catchup_lags: list[float] = field(default_factory=list)
@@ -146,6 +150,15 @@ class QueueDirectory:
         return resolved.queue_url
 
 
+def _replayed(record: dict[str, Any], found: _Outbound, started_at: int) -> bool:
+    """Inserted and due before ``started_at`` (Relay.relay). A record without its creation
+    time (not one a mapping hands over) is not taken for a replay."""
+    created = record.get("dynamodb", {}).get("ApproximateCreationDateTime")
+    if not isinstance(created, int | float):
+        return False
+    return created < started_at and found.occurrence.available_at < started_at
+
+
 class Relay:
     def __init__(
         self,
@@ -162,15 +175,34 @@ class Relay:
         self.workers = workers
         self._sleep = sleep or services.sleep
 
-    def relay(self, records: Iterable[dict[str, Any]]) -> RelayReport:
+    def relay(
+        self, records: Iterable[dict[str, Any]], *, started_at: int | None = None
+    ) -> RelayReport:
         """Send the occurrences the records inserted. A record that is not one (another
         event, a tenant's bad data) is skipped, never a failure of the batch: one tenant's
-        item must not hold back the stream shard that other tenants' fires share."""
+        item must not hold back the stream shard that other tenants' fires share.
+
+        ``started_at`` (a mapping's records only; Settings.relay_started_at): a record
+        inserted before it, of an occurrence due before it, is a new mapping's replay of
+        the stream (it starts at the oldest record, up to a day back): counted, not sent.
+        The mappings before sent it, or were gone or behind, and then the reconciler
+        re-sends it as any message lost: up to a day of fires is not sent again at once.
+        One due later is sent (a duplicate of the old mapping's message at worst, which
+        the worker's claim absorbs), as is anything inserted later, a late fire included."""
         bad = self._s.bad_items
         before = bad.count
-        parsed = [p for p in map(self._parse, records) if p is not None]
+        parsed, replayed = [], 0
+        for record in records:
+            found = self._parse(record)
+            if found is None:
+                continue
+            if started_at is not None and _replayed(record, found, started_at):
+                replayed += 1
+                continue
+            parsed.append(found)
         report = self.send(parsed)
         report.malformed = bad.count - before
+        report.before_start = replayed
         return report
 
     def send(self, outbound: list[_Outbound]) -> RelayReport:

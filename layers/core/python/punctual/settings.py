@@ -32,6 +32,13 @@ class Settings(BaseSettings):
     # receivable sooner than this (plus a margin) is also sent by the API at once
     # (ControlPlane._send_promptly). 0: no window, nothing sent by the API.
     relay_window_seconds: int = Field(default=0, ge=0, le=60)
+    # When the relay's stream mappings were made (the stack's RelayStart resource, at its
+    # creation and whenever the mappings are made anew): a new mapping reads the stream
+    # from its oldest record, up to a day back. An occurrence inserted before this instant
+    # and due before it was sent by the mappings before, or (they were gone or behind) is
+    # left to the reconciler's re-send; it is not sent again at once (punctual.relay).
+    # None: no such instant (the local stack's pollers keep their place in files).
+    relay_started_at: int | None = Field(default=None, ge=0)
     reconcile_repair: bool = Field(
         default=True,
         description="The reconciler materializes what it finds MISSING (off: report only).",
