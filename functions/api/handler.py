@@ -10,13 +10,26 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from api import errors
 from api.body import JsonBodiesOnly, parse_body
-from api.context import IDEMPOTENCY
+from api.context import IDEMPOTENCY, require_operator
 from api.routes import router
 from punctual.observability import logger, tracer
 
+ADMIN_PREFIX = "/v1/admin/"
+
+
+class OperatorsFirst(JsonBodiesOnly):
+    """An operator-only route answers a tenant 403 before its input is validated: a 400
+    would describe fields the caller may not use (and which exist)."""
+
+    def handler(self, app: Any, next_middleware: Any) -> Any:
+        if app.current_event.path.startswith(ADMIN_PREFIX):
+            require_operator(app)
+        return super().handler(app, next_middleware)
+
+
 app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=parse_body)
 # Read before any route's middleware stack is built (on its first request).
-app._request_validation_middleware = JsonBodiesOnly()
+app._request_validation_middleware = OperatorsFirst()
 app.include_router(router)
 errors.install(app)
 

@@ -61,12 +61,9 @@ _ON_THE_SCHEDULE = {
     "PauseSchedule": ("post", "/v1/schedules/{schedule_id}/pause", _SCHEDULE),
     "ResumeSchedule": ("post", "/v1/schedules/{schedule_id}/resume", _SCHEDULE),
     "CancelSchedule": ("delete", "/v1/schedules/{schedule_id}", _SCHEDULE),
+    # (No link to a first occurrence: most answers make none, and a GET has no
+    # `materialized`; a link must resolve in every answer it is on.)
     "ListOccurrences": ("get", "/v1/schedules/{schedule_id}/occurrences", _SCHEDULE),
-    "GetFirstOccurrence": (
-        "get",
-        "/v1/occurrences/{occurrence_id}",
-        {"occurrence_id": "$response.body#/materialized/0/occurrence_id"},
-    ),
 }
 _TENANT = {"tenant_id": "$response.body#/tenant_id"}
 _ON_THE_TENANT = {

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api import context
 from api.views import (
@@ -272,7 +272,8 @@ def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
 
 @router.delete(
     "/v1/schedules/<schedule_id>",
-    summary="Cancel (stays readable as CANCELED)",
+    summary="Cancel: a soft delete (the schedule stays readable as CANCELED, with its "
+    "versions and occurrences, until they expire; it never fires again)",
     responses=answers(
         errors={**_NO_SCHEDULE, 409: "Already CANCELED (details.state), or it changed meanwhile"}
     ),
@@ -381,10 +382,15 @@ def list_occurrences(
     limit: Limit = 50,
     next_token: Token = None,
 ) -> OccurrenceListOut:
-    low = _instant(since, 0)
+    low = _instant(since, -(2**53))
     high = _instant(until, 2**53)
     if high < low:
         raise InvalidInput("to is before from", [{"field": "to", "reason": "before from"}])
+    if high < 0:
+        # No occurrence is due before 1970 (instants are stored as unsigned epoch seconds,
+        # and a key range below zero is one DynamoDB refuses): the window holds none.
+        return OccurrenceListOut(occurrences=[], missed=[], next_token=None)
+    low = max(low, 0)
     found, missed, token = context.plane().list_occurrences(
         _tenant(), schedule_id, since=low, until=high, limit=limit, token=next_token
     )
@@ -492,9 +498,26 @@ def meta() -> MetaOut:
 
 
 class StrictQuotas(Quotas):
-    """Quotas as a request gives them: a number is a number ("100" is refused)."""
+    """Quotas as a request gives them: a number is a number ("100" is refused); a number
+    JSON writes with a zero fraction (100.0) is the integer it equals, as JSON Schema's
+    `integer` admits it; 100.5 is refused."""
 
     model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral(cls, given: Any) -> Any:
+        if not isinstance(given, dict):
+            return given
+        return {
+            k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in given.items()
+        }
+
+
+class QuotasChange(StrictQuotas):
+    """The quotas a PUT sets: at least one (the others keep their value)."""
+
+    model_config = ConfigDict(strict=True, json_schema_extra={"minProperties": 1})
 
 
 class TenantIn(BaseModel):
@@ -562,7 +585,7 @@ def admin_worker_policy(tenant_id: TenantId) -> WorkerPolicyOut:
         body=True,
     ),
 )
-def set_quotas(tenant_id: TenantId, quotas: StrictQuotas) -> TenantOut:
+def set_quotas(tenant_id: TenantId, quotas: QuotasChange) -> TenantOut:
     context.require_operator(router)
     # Only what the body names: an empty body once reset every quota to its default.
     given = quotas.model_dump(include=quotas.model_fields_set)
@@ -594,8 +617,19 @@ def bind_principal(tenant_id: TenantId, body: PrincipalIn) -> TenantOut:
 class ReconcileReportsOut(BaseModel):
     window_start: str
     window_end: str
-    missing: int = Field(description="Expected occurrences with no record, over the shards.")
+    missing: int = Field(
+        description="Expected occurrences with no record, over the shards reported (0 when "
+        "none is: see `reconciled`)."
+    )
     unexpected: int = Field(description="Stored occurrences no schedule version owns.")
+    reconciled: bool = Field(
+        description="Every shard has a report of this window, each of a run that checked "
+        "every schedule. False: the counts cover only `reports` (the window was not "
+        "reconciled yet, or partly: the next hourly run checks it again)."
+    )
+    unreported_shards: list[int] = Field(
+        description="Shards with no report of this window yet (not reconciled)."
+    )
     reports: list[ReconcileReport]
 
 
@@ -616,10 +650,14 @@ def reconcile_reports(
     if end <= start:
         raise InvalidInput("to is not after from", [{"field": "to", "reason": "not after from"}])
     reports = read_reports(services, start, end)
+    reported = {r.shard for r in reports}
+    unreported = [n for n in range(services.settings.shard_count) if n not in reported]
     return ReconcileReportsOut(
         window_start=utc_text(start),
         window_end=utc_text(end),
         missing=sum(r.missing for r in reports),
         unexpected=sum(r.unexpected for r in reports),
+        reconciled=not unreported and all(r.complete for r in reports),
+        unreported_shards=unreported,
         reports=reports,
     )

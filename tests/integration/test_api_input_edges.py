@@ -292,11 +292,18 @@ def test_quotas_are_numbers_and_put_sets_only_those_given(alice: Api) -> None:
     assert (
         assert_error(created, 400, "invalid_input")["fields"][0]["field"] == "quotas.max_schedules"
     )
+    # AND a fraction is refused, while a whole number written with one (JSON Schema's
+    # integer admits 355.0) is that integer
+    half = operator.call("PUT", "/v1/admin/tenants/alice/quotas", {"max_concurrency": 355.5})
+    assert assert_error(half, 400, "invalid_input")["fields"][0]["field"] == "max_concurrency"
+    whole = operator.call("PUT", "/v1/admin/tenants/alice/quotas", {"max_concurrency": 355.0})
+    assert whole.status == 200, whole.body
+    assert whole.body["quotas"]["max_concurrency"] == 355
     quotas = operator.get("/v1/admin/tenants/alice").body["quotas"]
     assert quotas == {
         "max_schedules": 10_000,
         "max_strict_fires_per_minute": 10_000,
-        "max_concurrency": 7,
+        "max_concurrency": 355,
         "catchup_per_minute": 600,
         "max_manual_runs_per_minute": 60,
         "max_backfill_occurrences": 1_000,
@@ -355,3 +362,29 @@ def test_next_fires_of_a_flexible_schedule_count_until_receivable(alice: Api, cl
     read = alice.get(f"/v1/schedules/{saved['schedule']['schedule_id']}").body
     # THEN that fire is still among the next ones (it has yet to happen)
     assert late["utc"] in [f["utc"] for f in read["next_fires"]]
+
+
+@pytest.mark.parametrize(
+    ("window", "shown"),
+    [
+        # wholly before 1970: a key range below zero, which DynamoDB refused (a 500)
+        ({"from": "1900-01-01T00:00:00Z", "to": "1950-01-01T00:00:00Z"}, False),
+        ({"to": "1969-12-31T23:59:59Z"}, False),
+        # from before 1970 to after the fire: the fire
+        ({"from": "1900-01-01T00:00:00Z"}, True),
+    ],
+)
+def test_a_window_of_occurrences_before_1970_answers_what_is_in_it(
+    local_aws: Services, window: dict[str, str], shown: bool
+) -> None:
+    # GIVEN a one-shot the API made an occurrence of, on AWS's own engine (moto took a key
+    # range below zero)
+    alice = bootstrap("alice", "arn:aws:iam::111122223333:user/alice")
+    saved = create(alice, one_shot(iso(START + 60)))
+    schedule_id = saved["schedule"]["schedule_id"]
+    # WHEN its occurrences are listed in a window that begins (or ends) before 1970
+    answer = alice.get(f"/v1/schedules/{schedule_id}/occurrences", **window)
+    # THEN 200, with the fire only if the window holds it
+    assert answer.status == 200, answer.body
+    found = [o["occurrence_id"] for o in answer.body["occurrences"]]
+    assert found == ([saved["materialized"][0]["occurrence_id"]] if shown else [])

@@ -262,6 +262,21 @@ def test_operator_endpoints_reject_non_operators(
     assert_error(Api(f"arn:aws:iam::{ACCOUNT}:user/eve").get("/v1/tenant"), 403, "forbidden")
 
 
+def test_operator_endpoints_answer_a_tenant_403_before_reading_its_input(alice: Api) -> None:
+    # WHEN a tenant calls operator endpoints with bodies and parameters they would refuse
+    answers = {
+        "create-tenant": alice.post("/v1/admin/tenants", {"tenant_id": "", "quotas": 7}),
+        "set-quotas": alice.call("PUT", "/v1/admin/tenants/alice/quotas", {"max_schedules": "x"}),
+        "bind": alice.post("/v1/admin/tenants/alice/principals", {"principal_arn": 1}),
+        "not-json": alice.post("/v1/admin/tenants", "[1, 2"),
+        "bad-window": alice.get("/v1/admin/reconcile", **{"from": "yesterday"}),
+    }
+    # THEN each is a 403 that names no field (a 400 would describe what only operators use)
+    for name, answer in answers.items():
+        error = assert_error(answer, 403, "forbidden")
+        assert "fields" not in error or not error["fields"], (name, error)
+
+
 def test_operator_endpoints_work_for_the_operator(alice: Api) -> None:
     # GIVEN the operator
     operator = Api(OPERATOR)

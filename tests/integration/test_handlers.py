@@ -54,18 +54,39 @@ def emitted(out: str) -> dict[str, float]:
 def test_api_handler_serves_the_reconcile_reports_to_operators_only(
     alice: Api, aws: Services, clock: Clock
 ):
-    # GIVEN the last closed hour reconciled on every shard
+    # GIVEN the last closed hour reconciled on every shard but the last, and the hour
+    # before on none
     start = int(clock.now) - int(clock.now) % 3600 - 3600
     shards = list(range(aws.settings.shard_count))
-    Reconciler(aws).run(shards, start, start + 3600)
-    # WHEN the operator asks the API for that hour's reports
-    answer = Api(OPERATOR).call(
-        "GET", "/v1/admin/reconcile", query={"from": iso(start), "to": iso(start + 3600)}
+    Reconciler(aws).run(shards[:-1], start, start + 3600)
+    operator = Api(OPERATOR)
+
+    def asked(begin: int) -> dict[str, Any]:
+        answer = operator.call(
+            "GET", "/v1/admin/reconcile", query={"from": iso(begin), "to": iso(begin + 3600)}
+        )
+        assert answer.status == 200, answer.body
+        return dict(answer.body)
+
+    # WHEN the operator asks the API for the hour before: THEN it says that no shard was
+    # reconciled, not "0 missing"
+    before = asked(start - 3600)
+    assert (before["reconciled"], before["unreported_shards"], before["reports"]) == (
+        False,
+        shards,
+        [],
     )
-    # THEN every shard's report comes back (read from the leases table)
-    assert answer.status == 200, answer.body
-    assert [r["shard"] for r in answer.body["reports"]] == shards
-    assert (answer.body["missing"], answer.body["unexpected"]) == (0, 0)
+    # AND for the last hour: the shards reported, the one not yet
+    partly = asked(start)
+    assert [r["shard"] for r in partly["reports"]] == shards[:-1]
+    assert (partly["reconciled"], partly["unreported_shards"]) == (False, shards[-1:])
+    # WHEN the last shard is reconciled too
+    Reconciler(aws).run(shards[-1:], start, start + 3600)
+    # THEN every shard's report comes back (read from the leases table), reconciled
+    body = asked(start)
+    assert [r["shard"] for r in body["reports"]] == shards
+    assert (body["missing"], body["unexpected"]) == (0, 0)
+    assert (body["reconciled"], body["unreported_shards"]) == (True, [])
     # AND a tenant may not read them
     denied = alice.call("GET", "/v1/admin/reconcile", query={"from": iso(start)})
     assert denied.status == 403

@@ -77,3 +77,32 @@ def test_openapi_document_links_lead_from_a_created_schedule_to_its_operations()
         "schedule_id": "$response.body#/schedule/schedule_id",
         "if-match": '"{$response.body#/schedule/version}"',
     }
+
+
+def _pointed(doc: dict[str, Any], schema: dict[str, Any], pointer: str) -> dict[str, Any] | None:
+    """The schema ``pointer`` (a JSON pointer into an answer) names in every answer that
+    ``schema`` admits; None when some answer may lack it (an optional property, an item of
+    a list that may be empty)."""
+    for part in pointer.strip("/").split("/"):
+        while "$ref" in schema:
+            schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+        if part not in schema.get("required", []):
+            return None
+        schema = schema["properties"][part]
+    return schema
+
+
+def test_openapi_document_every_link_resolves_in_every_answer_it_is_on():
+    # GIVEN the document's links (schemathesis follows them, and so may any client)
+    doc = json.loads(document())
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            for status, answer in operation["responses"].items():
+                schema = answer.get("content", {}).get("application/json", {}).get("schema")
+                for name, link in answer.get("links", {}).items():
+                    for value in link["parameters"].values():
+                        # THEN each value taken from the answer's body names a property
+                        # every such answer has (no item of a list that may be empty)
+                        for pointer in re.findall(r"\$response\.body#([/\w]+)", value):
+                            found = _pointed(doc, schema, pointer)
+                            assert found is not None, (method, path, status, name, pointer)
