@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+import uuid
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -59,9 +61,19 @@ def require_operator(app: BaseRouter) -> None:
         raise Forbidden("operator only")
 
 
-def idempotent_create() -> Callable[..., dict[str, Any]]:
-    """Create, remembered per (tenant, Idempotency-Key) for a day with a body fingerprint."""
-    return wiring.built(_idempotent_create)
+def create_once(request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Create, remembered per (tenant, Idempotency-Key) for a day with a body fingerprint:
+    the answer, and whether it is the one remembered (True) rather than made now. Each call
+    marks what it would remember with a token of its own; an answer carrying another's was
+    remembered from the first request."""
+    token = uuid.uuid4().hex
+    _CALL.set(token)
+    answer = dict(wiring.built(_idempotent_create)(request=request))
+    return {k: v for k, v in answer.items() if k != _MADE_BY}, answer.get(_MADE_BY) != token
+
+
+_CALL: contextvars.ContextVar[str] = contextvars.ContextVar("create_once")
+_MADE_BY = "made_by_call"
 
 
 def _idempotent_create(services: Services) -> Callable[..., dict[str, Any]]:
@@ -74,6 +86,8 @@ def _idempotent_create(services: Services) -> Callable[..., dict[str, Any]]:
     )
     def create(request: dict[str, Any]) -> dict[str, Any]:
         definition = ScheduleDefinition.model_validate(request["body"])
-        return saved_out(plane().create(request["tenant"], definition)).model_dump(mode="json")
+        made = saved_out(plane().create(request["tenant"], definition)).model_dump(mode="json")
+        # (Not part of the request: its fingerprint, and so the key's meaning, is unchanged.)
+        return {**made, _MADE_BY: _CALL.get()}
 
     return cast(Callable[..., dict[str, Any]], create)

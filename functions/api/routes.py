@@ -2,8 +2,9 @@
 
 import math
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
+from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
@@ -63,10 +64,15 @@ router = Router()
 
 
 def answers(
-    success: int = 200, errors: dict[int, str] | None = None, *, body: bool = False
+    success: int = 200,
+    errors: dict[int, str] | None = None,
+    *,
+    body: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> dict[int, OpenAPIResponse]:
-    """The success answer (its schema from the return type) and every error answer the
-    route gives, each described for this route; those every route can give are added."""
+    """The success answer (its schema from the return type, ``headers`` named with their
+    meaning) and every error answer the route gives, each described for this route; those
+    every route can give are added."""
     meanings = {
         400: "Invalid input: each bad field is named with its reason",
         403: "Not signed with IAM credentials, or the principal is bound to no tenant",
@@ -75,8 +81,14 @@ def answers(
         500: "Unexpected error: details.request_id finds it in the logs",
         503: "DynamoDB is busy (throttled): retry with back-off",
     }
+    answer: OpenAPIResponse = {"description": "Created" if success == 201 else "OK"}
+    if headers:
+        answer["headers"] = {
+            name: {"description": meaning, "schema": {"type": "string"}}
+            for name, meaning in headers.items()
+        }
     return {
-        success: {"description": "Created" if success == 201 else "OK"},
+        success: answer,
         **{
             status: {**_ERROR_CONTENT, "description": f"{meaning}. {_ERROR_CONTENT['description']}"}
             for status, meaning in sorted(meanings.items())
@@ -94,6 +106,25 @@ _OPERATOR = {403: "Not signed with IAM credentials, or the caller is not an oper
 Limit = Annotated[int, Query(ge=1, le=100)]
 Token = Annotated[str | None, Query(max_length=2048)]
 ScheduleId = Annotated[str, Path(max_length=64)]
+
+
+# The schedule's version as an entity tag: what PATCH's If-Match names.
+_ETAG = {"ETag": 'The schedule\'s version as an entity tag ("3"): PATCH takes it as If-Match'}
+_REPLAYED = {
+    "Idempotent-Replayed": "true when this answer is the one remembered for the "
+    "Idempotency-Key (nothing was done again), false when the request was carried out now"
+}
+Tagged = TypeVar("Tagged", SavedOut, ScheduleDetailOut)
+
+
+def _tagged(answer: Tagged, status: int = 200, **headers: str) -> Response[Tagged]:
+    """``answer`` with the schedule's version as its ETag (and ``headers``)."""
+    return Response(
+        status_code=status,
+        content_type="application/json",
+        body=answer,
+        headers={"ETag": f'"{answer.schedule.version}"', **headers},
+    )
 
 
 def _tenant() -> str:
@@ -119,16 +150,20 @@ def _tenant() -> str:
             "quota, its limit and the usage",
         },
         body=True,
+        headers={**_ETAG, **_REPLAYED},
     ),
     status_code=201,
 )
 def create_schedule(
     definition: ScheduleDefinition,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=128)] = None,
-) -> SavedOut:
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=128)
+    ] = None,
+) -> Response[SavedOut]:
     tenant = _tenant()
     if idempotency_key is None:
-        return saved_out(context.plane().create(tenant, definition))
+        made = saved_out(context.plane().create(tenant, definition))
+        return _tagged(made, 201, **{"Idempotent-Replayed": "false"})
     # The fingerprint is the definition as understood, defaults filled in: the same request
     # with a default spelled out is the same request.
     request = {
@@ -136,7 +171,12 @@ def create_schedule(
         "tenant": tenant,
         "body": definition.model_dump(mode="json"),
     }
-    return SavedOut.model_validate(context.idempotent_create()(request=request))
+    answer, replayed = context.create_once(request)
+    return _tagged(
+        SavedOut.model_validate({**answer, "replayed": replayed}),
+        201,
+        **{"Idempotent-Replayed": str(replayed).lower()},
+    )
 
 
 @router.get(
@@ -157,14 +197,16 @@ def list_schedules(
 @router.get(
     "/v1/schedules/<schedule_id>",
     summary="Get a schedule and its next fires",
-    responses=answers(errors=_NO_SCHEDULE),
+    responses=answers(errors=_NO_SCHEDULE, headers=_ETAG),
 )
-def get_schedule(schedule_id: ScheduleId) -> ScheduleDetailOut:
+def get_schedule(schedule_id: ScheduleId) -> Response[ScheduleDetailOut]:
     plane = context.plane()
     schedule = plane.get(_tenant(), schedule_id)
     fires = plane.next_fires(schedule)
-    return ScheduleDetailOut(
-        schedule=schedule_out(schedule), next_fires=next_fires_out(fires), notes=fires.notes
+    return _tagged(
+        ScheduleDetailOut(
+            schedule=schedule_out(schedule), next_fires=next_fires_out(fires), notes=fires.notes
+        )
     )
 
 
@@ -223,6 +265,7 @@ _IF_MATCH_PATTERN = r'^(W/)?("[0-9]{1,9}"|[0-9]{1,9})$'
             429: "Over quota (max_strict_fires_per_minute): details give the limit and usage",
         },
         body=True,
+        headers=_ETAG,
     ),
 )
 def update_schedule(
@@ -237,7 +280,7 @@ def update_schedule(
             "missing, 409 when stale).",
         ),
     ],
-) -> SavedOut:
+) -> Response[SavedOut]:
     version = int(if_match.removeprefix("W/").strip('"'))
     changes = patch.model_dump(mode="json", exclude_unset=True)
     if not changes:
@@ -245,29 +288,31 @@ def update_schedule(
             "nothing to change", [{"field": "(body)", "reason": "give at least one field"}]
         )
     saved = context.plane().update(_tenant(), schedule_id, if_match=version, changes=changes)
-    return saved_out(saved)
+    return _tagged(saved_out(saved))
 
 
 @router.post(
     "/v1/schedules/<schedule_id>/pause",
     summary="Pause: no fires until resumed",
     responses=answers(
-        errors={**_NO_SCHEDULE, 409: "Not ACTIVE (details.state), or it changed meanwhile"}
+        errors={**_NO_SCHEDULE, 409: "Not ACTIVE (details.state), or it changed meanwhile"},
+        headers=_ETAG,
     ),
 )
-def pause_schedule(schedule_id: ScheduleId) -> SavedOut:
-    return saved_out(context.plane().pause(_tenant(), schedule_id))
+def pause_schedule(schedule_id: ScheduleId) -> Response[SavedOut]:
+    return _tagged(saved_out(context.plane().pause(_tenant(), schedule_id)))
 
 
 @router.post(
     "/v1/schedules/<schedule_id>/resume",
     summary="Resume: next fire after now",
     responses=answers(
-        errors={**_NO_SCHEDULE, 409: "Not PAUSED (details.state), or it changed meanwhile"}
+        errors={**_NO_SCHEDULE, 409: "Not PAUSED (details.state), or it changed meanwhile"},
+        headers=_ETAG,
     ),
 )
-def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
-    return saved_out(context.plane().resume(_tenant(), schedule_id))
+def resume_schedule(schedule_id: ScheduleId) -> Response[SavedOut]:
+    return _tagged(saved_out(context.plane().resume(_tenant(), schedule_id)))
 
 
 @router.delete(
@@ -275,11 +320,15 @@ def resume_schedule(schedule_id: ScheduleId) -> SavedOut:
     summary="Cancel: a soft delete (the schedule stays readable as CANCELED, with its "
     "versions and occurrences, until they expire; it never fires again)",
     responses=answers(
-        errors={**_NO_SCHEDULE, 409: "Already CANCELED (details.state), or it changed meanwhile"}
+        errors={
+            **_NO_SCHEDULE,
+            409: "Already CANCELED (details.state), or it changed meanwhile",
+        },
+        headers=_ETAG,
     ),
 )
-def cancel_schedule(schedule_id: ScheduleId) -> SavedOut:
-    return saved_out(context.plane().cancel(_tenant(), schedule_id))
+def cancel_schedule(schedule_id: ScheduleId) -> Response[SavedOut]:
+    return _tagged(saved_out(context.plane().cancel(_tenant(), schedule_id)))
 
 
 @router.post(

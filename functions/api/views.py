@@ -171,6 +171,11 @@ class SavedOut(BaseModel):
     affected: list[AffectedOut] = Field(
         description="Occurrences of older versions and what became of them."
     )
+    replayed: bool = Field(
+        default=False,
+        description="A create with an Idempotency-Key: true when this is the answer "
+        "remembered for the key, nothing done again (so is the Idempotent-Replayed header).",
+    )
 
 
 class ScheduleDetailOut(BaseModel):

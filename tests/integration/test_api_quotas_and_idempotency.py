@@ -350,9 +350,43 @@ def test_idempotency_same_key_and_body_returns_the_same_schedule(alice: Api, clo
     # THEN the same schedule comes back as 201 and only one exists
     assert again.status == 201, again.body
     assert again.body["schedule"]["schedule_id"] == first.body["schedule"]["schedule_id"]
-    assert again.body == first.body
+    assert again.body == {**first.body, "replayed": True}
+    assert first.body["replayed"] is False
     assert _listed(alice) == [first.body["schedule"]["schedule_id"]]
     assert _count(alice) == 1
+    # AND the answers say which one was carried out and which one remembered
+    assert first.headers["Idempotent-Replayed"] == "false"
+    assert again.headers["Idempotent-Replayed"] == "true"
+    unkeyed = alice.post("/v1/schedules", cron(name="other"))
+    assert unkeyed.headers["Idempotent-Replayed"] == "false"
+
+
+def test_idempotency_an_empty_key_is_refused_not_ignored(alice: Api) -> None:
+    # WHEN a create comes with an empty Idempotency-Key (a client's unset variable)
+    answer = alice.post("/v1/schedules", cron(name="report"), headers={"Idempotency-Key": ""})
+    # THEN 400 naming the header, and nothing was created (not a create without a key)
+    error = assert_error(answer, 400, "invalid_input")
+    assert error["fields"][0]["field"] == "idempotency-key", error  # (headers: any case)
+    assert _count(alice) == 0
+
+
+def test_every_answer_about_a_schedule_carries_its_version_as_etag(alice: Api) -> None:
+    # GIVEN a schedule created, read, updated with the ETag read, paused, resumed, canceled
+    created = alice.post("/v1/schedules", cron(name="report"))
+    schedule_id = created.body["schedule"]["schedule_id"]
+    path = f"/v1/schedules/{schedule_id}"
+    read = alice.get(path)
+    updated = alice.call(
+        "PATCH", path, {"name": "renamed"}, headers={"If-Match": read.headers["ETag"]}
+    )
+    paused = alice.post(f"{path}/pause")
+    resumed = alice.post(f"{path}/resume")
+    canceled = alice.call("DELETE", path)
+    # THEN each answer's ETag is the version its body shows, as If-Match takes it
+    for answer in (created, read, updated, paused, resumed, canceled):
+        assert answer.status in (200, 201), answer.body
+        assert answer.headers["ETag"] == f'"{answer.body["schedule"]["version"]}"'
+    assert updated.body["schedule"]["version"] == 2
 
 
 def test_idempotency_same_key_different_body_is_409(alice: Api) -> None:
