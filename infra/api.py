@@ -49,7 +49,9 @@ def operations(document: Path = OPENAPI_DOCUMENT) -> list[Operation]:
 
 
 # Errors API Gateway answers itself (unsigned, denied, throttled, malformed body) take the
-# API's one error shape; their code is API Gateway's response type, e.g. ACCESS_DENIED.
+# API's one error shape and its codes' case: a refused caller is `forbidden` as the API's
+# own 403, a throttled one `throttled`; any other takes API Gateway's response type in
+# lower case (e.g. `request_too_large`).
 def _error_template(code: str) -> str:
     return (
         '{"error": {"code": "' + code + '", "message": $context.error.messageString, '
@@ -57,10 +59,16 @@ def _error_template(code: str) -> str:
     )
 
 
+_AS_IS = "$context.error.responseType.toLowerCase()"  # (VTL calls Java's String methods)
 _GATEWAY_ERRORS = {
     "BadRequestBody": (apigw.ResponseType.BAD_REQUEST_BODY, "invalid_input"),
-    "Default4xx": (apigw.ResponseType.DEFAULT_4_XX, "$context.error.responseType"),
-    "Default5xx": (apigw.ResponseType.DEFAULT_5_XX, "$context.error.responseType"),
+    "AccessDenied": (apigw.ResponseType.ACCESS_DENIED, "forbidden"),
+    "MissingAuthenticationToken": (apigw.ResponseType.MISSING_AUTHENTICATION_TOKEN, "forbidden"),
+    "InvalidSignature": (apigw.ResponseType.INVALID_SIGNATURE, "forbidden"),
+    "ExpiredToken": (apigw.ResponseType.EXPIRED_TOKEN, "forbidden"),
+    "Throttled": (apigw.ResponseType.THROTTLED, "throttled"),
+    "Default4xx": (apigw.ResponseType.DEFAULT_4_XX, _AS_IS),
+    "Default5xx": (apigw.ResponseType.DEFAULT_5_XX, _AS_IS),
 }
 
 # One JSON line per request (every value quoted: API Gateway writes '-' for a missing

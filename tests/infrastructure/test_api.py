@@ -144,15 +144,25 @@ def test_api_access_log_format_is_one_json_object(service: Template):
 def test_api_gateway_errors_use_the_one_error_shape(service: Template):
     # THEN errors API Gateway answers itself are shaped like the API's own errors
     responses = service.find_resources("AWS::ApiGateway::GatewayResponse")
-    assert {r["Properties"]["ResponseType"] for r in responses.values()} == {
-        "BAD_REQUEST_BODY",
-        "DEFAULT_4XX",
-        "DEFAULT_5XX",
-    }
+    codes = {}
     for response in responses.values():
         template = response["Properties"]["ResponseTemplates"]["application/json"]
         body = json.loads(template.replace("$context.error.messageString", '"a message"'))
         assert set(body["error"]) == {"code", "message", "fields", "details"}
+        codes[response["Properties"]["ResponseType"]] = body["error"]["code"]
+    # AND their codes are the API's, in its case: a refused caller is `forbidden` as the
+    # API's own 403, any other takes the response type in lower case (snake case)
+    lower = "$context.error.responseType.toLowerCase()"
+    assert codes == {
+        "BAD_REQUEST_BODY": "invalid_input",
+        "ACCESS_DENIED": "forbidden",
+        "MISSING_AUTHENTICATION_TOKEN": "forbidden",
+        "INVALID_SIGNATURE": "forbidden",
+        "EXPIRED_TOKEN": "forbidden",
+        "THROTTLED": "throttled",
+        "DEFAULT_4XX": lower,
+        "DEFAULT_5XX": lower,
+    }
     service.has_resource_properties(
         "AWS::ApiGateway::GatewayResponse",
         {
