@@ -191,7 +191,10 @@ def list_schedules(
 ) -> ScheduleListOut:
     plane = context.plane()
     found, token = plane.list_schedules(_tenant(), state=state, limit=limit, token=next_token)
-    return ScheduleListOut(schedules=[schedule_out(s) for s in found], next_token=token)
+    return ScheduleListOut(
+        schedules=[schedule_out(s, plane.next_fires(s, count=1)) for s in found],
+        next_token=token,
+    )
 
 
 @router.get(
@@ -205,7 +208,9 @@ def get_schedule(schedule_id: ScheduleId) -> Response[ScheduleDetailOut]:
     fires = plane.next_fires(schedule)
     return _tagged(
         ScheduleDetailOut(
-            schedule=schedule_out(schedule), next_fires=next_fires_out(fires), notes=fires.notes
+            schedule=schedule_out(schedule, fires),
+            next_fires=next_fires_out(fires),
+            notes=fires.notes,
         )
     )
 

@@ -89,7 +89,16 @@ class ScheduleOut(_DefinitionOut):
     state: str
     created_at: str
     updated_at: str
-    next_run_at: str | None = Field(description="The next fire not yet materialized (UTC).")
+    next_fire_at: str | None = Field(
+        description="What happens next: the instant of the next fire not yet receivable "
+        "(UTC; a flexible fire's message comes later in its window, next_fires says when). "
+        "null when the schedule is not ACTIVE or has no fire left."
+    )
+    next_run_at: str | None = Field(
+        description="The materializer's cursor, not the next fire: the instant of the first "
+        "fire it has not planned yet (UTC). Behind the clock while planning catches up "
+        "(after an outage); next_fire_at is what happens next."
+    )
     missed_total: int = Field(
         description="Every fire of this schedule recorded MISSED, all versions and episodes."
     )
@@ -273,8 +282,10 @@ def version_out(version: ScheduleVersion) -> VersionOut:
     )
 
 
-def schedule_out(schedule: Schedule) -> ScheduleOut:
+def schedule_out(schedule: Schedule, next_fires: NextFires) -> ScheduleOut:
+    """``next_fires``: what the control plane says happens next (the first is shown)."""
     return ScheduleOut(
+        next_fire_at=next_fires.fires[0].fire.utc if next_fires.fires else None,
         **schedule.model_dump(
             include=set(ScheduleDefinition.model_fields)
             | {"schedule_id", "version", "state", "home_region", "generation", "tzdata_version"}
@@ -336,7 +347,7 @@ def next_fires_out(fires: NextFires) -> list[NextFireOut]:
 
 def saved_out(saved: Saved) -> SavedOut:
     return SavedOut(
-        schedule=schedule_out(saved.schedule),
+        schedule=schedule_out(saved.schedule, saved.next_fires),
         next_fires=next_fires_out(saved.next_fires),
         notes=saved.notes,
         materialized=[OccurrenceOut(**occurrence_out(o)) for o in saved.materialized],

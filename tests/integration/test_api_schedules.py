@@ -224,6 +224,28 @@ def test_get_schedule_returns_it_with_next_fires(alice: Api) -> None:
     assert answer.body["notes"] == []
 
 
+def test_next_fire_is_what_happens_next_while_the_cursor_lags(alice: Api, clock: Clock) -> None:
+    # GIVEN a cron every minute, and then ten minutes in which nothing planned it (an
+    # outage of the materializer)
+    saved = create(alice, cron("* * * * *", name="every minute"))
+    schedule_id = saved["schedule"]["schedule_id"]
+    clock.advance(10 * MINUTE)
+    now = int(clock.now)
+    # WHEN it is read, and listed
+    read = alice.get(f"/v1/schedules/{schedule_id}").body
+    [listed] = alice.get("/v1/schedules").body["schedules"]
+    # THEN its next fire is the next minute to come, the first of its next fires, while the
+    # cursor (next_run_at) stays where planning stopped (the API planned the first five
+    # minutes itself), behind the clock
+    expected = iso(now - now % MINUTE + MINUTE)
+    assert read["schedule"]["next_fire_at"] == expected == read["next_fires"][0]["utc"]
+    assert listed["next_fire_at"] == expected
+    assert epoch(read["schedule"]["next_run_at"]) < now - 4 * MINUTE
+    # AND a paused schedule has no next fire
+    paused = alice.post(f"/v1/schedules/{schedule_id}/pause").body
+    assert paused["schedule"]["next_fire_at"] is None
+
+
 # --- GET /v1/schedules ----------------------------------------------------------------
 
 
