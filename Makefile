@@ -122,8 +122,14 @@ deploy: install $(CDK_STAMP) ## cdk deploy both stacks (docs/deploy.md); extra f
 	npx cdk deploy --all $(CDK_ARGS)
 
 .PHONY: run e2e bench
-run: $(RUN_STAMP) tools ## the whole system on this machine with a demo (Ctrl-C stops; data in .data/)
-	$(BIN)/punctual local up --demo
+# `make run PORT=8800 DATA=/tmp/punctual ARGS='--tick 10'`: the API's port, the data folder
+# and any other flag of `punctual local up`. PORT and DATA count when given to make, not
+# when the shell exports them (a PORT exported for another program would move the API).
+# exec: make's child is `local up` itself, so a SIGTERM that make passes on reaches it.
+RUN_PORT = $(if $(filter command line,$(origin PORT)),--port $(PORT))
+RUN_DATA = $(if $(filter command line,$(origin DATA)),--data '$(subst ','\'',$(DATA))')
+run: $(RUN_STAMP) tools ## the whole system on this machine with a demo (Ctrl-C stops; data in .data/; PORT= DATA= ARGS=)
+	exec $(BIN)/punctual local up --demo $(RUN_PORT) $(RUN_DATA) $(ARGS)
 
 e2e: install tools ## only the end-to-end tests (the local stack in a subprocess)
 	$(BIN)/pytest tests/e2e -q

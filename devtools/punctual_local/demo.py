@@ -15,7 +15,7 @@ from punctual.timing import utc_text
 from punctual_client.commands import print_occurrence
 from punctual_client.http import Client
 from punctual_client.worker import QueueConsumer, Worker
-from punctual_local.stack import DEMO_KEY, DEMO_TENANT
+from punctual_local.stack import DEMO_KEY, DEMO_TARGET, DEMO_TENANT
 
 ONE_SHOT_SECONDS = 10
 DEMO_SCHEDULES = (
@@ -58,7 +58,7 @@ def demo_schedules(client: Client) -> list[tuple[str, dict[str, Any]]]:
             {
                 "name": name,
                 "spec": spec,
-                "target": "default",
+                "target": DEMO_TARGET,
                 "payload": {"demo": name},
                 "flexible_window_seconds": flex,
             },
@@ -71,17 +71,30 @@ def _fired(spec: dict[str, Any], now: float) -> bool:
     return spec["kind"] == "at" and datetime.fromisoformat(spec["at"]).timestamp() <= now
 
 
+def demo_queue(client: Client) -> str:
+    """The queue of the target the demo's schedules use, whatever other targets the tenant
+    has (the README invites making some: `billing` lists before `default`)."""
+    targets = client.get("/v1/targets")["targets"]
+    for target in targets:
+        if target["name"] == DEMO_TARGET:
+            queue: str = target["queue_url"]
+            return queue
+    names = ", ".join(t["name"] for t in targets) or "none"
+    raise LookupError(f"tenant {DEMO_TENANT} has no target {DEMO_TARGET} (it has {names})")
+
+
 def run_demo(api_url: str, stop: threading.Event) -> None:
     """The demo's schedules, then a worker printing what arrives until ``stop``."""
     client = Client(api_url, access_key_id=DEMO_KEY)
     for how, schedule in demo_schedules(client):
         fires = [f["utc"] for f in schedule.get("next_fires", [])[:2]]
-        fires = fires or [schedule.get("next_run_at") or "materialized now"]
+        # (next_run_at is the materializer's cursor, behind the clock after a restart)
+        fires = fires or [schedule.get("next_fire_at") or "none left"]
         print(
             f"demo: {how} {schedule['schedule_id']} ({schedule['name']}); next {', '.join(fires)}",
             flush=True,
         )
-    queue = client.get("/v1/targets")["targets"][0]["queue_url"]
+    queue = demo_queue(client)
     worker = Worker(
         Services.from_environment(), DEMO_TENANT, print_occurrence, heartbeat_seconds=20
     )

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import importlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 from punctual.ids import shard_groups
 from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS, ON_TIME_WINDOW_SECONDS
@@ -32,6 +34,7 @@ from punctual.models import Lane
 from punctual.observability import logger
 from punctual.timing import utc_text
 from punctual_client.logs import plain_logs
+from punctual_local.dynamodb import listening
 from punctual_local.engines import ACCOUNT, LOCAL_SHARDS, Engines, ensure_engines
 from punctual_local.gateway import Gateway, LambdaContext
 from punctual_local.sqs import queue_exists
@@ -42,6 +45,8 @@ DATA = REPO / ".data"
 OPERATOR_KEY = "operator"
 DEMO_KEY = "demo"
 DEMO_TENANT = "demo"
+DEMO_TARGET = "default"  # the demo tenant's target: the demo's schedules and worker use it
+LOCK_FILE = "stack.lock"
 GROUP_SIZE = 4
 RECENT_WINDOW = 600  # seconds: the local reconciler's short windows, and how often it runs
 WATCH_SECONDS = 1.0  # how soon a dead engine is started again
@@ -189,7 +194,7 @@ def bootstrap(services: Any) -> list[str]:
     restored = restore_queues(services)
     plane.bind_principal(local_principal(DEMO_KEY), DEMO_TENANT)
     with contextlib.suppress(Conflict):  # a restart on the same data
-        plane.create_target(DEMO_TENANT, "default")
+        plane.create_target(DEMO_TENANT, DEMO_TARGET)
     return restored
 
 
@@ -197,7 +202,7 @@ def claim(data: Path, holder: str) -> IO[str]:
     """One stack per data folder: an exclusive lock held as long as this process lives (the
     system drops it when the process dies, kill -9 included). The open file is the lock."""
     data.mkdir(parents=True, exist_ok=True)
-    handle = (data / "stack.lock").open("a+")
+    handle = (data / LOCK_FILE).open("a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -208,11 +213,51 @@ def claim(data: Path, holder: str) -> IO[str]:
             f"a local stack is already running on {data} ({holder}); stop it with Ctrl-C "
             "where it runs, or use it as it is"
         ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}, {holder}")
-    handle.flush()
+    _write_holder(handle, holder)
     return handle
+
+
+def _write_holder(lock: IO[str], holder: str) -> None:
+    """Who holds the lock, for whoever finds it taken (and `local env`: the API's URL)."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}, {holder}")
+    lock.flush()
+
+
+def _api_holder(url: str) -> str:
+    return f"API {url}"
+
+
+_API_HOLDER = re.compile(r"pid (?P<pid>\d+), API (?P<url>http://\S+)")
+
+
+@dataclass(frozen=True)
+class RecordedApi:
+    url: str
+    serving: bool  # False: the stack that recorded it is gone (killed: its engines may run on)
+
+
+def recorded_api(data: Path) -> RecordedApi | None:
+    """The API the last `local up` on ``data`` served, as its lock file names it, and
+    whether it still serves it: its process alive and its port answering."""
+    try:
+        text = (data / LOCK_FILE).read_text()
+    except OSError:
+        return None
+    found = _API_HOLDER.fullmatch(text.strip())
+    if found is None:
+        return None
+    url, pid = found["url"], int(found["pid"])
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except PermissionError:  # someone else's process: alive
+        alive = True
+    except OSError:
+        alive = False
+    port = urlsplit(url).port
+    return RecordedApi(url, alive and port is not None and listening(port))
 
 
 def bind_gateway(port: int, functions: Path) -> Gateway:
@@ -261,8 +306,10 @@ class LocalStack:
 
     def _start(self) -> None:
         options = self.options
-        self._lock = claim(options.data, f"API http://127.0.0.1:{options.port}")
+        self._lock = claim(options.data, _api_holder(f"http://127.0.0.1:{options.port}"))
         self.gateway = bind_gateway(options.port, options.functions)
+        if options.port == 0:  # the port the system picked
+            _write_holder(self._lock, _api_holder(self.gateway.url))
         self.engines = ensure_engines(options.data)
         configure_environment(self.engines, options)
         from punctual.services import Services

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,11 +31,14 @@ from punctual_client.commands import (
     main_for,
     spec_flags,
 )
-from punctual_client.http import ApiError, NoCredentials
+from punctual_client.http import ApiError, BadAnswer, NoCredentials
 
 COMMANDS_GROUP = "punctual.commands"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes` after `yes | head -1`
+DEBUG = "PUNCTUAL_DEBUG"  # set (to anything but 0): an unexpected error shows its traceback
 
 
 class _Parser(argparse.ArgumentParser):
@@ -135,17 +140,52 @@ def _preview(args: argparse.Namespace, now: Callable[[], float]) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None, now: Callable[[], float] = time.time) -> int:
+def _run(argv: Sequence[str] | None, now: Callable[[], float]) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "preview":
+        return _preview(args, now)
+    return main_for(args)
+
+
+def _say(kind: str, error: BaseException | str) -> None:
+    """One line on stderr, whatever the message holds (an answer's newlines included)."""
+    print(f"punctual: {kind}: {' '.join(str(error).split())}", file=sys.stderr)
+
+
+def _discard_stdout() -> None:
+    """Python flushes stdout once more as it exits, into the same closed pipe, and says so
+    on stderr: from now on stdout is /dev/null."""
     try:
-        args = _parser().parse_args(argv)
-        if args.command == "preview":
-            return _preview(args, now)
-        return main_for(args)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a file (a test's captured stdout)
+
+
+def main(argv: Sequence[str] | None = None, now: Callable[[], float] = time.time) -> int:
+    """The exit code: 0 success, 2 bad input or a 4xx answer, 1 any other failure, one line
+    on stderr for each; 130 after Ctrl-C; 141, silently, when stdout's reader has gone
+    (``punctual list | head``), as other tools end."""
+    try:
+        code = _run(argv, now)
+        sys.stdout.flush()  # a reader gone is found here, not as Python exits
+        return code
     except UsageError as exc:
-        print(f"punctual: error: {exc}", file=sys.stderr)
+        _say("error", exc)
         return EXIT_USAGE
-    except (ApiError, NoCredentials, CommandFailed, OSError) as exc:
-        print(f"punctual: failed: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except (ApiError, NoCredentials, CommandFailed, BadAnswer, OSError) as exc:
+        _say("failed", exc)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("punctual: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if os.environ.get(DEBUG, "0") not in ("", "0"):
+            raise
+        _say("failed", f"{type(exc).__name__}: {exc} (unexpected: {DEBUG}=1 shows where)")
         return EXIT_FAILURE
 
 

@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -16,8 +17,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
+from punctual.models import OccurrenceState
 from punctual.timing import utc_text
-from punctual_client.http import ApiError, Client
+from punctual_client.http import (
+    ApiError,
+    BadAnswer,
+    BadArgument,
+    BadEndpoint,
+    Client,
+    segment,
+)
 
 if TYPE_CHECKING:
     from punctual_client.worker import Job
@@ -109,10 +120,20 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         ("pause", "pause a schedule"),
         ("resume", "resume a schedule"),
         ("cancel", "cancel a schedule"),
-        ("occurrences", "a schedule's occurrences"),
         ("versions", "a schedule's versions, newest first"),
     ):
         add(name, text).add_argument("schedule_id", metavar="ID")
+    occurrences = add("occurrences", "a schedule's occurrences, and the fires it MISSED")
+    occurrences.add_argument("schedule_id", metavar="ID")
+    occurrences.add_argument(
+        "--from", dest="since", metavar="ISO", help="due at or after this (with its offset)"
+    )
+    occurrences.add_argument(
+        "--to", dest="until", metavar="ISO", help="due at or before this (with its offset)"
+    )
+    occurrences.add_argument(
+        "--state", choices=[s.value for s in OccurrenceState], help="only the ones in this state"
+    )
     trigger = add("trigger", "run a schedule now: one manual occurrence, receivable at once")
     trigger.add_argument("schedule_id", metavar="ID")
     trigger.add_argument(
@@ -149,7 +170,7 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         default="punctual_client.commands:print_occurrence",
         help="called with each Job (default: print it with its lag)",
     )
-    worker.add_argument("--threads", type=int, default=4)
+    worker.add_argument("--threads", type=int, default=4, help="handlers at once (4)")
 
 
 # --- running them -----------------------------------------------------------------------
@@ -291,15 +312,39 @@ def _print_target(target: dict[str, Any]) -> None:
     print(f"{target['name']}  {target['queue_url']}")
 
 
+def _segment(value: str, name: str) -> str:
+    """An id as one path segment of a request (percent-encoded); a usage error for one that
+    cannot be (empty, ``.`` or ``..``)."""
+    try:
+        return segment(value)
+    except BadArgument as error:
+        raise UsageError(f"{name}: {error}") from None
+
+
 def run_client_command(args: argparse.Namespace) -> int:
     client = Client.from_environment(args.endpoint)
+    try:
+        return _run(client, args)
+    except (KeyError, TypeError) as error:
+        # JSON, but not in the API's shapes: another service answers at the endpoint.
+        raise BadAnswer(
+            client.endpoint,
+            f"answered without what the API answers ({type(error).__name__}: {error})",
+        ) from None
+
+
+def _run(client: Client, args: argparse.Namespace) -> int:
     command = args.command
+    # The schedule's path, for the commands that name one.
+    schedule = f"/v1/schedules/{_segment(args.schedule_id, 'ID')}" if "schedule_id" in args else ""
     if command == "tenants" and args.action == "worker-policy":
-        found = client.get(f"/v1/admin/tenants/{args.tenant_id}/worker-policy")
+        tenant_id = _segment(args.tenant_id, "ID")
+        found = client.get(f"/v1/admin/tenants/{tenant_id}/worker-policy")
         print(json.dumps(found["policy"], indent=2))
     elif command == "worker-policy":
         print(json.dumps(client.get("/v1/tenant/worker-policy")["policy"], indent=2))
     elif command == "tenants":
+        tenant_id = _segment(args.tenant_id, "ID")
         quotas = {
             key: getattr(args, key)
             for key in (
@@ -317,7 +362,7 @@ def run_client_command(args: argparse.Namespace) -> int:
             {"tenant_id": args.tenant_id} | ({"quotas": quotas} if quotas else {}),
         )
         tenant = client.post(
-            f"/v1/admin/tenants/{args.tenant_id}/principals", {"principal_arn": args.principal}
+            f"/v1/admin/tenants/{tenant_id}/principals", {"principal_arn": args.principal}
         )
         _emit(args, tenant, lambda t: print(f"tenant {t['tenant_id']} bound to {args.principal}"))
     elif command == "targets" and args.action == "create":
@@ -336,45 +381,37 @@ def run_client_command(args: argparse.Namespace) -> int:
         changes = _definition(args)
         if not changes:
             raise UsageError("nothing to change: give at least one flag")
-        version = client.get(f"/v1/schedules/{args.schedule_id}")["schedule"]["version"]
-        saved = client.call(
-            "PATCH",
-            f"/v1/schedules/{args.schedule_id}",
-            changes,
-            headers={"If-Match": str(version)},
-        )
+        version = client.get(schedule)["schedule"]["version"]
+        saved = client.call("PATCH", schedule, changes, headers={"If-Match": str(version)})
         _emit(args, _flat(saved), _print_schedule)
     elif command == "get":
-        _emit(args, _flat(client.get(f"/v1/schedules/{args.schedule_id}")), _print_schedule)
+        _emit(args, _flat(client.get(schedule)), _print_schedule)
     elif command in ("pause", "resume"):
-        saved = client.post(f"/v1/schedules/{args.schedule_id}/{command}")
+        saved = client.post(f"{schedule}/{command}")
         _emit(args, _flat(saved), _print_schedule)
     elif command == "trigger":
         # Always a key: the client's retries of one command must not run it twice.
         key = args.idempotency_key or f"cli-{uuid.uuid4()}"
-        found = client.post(
-            f"/v1/schedules/{args.schedule_id}/trigger", headers={"Idempotency-Key": key}
-        )
+        found = client.post(f"{schedule}/trigger", headers={"Idempotency-Key": key})
         _emit(args, found, lambda t: _print_occurrences([t["occurrence"]]))
     elif command == "backfill":
         body = {"from": args.since, "to": args.until, "dry_run": args.dry_run}
-        found = client.post(f"/v1/schedules/{args.schedule_id}/backfill", body)
+        found = client.post(f"{schedule}/backfill", body)
         _emit(args, found, _print_backfill)
     elif command == "cancel":
-        saved = client.call("DELETE", f"/v1/schedules/{args.schedule_id}")
+        saved = client.call("DELETE", schedule)
         _emit(args, _flat(saved), _print_schedule)
     elif command == "list":
         rows = client.pages("/v1/schedules", "schedules", state=args.state)
         _emit(args, rows, _each(_print_schedule))
     elif command == "occurrences":
-        rows = client.pages(f"/v1/schedules/{args.schedule_id}/occurrences", "occurrences")
-        _emit(args, rows, _print_occurrences)
+        _occurrences(client, f"{schedule}/occurrences", args)
     elif command == "versions":
-        rows = client.pages(f"/v1/schedules/{args.schedule_id}/versions", "versions")
+        rows = client.pages(f"{schedule}/versions", "versions")
         _emit(args, rows, _each(_print_version))
     elif command == "occurrence":
-        found = client.get(f"/v1/occurrences/{args.occurrence_id}")
-        _emit(args, found, lambda o: _print_occurrences([o]))
+        found = client.get(f"/v1/occurrences/{_segment(args.occurrence_id, 'OCC_ID')}")
+        _emit(args, found, _print_occurrence_detail)
     elif command == "reconcile":
         found = client.get(
             "/v1/admin/reconcile", **{"from": args.window_from, "to": args.window_to}
@@ -385,16 +422,93 @@ def run_client_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_reconcile(found: dict[str, Any]) -> None:
+def _occurrences(client: Client, path: str, args: argparse.Namespace) -> None:
+    """The schedule's occurrences due in [--from, --to] (the API's window), those in
+    --state only (the API lists every state: the filter is the client's); for people, the
+    fires the misfire policy recorded MISSED in that window after them (they have no
+    occurrence: every page repeats them)."""
+    rows: list[dict[str, Any]] = []
+    missed: list[dict[str, Any]] = []
+    for page in client.each_page(path, **{"from": args.since, "to": args.until}):
+        rows += page["occurrences"]
+        missed = page.get("missed") or []
+    if args.state is not None:
+        rows = [row for row in rows if row["state"] == args.state]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    _print_occurrences(rows)
+    if args.state in (None, OccurrenceState.MISSED.value):
+        for episode in missed:
+            print(
+                f"  missed  {episode['count']} fire(s) of v{episode['version']} "
+                f"{episode['first']} .. {episode['last']} (misfire policy: no occurrence)"
+            )
+
+
+def _print_occurrence_detail(found: dict[str, Any]) -> None:
+    """The occurrence's row, where and when it was sent, then each attempt."""
+    _print_occurrences([found])
+    sent = found.get("enqueued_at") or "not taken by a worker yet"
     print(
-        f"window {found['window_start']} .. {found['window_end']}: "
-        f"{len(found['reports'])} shard reports, MISSING {found['missing']}, "
-        f"UNEXPECTED {found['unexpected']}"
+        f"  schedule {found['schedule_id']} v{found['schedule_version']} -> "
+        f"{found['target']}; available {found['available_at']}; sent {sent}"
     )
-    for report in found["reports"]:
+    if found.get("reason"):
+        print(f"  reason  {_flat_text(found['reason'])}")
+    attempts = found.get("attempts") or []
+    if not attempts:
+        print("no attempts yet")
+        return
+    print(f"{'ATTEMPT':<8} {'STARTED':<21} {'FINISHED':<21} {'OUTCOME':<16} ERROR")
+    for attempt in attempts:
+        print(
+            f"{attempt['attempt_no']:<8} {attempt['started_at']:<21} "
+            f"{attempt.get('finished_at') or '-':<21} {attempt['outcome']:<16} "
+            f"{_flat_text(attempt.get('error') or '')}".rstrip()
+        )
+
+
+def _flat_text(text: str) -> str:
+    """A handler's error or a reason on one line (a traceback's newlines flattened)."""
+    return " ".join(str(text).split())
+
+
+def _print_reconcile(found: dict[str, Any]) -> None:
+    """The window's totals, then each shard's counts. A window no shard has reported on
+    (not reconciled yet: the last hour before its run, or a future one) says so: its
+    totals are not zero, they are unknown."""
+    window = f"window {found['window_start']} .. {found['window_end']}"
+    reports = found["reports"]
+    if not reports:
+        print(f"{window}: not reconciled yet (no shard has reported on it)")
+        return
+    unfinished = sum(1 for report in reports if not report["complete"])
+    # (An API from before 2026-12-06 does not name the shards not reported yet.)
+    unreported = found.get("unreported_shards", [])
+    gaps = [f"{unfinished} of the reports incomplete"] if unfinished else []
+    if unreported:
+        gaps.append(f"shards {_ranges(unreported)} not reconciled yet")
+    so_far = f" so far ({'; '.join(gaps)})" if gaps else ""
+    print(
+        f"{window}: {len(reports)} shard reports, MISSING {found['missing']}, "
+        f"UNEXPECTED {found['unexpected']}{so_far}"
+    )
+    for report in reports:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(report["counts"].items()) if v)
         state = "" if report["complete"] else " (incomplete)"
         print(f"  shard {report['shard']:>4}{state}: {counts or 'nothing due'}")
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _handler(spec: str) -> Callable[[Any], None]:
@@ -405,6 +519,12 @@ def _handler(spec: str) -> Callable[[Any], None]:
         found = getattr(importlib.import_module(module), function)
     except (ImportError, AttributeError) as error:
         raise UsageError(f"--handler: {error}") from None
+    except Exception as error:  # the module fails as it is imported (its own code)
+        raise UsageError(
+            f"--handler: importing {module} failed: {type(error).__name__}: {error}"
+        ) from None
+    if not callable(found):
+        raise UsageError(f"--handler: {spec} is not a function")
     return found  # type: ignore[no-any-return]
 
 
@@ -424,17 +544,63 @@ def print_occurrence(job: Job) -> None:
 
 
 def stop_on_signals() -> threading.Event:
+    """An event set when the process is asked to stop: Ctrl-C (SIGINT), ``kill``, a service
+    manager or ``docker stop`` (SIGTERM) and a closed terminal (SIGHUP) alike. Call it from
+    the main thread.
+
+    The Python handler sets nothing: it runs in the main thread between two bytecodes,
+    maybe inside this event's own ``wait`` holding its lock (not reentrant), where a
+    ``set()`` would wait for itself forever. CPython also writes each signal's number to a
+    wakeup socket from its C handler; a thread reading it sets the event, whatever the main
+    thread is doing."""
     stop = threading.Event()
+    receive, send = socket.socketpair()
+    send.setblocking(False)  # a full socket drops a byte rather than block the handler
+    signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
+    numbers = {int(number) for number in STOP_SIGNALS}
     for number in STOP_SIGNALS:
-        signal.signal(number, lambda *_: stop.set())
+        signal.signal(number, _noted)
+
+    def watch() -> None:
+        with receive, send:
+            # Any signal with a Python handler writes its number here: stop on ours only.
+            while not numbers.intersection(noted := receive.recv(64)):
+                if not noted:
+                    return  # (closed: no signal will come this way)
+            stop.set()
+
+    threading.Thread(target=watch, name="stop-signals", daemon=True).start()
     return stop
 
 
+def _noted(number: int, frame: object) -> None:
+    """A stop signal's Python handler: nothing to do here (see stop_on_signals)."""
+
+
+def _until_broken_pipe(
+    handler: Callable[[Any], None], stop: threading.Event
+) -> Callable[[Any], None]:
+    """``handler``, stopping the worker once its output has no reader (``punctual worker |
+    head``), as other tools stop; the occurrence it was printing is retried later."""
+
+    def run(job: Any) -> None:
+        try:
+            handler(job)
+        except BrokenPipeError:
+            stop.set()
+            raise
+
+    return run
+
+
 def _worker(client: Client, args: argparse.Namespace) -> int:
+    from punctual.models import field_errors
     from punctual.services import Services
     from punctual_client.logs import plain_logs
     from punctual_client.worker import QueueConsumer, Worker
 
+    if args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {args.threads}")
     plain_logs(os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"))
     handler = _handler(args.handler)
     tenant = client.get("/v1/tenant")["tenant_id"]
@@ -442,8 +608,13 @@ def _worker(client: Client, args: argparse.Namespace) -> int:
     if args.target not in targets:
         raise UsageError(f"--target: no target named {args.target}")
     queue = targets[args.target]["queue_url"]
-    worker = Worker(Services.from_environment(), tenant, handler, heartbeat_seconds=20)
+    try:
+        services = Services.from_environment()
+    except ValidationError as error:  # a PUNCTUAL_* variable of the environment
+        first = field_errors(error)[0]
+        raise CommandFailed(f"settings: {first['field']}: {first['reason']}") from None
     stop = stop_on_signals()
+    worker = Worker(services, tenant, _until_broken_pipe(handler, stop), heartbeat_seconds=20)
     print(f"worker for {tenant}/{args.target} on {queue} (Ctrl-C stops)", flush=True)
     consumer = QueueConsumer(worker, queue, threads=args.threads, wait_seconds=WORKER_POLL_SECONDS)
     consumer.run(stop)
@@ -461,3 +632,5 @@ def main_for(args: argparse.Namespace) -> int:
         if 400 <= error.status < 500:
             raise UsageError(str(error)) from None
         raise
+    except BadEndpoint as error:
+        raise UsageError(str(error)) from None

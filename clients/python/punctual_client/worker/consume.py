@@ -3,7 +3,9 @@ SQS-triggered Lambda (Powertools batch processing with partial batch failures)."
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,7 +17,9 @@ from aws_lambda_powertools.utilities.batch import (
     process_partial_response,
 )
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from botocore.exceptions import ClientError
 
+from punctual.backoff import Backoff
 from punctual.observability import logger, metrics
 from punctual_client.worker.core import (
     METRICS,
@@ -25,6 +29,17 @@ from punctual_client.worker.core import (
     Worker,
     queue_url_of,
 )
+
+# The pause after a failed poll (SQS unreachable, credentials expired): 1 s, doubling up to
+# 30 s while polls keep failing (``tries`` is not used: a consumer polls until stopped).
+POLL_BACKOFF = Backoff(tries=1, base=1.0, cap=30.0)
+
+
+def _failure_kind(error: Exception) -> str:
+    """What a failed poll is, without what changes from one to the next (request ids)."""
+    if isinstance(error, ClientError):
+        return f"{type(error).__name__} {error.response.get('Error', {}).get('Code', '')}".strip()
+    return type(error).__name__
 
 
 class QueueConsumer:
@@ -38,12 +53,16 @@ class QueueConsumer:
         wait_seconds: int = 20,
         threads: int = 4,
         on_result: Callable[[Delivery, Result], None] | None = None,
+        poll_backoff: Backoff = POLL_BACKOFF,
+        rng: random.Random | None = None,
     ) -> None:
         self.worker = worker
         self.queue_url = queue_url
         self.wait_seconds = wait_seconds
         self.threads = threads
         self.on_result = on_result or (lambda delivery, result: None)
+        self.poll_backoff = poll_backoff
+        self.rng = rng or random.Random()
 
     def poll_once(self) -> list[Result]:
         sqs = self.worker.services.sqs
@@ -91,12 +110,37 @@ class QueueConsumer:
             return Result(Outcome.FAILED, f"{type(error).__name__}: {error}")
 
     def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop``. While polls fail, each pause is longer (POLL_BACKOFF, with
+        equal jitter: at least half the ceiling, so the pauses grow, and workers that lost
+        SQS together do not come back in step); the log says when polls start failing (or
+        fail another way) and when they work again, not once a poll."""
+        failures = 0
+        failing: str | None = None
+        since = 0.0
         while not stop.is_set():
             try:
                 self.poll_once()
-            except Exception:
-                logger.exception("poll failed; polling again")
-                stop.wait(1)
+            except Exception as error:
+                kind = _failure_kind(error)
+                if failures == 0:
+                    since = time.monotonic()
+                if kind != failing:
+                    logger.exception(
+                        f"polling {self.queue_url} failed; polling again after growing pauses "
+                        f"(at most {self.poll_backoff.cap:.0f} s), logged again once it works "
+                        "or fails another way"
+                    )
+                    failing = kind
+                ceiling = self.poll_backoff.ceiling(failures)
+                failures += 1
+                stop.wait(self.rng.uniform(ceiling / 2, ceiling))
+                continue
+            if failing is not None:
+                logger.warning(
+                    f"polling {self.queue_url} works again, after {failures} failed polls "
+                    f"over {time.monotonic() - since:.0f} s"
+                )
+            failures, failing = 0, None
 
 
 class KeepMessage(Exception):
