@@ -40,6 +40,9 @@ PORT = _int_at_least(0, 65535)  # 0: any free port
 POSITIVE = _int_at_least(1)
 
 
+DATA_HELP = "data folder (default: $PUNCTUAL_LOCAL_DATA, else .data in the repo)"
+
+
 def add_local_commands(commands: Any) -> None:
     """Register ``local`` and ``stats`` on the ``punctual`` subparsers."""
     stats = commands.add_parser("stats", help="operations figures of the local stack")
@@ -50,7 +53,8 @@ def add_local_commands(commands: Any) -> None:
     stats.add_argument(
         "--data",
         type=Path,
-        help="the stack's data folder, whose engines are read (default: .data in the repo; "
+        help="the stack's data folder, whose engines are read (default: "
+        "$PUNCTUAL_LOCAL_DATA, else .data in the repo; "
         "the exports of `punctual local env`, when set, come first)",
     )
     stats.set_defaults(run=run_stats)
@@ -61,7 +65,7 @@ def add_local_commands(commands: Any) -> None:
     up.add_argument(
         "--port", type=PORT, default=DEFAULT_PORT, help=f"the API's port ({DEFAULT_PORT})"
     )
-    up.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
+    up.add_argument("--data", type=Path, help=DATA_HELP)
     up.add_argument("--tick", type=POSITIVE, default=60, help="seconds between ticks (60)")
     up.add_argument(
         "--lookahead", type=_int_at_least(0), default=180, help="materializer lookahead (180)"
@@ -71,14 +75,14 @@ def add_local_commands(commands: Any) -> None:
     env = local_commands.add_parser(
         "env", help="print the exports that point AWS SDKs and workers at the local engines"
     )
-    env.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
+    env.add_argument("--data", type=Path, help=DATA_HELP)
     env.add_argument(
         "--port", type=PORT, help="the API's port (default: the one the stack on --data serves)"
     )
     down = local_commands.add_parser(
         "down", help="stop the engines a killed `local up` left running (data is kept)"
     )
-    down.add_argument("--data", type=Path, help="data folder (default: .data in the repo)")
+    down.add_argument("--data", type=Path, help=DATA_HELP)
     local.set_defaults(run=run_local)
 
 

@@ -41,7 +41,10 @@ from punctual_local.sqs import queue_exists
 from punctual_local.streams import StreamPoller
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / ".data"
+# The data folder of `local up`, `local env`, `local down` and `stats` when --data is not
+# given: $PUNCTUAL_LOCAL_DATA, else .data in the repo (a test's stack, or a second one, is
+# then found by every command the README shows, as written).
+DATA = Path(os.environ.get("PUNCTUAL_LOCAL_DATA") or REPO / ".data")
 OPERATOR_KEY = "operator"
 DEMO_KEY = "demo"
 DEMO_TENANT = "demo"
