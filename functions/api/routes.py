@@ -374,8 +374,10 @@ class BackfillIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
+            # (A window to come: a past one leaves the retention, and is refused, as the
+            # calendar moves on.)
             "examples": [
-                {"from": "2026-11-01T00:00:00Z", "to": "2026-11-08T00:00:00Z", "dry_run": True}
+                {"from": "2030-01-01T00:00:00Z", "to": "2030-01-08T00:00:00Z", "dry_run": True}
             ]
         },
     )
