@@ -58,7 +58,8 @@ class Materialization(Construct):
                 # shard's tallies of released quota (read whole before they are handed over).
                 ("leases_table", None): ("GetItem", "UpdateItem", "ConditionCheckItem"),
                 ("schedules_table", DUE_INDEX): ("Query",),
-                ("schedules_table", None): ("GetItem", "UpdateItem"),
+                # BatchGetItem: the payloads of a bucket's schedules, from their version items.
+                ("schedules_table", None): ("GetItem", "BatchGetItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem", "UpdateItem"),
                 # Occurrences are put in the step's transaction; a schedule planned under
                 # older zone rules is re-planned first (punctual.rezone): its occurrences

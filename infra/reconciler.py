@@ -58,7 +58,14 @@ class Reconciliation(Construct):
             {
                 ("schedules_table", SHARD_INDEX): ("Query",),
                 ("schedules_table", DUE_INDEX): ("Query",),
-                ("schedules_table", None): ("GetItem", "Query", "UpdateItem", "ConditionCheckItem"),
+                # BatchGetItem: a repaired schedule's payload, from its version item.
+                ("schedules_table", None): (
+                    "GetItem",
+                    "BatchGetItem",
+                    "Query",
+                    "UpdateItem",
+                    "ConditionCheckItem",
+                ),
                 ("occurrences_table", None): ("Query", "BatchGetItem", "PutItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem",),
                 ("leases_table", None): (

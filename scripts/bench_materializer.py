@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from punctual.dal.common import from_dynamo, to_dynamo
-from punctual.dal.schedules import schedule_to_item
+from punctual.dal.schedules import schedule_to_item, version_to_item
 from punctual.dal.tables import SCHEDULE_CURRENT, create_tables, occurrence_key
 from punctual.dal.tenants import tenant_to_item
 from punctual.ids import new_schedule_id, shard_of
@@ -84,8 +84,10 @@ def seed(
         ids.append(schedule.schedule_id)
         shard = shard_of(schedule.schedule_id, settings.shard_count)
         item = schedule_to_item(schedule, shard=shard, minute_load={0: 1})
-        batch.append({"PutRequest": {"Item": to_dynamo(item)}})
-        if len(batch) == 25:
+        # (Its version item too: the payload is kept there alone, and the step reads it.)
+        version = version_to_item(schedule, effective_from=int(created.timestamp()))
+        batch += [{"PutRequest": {"Item": to_dynamo(i)}} for i in (item, version)]
+        if len(batch) >= 24:  # (BatchWriteItem takes 25 items at most)
             client.batch_write_item(RequestItems={settings.schedules_table: batch})
             batch = []
     if batch:

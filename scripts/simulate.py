@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                     "missed by policy": verdict.missed_by_policy,
                     "fired late by policy": verdict.fired_late,
                     "runs now and backfilled checked": verdict.manual,
+                    "payloads checked (messages and occurrences)": verdict.payloads,
                     "hostile items unreadable": verdict.hostile_items,
                     "lost before a take-over (known limit)": verdict.left_by_failover,
                 }

@@ -39,7 +39,9 @@ from scripts.capacity.model import (
     Workload,
     WriteOp,
     aws_platform,
+    units,
 )
+from scripts.capacity.payloads import ITEM_SIZE, payload_rows
 from scripts.capacity.simulation import (
     MARGIN,
     SimResult,
@@ -262,6 +264,68 @@ def print_bill(
     return totals
 
 
+def print_payloads(
+    shard_rate: float, limits: Limits, prices: Prices, platform: Platform, design: Design
+) -> None:
+    """A step's units by payload size: the due index's busiest key against the partition
+    limit, the cursor update, the reads; before (the payload in the CURRENT item, so in its
+    due index entry) and now (in the version item alone)."""
+    print(
+        f"== Payloads: a step's due index writes on the busiest key HH:00#shard "
+        f"({shard_rate:,.0f} steps/s a shard, one entry leaving it per step), before (payload "
+        "in the CURRENT item, so in the due entry, ALL) -> now (in the version item alone) "
+        f"[{ITEM_SIZE}]"
+    )
+    print(
+        f"  {'payload':>8}  {'due entry, bytes':>16}  {'busiest due key, WCU/s':>26}  "
+        f"{'cursor update':>13}  {'by_shard entry':>14}  reads a step, RRU: due Query + version"
+    )
+    for row in payload_rows():
+        before, after = row.current_before, row.current_after
+        key = [shard_rate * row.index_units(size) for size in (before, after)]
+        use = [k / limits.partition_wcu for k in key]
+        reads = [row.query_read_units(before), row.query_read_units(after)]
+        print(
+            f"  {row.payload:6,d} B  {before:7,d} -> {after:5,d}  "
+            f"{key[0]:7,.0f} ({use[0]:5.0%}) -> {key[1]:4,.0f} ({use[1]:3.0%})  "
+            f"{row.cursor_units(before):4d} -> {row.cursor_units(after)} WCU  "
+            f"{row.shard_before:6,d} -> {row.shard_after:4,d}  "
+            f"{reads[0]:.2f} -> {reads[1]:.2f} + {row.payload_read_units:.1f}"
+        )
+    largest = payload_rows()[-1]
+    writes = [
+        2 * largest.index_units(size) + largest.cursor_units(size)
+        for size in (largest.current_before, largest.current_after)
+    ]
+    reads = [
+        largest.query_read_units(largest.current_before),
+        largest.query_read_units(largest.current_after) + largest.payload_read_units,
+    ]
+    was = shard_rate * units(largest.current_before)
+    fetching = replace(
+        platform,
+        transaction_seconds=platform.transaction_seconds
+        + platform.batch_get_seconds * design.per_transaction / 100,
+    )
+    print(
+        f"  -> now {shard_rate * units(largest.current_after):,.0f} of "
+        f"{limits.partition_wcu:,.0f} WCU/s whatever the payload; with {largest.payload:,} B "
+        f"payloads it was {was:,.0f} ({was / limits.partition_wcu:.0f}x the limit: a throttled "
+        "index throttles the step's transaction). A step with a payload now reads its version "
+        "item, eventually consistent (its size / 4 KB rounded up, halved; read again "
+        "consistently only when a replica has not got it yet), in one BatchGetItem per 100 "
+        f"steps ({platform.batch_get_seconds * 1000:.0f} ms assumed: a shard steps "
+        f"{fetching.shard_rate(design.per_transaction):,.0f}/s instead of "
+        f"{platform.shard_rate(design.per_transaction):,.0f}/s when every schedule has a "
+        f"payload, which the simulation above leaves out). At {largest.payload:,} B a step "
+        f"writes {writes[0]} -> {writes[1]} units (the cursor update and the due key move) and "
+        f"reads {reads[0]:.2f} -> {reads[1]:.2f}: "
+        f"${(writes[0] - writes[1]) * prices.write_request * 1e6:,.2f} less and "
+        f"${(reads[1] - reads[0]) * prices.read_request * 1e6:.2f} more a million on demand. "
+        "The occurrence put still carries the payload (the relay sends from its stream record)."
+    )
+
+
 def report(args: argparse.Namespace) -> None:
     measured = MEASURED
     workload = Workload(
@@ -379,6 +443,7 @@ def report(args: argparse.Namespace) -> None:
         f"  -> bottleneck stage: {stage.what} ({stage.utilization:.0%}); closest AWS limit: "
         f"{busiest.what} ({busiest.utilization:.0%})"
     )
+    print_payloads(healthy.shard_rate, limits, prices, platform, chosen_design)
 
     print("== Cross-check with the local make bench (20,000 strict, 8 shards in 4 groups)")
     checks, _ = cross_check(measured)

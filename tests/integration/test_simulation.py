@@ -15,7 +15,7 @@ from punctual_local.dynamodb import LocalDynamoDB
 from tests.faults import FaultPlan
 from tests.sim.explain import explain, schedule_of
 from tests.sim.oracle import Verdict, check
-from tests.sim.workers import HandlerRun
+from tests.sim.workers import Delivered, HandlerRun, payload_digest
 from tests.sim.world import Run, SimConfig, Simulation
 
 # Rates well above the full run's (scripts/simulate.py), so 3.6 hours meet every kind (with
@@ -133,6 +133,10 @@ def test_simulation_short_run_under_every_fault_keeps_the_contract(
     assert run.rules_changed_at is not None
     assert run.failed_over_at is not None
     assert run.remapped_at is not None
+    # ... and payloads of every size were checked on what was delivered and stored, of
+    # schedules written now and as before the payload left the CURRENT item
+    assert run.counts["written_before"] > 0
+    assert verdict.payloads > verdict.runs
     # AND no invariant is violated
     assert not verdict.violations, "\n".join(stories(run, verdict))
 
@@ -158,8 +162,18 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
         and i["occurrence_id"]["S"] in clean.found  # a fire the oracle requires and checks
     )
     key = occurrence_key(done["occurrence_id"]["S"])
+    other = next(
+        i
+        for page in dynamodb.get_paginator("scan").paginate(TableName=table)
+        for i in page["Items"]
+        if i["sk"]["S"].startswith("OCC#")
+        and i["state"]["S"] == "SUCCEEDED"
+        and i["schedule_id"]["S"] in plain
+        and i["occurrence_id"]["S"] != done["occurrence_id"]["S"]
+    )
     # WHEN an occurrence goes missing, another is left open, one is planted in a wrong
-    # minute, a handler run is recorded ahead of its time, and a tenant's usage drifts
+    # minute, a handler run is recorded ahead of its time, a tenant's usage drifts, and a
+    # message and a stored occurrence carry a payload that is not their version's
     dynamodb.delete_item(TableName=table, Key=to_dynamo(key))
     version = int(done["schedule_version"]["N"])
     off_minute = int(done["scheduled_for"]["N"]) + 7
@@ -185,6 +199,22 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
             ended=1.0,
         )
     )
+    forged = {"not": "this version's"}
+    run.deliveries.append(
+        Delivered(
+            done["occurrence_id"]["S"],
+            done["schedule_id"]["S"],
+            version,
+            payload_digest(forged),
+            len(str(forged)),
+        )
+    )
+    dynamodb.update_item(
+        TableName=table,
+        Key=to_dynamo(occurrence_key(other["occurrence_id"]["S"])),
+        UpdateExpression="SET payload = :p",
+        ExpressionAttributeValues={":p": to_dynamo({"p": forged})["p"]},
+    )
     tenants = run.settings.tenants_table
     dynamodb.update_item(
         TableName=tenants,
@@ -197,3 +227,4 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
     assert {"missing", "unowned", "early", "quota_count"} <= set(verdict.violations), dict(
         verdict.violations
     )
+    assert verdict.violations["wrong_payload"] == 2, dict(verdict.violations)

@@ -30,6 +30,10 @@ Runs (the workers' log):
 - **QUEUE_ONE**: at most one occurrence waits at a time, and one waiting is not skipped
   while its wait holds.
 
+Payloads: every message a worker received, and every occurrence stored to be sent (not a
+MISSED record), carries exactly the payload of the schedule version that owns it (its
+version item's: the CURRENT item and its index entries hold only a mark of its size).
+
 Requests: a run now asked again with its Idempotency-Key names the same occurrence, and
 each one made is stored (its item exists: the hostile tenant may have made its own
 unreadable since). Quotas: each tenant's usage equals a recount of its live
@@ -64,7 +68,7 @@ from punctual.planning import MAX_CATCHUP_SPREAD
 from punctual.reconciler import Expected, expected_occurrences
 from punctual.timing import get_zone, local_wall, use_zone_source
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
-from tests.sim.workers import Event, HandlerRun
+from tests.sim.workers import Event, HandlerRun, payload_digest
 from tests.sim.world import DAY, DRAIN_SECONDS, OLD_RULES, Run
 
 S = OccurrenceState
@@ -89,6 +93,7 @@ class Verdict:
     missed_by_policy: int = 0
     fired_late: int = 0  # late fires a misfire policy released (or a repair within it)
     manual: int = 0  # runs now and backfilled occurrences checked
+    payloads: int = 0  # messages received and occurrences stored whose payload was checked
     left_by_failover: int = 0  # due before a take-over, lost by the failed region (known)
     hostile_items: int = 0  # the hostile tenant's items no reader could parse
     # The required fires the oracle checked and found stored (what a deletion must break).
@@ -141,12 +146,16 @@ def check(run: Run) -> Verdict:
     }
     stored: dict[str, list[Occurrence]] = defaultdict(list)
     keys: set[tuple[str, str]] = set()  # every occurrence item's key, readable or not
+    payloads: dict[str, Any] = {}  # the payload of each occurrence stored to be sent
     for item in _scan(run, settings.occurrences_table):
         if not str(item["sk"]).startswith(OCCURRENCE_PREFIX):
             continue
         keys.add((item["schedule_id"], item["sk"]))
         try:
-            stored[item["schedule_id"]].append(occurrence_from_item(item))
+            occurrence = occurrence_from_item(item)
+            stored[item["schedule_id"]].append(occurrence)
+            if occurrence.state is not S.MISSED:  # (a MISSED record is never sent)
+                payloads[occurrence.occurrence_id] = item.get("payload")
         except (ValidationError, KeyError, ValueError, TypeError):
             if _hostile(run, str(item["schedule_id"])):
                 verdict.hostile_items += 1
@@ -168,6 +177,7 @@ def check(run: Run) -> Verdict:
     _check_runs(verdict, run, overlap)
     _check_queue_one(verdict, run, {k for k, p in overlap.items() if p is OverlapPolicy.QUEUE_ONE})
     _check_requests(verdict, run, keys)
+    _check_payloads(verdict, run, {sid: histories[sid] for sid in honest}, payloads)
     _check_quota(verdict, run, current)
     for failure in run.hostile_failures:
         verdict.flag("hostile_failed_a_batch", failure)
@@ -612,6 +622,37 @@ def _check_requests(verdict: Verdict, run: Run, keys: set[tuple[str, str]]) -> N
                 verdict.flag(
                     "backfill_outside", f"{made} not in [{backfill.since}, {backfill.until})"
                 )
+
+
+def _check_payloads(
+    verdict: Verdict,
+    run: Run,
+    histories: dict[str, list[ScheduleVersion]],
+    stored: dict[str, Any],
+) -> None:
+    """Every message received and every occurrence stored to be sent carries the payload of
+    the schedule version it names (the one that owns it), exactly."""
+    owned = {
+        (sid, v.schedule.version): payload_digest(v.schedule.known_payload)
+        for sid, versions in histories.items()
+        for v in versions
+    }
+    for d in run.deliveries:
+        if _hostile(run, d.schedule_id):
+            continue
+        verdict.payloads += 1
+        if owned.get((d.schedule_id, d.version)) != d.payload:
+            verdict.flag(
+                "wrong_payload",
+                f"{d.occurrence_id} delivered {d.size} bytes, not version {d.version}'s",
+            )
+    for oid, payload in stored.items():
+        sid, version, _, _ = occurrence_name(oid)
+        if sid not in histories:
+            continue  # (the hostile tenant's)
+        verdict.payloads += 1
+        if not isinstance(payload, dict) or owned.get((sid, version)) != payload_digest(payload):
+            verdict.flag("wrong_payload", f"{oid} stored a payload not version {version}'s")
 
 
 def _check_quota(verdict: Verdict, run: Run, current: dict[str, dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@ fire that ran or will.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from punctual.dal.common import to_dynamo, values
+from punctual.dal.schedules import PAYLOAD_MARK, payload_bytes
+from punctual.dal.tables import current_key
 from punctual.errors import PunctualError
-from punctual.models import ScheduleDefinition, ScheduleState
+from punctual.models import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
 from punctual.scheduling import Backfilled, ControlPlane, Triggered
 from punctual.tenancy import Quotas
 from punctual.timing import get_zone
@@ -57,6 +61,13 @@ OVERLAPS = ("ALLOW", "ALLOW", "SKIP_IF_RUNNING", "QUEUE_ONE")
 RACE_POINTS = ("transact_write_items", "update_item", "put_item")
 CHANGES = ("update", "pause", "resume", "cancel")
 MANUAL = ("trigger", "backfill")
+# Payload sizes (bytes of JSON) a schedule version gets, up to near the API's largest: every
+# fire must carry its own version's, read from the version item (the CURRENT item and its
+# index entries hold only a mark of it).
+PAYLOAD_SIZES = (0, 0, 20, 20, 20, 300, 1_500, 5_000, 20_000, MAX_PAYLOAD_BYTES - 40)
+# Of the schedules made: rewritten at once as Punctual wrote them before 2026-12-06 (the
+# payload nested in the CURRENT item), which every reader must still read whole.
+WRITTEN_BEFORE = 0.2
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class Tenants:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.rng = sim.rng
+        # (Its own generator: the run's draws, and so every earlier seed's world, unchanged.)
+        self.payload_rng = random.Random(sim.config.seed * 7927 + 5)
         self.schedule_ids: list[str] = []
 
     def bootstrap(self) -> None:
@@ -179,8 +192,17 @@ class Tenants:
             "misfire": misfire,
             "overlap": rng.choice(OVERLAPS),
             "retry": {"max_attempts": rng.choice([1, 3, 5]), "backoff_base_seconds": 10},
-            "payload": {"n": rng.randint(0, 1000)},
+            "payload": self.payload(rng.randint(0, 1000)),
         }
+
+    def payload(self, n: int) -> dict[str, Any]:
+        """A payload of one of PAYLOAD_SIZES bytes (none at 0), unique to its version."""
+        size = self.payload_rng.choice(PAYLOAD_SIZES)
+        if not size:
+            return {}
+        body: dict[str, Any] = {"n": n, "tag": self.payload_rng.getrandbits(48), "fill": ""}
+        body["fill"] = "p" * max(0, size - payload_bytes(body))
+        return body
 
     def create(self, tenant: str | None = None) -> None:
         tenant = tenant or self.rng.choice(self.sim.tenants)
@@ -190,6 +212,23 @@ class Tenants:
         if saved is not None:
             self.schedule_ids.append(saved.schedule.schedule_id)
             self.sim.run_record.counts["created"] += 1
+            if self.payload_rng.random() < WRITTEN_BEFORE:
+                self._as_written_before(saved.schedule.schedule_id, definition.payload)
+
+    def _as_written_before(self, sid: str, payload: dict[str, Any]) -> None:
+        """The schedule's CURRENT item as Punctual wrote it before 2026-12-06: its payload
+        nested in its definition, no mark (not through the faults: a deploy, not a call)."""
+        self.sim.run_record.services.dynamodb.update_item(
+            TableName=self.sim.settings.schedules_table,
+            Key=to_dynamo(current_key(sid)),
+            UpdateExpression="SET #d.payload = :p REMOVE #d.#mark",
+            # Race: none here (the run is one thread, and nothing touched the schedule since
+            # its create returned): it keeps the rewrite to the version it was made at.
+            ConditionExpression="version = :v",
+            ExpressionAttributeNames={"#d": "definition", "#mark": PAYLOAD_MARK},
+            ExpressionAttributeValues=values(p=payload, v=1),
+        )
+        self.sim.run_record.counts["written_before"] += 1
 
     def change(self) -> None:
         """One tenant request on a schedule, sometimes raced by another on the same one."""

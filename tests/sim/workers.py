@@ -12,6 +12,8 @@ outcome with its time.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +70,24 @@ class Event:
     occurrence_id: str
     what: str
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A message a worker received: the occurrence, the schedule version it names, and its
+    payload (a digest of its JSON, and its size)."""
+
+    occurrence_id: str
+    schedule_id: str
+    version: int
+    payload: str  # payload_digest(the message's payload)
+    size: int
+
+
+def payload_digest(payload: dict[str, Any]) -> str:
+    """The same for the same JSON value, whatever its keys' order."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class _Logged(Worker):
@@ -143,6 +163,15 @@ class Workers:
                 message.occurrence_id,
                 result.outcome,
                 result.detail,
+            )
+        )
+        self.sim.run_record.deliveries.append(
+            Delivered(
+                message.occurrence_id,
+                message.schedule_id,
+                message.schedule_version,
+                payload_digest(message.payload),
+                len(json.dumps(message.payload, separators=(",", ":"))),
             )
         )
         self.sim.run_record.counts[f"worker_{result.outcome.value.lower()}"] += 1

@@ -59,7 +59,7 @@ from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS
 from tests.sim.hostile import Hostile
 from tests.sim.sqs import SimSQS
 from tests.sim.tenants import Backfill, Tenants, Trigger
-from tests.sim.workers import Event, HandlerRun, Workers
+from tests.sim.workers import Delivered, Event, HandlerRun, Workers
 
 MINUTE = 60
 HOUR = 3600
@@ -151,6 +151,7 @@ class Run:
     sqs: SimSQS
     runs: list[HandlerRun] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    deliveries: list[Delivered] = field(default_factory=list)  # every message workers received
     triggers: list[Trigger] = field(default_factory=list)
     backfills: list[Backfill] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)

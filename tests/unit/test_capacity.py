@@ -31,6 +31,7 @@ from scripts.capacity.model import (
     Workload,
     aws_platform,
 )
+from scripts.capacity.payloads import SIZES, item_bytes, payload_rows
 from scripts.capacity.simulation import (
     LagHistogram,
     Piece,
@@ -320,3 +321,34 @@ def test_the_relays_batching_window_cuts_its_invocations_and_logs_and_pays_for_p
     assert now[prompt] == pytest.approx(0.01 * inputs.prices.sqs_request * 1e6)
     # AND nothing on the path reads an occurrence before sending it (the relay reads nothing)
     assert [i for g, i in now if g == "DynamoDB reads"] == ["due index Query"]
+
+
+# --- payloads and the due index (scripts/capacity/payloads.py) -------------------------------
+
+
+def test_item_bytes_follows_dynamodbs_item_size_rules():
+    # a string: name + UTF-8 bytes; a number: name + 1 byte per 2 significant digits + 1
+    assert item_bytes({"a": {"S": "xyz"}}) == 1 + 3
+    assert item_bytes({"n": {"N": "12345"}}) == 1 + 3 + 1
+    # a map or list: 3 bytes, 1 per element, the elements (a map's names included)
+    assert item_bytes({"m": {"M": {"k": {"S": "v"}}}}) == 1 + 3 + (1 + 1 + 1)
+    assert item_bytes({"l": {"L": [{"N": "1"}, {"BOOL": True}]}}) == 1 + 3 + (1 + 2) + (1 + 1)
+
+
+def test_the_due_entry_no_longer_grows_with_the_payload_and_the_version_read_does():
+    rows = payload_rows()
+    assert [r.payload for r in rows] == list(SIZES)
+    # GIVEN payloads from none to the largest
+    smallest, largest = rows[0], rows[-1]
+    # THEN before, the due entry (and by_shard's) carried the payload: 33 write units a move
+    assert largest.current_before > largest.payload > smallest.current_before
+    assert largest.index_units(largest.current_before) == 33
+    assert largest.shard_before > largest.payload
+    # AND now every entry is under a write unit, whatever the payload
+    assert {r.index_units(r.current_after) for r in rows} == {1}
+    assert max(r.shard_after for r in rows) < 1024
+    assert max(r.current_after for r in rows) - min(r.current_after for r in rows) < 32
+    # AND a step with a payload reads its version item, eventually consistent, once
+    assert smallest.payload_read_units == 0
+    assert largest.payload_read_units == math.ceil(largest.version / 4096) / 2 == 4.5
+    assert rows[1].payload_read_units == 0.5

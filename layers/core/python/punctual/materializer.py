@@ -207,7 +207,7 @@ class Materializer:
             and (step := self._plan(stored, now, until)) is not None
         ]
         report.schedules += len(steps)
-        return self._commit(lease, steps, now, until, report)
+        return self._commit(lease, self._ready(steps), now, until, report)
 
     def _under_rules_in_use(self, stored: StoredSchedule) -> StoredSchedule | None:
         """``stored``, re-planned first if it was planned under older zone rules
@@ -264,12 +264,27 @@ class Materializer:
                 # the silent loss the reconciler must find.
                 made = [o for o in made if not self._skip(o.schedule_id, o.scheduled_for)]
             step = _Step(stored, made, planned)
-        step.actions = self._actions(step)
         return step
+
+    def _ready(self, steps: list[_Step]) -> list[_Step]:
+        """The steps with their transaction actions. A schedule read from the due index (or
+        its CURRENT item) carries no payload, only a mark that it has one: the payloads of
+        those that make occurrences are read from their version items first, one
+        BatchGetItem per 100 (``ScheduleStore.payloads``: a miss of the eventually consistent
+        read is read again consistently). A version item even that does not find is
+        Retryable: the invocation fails and Step Functions runs it again (its watermark kept)."""
+        unread = [s for s in steps if s.occurrences and s.schedule.payload is None]
+        read = iter(self._s.schedules.with_payloads([s.schedule for s in unread]))
+        for step in unread:
+            step.stored = replace(step.stored, schedule=next(read))
+        for step in steps:
+            step.actions = self._actions(step)
+        return steps
 
     def _actions(self, step: _Step) -> list[dict[str, Any]]:
         cursor = None if step.completes or step.plan is None else step.plan.cursor
-        return [self._s.occurrences.put_new(o, step.schedule.payload) for o in step.occurrences] + [
+        payload = step.schedule.known_payload if step.occurrences else {}
+        return [self._s.occurrences.put_new(o, payload) for o in step.occurrences] + [
             self._s.schedules.step(step.stored, cursor, step.missed)
         ]
 
@@ -367,7 +382,7 @@ class Materializer:
                 stepped = after_step(step.stored, cursor, step.missed)
                 follow_up = self._plan(stepped, now, until, step.plan.catchup)
                 if follow_up is not None:
-                    pending.append(follow_up)
+                    pending += self._ready([follow_up])
 
     def _hand_over(self, lease: Lease) -> bool:
         """Move every tenant's released quota from the shard's tally to the tenant's usage,
@@ -416,7 +431,6 @@ class Materializer:
                 step.occurrences = [
                     o for o, i in zip(step.occurrences, puts, strict=True) if not refused.failed(i)
                 ]
-                step.actions = self._actions(step)
                 again.append(step)
                 continue
             # A condition failed: someone else moved this schedule (an update, a cancel, another
@@ -426,4 +440,5 @@ class Materializer:
             follow_up = self._plan(fresh, now, until) if fresh else None
             if follow_up is not None:
                 again.append(follow_up)
-        return again
+        # (Their actions again: a re-read one's payload is read, a refused put is left out.)
+        return self._ready(again)

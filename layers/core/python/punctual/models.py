@@ -397,9 +397,19 @@ class MissedEpisode(BaseModel):
         return version == self.version and self.first <= scheduled_for <= self.last
 
 
+class PayloadNotRead(RuntimeError):
+    """A schedule read from its CURRENT item or an index, whose payload (kept only in its
+    version item) was not read, used where the payload is needed: never as an empty one."""
+
+
 class Schedule(ScheduleDefinition):
     # As stored: judged by the input rules when it was written, not again on every read.
-    payload: dict[str, JsonValue] = Field(default_factory=dict)
+    # None: not read. The CURRENT item and the indexes do not carry a payload (it lives in the
+    # version item, docs/data-model.md): a schedule read from them has None until
+    # ``ScheduleStore.with_payloads`` reads it, and ``known_payload`` refuses it before then.
+    # (Wider than a definition's on purpose: code that takes a schedule's payload as a dict
+    # must say it was read, so mypy flags every ``schedule.payload`` used as one.)
+    payload: dict[str, JsonValue] | None = Field(default_factory=dict)  # type: ignore[assignment]
     tenant_id: str
     schedule_id: str
     version: int = Field(ge=1)
@@ -427,6 +437,17 @@ class Schedule(ScheduleDefinition):
     # Time zone rules (docs/time.md, *When the rules change*): the tzdata release its cursor
     # and occurrences were planned with (None: not zone-based, or written before it was).
     tzdata_version: str | None = None
+
+    @property
+    def known_payload(self) -> dict[str, JsonValue]:
+        """The payload, for what puts an occurrence or writes the schedule again;
+        PayloadNotRead when it was not read (a message must never carry an empty payload
+        in place of the schedule's)."""
+        if self.payload is None:
+            raise PayloadNotRead(
+                f"schedule {self.schedule_id} version {self.version}: its payload was not read"
+            )
+        return self.payload
 
     @property
     def zone_name(self) -> str | None:

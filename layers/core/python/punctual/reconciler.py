@@ -869,6 +869,10 @@ class Reconciler:
             now = self._now()
             decisions, deferred = self._decide(pending, current, now)
             outcome.deferred += [e.occurrence_id for e in deferred]
+            if any(d.fire for d in decisions):
+                # A repair fires the current version's payload, kept in its version item
+                # alone (the CURRENT item has only a mark of it): read it, never {} for it.
+                current = self.schedules.with_payload(stored).schedule
             failed = self._write(current, outcome.versions, decisions)
             for decision in decisions:
                 if decision.expected not in failed:
@@ -963,11 +967,12 @@ class Reconciler:
     def _put(self, schedule: Schedule, decision: _Decision, retention: int) -> dict[str, Any]:
         occurrence = new_occurrence(schedule, decision.expected.scheduled_for, retention)
         if decision.fire:
-            # A repair is always after the fire's time: the catch-up lane relays it.
+            # A repair is always after the fire's time: the catch-up lane relays it. (Only
+            # the current version's gaps fire: ``_repair`` read its payload.)
             occurrence = occurrence.model_copy(
                 update={"available_at": decision.available_at, "lane": Lane.CATCHUP}
             )
-            return self.occurrences.put_new(occurrence, schedule.payload)
+            return self.occurrences.put_new(occurrence, schedule.known_payload)
         missed = occurrence.model_copy(
             update={"state": OccurrenceState.MISSED, "reason": f"reconciler: {decision.reason}"}
         )

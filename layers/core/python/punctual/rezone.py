@@ -116,6 +116,9 @@ def _plan(
     if schedule.state is not ScheduleState.ACTIVE or handled is None:
         # Nothing planned ahead (paused, canceled, completed): only the release is new.
         return [("schedule", services.schedules.replanned(stored, None, None, version))], done
+    # The occurrences it makes carry the version's payload: read from its version item (the
+    # CURRENT item has only a mark of it), never taken for an empty one.
+    schedule = services.schedules.with_payload(stored).schedule
     # Consistent: an occurrence made or taken a moment ago decides what is replaced.
     window = services.occurrences.window(
         schedule.schedule_id, since=now - SPAN, until=handled + SPAN, consistent=True
@@ -143,7 +146,9 @@ def _plan(
             occurrence = occurrence.model_copy(update={"available_at": now})
         at.add(instant)
         walls.add(occurrence.local or "")
-        actions.append(("occurrence", services.occurrences.put_new(occurrence, schedule.payload)))
+        actions.append(
+            ("occurrence", services.occurrences.put_new(occurrence, schedule.known_payload))
+        )
         done.made.append(occurrence.occurrence_id)
 
     # Planned, not receivable yet, at an instant the rules in use no longer fire: canceled;

@@ -256,13 +256,13 @@ class ControlPlane:
         return self._save(None, schedule, now=now, require_fire=True)
 
     def get(self, tenant_id: str, schedule_id: str) -> Schedule:
-        return self._owned(tenant_id, schedule_id).schedule
+        return self._owned(tenant_id, schedule_id, payload=True).schedule
 
     def versions(
         self, tenant_id: str, schedule_id: str, *, limit: int, token: str | None
     ) -> tuple[list[ScheduleVersion], str | None]:
         """A page of the schedule's versions, newest first, each with when it took effect."""
-        self._owned(tenant_id, schedule_id)
+        self._owned(tenant_id, schedule_id, payload=False)
         return self.schedules.versions(schedule_id, limit=limit, token=token)
 
     def list_schedules(
@@ -302,7 +302,8 @@ class ControlPlane:
     def _update(
         self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]
     ) -> Saved:
-        stored = self._owned(tenant_id, schedule_id)
+        # (With its payload unless the change replaces it: the new version keeps it.)
+        stored = self._owned(tenant_id, schedule_id, payload="payload" not in changes)
         current = stored.schedule
         if current.version != if_match:
             raise Conflict(
@@ -352,7 +353,7 @@ class ControlPlane:
         max_manual_runs_per_minute; refused unless the schedule is ACTIVE."""
         tag = manual_tag(schedule_id, idempotency_key)
         for _ in range(TRIGGER_RETRIES):
-            stored = self._owned(tenant_id, schedule_id)
+            stored = self._owned(tenant_id, schedule_id, payload=False)
             schedule = stored.schedule
             made = (
                 self.occurrences.triggered(schedule_id, tag)
@@ -376,6 +377,11 @@ class ControlPlane:
                     f"the schedule is {schedule.state.value}; only an ACTIVE schedule runs now",
                     state=schedule.state.value,
                 )
+            # The run carries the version's payload, from its version item (the CURRENT
+            # item has only a mark of it); the transaction's version check holds it to the
+            # version read.
+            stored = self.schedules.with_payload(stored)
+            schedule = stored.schedule
             tenant = self.tenants.get(tenant_id)
             now = self._now()
             minute = self._manual_run_minute(tenant, now)
@@ -399,7 +405,10 @@ class ControlPlane:
                         ("trigger", record),
                         ("schedule", self.schedules.manual_run(stored, through=now)),
                         ("tenant", manual_run_update(tenant, self.tenants.table, minute)),
-                        ("occurrence", self.occurrences.put_new(occurrence, schedule.payload)),
+                        (
+                            "occurrence",
+                            self.occurrences.put_new(occurrence, schedule.known_payload),
+                        ),
                     ]
                 )
             except ConditionFailed:
@@ -407,7 +416,7 @@ class ControlPlane:
                 # schedule changed (paused, updated: read again), or the minute's count moved
                 # (over the quota now, or opened by another request): each is read again.
                 continue
-            self._send_promptly([occurrence], schedule.payload)
+            self._send_promptly([occurrence], schedule.known_payload)
             return Triggered(occurrence, replayed=False)
         raise Retryable("concurrent changes kept refusing this run; retry")
 
@@ -430,7 +439,7 @@ class ControlPlane:
                 [{"field": "from", "reason": f"before {utc_text(oldest)}"}],
             )
         for _ in range(TRIGGER_RETRIES):
-            stored = self._owned(tenant_id, schedule_id)
+            stored = self._owned(tenant_id, schedule_id, payload=False)
             schedule = stored.schedule
             if schedule.state is not ScheduleState.ACTIVE:
                 # As for run now: the reconciler does not watch a stopped schedule's runs.
@@ -489,13 +498,16 @@ class ControlPlane:
             )
             if dry_run or not made:
                 return result
+            # What it makes carries the version's payload, from its version item (the
+            # CURRENT item has only a mark of it); every chunk checks that version.
+            stored = self.schedules.with_payload(stored)
             try:
                 self._commit_backfill(stored, made)
             except ConditionFailed:
                 # The schedule changed (read again: paused, updated), or one of them was
                 # made meanwhile (a repair, a concurrent backfill): it exists when read again.
                 continue
-            self._send_promptly(made, schedule.payload)
+            self._send_promptly(made, stored.schedule.known_payload)
             return result
         raise Retryable("concurrent changes kept refusing this backfill; retry")
 
@@ -612,7 +624,7 @@ class ControlPlane:
             self._s.transactions.commit(
                 checks
                 + [
-                    ("occurrence", self.occurrences.put_new(o, schedule.payload))
+                    ("occurrence", self.occurrences.put_new(o, schedule.known_payload))
                     for o in made[first : first + BACKFILL_CHUNK]
                 ]
             )
@@ -635,7 +647,8 @@ class ControlPlane:
         state: ScheduleState,
         allowed_from: set[ScheduleState],
     ) -> Saved:
-        stored = self._owned(tenant_id, schedule_id)
+        # (With its payload: the new version's item keeps it.)
+        stored = self._owned(tenant_id, schedule_id, payload=True)
         current = stored.schedule
         if current.state not in allowed_from:
             raise Conflict(
@@ -766,7 +779,8 @@ class ControlPlane:
         if usage:
             actions.append(("tenant", usage))
         actions += [
-            ("occurrence", self.occurrences.put_new(o, schedule.payload)) for o in materialized
+            ("occurrence", self.occurrences.put_new(o, schedule.known_payload))
+            for o in materialized
         ]
         try:
             self._s.transactions.commit(actions)
@@ -774,7 +788,7 @@ class ControlPlane:
             if refused.label == "shard":
                 raise
             raise self._refusal(refused, old, tenant, load) from None
-        self._send_promptly(materialized, schedule.payload)
+        self._send_promptly(materialized, schedule.known_payload)
         affected = self._invalidate(old.schedule, schedule, now) if old else []
         return Saved(schedule, self.next_fires(schedule), materialized, affected)
 
@@ -916,7 +930,7 @@ class ControlPlane:
     ) -> tuple[list[Occurrence], list[MissedEpisode], str | None]:
         """A page of the schedule's occurrences due in [since, until], and the misfire
         episodes overlapping that window (fires recorded MISSED have no occurrence)."""
-        schedule = self._owned(tenant_id, schedule_id).schedule
+        schedule = self._owned(tenant_id, schedule_id, payload=False).schedule
         found, next_token = self.occurrences.list_for_schedule(
             schedule_id, since=since, until=until, limit=limit, token=token
         )
@@ -998,7 +1012,10 @@ class ControlPlane:
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _owned(self, tenant_id: str, schedule_id: str) -> StoredSchedule:
+    def _owned(self, tenant_id: str, schedule_id: str, *, payload: bool) -> StoredSchedule:
+        """The tenant's schedule as its CURRENT item has it (consistent); with ``payload``,
+        its payload read from its version item too (else None when it has one: what shows
+        it, writes it again or fires it reads it first)."""
         # Another tenant's id is not even read: the id names its tenant.
         if tenant_of_schedule(schedule_id) != tenant_id:
             raise NotFound(f"schedule {schedule_id} not found")
@@ -1006,7 +1023,7 @@ class ControlPlane:
         if stored is None or stored.schedule.tenant_id != tenant_id:
             # Another tenant's schedule answers exactly like a missing one: no existence leak.
             raise NotFound(f"schedule {schedule_id} not found")
-        return stored
+        return self.schedules.with_payload(stored) if payload else stored
 
     def _require_target(self, tenant_id: str, name: str) -> None:
         # Consistent: a target created a moment ago must be usable at once.

@@ -354,10 +354,15 @@ def batch_get(
     keys: list[dict[str, Any]],
     *,
     consistent: bool = True,
+    attributes: Sequence[str] = (),
 ) -> list[Item]:
     """The items of ``keys`` (plain key dicts) in their order, skipping missing ones, 100 a
     request. How a query on a narrow index reads the rest of each item, and how a batch of
-    known ids is checked in one call."""
+    known ids is checked in one call. ``attributes``: only these (paths such as
+    ``definition.payload``) and the key are returned (read units are the whole item's)."""
+    if not keys:
+        return []
+    projection = _projection([*keys[0], *attributes])
     found: dict[str, Item] = {}
     for start in range(0, len(keys), 100):
         request: dict[str, Any] = {
@@ -365,6 +370,7 @@ def batch_get(
                 "Keys": [to_dynamo(k) for k in keys[start : start + 100]],
                 "ConsistentRead": consistent,
             }
+            | (projection if attributes else {})
         }
         for answer in batch_get_all(client, request):
             for raw in answer["Responses"].get(table, []):
@@ -385,6 +391,21 @@ def batch_get_all(client: Dynamo, request: dict[str, Any]) -> Iterator[dict[str,
         if not request:
             return
     raise Retryable("DynamoDB kept keys of a batch read unprocessed (throttled); retry")
+
+
+def _projection(paths: Sequence[str]) -> dict[str, Any]:
+    """ProjectionExpression and ExpressionAttributeNames for attribute paths, every name a
+    placeholder (a reserved word, such as ``state``, cannot appear as it is)."""
+    names: dict[str, str] = {}
+    spelled = []
+    for path in paths:
+        parts = []
+        for name in path.split("."):
+            placeholder = next((k for k, v in names.items() if v == name), f"#p{len(names)}")
+            names[placeholder] = name
+            parts.append(placeholder)
+        spelled.append(".".join(parts))
+    return {"ProjectionExpression": ", ".join(spelled), "ExpressionAttributeNames": names}
 
 
 def _key_text(item: Mapping[str, Any], like: Mapping[str, Any]) -> str:

@@ -29,7 +29,7 @@ from punctual.dal.tables import (
 )
 from punctual.errors import Conflict
 from punctual.ids import occurrence_id
-from punctual.models import Attempt, Occurrence, OccurrenceState
+from punctual.models import Attempt, Occurrence, OccurrenceState, PayloadNotRead
 
 _OPEN = (
     OccurrenceState.SCHEDULED,
@@ -40,7 +40,11 @@ _LAST = 10**12 - 1  # the largest scheduled_for (and version) a fixed-width sk h
 
 
 def occurrence_to_item(occurrence: Occurrence, payload: dict[str, Any]) -> Item:
-    """The payload is copied in: the relay then sends without reading the schedule."""
+    """The payload is copied in: the relay then sends without reading the schedule. A
+    payload not read (None: a schedule read from its CURRENT item or an index) is refused:
+    the message would go out with none."""
+    if payload is None:
+        raise PayloadNotRead(f"occurrence {occurrence.occurrence_id}: its payload was not read")
     return {
         "sk": occurrence_key(occurrence.occurrence_id)["sk"],
         **occurrence.model_dump(),

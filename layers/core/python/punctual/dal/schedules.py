@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -18,15 +19,43 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
+from punctual.errors import Retryable
 from punctual.models import MissedEpisode, Schedule, ScheduleDefinition, ScheduleState
 from punctual.planning import Cursor
 from punctual.timing import to_epoch, tzdata_version
 
 _DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
+# In a CURRENT item's ``definition``, in place of the payload: the payload's size (bytes of
+# its JSON), only when it is not empty. The payload itself is kept in the version item alone
+# (``version_to_item``): the due index projects the whole CURRENT item and every step moves
+# it from one key to another, so a payload there would cost its size in index writes on
+# every step, on one hot key (docs/capacity.md, *Payloads*). Inside ``definition``, not
+# beside it: the by_shard index projects ``definition`` and no other new attribute (an
+# index's projection cannot change in place), so every reader sees the mark; and a reader
+# of an older release refuses a definition with an unknown field instead of reading "no
+# payload" as an empty one.
+PAYLOAD_MARK = "payload_bytes"
+# What a payload read takes of a version item (its key comes with it).
+_PAYLOAD_PATH = "definition.payload"
+
+
+class PayloadMissing(Retryable):
+    """A version item that even a consistent read did not find: written in another region
+    a moment ago (a global table replicates items, not transactions), or a bug. Never read
+    as an empty payload; the caller tries again later."""
+
+
+def payload_bytes(payload: Mapping[str, Any]) -> int:
+    """The payload's size as its JSON (what the API's 32 KiB limit counts)."""
+    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
 def version_sk(version: int) -> str:
     return f"V#{version:010d}"
+
+
+def _version_of(sk: str) -> int:
+    return int(sk.removeprefix("V#"))
 
 
 def due_bucket(due_at: int, shard: int) -> str:
@@ -39,8 +68,14 @@ def due_bucket(due_at: int, shard: int) -> str:
 
 
 def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, int]) -> Item:
-    """The CURRENT item. Only an ACTIVE schedule with a next fire carries the due index keys."""
-    dumped = schedule.model_dump(mode="json", include=_DEFINITION_FIELDS)
+    """The CURRENT item. Only an ACTIVE schedule with a next fire carries the due index keys.
+    Its definition has no payload, only its size (``PAYLOAD_MARK``) when there is one: the
+    payload is in the version item written beside it. PayloadNotRead for a schedule whose
+    payload was not read (its mark would be lost)."""
+    dumped = _definition(schedule)
+    payload = dumped.pop("payload")
+    if payload:
+        dumped[PAYLOAD_MARK] = payload_bytes(payload)
     item: Item = {
         "schedule_id": schedule.schedule_id,
         "sk": SCHEDULE_CURRENT,
@@ -80,22 +115,45 @@ def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, i
 
 
 def version_to_item(schedule: Schedule, effective_from: int) -> Item:
-    """An immutable history item: what version N said and from when it applied."""
+    """An immutable history item: what version N said and from when it applied, its payload
+    included (the only copy of it; PayloadNotRead for a schedule whose payload was not read).
+    Written in the same transaction as every CURRENT item naming version N."""
     return {
         "schedule_id": schedule.schedule_id,
         "sk": version_sk(schedule.version),
         "tenant_id": schedule.tenant_id,
         "version": schedule.version,
         "state": schedule.state.value,
-        "definition": schedule.model_dump(mode="json", include=_DEFINITION_FIELDS),
+        "definition": _definition(schedule),
         "created_at": schedule.created_at.isoformat(),
         "effective_from": effective_from,
     }
 
 
+def _definition(schedule: Schedule) -> dict[str, Any]:
+    """The definition fields as stored, payload included (PayloadNotRead if not read)."""
+    payload = schedule.known_payload
+    return schedule.model_dump(mode="json", include=_DEFINITION_FIELDS - {"payload"}) | {
+        "payload": payload
+    }
+
+
+def _stored_definition(item: Item) -> dict[str, Any]:
+    """An item's definition as Schedule's fields. The payload: nested (a version item, or a
+    CURRENT item written before payloads left it, 2026-12-06: no migration), None (not read)
+    where only its mark is, ``{}`` where neither is (the schedule has none)."""
+    definition = dict(item["definition"])
+    marked = definition.pop(PAYLOAD_MARK, None)
+    if "payload" not in definition:
+        definition["payload"] = None if marked is not None else {}
+    return definition
+
+
 def schedule_from_item(item: Item) -> Schedule:
+    """A CURRENT item (or an index's copy of it) as its schedule; its payload None when only
+    the version item has it (``ScheduleStore.with_payloads`` reads it)."""
     return Schedule(
-        **item["definition"],
+        **_stored_definition(item),
         tenant_id=item["tenant_id"],
         schedule_id=item["schedule_id"],
         version=item["version"],
@@ -245,7 +303,7 @@ def version_from_item(item: Item) -> ScheduleVersion:
     """A history item (``V#...``) back to the version it records."""
     effective_from = int(item["effective_from"])
     schedule = Schedule(
-        **item["definition"],
+        **_stored_definition(item),
         tenant_id=item["tenant_id"],
         schedule_id=item["schedule_id"],
         version=item["version"],
@@ -305,7 +363,8 @@ class ScheduleStore:
     def current(self, schedule_id: str) -> StoredSchedule | None:
         """The CURRENT item, strongly consistent: every caller acts on it (a change's
         conditions, a step re-planned after a refused commit, a schedule found in a stale
-        index), and a read that missed the last write would act on an older version."""
+        index), and a read that missed the last write would act on an older version. Its
+        payload is unread when it has one (``with_payload`` reads it)."""
         found = self._client.get_item(
             TableName=self.table, Key=self.key(schedule_id), ConsistentRead=True
         ).get("Item")
@@ -339,15 +398,80 @@ class ScheduleStore:
                 {"schedule_id": i["schedule_id"]["S"], "sk": SCHEDULE_CURRENT}
                 for i in page["Items"]
             ]
-            found += [schedule_from_item(i) for i in batch_get(self._client, self.table, keys)]
+            items = batch_get(self._client, self.table, keys)
+            # (As the API shows them: with their payloads, from their version items.)
+            found += self.with_payloads([schedule_from_item(i) for i in items])
             start = page.get("LastEvaluatedKey")
             if not start or len(found) >= limit:
                 return found, encode_token(start)
 
+    def payloads(
+        self, versions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], dict[str, Any]]:
+        """The payloads of the versions (schedule_id, version) named, from their version
+        items, one BatchGetItem per 100 (what DynamoDB leaves unprocessed asked again).
+
+        Eventually consistent first, at half the read units: a version item is immutable and
+        is written in the same transaction as the CURRENT item naming its version, so a
+        lagging replica serves either exactly its payload or, written a moment ago, nothing
+        at all; never another one. What that read misses is read again, consistently.
+        What even that misses (``PayloadMissing`` for ``with_payloads``) is left out of the
+        answer: a missing item is never an empty payload."""
+        keys = [
+            {"schedule_id": schedule_id, "sk": version_sk(version)}
+            for schedule_id, version in dict.fromkeys(versions)
+        ]
+        found = self._payloads(keys, consistent=False)
+        # Race: the version item was written a moment ago and the replica that answered has
+        # not got it yet (the CURRENT item or index copy that named it was read after it).
+        missed = [k for k in keys if (k["schedule_id"], _version_of(k["sk"])) not in found]
+        if missed:
+            found |= self._payloads(missed, consistent=True)
+        return found
+
+    def _payloads(
+        self, keys: list[dict[str, Any]], *, consistent: bool
+    ) -> dict[tuple[str, int], dict[str, Any]]:
+        found: dict[tuple[str, int], dict[str, Any]] = {}
+        for item in batch_get(
+            self._client, self.table, keys, consistent=consistent, attributes=[_PAYLOAD_PATH]
+        ):
+            payload = item.get("definition", {}).get("payload")
+            if isinstance(payload, dict):  # (every version item has one)
+                found[(item["schedule_id"], _version_of(item["sk"]))] = payload
+        return found
+
+    def with_payloads(self, schedules: Sequence[Schedule]) -> list[Schedule]:
+        """``schedules`` with every payload not read yet read from its version item
+        (``payloads``), in the same order; PayloadMissing (Retryable) when a version item
+        cannot be found even by a consistent read."""
+        unread = [(s.schedule_id, s.version) for s in schedules if s.payload is None]
+        if not unread:
+            return list(schedules)
+        found = self.payloads(unread)
+        lost = [f"{sid} version {v}" for sid, v in unread if (sid, v) not in found]
+        if lost:
+            raise PayloadMissing(
+                f"the version item of {', '.join(lost[:5])} was not found; retry", count=len(lost)
+            )
+        return [
+            s
+            if s.payload is not None
+            else s.model_copy(update={"payload": found[(s.schedule_id, s.version)]})
+            for s in schedules
+        ]
+
+    def with_payload(self, stored: StoredSchedule) -> StoredSchedule:
+        """``stored`` with its schedule's payload read (``with_payloads``)."""
+        if stored.schedule.payload is not None:
+            return stored
+        return replace(stored, schedule=self.with_payloads([stored.schedule])[0])
+
     def due_in(self, minute: int, shard: int) -> Iterator[StoredSchedule]:
         """The schedules in one due bucket, read from the due index: eventually consistent
         (an index cannot be read otherwise), so a schedule moved here a moment ago may be
-        missing and one that left may still show (its cursor condition then refuses it)."""
+        missing and one that left may still show (its cursor condition then refuses it).
+        Payloads unread (the index holds only their mark): ``with_payloads``."""
         pages = self._client.query_pages(
             TableName=self.table,
             IndexName=DUE_INDEX,
@@ -363,7 +487,8 @@ class ScheduleStore:
         scan. The index projects the stable attributes only (SHARD_INDEX_ATTRIBUTES): the
         cursor (``planned_until``, ``next_run_at``...) reads as unset; the MISSED summary is
         there. Eventually consistent, as every index read: a schedule created a moment ago
-        may be absent, and the window's ``created_before`` is older than any such one."""
+        may be absent, and the window's ``created_before`` is older than any such one.
+        Payloads unread (the index holds only their mark)."""
         pages = self._client.query_pages(
             TableName=self.table,
             IndexName=SHARD_INDEX,
