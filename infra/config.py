@@ -170,7 +170,7 @@ class DeployConfig(BaseModel):
     # The relay lanes' caps (reserved concurrency, which is also a limit): a backlog after
     # an outage, or a replayed stream, takes no more. A throttled batch waits in the stream
     # and is retried until it is 6 hours old, its retries not counted (docs/capacity.md).
-    relay_concurrency: int = Field(default=300, ge=1, le=10_000)
+    relay_concurrency: int = Field(default=400, ge=1, le=10_000)
     catchup_concurrency: int = Field(default=50, ge=1, le=10_000)
     # Stage-wide API throttling (requests/s and burst); every tenant shares it.
     api_rate_limit: int = Field(default=1000, ge=1, le=10_000)

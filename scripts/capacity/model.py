@@ -160,6 +160,11 @@ class Design:
     per_transaction: int = 49  # schedule steps per transaction: 2 actions each + the fence
     map_concurrency: int = 40
     relay_parallelization: int = 10
+    # Reserved concurrency (infra/config.py, cdk.json): the on-time relay's cap, the
+    # catch-up lane's, the API's; the materializer's is derived from its groups.
+    relay_concurrency: int = 400
+    catchup_concurrency: int = 50
+    api_concurrency: int = 100
     sqs_batch: int = 10
     stream_batch: int = 500
     materializer_memory_mb: int = 1024

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from infra.config import TICKER_TIMEOUT_SECONDS, UNRESERVED_MINIMUM
 from scripts.capacity.calibration import cross_check
 from scripts.capacity.cost import (
     CUT_ALL,
@@ -144,6 +145,19 @@ def relay_concurrency(
     return shards * per_shard * busy, batch
 
 
+def reserved_concurrency(design: Design) -> int:
+    """What the stack reserves (DeployConfig.reserved_concurrency): every materializer
+    group of the ticks that may overlap, the API, both relay lanes."""
+    groups = min(design.groups, design.map_concurrency)
+    materializer = math.ceil(TICKER_TIMEOUT_SECONDS / MINUTE) * groups
+    return (
+        materializer
+        + design.api_concurrency
+        + design.relay_concurrency
+        + design.catchup_concurrency
+    )
+
+
 def stage_loads(
     workload: Workload, design: Design, platform: Platform, result: SimResult
 ) -> list[Load]:
@@ -177,8 +191,14 @@ def stage_loads(
             "groups",
         ),
         Load(
-            "Lambda concurrency: materializer + relay",
-            active + peak_conc,
+            "relay: executions at the peak vs its reservation (relay_concurrency)",
+            peak_conc,
+            design.relay_concurrency,
+            "executions",
+        ),
+        Load(
+            "Lambda concurrency: reservations + Lambda's 100 unreserved",
+            reserved_concurrency(design) + UNRESERVED_MINIMUM,
             limits.account_concurrency,
             "executions",
         ),

@@ -504,10 +504,10 @@ def distinct_queues(records: float, tenants: int) -> float:
 
 def relay_capacity(workload: Workload, design: Design, platform: Platform, limits: Limits) -> float:
     """Records/s the relay can send at most: full batches on every stream shard, each with
-    ``relay_parallelization`` batches at once, within the account's concurrency."""
+    ``relay_parallelization`` batches at once, within the relay's reserved concurrency (its
+    cap: DeployConfig.relay_concurrency)."""
     concurrency = min(
-        stream_shards(workload) * design.relay_parallelization,
-        limits.account_concurrency - design.map_concurrency,
+        stream_shards(workload) * design.relay_parallelization, design.relay_concurrency
     )
     batch = design.stream_batch
     full = platform.relay_batch_seconds(

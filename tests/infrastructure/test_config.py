@@ -172,8 +172,8 @@ def test_config_override_reaches_the_synthesized_functions(tmp_path: Path):
         (
             {"shard_count": 128, "account_concurrency": 600},
             r"punctual\.account_concurrency: the reservations \(64 materializer \+ 100 api \+ "
-            r"300 relay \+ 50 catch-up relay\) leave 600 - 514 = 86 unreserved, fewer than "
-            r"Lambda's minimum of 100 .*account_concurrency >= 614",
+            r"400 relay \+ 50 catch-up relay\) leave 600 - 614 = -14 unreserved, fewer than "
+            r"Lambda's minimum of 100 .*account_concurrency >= 714",
         ),
     ],
 )
