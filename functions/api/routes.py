@@ -43,6 +43,7 @@ from api.views import (
 from punctual.access import worker_policy
 from punctual.errors import InvalidInput
 from punctual.models import (
+    SCHEDULE_NAME_PATTERN,
     Instant,
     MisfirePolicy,
     OverlapPolicy,
@@ -241,7 +242,7 @@ class SchedulePatch(BaseModel):
         },
     )
 
-    name: str | None = Field(default=None, max_length=128)
+    name: str | None = Field(default=None, max_length=128, pattern=SCHEDULE_NAME_PATTERN)
     spec: ScheduleSpec | None = None
     target: str | None = None
     payload: dict[str, Any] | None = None

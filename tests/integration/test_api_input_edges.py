@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from api import handler
+from api.openapi import DOCUMENT
 
 from punctual.observability import logger
 from punctual.scheduling import ControlPlane
@@ -388,3 +389,29 @@ def test_a_window_of_occurrences_before_1970_answers_what_is_in_it(
     assert answer.status == 200, answer.body
     found = [o["occurrence_id"] for o in answer.body["occurrences"]]
     assert found == ([saved["materialized"][0]["occurrence_id"]] if shown else [])
+
+
+@pytest.mark.parametrize("name", ["", "   ", "two\nlines", "tab\there", "bell\x07"])
+def test_a_name_is_one_line_with_something_in_it(alice: Api, aws: Services, name: str) -> None:
+    # WHEN a schedule is created, or renamed, with a blank name or one with control characters
+    created = alice.post("/v1/schedules", cron(name=name))
+    kept = create(alice, cron(name="kept"))
+    renamed = patch(alice, kept["schedule"]["schedule_id"], {"name": name}, version=1)
+    # THEN 400 naming the field, and the name stays as it was
+    for answer in (created, renamed):
+        assert assert_error(answer, 400, "invalid_input")["fields"][0]["field"] == "name"
+    names = [s["name"] for s in alice.get("/v1/schedules").body["schedules"]]
+    assert names == ["kept"]
+
+
+def test_every_schedule_example_of_the_api_document_is_accepted(alice: Api) -> None:
+    # GIVEN the examples the API's document gives for a schedule and for a one-shot's spec
+    # (clients and fuzzers send them as they are)
+    document = json.loads(DOCUMENT.read_text())
+    schemas = document["components"]["schemas"]
+    definitions = schemas["ScheduleDefinition"]["examples"]
+    one_shots = [{"spec": spec, "target": "default"} for spec in schemas["AtSpec"]["examples"]]
+    # WHEN each is created; THEN each is (none expired with the calendar, none refused)
+    for body in definitions + one_shots:
+        answer = alice.post("/v1/schedules", body)
+        assert answer.status == 201, (body, answer.body)

@@ -166,13 +166,40 @@ class RateSpec(_SpecBase):
         return RateRule(parse_rate(self.expression), to_epoch(anchor), self.bounds())
 
 
+# A schedule's name: one line of text, something in it (no control character: a newline
+# would break every listing that prints it).
+SCHEDULE_NAME_PATTERN = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+
+# A date-time that names its offset (Z, +01:00, -0530): one an `at` without a zone needs.
+_WITH_OFFSET = r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)\s*$"
+
+
 class AtSpec(_SpecBase):
     """One instant: ISO-8601 with an offset, or a local date-time read in ``timezone``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            # What the validator below holds, said in the schema: a local date-time needs
+            # a zone (schema-valid requests are then all accepted: issue 46).
+            "anyOf": [
+                {"required": ["timezone"], "properties": {"timezone": {"type": "string"}}},
+                {"properties": {"at": {"pattern": _WITH_OFFSET}}},
+            ],
+            "examples": [
+                {"kind": "at", "at": "2030-12-24T18:00:00", "timezone": "Europe/Berlin"},
+                {"kind": "at", "at": "2030-12-24T17:00:00Z"},
+            ],
+        }
+    )
 
     kind: Literal["at"] = "at"
     # Declared before ``at`` so that the ``at`` validator can read it.
     timezone: str | None = Field(default=None, max_length=64)
-    at: str = Field(examples=["2026-12-24T18:00:00", "2026-12-24T17:00:00Z"], max_length=64)
+    at: str = Field(
+        description="An ISO-8601 date-time with its offset, or a local one read in timezone",
+        examples=["2030-12-24T17:00:00Z", "2030-12-24T18:00:00+01:00"],
+        max_length=64,
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -351,7 +378,7 @@ class ScheduleDefinition(_Record):
                     "misfire": {"action": "CATCHUP", "catchup_limit": 3},
                 },
                 {
-                    "spec": {"kind": "at", "at": "2027-01-15T09:00:00", "timezone": "Asia/Tokyo"},
+                    "spec": {"kind": "at", "at": "2030-01-15T09:00:00", "timezone": "Asia/Tokyo"},
                     "target": "default",
                     "retry": {"max_attempts": 5},
                 },
@@ -359,7 +386,12 @@ class ScheduleDefinition(_Record):
         }
     )
 
-    name: str | None = Field(default=None, max_length=128)
+    name: str | None = Field(
+        default=None,
+        max_length=128,
+        pattern=SCHEDULE_NAME_PATTERN,
+        description="A label for people: one line, not blank (null: none).",
+    )
     spec: ScheduleSpec
     target: str = Field(
         pattern=TARGET_NAME_PATTERN,
