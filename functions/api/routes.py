@@ -301,7 +301,11 @@ def update_schedule(
     "/v1/schedules/<schedule_id>/pause",
     summary="Pause: no fires until resumed",
     responses=answers(
-        errors={**_NO_SCHEDULE, 409: "Not ACTIVE (details.state), or it changed meanwhile"},
+        errors={
+            **_NO_SCHEDULE,
+            409: "CANCELED or COMPLETED (details.state), or it changed meanwhile (PAUSED "
+            "already is a 200 that changes nothing, a note says so)",
+        },
         headers=_ETAG,
     ),
 )
@@ -313,7 +317,11 @@ def pause_schedule(schedule_id: ScheduleId) -> Response[SavedOut]:
     "/v1/schedules/<schedule_id>/resume",
     summary="Resume: next fire after now",
     responses=answers(
-        errors={**_NO_SCHEDULE, 409: "Not PAUSED (details.state), or it changed meanwhile"},
+        errors={
+            **_NO_SCHEDULE,
+            409: "CANCELED or COMPLETED (details.state), or it changed meanwhile (ACTIVE "
+            "already is a 200 that changes nothing, a note says so)",
+        },
         headers=_ETAG,
     ),
 )
@@ -328,7 +336,8 @@ def resume_schedule(schedule_id: ScheduleId) -> Response[SavedOut]:
     responses=answers(
         errors={
             **_NO_SCHEDULE,
-            409: "Already CANCELED (details.state), or it changed meanwhile",
+            409: "It changed meanwhile (CANCELED already is a 200 that changes nothing, a "
+            "note says so)",
         },
         headers=_ETAG,
     ),

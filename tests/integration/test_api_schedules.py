@@ -557,33 +557,42 @@ def test_cancel_schedule_keeps_it_readable_as_canceled(alice: Api) -> None:
     assert alice.get("/v1/tenant").body["schedule_count"] == 0
 
 
-def test_schedule_transitions_from_the_wrong_state_are_409(
+def test_schedule_transitions_from_the_wrong_state_are_409_and_repeats_succeed(
     alice: Api, subtests: pytest.Subtests
 ) -> None:
     # GIVEN an active schedule
     schedule_id = create(alice, cron())["schedule"]["schedule_id"]
     steps = [
-        ("resume while ACTIVE", "resume", "ACTIVE", 1),
+        ("resume while ACTIVE", "resume", "already", 1),
         ("pause", "pause", None, 2),
-        ("pause while PAUSED", "pause", "PAUSED", 2),
-        ("cancel", "cancel", None, 3),
-        ("cancel while CANCELED", "cancel", "CANCELED", 3),
-        ("resume while CANCELED", "resume", "CANCELED", 3),
+        ("pause while PAUSED", "pause", "already", 2),
+        ("resume", "resume", None, 3),
+        ("resume again", "resume", "already", 3),
+        ("cancel", "cancel", None, 4),
+        ("cancel while CANCELED", "cancel", "already", 4),
+        ("resume while CANCELED", "resume", "CANCELED", 4),
+        ("pause while CANCELED", "pause", "CANCELED", 4),
     ]
-    for case, action, refused_state, version in steps:
+    for case, action, outcome, version in steps:
         with subtests.test(case):
-            # WHEN it is paused, resumed or canceled from a state that allows it or not
+            # WHEN it is paused, resumed or canceled from a state that allows it, from the
+            # state it asks for (a retried request), or from another
             if action == "cancel":
                 answer = delete(alice, schedule_id)
             else:
                 answer = alice.post(f"/v1/schedules/{schedule_id}/{action}")
 
-            # THEN a refusal is a 409 naming the current state, and adds no version
-            if refused_state is None:
+            # THEN a change is a 200; a repeat is a 200 that says it changed nothing; a
+            # refusal is a 409 naming the current state; neither adds a version
+            if outcome is None:
                 assert answer.status == 200, answer.body
+                assert not any(n.startswith("already") for n in answer.body["notes"])
+            elif outcome == "already":
+                assert answer.status == 200, answer.body
+                assert answer.body["notes"][0].endswith(": nothing changed"), answer.body
             else:
                 error = assert_error(answer, 409, "conflict")
-                assert error["details"] == {"state": refused_state}
+                assert error["details"] == {"state": outcome}
             got = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
             assert got["version"] == version
 

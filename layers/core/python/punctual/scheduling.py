@@ -147,13 +147,19 @@ class Saved:
     next_fires: NextFires
     materialized: list[Occurrence] = field(default_factory=list)
     affected: list[Affected] = field(default_factory=list)
+    unchanged: str | None = None  # a repeated pause, resume or cancel: what it found
 
     @property
     def notes(self) -> list[str]:
-        """What the caller should know: an ambiguous one-shot's resolution, DST dates."""
+        """What the caller should know: a request that found its change made already, an
+        ambiguous one-shot's resolution, DST dates."""
         spec = self.schedule.spec
         resolution = spec.resolved().note if isinstance(spec, AtSpec) else None
-        return ([resolution] if resolution else []) + self.next_fires.notes
+        return (
+            ([self.unchanged] if self.unchanged else [])
+            + ([resolution] if resolution else [])
+            + self.next_fires.notes
+        )
 
 
 def _handled_until(schedule: Schedule) -> int:
@@ -650,6 +656,14 @@ class ControlPlane:
         # (With its payload: the new version's item keeps it.)
         stored = self._owned(tenant_id, schedule_id, payload=True)
         current = stored.schedule
+        if current.state is state:
+            # A repeat (a client retrying after a lost answer): done already, as asked;
+            # answered as a success that changed nothing, no new version.
+            return Saved(
+                current,
+                self.next_fires(current),
+                unchanged=f"already {state.value}: nothing changed",
+            )
         if current.state not in allowed_from:
             raise Conflict(
                 f"the schedule is {current.state.value}; cannot make it {state.value}",
