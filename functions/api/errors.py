@@ -64,6 +64,10 @@ STATUS: dict[type[PunctualError], int] = {
 
 
 def status_of(error: PunctualError) -> int:
+    if isinstance(error, QuotaExceeded) and error.retry_after is None:
+        # A cap waiting does not lift: 409, which clients and SDKs do not retry (a 429
+        # they retry, in vain).
+        return 409
     return next((STATUS[c] for c in type(error).__mro__ if c in STATUS), 500)
 
 
@@ -82,6 +86,8 @@ def error_response(
             details=details,
         )
     )
+    if isinstance(error, QuotaExceeded) and error.retry_after is not None:
+        headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
     return Response(
         status_code=status_of(error),
         content_type=content_types.APPLICATION_JSON,

@@ -145,10 +145,10 @@ def _tenant() -> str:
         {
             400: "Invalid input (each bad field named with its reason), an unknown target, "
             "or a schedule that would never fire",
-            409: "The Idempotency-Key was used with another body, or its first request is "
+            409: "Over a quota waiting does not lift (code quota_exceeded: max_schedules or "
+            "max_strict_fires_per_minute; details give the quota, its limit and the usage), "
+            "or the Idempotency-Key was used with another body, or its first request is "
             "still in progress",
-            429: "Over quota (max_schedules or max_strict_fires_per_minute): details give the "
-            "quota, its limit and the usage",
         },
         body=True,
         headers={**_ETAG, **_REPLAYED},
@@ -266,9 +266,9 @@ _IF_MATCH_PATTERN = r'^(W/)?("[0-9]{1,9}"|[0-9]{1,9})$'
             "never fire",
             **_NO_SCHEDULE,
             409: "If-Match names an older version (details.current_version), the schedule "
-            "changed meanwhile, or it is CANCELED",
+            "changed meanwhile, or it is CANCELED; or over max_strict_fires_per_minute "
+            "(code quota_exceeded, details give the limit and usage)",
             428: "If-Match is missing",
-            429: "Over quota (max_strict_fires_per_minute): details give the limit and usage",
         },
         body=True,
         headers=_ETAG,
@@ -356,7 +356,8 @@ def cancel_schedule(schedule_id: ScheduleId) -> Response[SavedOut]:
             409: "Not ACTIVE (details.state): a PAUSED, CANCELED or COMPLETED schedule does "
             "not run now; or the Idempotency-Key's run has expired (use a new key)",
             429: "Over quota (max_manual_runs_per_minute): details give the quota, its limit "
-            "and the usage",
+            "and the usage; Retry-After (and details.retry_after_seconds) say when the next "
+            "minute's count starts",
         },
     ),
     status_code=201,

@@ -55,8 +55,9 @@ def test_quota_max_schedules_refuses_the_one_too_many(aws: Services) -> None:
     # WHEN it creates a third
     answer = alice.post("/v1/schedules", cron())
 
-    # THEN 429 with the quota, its limit and the usage; nothing of the third was written
-    error = assert_error(answer, 429, "quota_exceeded")
+    # THEN 409 (a cap: waiting does not lift it, no client should retry) with the quota,
+    # its limit and the usage; nothing of the third was written
+    error = assert_error(answer, 409, "quota_exceeded")
     assert error["details"] == {"quota": "max_schedules", "limit": 2, "usage": 2}
     assert sorted(_listed(alice)) == sorted([first, second])
     assert _count(alice) == 2
@@ -78,7 +79,7 @@ def test_quota_max_schedules_cancel_frees_a_slot_pause_does_not(aws: Services) -
     after_cancel = alice.post("/v1/schedules", cron())
 
     # THEN a paused schedule still holds its slot, a canceled one gives it back
-    assert_error(while_paused, 429, "quota_exceeded")
+    assert_error(while_paused, 409, "quota_exceeded")
     assert after_cancel.status == 201, after_cancel.body
     assert _count(alice) == 2
     # AND resuming the paused one at the limit is admitted: it never left the count
@@ -122,7 +123,7 @@ def test_quota_operator_lowering_the_limit_refuses_new_creates(aws: Services) ->
     assert lowered.status == 200
 
     # THEN existing schedules stay, new ones are refused with the current usage
-    error = assert_error(alice.post("/v1/schedules", cron()), 429, "quota_exceeded")
+    error = assert_error(alice.post("/v1/schedules", cron()), 409, "quota_exceeded")
     assert error["details"] == {"quota": "max_schedules", "limit": 2, "usage": 3}
     assert len(_listed(alice)) == 3
 
@@ -165,8 +166,8 @@ def test_quota_strict_fires_per_minute_refuses_a_third_fire_in_one_minute(
     # WHEN a third strict fire at :00 is created
     answer = alice.post("/v1/schedules", cron(HOURLY))
 
-    # THEN 429 naming the quota; the tenant's peak stays 2
-    error = assert_error(answer, 429, "quota_exceeded")
+    # THEN 409 naming the quota; the tenant's peak stays 2
+    error = assert_error(answer, 409, "quota_exceeded")
     assert error["details"] == {"quota": "max_strict_fires_per_minute", "limit": 2, "usage": 2}
     tenant = alice.get("/v1/tenant").body
     assert (tenant["schedule_count"], tenant["strict_fires_per_minute_peak"]) == (2, 2)
@@ -209,7 +210,7 @@ def test_quota_strict_fires_per_minute_applies_to_updates(aws: Services) -> None
     )
 
     # THEN the strict move is refused and the flexible one admitted
-    error = assert_error(moved, 429, "quota_exceeded")
+    error = assert_error(moved, 409, "quota_exceeded")
     assert error["details"]["quota"] == "max_strict_fires_per_minute"
     assert flexible.status == 200, flexible.body
     assert flexible.body["schedule"]["version"] == 2
@@ -238,7 +239,7 @@ def test_quota_an_update_of_a_completed_one_shot_counts_its_new_fire_in_full(
     assert again.status == 200, again.body
     assert alice.get("/v1/tenant").body["strict_fires_per_minute_peak"] == 1
     refused = alice.post("/v1/schedules", one_shot(iso(at + 7200)))
-    assert assert_error(refused, 429, "quota_exceeded")["details"]["usage"] == 1
+    assert assert_error(refused, 409, "quota_exceeded")["details"]["usage"] == 1
 
 
 def test_quota_refusal_names_the_busiest_minute_the_change_adds_to(aws: Services) -> None:
@@ -253,7 +254,7 @@ def test_quota_refusal_names_the_busiest_minute_the_change_adds_to(aws: Services
     refused = alice.post("/v1/schedules", cron("0,15,30 * * * *"))
 
     # THEN it is refused naming minute :00, the one over the quota, and its usage
-    error = assert_error(refused, 429, "quota_exceeded")
+    error = assert_error(refused, 409, "quota_exceeded")
     assert error["details"] == {
         "quota": "max_strict_fires_per_minute",
         "limit": 2,
@@ -271,8 +272,8 @@ def test_quota_strict_fires_per_minute_covers_near_one_shots(aws: Services) -> N
     answers = [alice.post("/v1/schedules", one_shot(soon)) for _ in range(3)]
 
     # THEN the third is refused, as it would be for the same instant 20 minutes ahead
-    assert [a.status for a in answers] == [201, 201, 429]
-    error = assert_error(answers[2], 429, "quota_exceeded")
+    assert [a.status for a in answers] == [201, 201, 409]
+    error = assert_error(answers[2], 409, "quota_exceeded")
     assert error["details"]["quota"] == "max_strict_fires_per_minute"
 
 
@@ -313,16 +314,16 @@ def test_quota_concurrent_creates_cannot_exceed_max_schedules(
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(attempt, range(8)))
 
-    # THEN exactly three were created and five refused with 429, and the usage is exact.
+    # THEN exactly three were created and five refused with 409, and the usage is exact.
     # (Powertools keeps the request being resolved on the process-wide resolver, which a
     # Lambda never shares between requests; with threads a success may lose its 201 and be
     # rendered 200, so a success is "2xx carrying the created schedule".)
     created = [a for a in answers if a.status in (200, 201) and "schedule" in a.body]
-    refused = [a for a in answers if a.status == 429]
+    refused = [a for a in answers if a.status == 409]
     assert len(created) == 3, [a.status for a in answers]
     assert len(refused) == 5, [a.status for a in answers]
     for answer in refused:
-        error = assert_error(answer, 429, "quota_exceeded")
+        error = assert_error(answer, 409, "quota_exceeded")
         assert error["details"] == {"quota": "max_schedules", "limit": 3, "usage": 3}
     ids = {a.body["schedule"]["schedule_id"] for a in created}
     assert len(ids) == 3
@@ -431,7 +432,7 @@ def test_idempotency_a_refused_create_does_not_use_up_the_key(aws: Services) -> 
     retried = alice.post("/v1/schedules", cron(name="new"), headers=key)
 
     # THEN the refusal was not remembered: the retry creates the schedule
-    assert_error(refused, 429, "quota_exceeded")
+    assert_error(refused, 409, "quota_exceeded")
     assert retried.status == 201, retried.body
     assert retried.body["schedule"]["name"] == "new"
     assert _count(alice) == 1

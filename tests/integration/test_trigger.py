@@ -141,9 +141,17 @@ def test_trigger_counts_against_max_manual_runs_per_minute(aws: Services, clock:
     clock.now = clock.now - clock.now % 60 + 5
     assert [trigger(carol, sid, f"k{n}").status for n in range(2)] == [201, 201]
     # WHEN a third run comes in the same minute
-    error = assert_error(trigger(carol, sid, "k2"), 429, "quota_exceeded")
-    # THEN it is refused with the quota named, and made nothing
-    assert error["details"] == {"quota": "max_manual_runs_per_minute", "limit": 2, "usage": 2}
+    third = trigger(carol, sid, "k2")
+    error = assert_error(third, 429, "quota_exceeded")
+    # THEN it is refused with the quota named, made nothing, and says when to come back: the
+    # next minute, when the count starts again (55 s on)
+    assert error["details"] == {
+        "quota": "max_manual_runs_per_minute",
+        "limit": 2,
+        "usage": 2,
+        "retry_after_seconds": 55,
+    }
+    assert third.headers["Retry-After"] == "55"
     assert len(manual_ids(carol, sid)) == 2
     # ... a replay of a run already made is no new run, and the next minute counts anew
     assert trigger(carol, sid, "k0").body["replayed"] is True

@@ -57,7 +57,7 @@ def test_openapi_document_describes_each_error_per_route():
     # AND the descriptions are the route's own: what a 409 or 404 means differs per route
     create = _operation(doc, "post", "/v1/schedules")["responses"]
     assert "Idempotency-Key" in create["409"]["description"]
-    assert "max_schedules" in create["429"]["description"]
+    assert "max_schedules" in create["409"]["description"]
     cancel = _operation(doc, "delete", "/v1/schedules/{schedule_id}")["responses"]
     assert "CANCELED already is a 200" in cancel["409"]["description"]
     assert "No such schedule" in cancel["404"]["description"]

@@ -153,7 +153,10 @@ def test_error_status_is_the_apis_and_agrees_with_whose_fault_it_is() -> None:
     for error_class, status in STATUS.items():
         assert error_class.callers_fault == (400 <= status < 500), error_class
     assert status_of(errors.PunctualError("x")) == 500
-    assert status_of(errors.QuotaExceeded("x", quota="q", limit=1, usage=1)) == 429
+    # a cap waiting does not lift is 409 (not retried); a rate quota 429 with Retry-After
+    assert status_of(errors.QuotaExceeded("x", quota="q", limit=1, usage=1)) == 409
+    rate = errors.QuotaExceeded("x", quota="q", limit=1, usage=1, retry_after=5)
+    assert status_of(rate) == 429
 
 
 def _punctual_imports(path: Path) -> set[Path]:

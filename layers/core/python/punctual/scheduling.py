@@ -852,6 +852,8 @@ class ControlPlane:
                 quota="max_manual_runs_per_minute",
                 limit=limit,
                 usage=used,
+                # The count starts again with the next UTC minute.
+                retry_after=max(1, minute + 60 - now),
             )
         return minute
 
