@@ -31,7 +31,6 @@ from punctual_local.stats import percentile
 PREFIX = "/console"
 HOUR = 3600
 MAX_SCHEDULES = 100  # shown on a page; the CLI lists every one
-MAX_CLAIM_LOOKUPS = 200  # occurrences of the last hour whose attempts are read (claimed at)
 _ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
 
 
@@ -103,7 +102,13 @@ class Life:
 
     @property
     def lag(self) -> int | None:
+        """How late its message became receivable (the relay's lateness)."""
         return None if self.receivable is None else self.receivable - self.due
+
+    @property
+    def waited(self) -> int | None:
+        """How long it waited for a worker once due (claimed - due: schedule-to-start)."""
+        return None if self.claimed_at is None else max(0, self.claimed_at - self.due)
 
 
 class Console:
@@ -298,20 +303,18 @@ class Console:
         )
 
     def _last_hour(self, client: Client) -> tuple[list[Life], int]:
-        """Every occurrence of the tenant's schedules scheduled in the last hour (those with
-        an attempt with when it was first claimed), and now."""
+        """Every occurrence of the tenant's schedules scheduled in the last hour, each with
+        when it was first claimed (the listing says: no read per occurrence), and now."""
         now = int(self.now())
         window = {"from": utc_text(now - HOUR), "to": utc_text(now)}
         lives: list[Life] = []
         for schedule in client.pages("/v1/schedules", "schedules")[:MAX_SCHEDULES]:
             path = f"/v1/schedules/{schedule['schedule_id']}/occurrences"
             name = schedule["name"] or schedule["schedule_id"]
-            lives += [Life(o, name) for o in client.pages(path, "occurrences", **window)]
-        claimed = [life for life in lives if life.occurrence["attempt_count"]]
-        for life in claimed[-MAX_CLAIM_LOOKUPS:]:
-            detail = client.get(f"/v1/occurrences/{life.occurrence['occurrence_id']}")
-            if detail["attempts"]:
-                life.claimed_at = epoch(detail["attempts"][0]["started_at"])
+            lives += [
+                Life(o, name, epoch(o.get("claimed_at")))
+                for o in client.pages(path, "occurrences", **window)
+            ]
         return lives, now
 
     def _timeline(self, client: Client, key: str) -> str:
@@ -330,19 +333,20 @@ class Console:
     def _lag(self, client: Client, key: str) -> str:
         lives, now = self._last_hour(client)
         lags = [float(life.lag) for life in lives if life.lag is not None]
+        waits = [float(life.waited) for life in lives if life.waited is not None]
         backlog = [
             life for life in lives if life.occurrence["state"] == "SCHEDULED" and life.due <= now
         ]
         waiting = sum(1 for life in lives if life.occurrence["state"] == "RETRY_WAIT")
         oldest = min((life.due for life in backlog), default=None)
+
+        def spread(values: list[float]) -> str:
+            return ", ".join(f"p{p} {percentile(values, p):g} s" for p in (50, 95, 99))
+
         figures = (
-            f"<p>{len(lags)} occurrences of the last hour were claimed by a worker."
-            + (
-                " Lag (receivable - due): "
-                + ", ".join(f"p{p} {percentile(lags, p):g} s" for p in (50, 95, 99))
-                if lags
-                else ""
-            )
+            f"<p>{len(waits)} occurrences of the last hour were claimed by a worker."
+            + (f" Delivery lag (receivable - due): {spread(lags)}." if lags else "")
+            + (f" Waited for a worker (claimed - due): {spread(waits)}." if waits else "")
             + "</p>"
         )
         backlog_text = (

@@ -458,11 +458,14 @@ def list_occurrences(
         # and a key range below zero is one DynamoDB refuses): the window holds none.
         return OccurrenceListOut(occurrences=[], missed=[], next_token=None)
     low = max(low, 0)
+    claims: dict[str, int] = {}
     found, missed, token = context.plane().list_occurrences(
-        _tenant(), schedule_id, since=low, until=high, limit=limit, token=next_token
+        _tenant(), schedule_id, since=low, until=high, limit=limit, token=next_token, claims=claims
     )
     return OccurrenceListOut(
-        occurrences=[OccurrenceOut(**occurrence_out(o)) for o in found],
+        occurrences=[
+            OccurrenceOut(**occurrence_out(o, claims.get(o.occurrence_id))) for o in found
+        ],
         missed=missed_out(missed),
         next_token=token,
     )

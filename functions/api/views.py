@@ -130,6 +130,15 @@ class OccurrenceOut(BaseModel):
         description="When the relay sent its message (SQS SentTimestamp, UTC), recorded by "
         "the worker's first claim; null until a worker took it."
     )
+    claimed_at: str | None = Field(
+        default=None,
+        description="When a worker first claimed it (UTC); null until one did.",
+    )
+    waited_seconds: int | None = Field(
+        default=None,
+        description="claimed_at - available_at: how long it waited for a worker once it was "
+        "due (schedule-to-start; the lag of the relay is enqueued_at's). null until claimed.",
+    )
     reason: str | None
     manual: bool = Field(
         description="Made by a request (run now: POST /v1/schedules/{id}/trigger, or a "
@@ -305,8 +314,13 @@ def missed_out(episodes: list[MissedEpisode]) -> list[MissedOut]:
     ]
 
 
-def occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
+def occurrence_out(occurrence: Occurrence, claimed_at: int | None = None) -> dict[str, Any]:
+    """``claimed_at``: when a worker first claimed it, if known here."""
     return OccurrenceOut(
+        claimed_at=_iso(claimed_at),
+        waited_seconds=(
+            None if claimed_at is None else max(0, claimed_at - occurrence.available_at)
+        ),
         **occurrence.model_dump(
             include={
                 "occurrence_id",
@@ -357,7 +371,7 @@ def saved_out(saved: Saved) -> SavedOut:
 
 def occurrence_detail_out(occurrence: Occurrence, attempts: list[Attempt]) -> OccurrenceDetailOut:
     return OccurrenceDetailOut(
-        **occurrence_out(occurrence),
+        **occurrence_out(occurrence, attempts[0].started_at if attempts else None),
         attempts=[
             AttemptOut(
                 attempt_no=a.attempt_no,

@@ -207,6 +207,9 @@ def test_console_shows_the_lag_histogram_and_the_backlog(page: Page):
     page.shoot("lag")
     text = page.text()
     assert "p99" in text
+    # the relay's lateness and the wait for a worker, each named, both from the listings
+    assert "Delivery lag (receivable - due)" in text
+    assert "Waited for a worker (claimed - due)" in text
     assert "Due and not yet taken by a worker" in text
     histogram = page.tab.locator("svg[aria-label='lag histogram']")
     assert histogram.locator("rect.bar").count() >= 10

@@ -342,6 +342,46 @@ def test_worker_runs_an_enqueued_occurrence_and_deletes_its_message(
     assert depth(aws) == 0
 
 
+def test_worker_claim_shows_how_long_the_occurrence_waited_for_a_worker(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence relayed on time into alice's queue, whose workers were down
+    [occ] = due(aws, clock)
+    due_at = int(clock.now)
+    clock.advance(146)
+    # WHEN a worker takes it 146 s after it was due
+    [result] = consumer(worker(aws, Calls())).poll_once()
+    assert result.outcome is Outcome.SUCCEEDED
+    # THEN the API shows when it was claimed and that it waited 146 s for a worker (the
+    # relay's lag, sent ahead of its time, being none), listed and read alone
+    schedule_id = occ.split("_", 1)[1].rsplit("_", 2)[0]
+    [listed] = alice.get(f"/v1/schedules/{schedule_id}/occurrences").body["occurrences"]
+    read = alice.get(f"/v1/occurrences/{occ}").body
+    for shown in (listed, read):
+        assert shown["claimed_at"] == utc_text(due_at + 146)
+        assert shown["waited_seconds"] == 146
+
+
+def test_worker_attempts_a_tenant_wrote_badly_show_no_claim_and_fail_nothing(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence whose attempt history its tenant's worker wrote as garbage
+    [occ] = due(aws, clock)
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(occ)),
+        UpdateExpression="SET attempts = :junk",
+        ExpressionAttributeValues={":junk": {"L": [{"S": "not a map"}]}},
+    )
+    # WHEN its schedule's occurrences are listed
+    schedule_id = occ.split("_", 1)[1].rsplit("_", 2)[0]
+    answer = alice.get(f"/v1/schedules/{schedule_id}/occurrences")
+    # THEN it is listed, without a claim (display only: no error)
+    assert answer.status == 200, answer.body
+    [listed] = answer.body["occurrences"]
+    assert (listed["claimed_at"], listed["waited_seconds"]) == (None, None)
+
+
 # --- lost acks and idempotent effects ------------------------------------------------------
 
 

@@ -58,6 +58,20 @@ def test_lag_is_counted_from_the_due_time_to_when_the_message_was_receivable():
     assert life(None).lag is None
 
 
+def test_waiting_for_a_worker_is_counted_from_the_due_time_to_the_first_claim():
+    # GIVEN an occurrence due at 12:00:30, sent ahead (no delivery lag)
+    occurrence = {
+        "scheduled_for": "2026-12-02T12:00:00Z",
+        "available_at": "2026-12-02T12:00:30Z",
+        "enqueued_at": "2026-12-02T11:58:00Z",
+    }
+    # THEN claimed 146 s after it was due, it waited 146 s, though its lag is 0
+    claimed = Life(occurrence, "s", epoch("2026-12-02T12:02:56Z"))
+    assert (claimed.lag, claimed.waited) == (0, 146)
+    # ... and not yet claimed, the wait is unknown
+    assert Life(occurrence, "s").waited is None
+
+
 def test_the_console_answers_what_is_no_page_and_what_is_no_read_itself():
     console = Console("http://127.0.0.1:9", default_key="demo", operator_key="operator")
     assert console.answer("GET", "/console/nothing/here", {})["statusCode"] == 404

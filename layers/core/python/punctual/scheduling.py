@@ -943,12 +943,14 @@ class ControlPlane:
         until: int,
         limit: int,
         token: str | None,
+        claims: dict[str, int] | None = None,
     ) -> tuple[list[Occurrence], list[MissedEpisode], str | None]:
         """A page of the schedule's occurrences due in [since, until], and the misfire
-        episodes overlapping that window (fires recorded MISSED have no occurrence)."""
+        episodes overlapping that window (fires recorded MISSED have no occurrence);
+        ``claims`` gets when each claimed one was first claimed."""
         schedule = self._owned(tenant_id, schedule_id, payload=False).schedule
         found, next_token = self.occurrences.list_for_schedule(
-            schedule_id, since=since, until=until, limit=limit, token=token
+            schedule_id, since=since, until=until, limit=limit, token=token, claims=claims
         )
         missed = [e for e in schedule.missed if e.first <= until and e.last >= since]
         return found, missed, next_token

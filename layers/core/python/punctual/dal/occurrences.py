@@ -79,6 +79,19 @@ def occurrence_from_item(item: Item) -> Occurrence:
     return occurrence
 
 
+def first_claim(item: Item) -> int | None:
+    """When a worker first claimed the occurrence (its first attempt's start), read for
+    display only: the attempt history is the tenant's worker's writing, so anything else
+    there is no claim, never an error."""
+    attempts = item.get("attempts")
+    if not isinstance(attempts, list) or not attempts or not isinstance(attempts[0], dict):
+        return None
+    started = attempts[0].get("started_at")
+    if isinstance(started, bool) or not isinstance(started, int | float):
+        return None
+    return int(started)
+
+
 def key_occurrence_id(item: Item) -> str | None:
     """The occurrence id an occurrence item's key names, whatever its attributes say (None:
     the key names none)."""
@@ -301,9 +314,17 @@ class OccurrenceStore:
             return None
 
     def list_for_schedule(
-        self, schedule_id: str, *, since: int, until: int, limit: int, token: str | None
+        self,
+        schedule_id: str,
+        *,
+        since: int,
+        until: int,
+        limit: int,
+        token: str | None,
+        claims: dict[str, int] | None = None,
     ) -> tuple[list[Occurrence], str | None]:
-        """A page of the schedule's occurrences (an unreadable item left out, counted)."""
+        """A page of the schedule's occurrences (an unreadable item left out, counted);
+        ``claims``, if given, gets when each claimed one was first claimed (first_claim)."""
         request: dict[str, Any] = {
             "TableName": self.table,
             **_between(schedule_id, since, until),
@@ -318,7 +339,14 @@ class OccurrenceStore:
         if start:
             request["ExclusiveStartKey"] = start
         page = self._client.query(**request)
-        return self._page(page), encode_token(page.get("LastEvaluatedKey"))
+        items = [from_dynamo(item) for item in page["Items"]]
+        found = self._parsed(items)
+        if claims is not None:
+            read = {o.occurrence_id for o in found}
+            for item in items:
+                if item.get("occurrence_id") in read and (claimed := first_claim(item)):
+                    claims[item["occurrence_id"]] = claimed
+        return found, encode_token(page.get("LastEvaluatedKey"))
 
     def _query_all(self, unreadable: list[str] | None = None, **request: Any) -> list[Occurrence]:
         pages = self._client.query_pages(TableName=self.table, **request)
