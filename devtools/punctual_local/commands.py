@@ -225,6 +225,11 @@ def stats_lines(found: dict[str, Any], minutes: int) -> list[str]:
         )
     if not found["lag_seconds"]:
         lines.append(f"schedule lag: nothing sent in the last {minutes} min")
+    if waited := found.get("waited_for_a_worker_seconds"):
+        lines.append(
+            f"waited for a worker (claimed - due): p50 {waited['p50']:.0f} s, "
+            f"p95 {waited['p95']:.0f} s, p99 {waited['p99']:.0f} s ({waited['n']} claimed)"
+        )
     lines.append(
         f"schedules: {_counts(found['schedules'])}; "
         f"fires recorded MISSED (misfire policy): {found['missed_summarized']}"

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 from punctual.dal.common import from_dynamo
+from punctual.dal.occurrences import first_claim
 from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT
 from punctual.drain import Drain, delivery_drain, largest
 from punctual.reconciler import default_window, read_reports
@@ -82,6 +83,12 @@ def figures(services: Services, since: int) -> dict[str, Any]:
         receivable = max(int(o["enqueued_at"]), int(o["available_at"]))
         kind = "strict" if o["available_at"] == o["scheduled_for"] else "flexible"
         lags[kind].append(receivable - int(o["scheduled_for"]))
+    # How long each waited for a worker once due (claimed - due), apart from the lag above.
+    waits = [
+        float(max(0, claimed - int(o["available_at"])))
+        for o in occurrences
+        if (claimed := first_claim(o)) is not None
+    ]
     schedules = _scan(services, settings.schedules_table, SCHEDULE_CURRENT)
     start, end = default_window(now)
     reports = read_reports(services, start, end)
@@ -92,6 +99,11 @@ def figures(services: Services, since: int) -> dict[str, Any]:
             for kind, values in lags.items()
             if values
         },
+        "waited_for_a_worker_seconds": (
+            {f"p{p}": percentile(waits, p) for p in (50, 95, 99)} | {"n": len(waits)}
+            if waits
+            else {}
+        ),
         "schedules": dict(Counter(str(s["state"]) for s in schedules)),
         "missed_summarized": sum(int(s.get("missed_total", 0)) for s in schedules),
         "drain": drain_figures(every, now),

@@ -4,6 +4,8 @@ time, overall and for the largest tenants."""
 
 from __future__ import annotations
 
+import pytest
+
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.drain import NOT_DRAINING
@@ -36,7 +38,13 @@ def test_stats_report_the_backlog_its_oldest_due_time_and_drain_time_per_tenant(
             ExpressionAttributeValues=to_dynamo({":history": [attempt]}),
         )
     # WHEN the stats are read
-    drain = figures(aws, since=at("09:00"))["drain"]
+    found = figures(aws, since=at("09:00"))
+    drain = found["drain"]
+    # THEN the ten taken waited for a worker from their due minute to their claim: the
+    # first, due 09:40, claimed 09:56, waited 16 minutes
+    waits = sorted(at("09:56") + n * 20 - o["available_at"] for n, o in enumerate(alices[:10]))
+    assert found["waited_for_a_worker_seconds"]["n"] == 10
+    assert found["waited_for_a_worker_seconds"]["p99"] == pytest.approx(waits[-1], abs=60)
     # THEN the backlog is every due occurrence not taken, the oldest due first
     left = len(due) - 10
     assert drain["backlog"] == left

@@ -263,6 +263,7 @@ def test_local_commands_refuse_numbers_out_of_range_before_starting_anything(
 FIGURES: dict[str, Any] = {
     "occurrences": {"SCHEDULED": 2, "SUCCEEDED": 9, "DEAD": 1},
     "lag_seconds": {"strict": {"p50": 0.4, "p95": 1.2, "p99": 1.9, "n": 9}},
+    "waited_for_a_worker_seconds": {"p50": 3.0, "p95": 146.0, "p99": 146.0, "n": 10},
     "schedules": {"ACTIVE": 4, "COMPLETED": 1},
     "missed_summarized": 0,
     "drain": {
@@ -300,6 +301,7 @@ def test_stats_prints_readable_lines(
     assert out.splitlines() == [
         "occurrences (last 60 min): 9 SUCCEEDED, 2 SCHEDULED, 1 DEAD",
         "schedule lag strict: p50 0 s, p95 1 s, p99 2 s (9 sent)",
+        "waited for a worker (claimed - due): p50 3 s, p95 146 s, p99 146 s (10 claimed)",
         "schedules: 4 ACTIVE, 1 COMPLETED; fires recorded MISSED (misfire policy): 0",
         "backlog (due, not taken): 0",
         "reconciler, last window 2026-12-06T22:00:00Z .. 2026-12-06T23:00:00Z: not reconciled yet",
