@@ -20,7 +20,7 @@ from punctual.models import OccurrenceState
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
-from tests.instants import iso
+from tests.instants import epoch, iso
 from tests.integration.conftest import START, Answer, Api, Clock
 from tests.integration.helpers import (
     all_pages,
@@ -200,6 +200,26 @@ def test_invalidate_change_answers_the_real_state_of_each_open_occurrence(
     reason = _occurrence(alice, in_flight["scheduled"])["reason"]
     assert reason is not None
     assert "version 2" in reason
+
+
+def test_invalidate_a_change_records_what_it_canceled_after_its_time(
+    alice: Api, clock: Clock, in_flight: dict[str, Any]
+) -> None:
+    # GIVEN the 11:07 fire is due and no worker has taken it (its workers are slow), while
+    # 11:11 is still ahead
+    clock.now = epoch(_occurrence(alice, in_flight["scheduled"])["available_at"]) + 30
+    # WHEN the schedule's payload is updated
+    answer = _update_payload(alice, in_flight["schedule_id"])
+    # THEN the due one is canceled and says so: in the answer, and in its stored reason,
+    # with when it was due; the one ahead is canceled as any superseded one
+    assert answer.status == 200, answer.body
+    affected = {a["occurrence_id"]: a for a in answer.body["affected"]}
+    due, ahead = affected[in_flight["scheduled"]], affected[in_flight["later"]]
+    assert due["note"].startswith("canceled after its time"), due
+    assert not ahead["note"].startswith("canceled after its time"), ahead
+    reason = _occurrence(alice, in_flight["scheduled"])["reason"]
+    assert reason.startswith("superseded by version 2 (ACTIVE) after its time: due "), reason
+    assert "after its time" not in _occurrence(alice, in_flight["later"])["reason"]
 
 
 def test_invalidate_affected_entry_matches_the_stored_occurrence(

@@ -84,6 +84,10 @@ BACKFILL_SHOWN = 10  # occurrences a backfill's answer lists
 # its instant anew. (SKIPPED_OVERLAP was delivered, and the overlap policy decided: kept.)
 _NOT_RUN = frozenset({OccurrenceState.MISSED, OccurrenceState.CANCELED})
 
+# One canceled after its time: due, its message sent or waiting, no worker had taken it.
+_LATE_CANCEL_NOTE = (
+    "canceled after its time (due, not taken by a worker yet): it will not run, as the change asked"
+)
 _AFFECTED_NOTES = {
     OccurrenceState.CANCELED: "canceled: it will not run (a message already sent is dropped)",
     OccurrenceState.RETRY_WAIT: "in the queue for a retry: the worker will refuse it",
@@ -914,21 +918,32 @@ class ControlPlane:
         )
 
     def _invalidate(self, old: Schedule, schedule: Schedule, now: int) -> list[Affected]:
-        """Older versions' open occurrences: cancel what no worker has taken (sent or not: the
-        worker drops a CANCELED occurrence's message), report the rest."""
+        """Older versions' open occurrences: cancel every one no worker has taken, due or not,
+        sent or not (the worker drops a CANCELED occurrence's message; one it took runs on
+        as the older version it is); one whose time had passed is recorded as such, in its
+        reason and in the answer; report the rest."""
         since = now - old.retry.deadline_seconds
         affected = []
         for occurrence in self.occurrences.open_for_schedule(schedule.schedule_id, since=since):
             if occurrence.schedule_version >= schedule.version:
                 continue
+            late = occurrence.state is OccurrenceState.SCHEDULED and occurrence.available_at <= now
             if occurrence.state is OccurrenceState.SCHEDULED:
                 reason = f"superseded by version {schedule.version} ({schedule.state.value})"
+                if late:
+                    reason += (
+                        f" after its time: due {utc_text(occurrence.available_at)}, no worker "
+                        "had taken it"
+                    )
                 state = self.occurrences.cancel_if_scheduled(occurrence.occurrence_id, reason)
                 if state is OccurrenceState.CANCELED:
                     occurrence = occurrence.model_copy(update={"state": state, "reason": reason})
                 else:  # it moved on meanwhile: answer what is stored now
                     occurrence = self.occurrence(schedule.tenant_id, occurrence.occurrence_id)[0]
+                    late = False
             note = _AFFECTED_NOTES.get(occurrence.state, "already done")
+            if late:
+                note = _LATE_CANCEL_NOTE
             affected.append(Affected(occurrence, note))
         return affected
 
