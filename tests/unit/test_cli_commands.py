@@ -620,3 +620,22 @@ def test_stop_signal_stops_even_while_the_main_thread_holds_the_events_lock(numb
     # THEN the event is set and the process goes on (a handler calling stop.set() there
     # waited forever for its own thread)
     assert done.returncode == 0, done.stderr
+
+
+def test_cli_list_shows_each_schedules_next_fire(api: FakeApi, capsys: pytest.CaptureFixture[str]):
+    # GIVEN two schedules, one with a fire to come and one paused (none)
+    api.answers[("GET", "/v1/schedules")] = {
+        "schedules": [
+            SCHEDULE | {"next_fire_at": "2030-01-01T09:00:00Z"},
+            SCHEDULE | {"schedule_id": "y", "state": "PAUSED", "next_fire_at": None},
+        ],
+        "next_token": None,
+    }
+    # WHEN listed; THEN each line is followed by its next fire, when it has one
+    code, out, _ = _run(["list"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("x  ACTIVE")
+    assert lines[1] == "  next  2030-01-01T09:00:00Z"
+    assert lines[2].startswith("y  PAUSED")
+    assert len(lines) == 3

@@ -254,6 +254,9 @@ def _print_schedule(found: dict[str, Any]) -> None:
     for fire in found.get("next_fires", []):
         made = f"  made as {fire['occurrence_id']}" if fire.get("occurrence_id") else ""
         print(f"  next  {fire['utc']}  ({fire['local']}){made}")
+    if "next_fires" not in found and found.get("next_fire_at"):
+        # A listing carries no next fires, only the next one.
+        print(f"  next  {found['next_fire_at']}")
     for note in found.get("notes", []):
         print(f"  note  {note}")
     for episode in found.get("missed", []):
