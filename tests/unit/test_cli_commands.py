@@ -639,3 +639,31 @@ def test_cli_list_shows_each_schedules_next_fire(api: FakeApi, capsys: pytest.Ca
     assert lines[1] == "  next  2030-01-01T09:00:00Z"
     assert lines[2].startswith("y  PAUSED")
     assert len(lines) == 3
+
+
+def test_cli_versions_show_what_each_change_changed(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN three versions: made, its payload changed, then paused
+    first = {
+        "version": 1,
+        "effective_from": "2026-12-06T10:00:00Z",
+        "state": "ACTIVE",
+        "spec": {"kind": "cron", "expression": "0 9 * * *", "timezone": "UTC"},
+        "target": "default",
+        "payload": {"v": 1},
+    }
+    second = first | {"version": 2, "effective_from": "2026-12-06T11:00:00Z", "payload": {"v": 2}}
+    third = second | {"version": 3, "effective_from": "2026-12-06T12:00:00Z", "state": "PAUSED"}
+    api.answers[("GET", "/v1/schedules/x/versions")] = {
+        "versions": [third, second, first],
+        "next_token": None,
+    }
+    # WHEN listed; THEN oldest first, each followed by what it changed
+    code, out, _ = _run(["versions", "x"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == ["v1", "v2", "v3"]
+    assert lines[2] == '  payload: {"v": 1} -> {"v": 2}'
+    assert lines[4] == '  state: "ACTIVE" -> "PAUSED"'
+    assert len(lines) == 5

@@ -311,6 +311,23 @@ def _print_version(version: dict[str, Any]) -> None:
     )
 
 
+# A version's bookkeeping, not what it says: left out of what changed from one to the next.
+_NOT_CHANGES = frozenset({"version", "effective_from"})
+
+
+def _print_versions(versions: list[dict[str, Any]]) -> None:
+    """Each version, and under it what changed from the version before (field: old -> new)."""
+    before: dict[str, Any] | None = None
+    for version in sorted(versions, key=lambda v: int(v["version"])):
+        _print_version(version)
+        if before is not None:
+            for name in sorted((set(before) | set(version)) - _NOT_CHANGES):
+                old, new = before.get(name), version.get(name)
+                if old != new:
+                    print(f"  {name}: {json.dumps(old)} -> {json.dumps(new)}")
+        before = version
+
+
 def _print_target(target: dict[str, Any]) -> None:
     print(f"{target['name']}  {target['queue_url']}")
 
@@ -411,7 +428,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         _occurrences(client, f"{schedule}/occurrences", args)
     elif command == "versions":
         rows = client.pages(f"{schedule}/versions", "versions")
-        _emit(args, rows, _each(_print_version))
+        _emit(args, rows, _print_versions)
     elif command == "occurrence":
         found = client.get(f"/v1/occurrences/{_segment(args.occurrence_id, 'OCC_ID')}")
         _emit(args, found, _print_occurrence_detail)
