@@ -667,3 +667,43 @@ def test_cli_versions_show_what_each_change_changed(
     assert lines[2] == '  payload: {"v": 1} -> {"v": 2}'
     assert lines[4] == '  state: "ACTIVE" -> "PAUSED"'
     assert len(lines) == 5
+
+
+def test_cli_update_of_one_spec_field_keeps_the_rest_of_the_spec(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a cron at 9:00 in Tokyo, ending in 2031, at version 3
+    spec = {
+        "kind": "cron",
+        "expression": "0 9 * * *",
+        "timezone": "Asia/Tokyo",
+        "start_at": None,
+        "end_at": "2031-01-01T00:00:00Z",
+    }
+    current = SCHEDULE | {"version": 3, "spec": spec}
+    api.answers[("GET", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
+    api.answers[("PATCH", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
+    sent: list[Any] = []
+    answer = FakeApi.call
+
+    def recorded(self: FakeApi, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        if method == "PATCH":
+            sent.append((body, kwargs.get("headers")))
+        return answer(self, method, path, body, **kwargs)
+
+    monkeypatch.setattr(FakeApi, "call", recorded)
+    # WHEN only its zone is changed, then only its expression
+    assert _run(["update", "x", "--tz", "Europe/Paris"], capsys)[0] == 0
+    assert _run(["update", "x", "--cron", "0 10 * * *"], capsys)[0] == 0
+    # THEN each sends the whole spec with the one field changed, at the version read
+    kept = {"kind": "cron", "end_at": "2031-01-01T00:00:00Z"}
+    assert sent == [
+        (
+            {"spec": kept | {"expression": "0 9 * * *", "timezone": "Europe/Paris"}},
+            {"If-Match": "3"},
+        ),
+        (
+            {"spec": kept | {"expression": "0 10 * * *", "timezone": "Asia/Tokyo"}},
+            {"If-Match": "3"},
+        ),
+    ]

@@ -208,6 +208,34 @@ def _spec(args: argparse.Namespace) -> dict[str, Any] | None:
     return spec
 
 
+_SPEC_FLAGS = {"cron": None, "rate": None, "at": None, "tz": None, "start": None, "end": None}
+
+
+def _update_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:
+    """``update``'s changes, its spec flags laid over the current spec (the API takes a
+    whole spec): `--tz` alone moves the schedule's zone, `--end` alone its end, a new
+    `--cron` keeps the zone and bounds unless given."""
+    flags = vars(args)
+    body = _definition(argparse.Namespace(**(flags | _SPEC_FLAGS)))
+    kept = {k: v for k, v in current.items() if v is not None}
+    if any(flags.get(kind) is not None for kind in ("cron", "rate", "at")):
+        inherited = {
+            flag: kept[field]
+            for flag, field in (("tz", "timezone"), ("start", "start_at"), ("end", "end_at"))
+            if flags.get(flag) is None and field in kept
+        }
+        spec = _spec(argparse.Namespace(**(flags | inherited)))
+    elif any(flags.get(flag) for flag in ("tz", "start", "end")):
+        spec = kept | {
+            field: flags[flag]
+            for flag, field in (("tz", "timezone"), ("start", "start_at"), ("end", "end_at"))
+            if flags.get(flag)
+        }
+    else:
+        return body
+    return body | {"spec": spec}
+
+
 def _definition(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {}
     spec = _spec(args)
@@ -398,11 +426,12 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         saved = client.post("/v1/schedules", _definition(args), headers=headers)
         _emit(args, _flat(saved), _print_schedule)
     elif command == "update":
-        changes = _definition(args)
+        current = client.get(schedule)["schedule"]
+        changes = _update_body(args, current["spec"])
         if not changes:
             raise UsageError("nothing to change: give at least one flag")
-        version = client.get(schedule)["schedule"]["version"]
-        saved = client.call("PATCH", schedule, changes, headers={"If-Match": str(version)})
+        headers = {"If-Match": str(current["version"])}
+        saved = client.call("PATCH", schedule, changes, headers=headers)
         _emit(args, _flat(saved), _print_schedule)
     elif command == "get":
         _emit(args, _flat(client.get(schedule)), _print_schedule)
