@@ -15,6 +15,7 @@ timeline; the lag histogram with p50/p95/p99 and the due backlog; the reconciler
 from __future__ import annotations
 
 import html
+import json
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -152,9 +153,9 @@ class Console:
             case []:
                 return "Schedules", self._schedules(client, key)
             case ["schedules", schedule_id] if _ID.match(schedule_id):
-                return f"Schedule {schedule_id}", self._schedule(client, key, schedule_id)
+                return self._schedule(client, key, schedule_id)
             case ["occurrences", occurrence_id] if _ID.match(occurrence_id):
-                return f"Occurrence {occurrence_id}", self._occurrence(client, occurrence_id)
+                return f"Occurrence {occurrence_id}", self._occurrence(client, key, occurrence_id)
             case ["timeline"]:
                 return "The last hour", self._timeline(client, key)
             case ["lag"]:
@@ -198,7 +199,8 @@ class Console:
             + tail
         )
 
-    def _schedule(self, client: Client, key: str, schedule_id: str) -> str:
+    def _schedule(self, client: Client, key: str, schedule_id: str) -> tuple[str, str]:
+        """The page's title (the schedule's name, else its id) and body."""
         detail = client.get(f"/v1/schedules/{schedule_id}")
         schedule = detail["schedule"]
         zone = _zone(schedule)
@@ -219,6 +221,10 @@ class Console:
                 ("flexible window", f"{schedule['flexible_window_seconds']} s"),
                 ("misfire", _esc(schedule["misfire"]["action"])),
                 ("overlap", _esc(schedule["overlap"])),
+                ("retry", _esc(_retry(schedule["retry"]))),
+                ("payload", f"<code>{_esc(json.dumps(schedule['payload']))}</code>"),
+                ("created", _esc(schedule["created_at"])),
+                ("updated", _esc(schedule["updated_at"])),
                 ("MISSED", _missed_summary(schedule)),
             ]
         )
@@ -230,7 +236,8 @@ class Console:
         )
         fires = detail["next_fires"]
         notes = "".join(f"<li>{_esc(n)}</li>" for n in detail["notes"])
-        return (
+        title = f"Schedule {schedule['name'] or schedule_id}"
+        return title, (
             summary
             + "<h2>Next fires</h2>"
             + (_fires_svg(fires) if fires else "<p>None: the schedule is not active.</p>")
@@ -267,11 +274,14 @@ class Console:
             f" around it: {around}</p>" + (f"<ul class=notes>{notes}</ul>" if notes else "")
         )
 
-    def _occurrence(self, client: Client, occurrence_id: str) -> str:
+    def _occurrence(self, client: Client, key: str, occurrence_id: str) -> str:
         found = client.get(f"/v1/occurrences/{quote(occurrence_id, safe='')}")
         attempts = found["attempts"]
         claimed = epoch(attempts[0]["started_at"]) if attempts else None
         life = Life(found, found["schedule_id"], claimed)
+        waited = "—" if life.waited is None else f"{life.waited} s"
+        schedule = _link(f"schedules/{found['schedule_id']}", key, found["schedule_id"])
+        made_by = " (run now or backfill)" if found.get("manual") else ""
         rows = "".join(
             f"<tr><td>{a['attempt_no']}</td><td>{_esc(a['started_at'])}</td>"
             f"<td>{_esc(a['finished_at'] or '—')}</td><td>{_state(a['outcome'])}</td>"
@@ -282,13 +292,14 @@ class Console:
         return (
             _definition_list(
                 [
-                    ("schedule", _esc(found["schedule_id"]) + f" (v{found['schedule_version']})"),
+                    ("schedule", schedule + f" (v{found['schedule_version']}){made_by}"),
                     ("scheduled for", _esc(found["scheduled_for"])),
                     ("due (receivable from)", _esc(found["available_at"])),
                     ("sent", _esc(found["enqueued_at"] or "not yet claimed")),
                     ("receivable", _esc(utc_text(life.receivable) if life.receivable else "—")),
-                    ("lag", lag),
+                    ("delivery lag (receivable - due)", lag),
                     ("claimed", _esc(utc_text(life.claimed_at) if life.claimed_at else "—")),
+                    ("waited for a worker (claimed - due)", waited),
                     ("result", _state(found["state"]) + f" {_esc(found['reason'] or '')}"),
                 ]
             )
@@ -324,10 +335,11 @@ class Console:
         latest = sorted(lives, key=lambda life: life.scheduled)[-30:][::-1]
         # The hour, or less where the first occurrence is younger (a stack just started).
         start = max(now - HOUR, min(life.scheduled for life in lives) - 60)
+        names = {life.occurrence["schedule_id"]: life.schedule_name for life in lives}
         return (
             _timeline_svg(lives, start, now)
             + "<h2>The latest 30</h2>"
-            + _occurrence_table([life.occurrence for life in latest], key, "UTC")
+            + _occurrence_table([life.occurrence for life in latest], key, "UTC", names)
         )
 
     def _lag(self, client: Client, key: str) -> str:
@@ -481,23 +493,44 @@ def _definition_list(items: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
-def _occurrence_table(occurrences: list[dict[str, Any]], key: str, zone: str) -> str:
+def _occurrence_table(
+    occurrences: list[dict[str, Any]], key: str, zone: str, names: dict[str, str] | None = None
+) -> str:
+    """``names``: each schedule's name by id, for a table of several schedules' occurrences
+    (a column naming the schedule, linked to it)."""
     if not occurrences:
         return "<p>None.</p>"
     rows = []
     for o in occurrences[:100]:
-        life = Life(o, "")
+        life = Life(o, "", epoch(o.get("claimed_at")))
         lag = "" if life.lag is None else f"{life.lag} s"
+        waited = "" if life.waited is None else f"{life.waited} s"
         when = _link(f"occurrences/{o['occurrence_id']}", key, _clock(life.scheduled, zone))
+        manual = " <span class=manual>manual</span>" if o.get("manual") else ""
+        owner = ""
+        if names is not None:
+            schedule_id = o["schedule_id"]
+            label = names.get(schedule_id) or schedule_id
+            owner = f"<td>{_link(f'schedules/{schedule_id}', key, label)}</td>"
         rows.append(
-            f"<tr><td>{when}</td>"
-            f"<td>{_state(o['state'])}</td><td>{_esc(o['available_at'])}</td>"
-            f"<td>{_esc(o['enqueued_at'] or '—')}</td><td>{lag}</td><td>{o['attempt_count']}</td>"
-            f"<td>{_esc(o['reason'] or '')}</td></tr>"
+            f"<tr><td>{when}</td>{owner}"
+            f"<td>{_state(o['state'])}{manual}</td><td>{_esc(o['available_at'])}</td>"
+            f"<td>{_esc(o['enqueued_at'] or '—')}</td><td>{lag}</td><td>{waited}</td>"
+            f"<td>{o['attempt_count']}</td><td>{_esc(o['reason'] or '')}</td></tr>"
         )
+    schedule_head = "<th>schedule</th>" if names is not None else ""
     return (
-        "<table><tr><th>scheduled for</th><th>state</th><th>due</th><th>sent</th><th>lag</th>"
-        "<th>attempts</th><th>reason</th></tr>" + "".join(rows) + "</table>"
+        f"<table><tr><th>scheduled for</th>{schedule_head}<th>state</th><th>due</th>"
+        "<th>sent</th><th>delivery lag</th><th>waited for a worker</th><th>attempts</th>"
+        "<th>reason</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _retry(policy: dict[str, Any]) -> str:
+    return (
+        f"{policy['max_attempts']} attempts, back-off {policy['backoff_base_seconds']} s "
+        f"doubling to {policy['backoff_max_seconds']} s, within "
+        f"{policy['deadline_seconds']} s of the fire"
     )
 
 
@@ -623,7 +656,8 @@ def _histogram_svg(lags: list[float]) -> str:
     return "".join(parts)
 
 
-_STYLE = """
+_STYLE = """.manual{font-size:11px;color:#6a3;border:1px solid #6a3;border-radius:3px;padding:0 3px}
+
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#fafbfc}
 header{background:#1d2330;color:#fff;padding:8px 16px;display:flex;gap:18px;align-items:center}
 header a{color:#cfe0ff;margin-right:12px} header form{margin-left:auto}

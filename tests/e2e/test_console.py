@@ -177,6 +177,10 @@ def test_console_shows_a_schedules_next_clock_change_and_what_it_does(page: Page
     assert page.tab.locator("svg[aria-label='next fires'] circle").count() == PREVIEW_COUNT
     assert page.tab.locator("table").first.inner_text().count("v1") == 1
     assert "ACTIVE" in text
+    # AND the page is titled by the schedule's name, and says what it sends and how it retries
+    assert page.tab.title().startswith(f"Schedule {NEW_YORK}")
+    for label in ("payload", "retry", "created", "updated"):
+        assert label in text
 
 
 def test_console_follows_an_occurrence_through_its_life(page: Page):
@@ -188,9 +192,18 @@ def test_console_follows_an_occurrence_through_its_life(page: Page):
     # THEN it shows when it was due, sent, received and claimed, and its one attempt
     text = page.text()
     assert "SUCCEEDED" in text
-    for label in ("scheduled for", "receivable", "claimed", "Attempts"):
+    for label in (
+        "scheduled for",
+        "receivable",
+        "claimed",
+        "waited for a worker (claimed - due)",
+        "Attempts",
+    ):
         assert label in text
     assert page.tab.locator("main table tr").count() == 2  # a header and the attempt
+    # AND it links back to its schedule
+    page.tab.locator("main dl").get_by_role("link").first.click()
+    assert page.tab.title().startswith(f"Schedule {ONE_SHOT}")
 
 
 def test_console_draws_the_last_hours_occurrences_on_a_timeline(page: Page):
