@@ -248,7 +248,7 @@ class Console:
             + version_rows
             + "</table>"
             + "<h2>Occurrences (the last 24 hours and the next hour)</h2>"
-            + _occurrence_table(occurrences[::-1], key, zone)
+            + _occurrence_table(occurrences[::-1], key, zone, now=now)
         )
 
     def _clock_change(
@@ -339,7 +339,7 @@ class Console:
         return (
             _timeline_svg(lives, start, now)
             + "<h2>The latest 30</h2>"
-            + _occurrence_table([life.occurrence for life in latest], key, "UTC", names)
+            + _occurrence_table([life.occurrence for life in latest], key, "UTC", names, now)
         )
 
     def _lag(self, client: Client, key: str) -> str:
@@ -493,13 +493,30 @@ def _definition_list(items: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
+# A wait for a worker past this stands out in a table (a backlog, or workers too few).
+LATE_SECONDS = 60
+
+
+def _late(life: Life, now: float) -> bool:
+    """Waited for a worker longer than LATE_SECONDS, or due that long ago and not taken."""
+    if life.waited is not None:
+        return life.waited > LATE_SECONDS
+    open_ = life.occurrence["state"] in ("SCHEDULED", "RETRY_WAIT")
+    return open_ and now - life.due > LATE_SECONDS
+
+
 def _occurrence_table(
-    occurrences: list[dict[str, Any]], key: str, zone: str, names: dict[str, str] | None = None
+    occurrences: list[dict[str, Any]],
+    key: str,
+    zone: str,
+    names: dict[str, str] | None = None,
+    now: float | None = None,
 ) -> str:
     """``names``: each schedule's name by id, for a table of several schedules' occurrences
-    (a column naming the schedule, linked to it)."""
+    (a column naming the schedule, linked to it). A late one (``_late``) stands out."""
     if not occurrences:
         return "<p>None.</p>"
+    now = time.time() if now is None else now
     rows = []
     for o in occurrences[:100]:
         life = Life(o, "", epoch(o.get("claimed_at")))
@@ -512,8 +529,9 @@ def _occurrence_table(
             schedule_id = o["schedule_id"]
             label = names.get(schedule_id) or schedule_id
             owner = f"<td>{_link(f'schedules/{schedule_id}', key, label)}</td>"
+        late = " class=late" if _late(life, now) else ""
         rows.append(
-            f"<tr><td>{when}</td>{owner}"
+            f"<tr{late}><td>{when}</td>{owner}"
             f"<td>{_state(o['state'])}{manual}</td><td>{_esc(o['available_at'])}</td>"
             f"<td>{_esc(o['enqueued_at'] or '—')}</td><td>{lag}</td><td>{waited}</td>"
             f"<td>{o['attempt_count']}</td><td>{_esc(o['reason'] or '')}</td></tr>"
@@ -656,7 +674,8 @@ def _histogram_svg(lags: list[float]) -> str:
     return "".join(parts)
 
 
-_STYLE = """.manual{font-size:11px;color:#6a3;border:1px solid #6a3;border-radius:3px;padding:0 3px}
+_STYLE = """tr.late td{background:#fff3e0} tr.late td:first-child{border-left:3px solid #e08a00}
+.manual{font-size:11px;color:#6a3;border:1px solid #6a3;border-radius:3px;padding:0 3px}
 
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#fafbfc}
 header{background:#1d2330;color:#fff;padding:8px 16px;display:flex;gap:18px;align-items:center}

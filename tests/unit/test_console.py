@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import re
 
-from punctual_local.console import Console, Life, _marked_fires, next_clock_change
+from punctual_local.console import (
+    Console,
+    Life,
+    _marked_fires,
+    _occurrence_table,
+    next_clock_change,
+)
 from tests.instants import epoch
 
 
@@ -83,3 +89,33 @@ def test_the_console_answers_what_is_no_page_and_what_is_no_read_itself():
     down = console.answer("GET", "/console", {})
     assert down["statusCode"] == 502
     assert "cannot reach the Punctual API" in down["body"]
+
+
+def test_a_late_occurrence_stands_out_in_a_table():
+    # GIVEN, at 12:10, occurrences due at 12:00: one claimed 5 s after, one 146 s after, one
+    # not taken yet, and one due at 12:09:30, not taken yet (30 s: not late)
+    def occurrence(n: int, due: str, state: str, claimed: str | None) -> dict[str, object]:
+        return {
+            "occurrence_id": f"occ_sch_demo.x_{1_796_000_000 + n}_1",
+            "schedule_id": "sch_demo.x",
+            "scheduled_for": due,
+            "available_at": due,
+            "state": state,
+            "enqueued_at": None,
+            "claimed_at": claimed,
+            "attempt_count": 1 if claimed else 0,
+            "reason": None,
+        }
+
+    rows = [
+        occurrence(1, "2026-12-02T12:00:00Z", "SUCCEEDED", "2026-12-02T12:00:05Z"),
+        occurrence(2, "2026-12-02T12:00:00Z", "SUCCEEDED", "2026-12-02T12:02:26Z"),
+        occurrence(3, "2026-12-02T12:00:00Z", "SCHEDULED", None),
+        occurrence(4, "2026-12-02T12:09:30Z", "SCHEDULED", None),
+    ]
+    html = _occurrence_table(rows, "demo", "UTC", now=epoch("2026-12-02T12:10:00Z"))
+    # THEN the one that waited 146 s and the one not taken for 10 minutes stand out
+    marked = [row for row in html.split("<tr")[2:] if row.startswith(" class=late")]
+    assert len(marked) == 2
+    assert "146 s" in marked[0]
+    assert "1796000003" in marked[1]
