@@ -43,20 +43,32 @@ def log_group(
     )
 
 
+def _role_and_logs(
+    scope: Construct, construct_id: str, retention: logs.RetentionDays, description: str
+) -> tuple[logs.LogGroup, iam.Role]:
+    """A function's own log group and role (``<id>Logs``, ``<id>Role``): instead of
+    AWSLambdaBasicExecutionRole, it may write to its own log group only, not create log
+    groups anywhere in the account."""
+    logs_ = log_group(scope, f"{construct_id}Logs", retention)
+    role = iam.Role(
+        scope,
+        f"{construct_id}Role",
+        assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+        description=description,
+    )
+    logs_.grant_write(role)
+    return logs_, role
+
+
 def inline_function(
     scope: Construct, construct_id: str, *, code: Path, description: str
 ) -> lambda_.Function:
     """A custom resource's handler: ``code`` (one file, standard library and boto3 only)
     inlined in the template, under a role that may write its own logs and nothing else
     until the caller grants more."""
-    logs_ = log_group(scope, f"{construct_id}Logs", logs.RetentionDays.ONE_MONTH)
-    role = iam.Role(
-        scope,
-        f"{construct_id}Role",
-        assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-        description=f"Punctual: {description}",
+    logs_, role = _role_and_logs(
+        scope, construct_id, logs.RetentionDays.ONE_MONTH, f"Punctual: {description}"
     )
-    logs_.grant_write(role)
     return lambda_.Function(
         scope,
         construct_id,
@@ -101,16 +113,9 @@ def python_function(
     acknowledgment covers every '*' statement of the role, so its reason names them all).
     """
     package = handler.split(".")[0]
-    logs_ = log_group(scope, f"{construct_id}Logs", defaults.log_retention)
-    # Its own role instead of AWSLambdaBasicExecutionRole: it may write to its own log
-    # group only, not create log groups anywhere in the account.
-    role = iam.Role(
-        scope,
-        f"{construct_id}Role",
-        assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-        description=f"Punctual {package} function",
+    logs_, role = _role_and_logs(
+        scope, construct_id, defaults.log_retention, f"Punctual {package} function"
     )
-    logs_.grant_write(role)
     function = lambda_.Function(
         scope,
         construct_id,

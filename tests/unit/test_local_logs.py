@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -12,25 +11,15 @@ from typing import Any
 import pytest
 
 from punctual.observability import logger
-from punctual_client.logs import plain_logs
 from punctual_local.gateway import LambdaContext
+from tests.log_lines import plain_lines
 
 
 @pytest.fixture
 def lines() -> Iterator[io.StringIO]:
     """The shared logger switched to plain lines into a buffer; put back afterwards."""
-    handler = logger.registered_handler
-    assert isinstance(handler, logging.StreamHandler)
-    formatter, stream, level = handler.formatter, handler.stream, logger.log_level
-    plain_logs("INFO")
-    sink = io.StringIO()
-    handler.setStream(sink)
-    try:
+    with plain_lines("INFO") as sink:
         yield sink
-    finally:
-        handler.setFormatter(formatter)
-        handler.setStream(stream)
-        logger.setLevel(level)
 
 
 def test_plain_logs_keep_each_threads_lambda_context_its_own(lines: io.StringIO):

@@ -4,7 +4,6 @@ and one log line when polls start failing and one when they work again."""
 from __future__ import annotations
 
 import io
-import logging
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -13,9 +12,8 @@ from typing import Any, cast
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from punctual.observability import logger
-from punctual_client.logs import plain_logs
 from punctual_client.worker import QueueConsumer, Worker
+from tests.log_lines import plain_lines
 
 QUEUE = "http://127.0.0.1:9324/000000000000/punctual-demo_default"
 
@@ -23,18 +21,8 @@ QUEUE = "http://127.0.0.1:9324/000000000000/punctual-demo_default"
 @pytest.fixture
 def lines() -> Iterator[io.StringIO]:
     """The shared logger as `punctual worker` sets it (plain lines), into a buffer."""
-    handler = logger.registered_handler
-    assert isinstance(handler, logging.StreamHandler)
-    formatter, stream, level = handler.formatter, handler.stream, logger.log_level
-    plain_logs("WARNING")
-    sink = io.StringIO()
-    handler.setStream(sink)
-    try:
+    with plain_lines("WARNING") as sink:
         yield sink
-    finally:
-        handler.setFormatter(formatter)
-        handler.setStream(stream)
-        logger.setLevel(level)
 
 
 class Stop(threading.Event):
