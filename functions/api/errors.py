@@ -30,6 +30,7 @@ from punctual.errors import (
     PreconditionRequired,
     PunctualError,
     QuotaExceeded,
+    RateExceeded,
     Retryable,
 )
 from punctual.models import field_errors
@@ -58,16 +59,15 @@ STATUS: dict[type[PunctualError], int] = {
     Conflict: 409,
     UnsupportedMediaType: 415,
     PreconditionRequired: 428,
-    QuotaExceeded: 429,
+    # A cap waiting does not lift: 409, which clients and SDKs do not retry (a 429 they
+    # retry, in vain); a rate quota: 429 with Retry-After.
+    QuotaExceeded: 409,
+    RateExceeded: 429,
     Retryable: 503,
 }
 
 
 def status_of(error: PunctualError) -> int:
-    if isinstance(error, QuotaExceeded) and error.retry_after is None:
-        # A cap waiting does not lift: 409, which clients and SDKs do not retry (a 429
-        # they retry, in vain).
-        return 409
     return next((STATUS[c] for c in type(error).__mro__ if c in STATUS), 500)
 
 
@@ -86,7 +86,7 @@ def error_response(
             details=details,
         )
     )
-    if isinstance(error, QuotaExceeded) and error.retry_after is not None:
+    if isinstance(error, RateExceeded):
         headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
     return Response(
         status_code=status_of(error),

@@ -155,7 +155,7 @@ def test_error_status_is_the_apis_and_agrees_with_whose_fault_it_is() -> None:
     assert status_of(errors.PunctualError("x")) == 500
     # a cap waiting does not lift is 409 (not retried); a rate quota 429 with Retry-After
     assert status_of(errors.QuotaExceeded("x", quota="q", limit=1, usage=1)) == 409
-    rate = errors.QuotaExceeded("x", quota="q", limit=1, usage=1, retry_after=5)
+    rate = errors.RateExceeded("x", quota="q", limit=1, usage=1, retry_after=5)
     assert status_of(rate) == 429
 
 

@@ -47,18 +47,26 @@ class PreconditionRequired(PunctualError):
 
 
 class QuotaExceeded(PunctualError):
-    """Over a tenant's quota. ``retry_after``: seconds until a rate quota (per minute) lets
-    the request through; None for a cap that waiting does not lift (the schedules a tenant
-    may have, the strict fires of a minute of every hour)."""
+    """Over a tenant's cap that waiting does not lift (the schedules a tenant may have, the
+    strict fires of a minute of every hour)."""
 
     code = "quota_exceeded"
     callers_fault = True
 
+    def __init__(self, message: str, *, quota: str, limit: int, usage: int, **details: Any) -> None:
+        super().__init__(message, quota=quota, limit=limit, usage=usage, **details)
+
+
+class RateExceeded(QuotaExceeded):
+    """Over a rate quota (per minute): ``retry_after`` seconds until it lets the request
+    through."""
+
     def __init__(
-        self, message: str, *, quota: str, limit: int, usage: int, retry_after: int | None = None
+        self, message: str, *, quota: str, limit: int, usage: int, retry_after: int
     ) -> None:
-        extra = {} if retry_after is None else {"retry_after_seconds": retry_after}
-        super().__init__(message, quota=quota, limit=limit, usage=usage, **extra)
+        super().__init__(
+            message, quota=quota, limit=limit, usage=usage, retry_after_seconds=retry_after
+        )
         self.retry_after = retry_after
 
 

@@ -27,7 +27,15 @@ from punctual.dal.schedules import (
     version_to_item,
 )
 from punctual.dal.tenants import manual_run_update, tenant_from_item, usage_update
-from punctual.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Retryable
+from punctual.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    RateExceeded,
+    Retryable,
+)
 from punctual.ids import (
     available_at,
     backfill_tag,
@@ -851,7 +859,7 @@ class ControlPlane:
         limit = tenant.quotas.max_manual_runs_per_minute
         used = tenant.manual_runs if tenant.manual_minute == minute else 0
         if used >= limit:
-            raise QuotaExceeded(
+            raise RateExceeded(
                 f"the tenant ran {used} schedules now this minute, the limit is {limit}",
                 quota="max_manual_runs_per_minute",
                 limit=limit,
