@@ -12,7 +12,7 @@ PIP := $(UV) pip install --python $(BIN)/python
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools browser browser-background lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-fairness bench-prompt bench-reconciler bench-sqs openapi clean
+.PHONY: help install tools browser browser-background lint format typecheck unit test cfn-lint synth deploy bench-time bench-materializer bench-relay bench-fairness bench-prompt bench-reconciler bench-sqs bench-console openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -157,6 +157,9 @@ bench-fairness: install tools ## catch-up lane: a tenant's 100,000 catch-up occu
 
 bench-sqs: $(RUN_STAMP) ## the local SQS engine: send/receive rates, kill -9 and restart
 	$(BIN)/python -m scripts.bench_sqs_engine
+
+bench-console: install tools ## the console's pages for a tenant with 10,000 occurrences in the last hour, against 1 s
+	$(BIN)/python -m scripts.bench_console $(BENCH_ARGS)
 
 .PHONY: simulate
 SEED ?= 1

@@ -2,14 +2,16 @@
 
 Every figure comes from the API, through the client the CLI uses, signed with a local
 access key id (the ``as`` parameter: a tenant's key, ``demo`` by default; the reconciler's
-page signs as the operator). The pages are rendered here as HTML with inline SVG: no
-script, nothing to build or download.
+and the tenants' pages sign as the operator). The pages are rendered here as HTML with
+inline SVG: no script, nothing to build or download.
 
-Pages: the schedules (state, rule, zone, next fires with their clock changes marked,
-MISSED); one schedule (versions, next fires on a timeline, its zone's next clock change and
-what it does to the schedule, its occurrences with state and lag); one occurrence (its
-life: scheduled, receivable, claimed, attempts, result); the last hour's occurrences on a
-timeline; the lag histogram with p50/p95/p99 and the due backlog; the reconciler's report.
+Pages: the schedules (searched by name, filtered by state; each with its rule in words,
+its next fire with a clock change marked, MISSED); one schedule (its rule in words,
+versions, next fires, its zone's next clock change and what it does to the schedule, its
+recent runs with their results); one occurrence (its life: scheduled, receivable, claimed,
+attempts, result); the last hour's occurrences on a timeline; the lag histograms with
+counts and p50/p95/p99, strict, flexible and manual runs apart, and the due backlog; the
+tenants an operator can switch to; the reconciler's report.
 """
 
 from __future__ import annotations
@@ -18,21 +20,43 @@ import html
 import json
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import cached_property
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 from zoneinfo import ZoneInfo
 
 from punctual.timing import utc_text
 from punctual_client.http import ApiError, Client, Unreachable
+from punctual_local.engines import ACCOUNT
 from punctual_local.stats import percentile
+from punctual_local.words import rule_in_words
 
 PREFIX = "/console"
 HOUR = 3600
-MAX_SCHEDULES = 100  # shown on a page; the CLI lists every one
+MAX_SCHEDULES = 100  # rows on the schedules page; the CLI lists every one
+PAGE_SIZE = 100  # the API's largest page: a schedule's hour of minutely fires in one read
+# Listings read side by side for the last hour's pages. The local gateway runs one API call
+# at a time, so more readers overlap only the client's half of each call (signing, HTTP,
+# JSON): a few took about a tenth off 167 listings (2.8 s -> 2.4-2.6 s), 8 no more.
+READERS = 4
+STATES = ("ACTIVE", "PAUSED", "COMPLETED", "CANCELED")
+MAX_SEARCH = 128
 _ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
+
+
+class Api(Protocol):
+    """What the pages read through: the CLI's HTTP client signed as one access key id."""
+
+    def get(self, path: str, **query: Any) -> Any: ...
+
+    def post(self, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any: ...
+
+    def pages(self, path: str, key: str, **query: Any) -> list[Any]: ...
 
 
 def _esc(value: object) -> str:
@@ -78,38 +102,98 @@ def next_clock_change(zone: str, after: int, days: int = 400) -> tuple[int, str,
     return None
 
 
+def _rule(spec: dict[str, Any]) -> str:
+    if spec["kind"] == "at":
+        return f"at {spec['at']}"
+    return f"{spec['kind']} {spec['expression']}"
+
+
+def _rule_cell(spec: dict[str, Any]) -> str:
+    """The rule as written, and in words beneath."""
+    words = rule_in_words(spec)
+    said = f"<div class=words>{_esc(words)}</div>" if words else ""
+    return f"<code>{_esc(_rule(spec))}</code>{said}"
+
+
+# --- what the pages show ----------------------------------------------------------------
+
+
 @dataclass
 class Life:
-    """One occurrence as the timeline and the lag figures see it."""
+    """One occurrence as the timeline and the lag figures see it (its instants parsed once:
+    the last hour's pages ask them of 10,000 occurrences several times)."""
 
     occurrence: dict[str, Any]
     schedule_name: str
     claimed_at: int | None = None
+    flexible: bool = False  # its schedule has a flexible window (> 0 s)
 
-    @property
+    @cached_property
     def scheduled(self) -> int:
         return epoch(self.occurrence["scheduled_for"]) or 0
 
-    @property
+    @cached_property
     def due(self) -> int:
         return epoch(self.occurrence["available_at"]) or 0
 
-    @property
+    @cached_property
     def receivable(self) -> int | None:
         """When its message could first be received: sent ahead with a delay, at its due
         time; sent late, when sent (SQS's SentTimestamp, recorded by the worker's claim)."""
         sent = epoch(self.occurrence.get("enqueued_at"))
         return None if sent is None else max(sent, self.due)
 
-    @property
+    @cached_property
     def lag(self) -> int | None:
         """How late its message became receivable (the relay's lateness)."""
         return None if self.receivable is None else self.receivable - self.due
 
-    @property
+    @cached_property
     def waited(self) -> int | None:
         """How long it waited for a worker once due (claimed - due: schedule-to-start)."""
         return None if self.claimed_at is None else max(0, self.claimed_at - self.due)
+
+    @property
+    def kind(self) -> str:
+        """Which of the lag page's groups it is in (see KINDS)."""
+        if self.occurrence.get("manual"):
+            return "manual"
+        return "flexible" if self.flexible else "strict"
+
+
+# The lag page's groups: (kind, how it is labelled).
+KINDS = (
+    ("strict", "strict (flexible window 0 s)"),
+    ("flexible", "flexible (a window > 0 s)"),
+    ("manual", "manual (run now, backfill)"),
+)
+
+
+@dataclass(frozen=True)
+class View:
+    """Who a page reads as and the schedules filter: every link of the page keeps both."""
+
+    key: str
+    search: str = ""  # a part of the name, any case
+    state: str = ""  # one of STATES; "" for every state
+
+    def query(self) -> str:
+        given = {"as": self.key, "q": self.search, "state": self.state}
+        return urlencode({k: v for k, v in given.items() if v})
+
+    def matches(self, schedule: dict[str, Any]) -> bool:
+        name = schedule["name"] or schedule["schedule_id"]
+        in_state = not self.state or schedule["state"] == self.state
+        return in_state and self.search.casefold() in name.casefold()
+
+
+def _view(query: dict[str, list[str]], default_key: str) -> View:
+    def given(name: str) -> str:
+        return (query.get(name) or [""])[-1].strip()
+
+    # ``key`` (typed in the header) over ``as`` (the tenant picked, or a link's).
+    key = given("key") or given("as") or default_key
+    return View(key, given("q"), given("state").upper())
 
 
 class Console:
@@ -122,101 +206,142 @@ class Console:
         default_key: str,
         operator_key: str,
         now: Callable[[], float] = time.time,
+        api: Callable[[str], Api] | None = None,
     ) -> None:
+        """``api``: what reads as an access key id (default: the HTTP client at
+        ``endpoint``, which the stack sets once its port is bound)."""
         self.endpoint = endpoint
         self.default_key = default_key
         self.operator_key = operator_key
         self.now = now
+        self._api = api or (lambda key: Client(self.endpoint, access_key_id=key))
+        # Access key id -> the tenant the API said it acts as. The API lists neither the
+        # tenants nor their principals, so the tenant picker offers the keys seen to work;
+        # a binding is never undone (first bind wins), so what was seen stays true.
+        self._tenants: dict[str, str] = {}
 
     def answer(self, method: str, path: str, query: dict[str, list[str]]) -> dict[str, Any]:
         """The answer to a request under ``/console``, in the Lambda proxy answer's shape."""
-        key = (query.get("as") or [self.default_key])[-1].strip() or self.default_key
-        if method not in ("GET", "HEAD"):
-            return _html(405, self._page("Not allowed", "<p>The console only reads.</p>", key))
+        view = _view(query, self.default_key)
         parts = [p for p in path[len(PREFIX) :].split("/") if p]
+        here = "/".join(parts) if parts in (["timeline"], ["lag"], ["tenants"]) else ""
+        if method not in ("GET", "HEAD"):
+            body = "<p>The console only reads.</p>"
+            return _html(405, self._page("Not allowed", body, view, here))
         try:
-            if not _ID.match(key):
+            if not _ID.match(view.key):
                 raise _NotFound("an access key id is letters, digits and ._:#-")
-            title, body = self._route(parts, key)
+            if view.state and view.state not in STATES:
+                raise _BadRequest(f"state is one of {', '.join(STATES)}, or empty for all")
+            if len(view.search) > MAX_SEARCH:
+                raise _BadRequest(f"a search is at most {MAX_SEARCH} characters")
+            render = self._route(parts, view, query)
+            self._tenant_of(view.key)
+            title, body = render()
+        except _BadRequest as bad:
+            return _html(400, self._page("Bad request", f"<p>{_esc(bad)}</p>", view, here))
         except _NotFound as missing:
-            return _html(404, self._page("Not found", f"<p>{_esc(missing)}</p>", key))
+            return _html(404, self._page("Not found", f"<p>{_esc(missing)}</p>", view, here))
         except ApiError as error:
             text = f"<p class=error>The API answered {_esc(error)}</p>"
-            return _html(error.status, self._page("The API refused", text, key))
+            return _html(error.status, self._page("The API refused", text, view, here))
         except Unreachable as error:
-            return _html(502, self._page("Unreachable", f"<p class=error>{_esc(error)}</p>", key))
-        return _html(200, self._page(title, body, key))
+            text = f"<p class=error>{_esc(error)}</p>"
+            return _html(502, self._page("Unreachable", text, view, here))
+        return _html(200, self._page(title, body, view, here))
 
-    def _route(self, parts: list[str], key: str) -> tuple[str, str]:
-        client = Client(self.endpoint, access_key_id=key)
+    def _tenant_of(self, key: str) -> str | None:
+        """The tenant ``key`` acts as (GET /v1/tenant, once per key), None if none."""
+        known = self._tenants.get(key)
+        if known is None:
+            try:
+                known = str(self._api(key).get("/v1/tenant")["tenant_id"])
+            except ApiError:  # not bound to a tenant (the operator, a stranger)
+                return None
+            self._tenants[key] = known
+        return known
+
+    def _route(
+        self, parts: list[str], view: View, query: dict[str, list[str]]
+    ) -> Callable[[], tuple[str, str]]:
+        """What renders the page at ``parts`` (its title and body); _NotFound, before any
+        read, for a path that is no page."""
+        client = self._api(view.key)
         match parts:
             case []:
-                return "Schedules", self._schedules(client, key)
+                return lambda: ("Schedules", self._schedules(client, view))
             case ["schedules", schedule_id] if _ID.match(schedule_id):
-                return self._schedule(client, key, schedule_id)
+                return lambda: self._schedule(client, view, schedule_id)
             case ["occurrences", occurrence_id] if _ID.match(occurrence_id):
-                return f"Occurrence {occurrence_id}", self._occurrence(client, key, occurrence_id)
+                title = f"Occurrence {occurrence_id}"
+                return lambda: (title, self._occurrence(client, view, occurrence_id))
             case ["timeline"]:
-                return "The last hour", self._timeline(client, key)
+                return lambda: ("The last hour", self._timeline(client, view))
             case ["lag"]:
-                return "Lag and backlog", self._lag(client, key)
+                return lambda: ("Lag and backlog", self._lag(client))
+            case ["tenants"]:
+                tenant = (query.get("tenant") or [""])[-1].strip()
+                return lambda: ("Tenants", self._tenants_page(view, tenant))
             case ["reconciler"]:
-                operator = Client(self.endpoint, access_key_id=self.operator_key)
-                return "Reconciler", self._reconciler(operator)
+                return lambda: ("Reconciler", self._reconciler(self._api(self.operator_key)))
         raise _NotFound(f"no console page at {PREFIX}/{'/'.join(parts)}")
 
     # --- the pages ----------------------------------------------------------------------
 
-    def _schedules(self, client: Client, key: str) -> str:
+    def _schedules(self, client: Api, view: View) -> str:
+        """Every schedule in one listing (its next fire included): no read per schedule."""
+        every = client.pages("/v1/schedules", "schedules", limit=PAGE_SIZE)
+        if not every:
+            return f"<p>No schedules yet for <code>{_esc(view.key)}</code>.</p>"
+        chosen = [s for s in every if view.matches(s)]
+        now = int(self.now())
+        changes: dict[str, tuple[int, str, str] | None] = {}  # per zone: one search each
         rows = []
-        schedules = client.pages("/v1/schedules", "schedules")
-        for schedule in schedules[:MAX_SCHEDULES]:
-            detail = client.get(f"/v1/schedules/{schedule['schedule_id']}")
+        for schedule in chosen[:MAX_SCHEDULES]:
             zone = _zone(schedule)
-            fires = _marked_fires(detail["next_fires"][:3])
-            missed = _missed_summary(schedule)
-            notes = "".join(f"<div class=note>{_esc(n)}</div>" for n in detail["notes"])
-            change = next_clock_change(zone, int(self.now()))
-            if change is not None and schedule["state"] == "ACTIVE":
-                day = datetime.fromtimestamp(change[0], ZoneInfo(zone)).date()
-                notes += f"<div class=note>next clock change {day}: see the schedule</div>"
-            schedule_id = schedule["schedule_id"]
-            name = _link(f"schedules/{schedule_id}", key, schedule["name"] or schedule_id)
-            rows.append(
-                f"<tr><td>{name}<div class=id>{_esc(schedule_id)}</div></td>"
-                f"<td>{_state(schedule['state'])}</td><td>{_esc(_rule(schedule['spec']))}</td>"
-                f"<td>{_esc(zone)}</td><td>{fires}{notes}</td><td>{missed}</td></tr>"
-            )
-        more = len(schedules) - MAX_SCHEDULES
-        tail = f"<p>{more} more: <code>punctual list</code> shows them all.</p>" if more > 0 else ""
+            if zone not in changes:
+                changes[zone] = next_clock_change(zone, now)
+            rows.append(_schedule_row(schedule, view, now, changes[zone]))
+        form = _filter_form(view, Counter(s["state"] for s in every), len(every))
         if not rows:
-            return f"<p>No schedules yet for <code>{_esc(key)}</code>.</p>"
+            return form + "<p class=empty>No schedule matches.</p>"
+        more = len(chosen) - MAX_SCHEDULES
+        tail = (
+            f"<p>{more} more: narrow the search, or <code>punctual list</code> shows them all.</p>"
+            if more > 0
+            else ""
+        )
         return (
-            "<table><tr><th>schedule</th><th>state</th><th>rule</th><th>zone</th>"
-            "<th>next fires (local time)</th><th>MISSED</th></tr>"
+            form
+            + f"<p class=count>{len(chosen)} of {len(every)} schedules.</p>"
+            + "<table class=schedules><tr><th>schedule</th><th>state</th><th>rule</th>"
+            + "<th>zone</th><th>next fire (local time)</th><th>MISSED</th></tr>"
             + "".join(rows)
             + "</table>"
             + tail
         )
 
-    def _schedule(self, client: Client, key: str, schedule_id: str) -> tuple[str, str]:
+    def _schedule(self, client: Api, view: View, schedule_id: str) -> tuple[str, str]:
         """The page's title (the schedule's name, else its id) and body."""
         detail = client.get(f"/v1/schedules/{schedule_id}")
         schedule = detail["schedule"]
         zone = _zone(schedule)
-        versions = client.pages(f"/v1/schedules/{schedule_id}/versions", "versions")
+        versions = client.pages(
+            f"/v1/schedules/{schedule_id}/versions", "versions", limit=PAGE_SIZE
+        )
         now = int(self.now())
-        occurrences = client.pages(
+        runs = client.pages(
             f"/v1/schedules/{schedule_id}/occurrences",
             "occurrences",
-            **{"from": utc_text(now - 24 * HOUR), "to": utc_text(now + HOUR)},
+            limit=PAGE_SIZE,
+            **{"from": utc_text(now - 24 * HOUR), "to": utc_text(now)},
         )
         summary = _definition_list(
             [
                 ("state", _state(schedule["state"])),
-                ("rule", _esc(_rule(schedule["spec"]))),
+                ("rule", _rule_cell(schedule["spec"])),
                 ("zone", _esc(zone)),
-                ("version", _esc(schedule["version"])),
+                ("version", _esc(_version(schedule))),
                 ("target", _esc(schedule["target"])),
                 ("flexible window", f"{schedule['flexible_window_seconds']} s"),
                 ("misfire", _esc(schedule["misfire"]["action"])),
@@ -230,29 +355,41 @@ class Console:
         )
         version_rows = "".join(
             f"<tr><td>v{v['version']}</td><td>{_esc(v['effective_from'])}</td>"
-            f"<td>{_state(v['state'])}</td><td>{_esc(_rule(v['spec']))}</td>"
+            f"<td>{_state(v['state'])}</td><td>{_rule_cell(v['spec'])}</td>"
             f"<td>{_esc(_zone(v))}</td><td>{_esc(v['name'] or '')}</td></tr>"
             for v in versions
         )
         fires = detail["next_fires"]
         notes = "".join(f"<li>{_esc(n)}</li>" for n in detail["notes"])
         title = f"Schedule {schedule['name'] or schedule_id}"
+        past = runs[::-1]  # newest first
+        if fires:
+            upcoming = _fires_svg(fires) + _next_fires_table(fires, view)
+        elif schedule["state"] == "ACTIVE":
+            upcoming = "<p>None: no fire left.</p>"
+        else:
+            upcoming = f"<p>None: the schedule is {_state(schedule['state'])}.</p>"
         return title, (
             summary
             + "<h2>Next fires</h2>"
-            + (_fires_svg(fires) if fires else "<p>None: the schedule is not active.</p>")
+            + upcoming
             + (f"<ul class=notes>{notes}</ul>" if notes else "")
             + self._clock_change(client, schedule, fires, now)
-            + "<h2>Versions</h2><table><tr><th>version</th><th>effective from</th>"
-            + "<th>state</th><th>rule</th><th>zone</th><th>name</th></tr>"
+            + "<h2>Recent runs (the last 24 hours)</h2>"
+            + (
+                _results_summary(past, zone)
+                + _occurrence_table(past, view, zone, now=now, css="runs")
+                if past
+                else "<p>No run in the last 24 hours.</p>"
+            )
+            + "<h2>Versions</h2><table class=versions><tr><th>version</th>"
+            + "<th>effective from</th><th>state</th><th>rule</th><th>zone</th><th>name</th></tr>"
             + version_rows
             + "</table>"
-            + "<h2>Occurrences (the last 24 hours and the next hour)</h2>"
-            + _occurrence_table(occurrences[::-1], key, zone, now=now)
         )
 
     def _clock_change(
-        self, client: Client, schedule: dict[str, Any], fires: list[dict[str, Any]], now: int
+        self, client: Api, schedule: dict[str, Any], fires: list[dict[str, Any]], now: int
     ) -> str:
         """The zone's next clock change, and the schedule's fires around it (the preview's
         notes say what the change does to them)."""
@@ -274,13 +411,13 @@ class Console:
             f" around it: {around}</p>" + (f"<ul class=notes>{notes}</ul>" if notes else "")
         )
 
-    def _occurrence(self, client: Client, key: str, occurrence_id: str) -> str:
+    def _occurrence(self, client: Api, view: View, occurrence_id: str) -> str:
         found = client.get(f"/v1/occurrences/{quote(occurrence_id, safe='')}")
         attempts = found["attempts"]
         claimed = epoch(attempts[0]["started_at"]) if attempts else None
         life = Life(found, found["schedule_id"], claimed)
         waited = "—" if life.waited is None else f"{life.waited} s"
-        schedule = _link(f"schedules/{found['schedule_id']}", key, found["schedule_id"])
+        schedule = _link(f"schedules/{found['schedule_id']}", view, found["schedule_id"])
         made_by = " (run now or backfill)" if found.get("manual") else ""
         rows = "".join(
             f"<tr><td>{a['attempt_no']}</td><td>{_esc(a['started_at'])}</td>"
@@ -313,22 +450,27 @@ class Console:
             )
         )
 
-    def _last_hour(self, client: Client) -> tuple[list[Life], int]:
-        """Every occurrence of the tenant's schedules scheduled in the last hour, each with
-        when it was first claimed (the listing says: no read per occurrence), and now."""
+    def _last_hour(self, client: Api) -> tuple[list[Life], int]:
+        """Every occurrence of every schedule of the tenant scheduled in the last hour, each
+        with when it was first claimed (the listing says: no read per occurrence), and now.
+        One listing per schedule (a page holds an hour of minutely fires), a few at once."""
         now = int(self.now())
         window = {"from": utc_text(now - HOUR), "to": utc_text(now)}
-        lives: list[Life] = []
-        for schedule in client.pages("/v1/schedules", "schedules")[:MAX_SCHEDULES]:
+        schedules = client.pages("/v1/schedules", "schedules", limit=PAGE_SIZE)
+
+        def read(schedule: dict[str, Any]) -> list[Life]:
             path = f"/v1/schedules/{schedule['schedule_id']}/occurrences"
             name = schedule["name"] or schedule["schedule_id"]
-            lives += [
-                Life(o, name, epoch(o.get("claimed_at")))
-                for o in client.pages(path, "occurrences", **window)
+            flexible = schedule["flexible_window_seconds"] > 0
+            return [
+                Life(o, name, epoch(o.get("claimed_at")), flexible)
+                for o in client.pages(path, "occurrences", limit=PAGE_SIZE, **window)
             ]
-        return lives, now
 
-    def _timeline(self, client: Client, key: str) -> str:
+        with ThreadPoolExecutor(max_workers=READERS) as readers:
+            return [life for lives in readers.map(read, schedules) for life in lives], now
+
+    def _timeline(self, client: Api, view: View) -> str:
         lives, now = self._last_hour(client)
         if not lives:
             return "<p>No occurrence was scheduled in the last hour.</p>"
@@ -337,30 +479,19 @@ class Console:
         start = max(now - HOUR, min(life.scheduled for life in lives) - 60)
         names = {life.occurrence["schedule_id"]: life.schedule_name for life in lives}
         return (
-            _timeline_svg(lives, start, now)
+            f"<p>{len(lives):,} occurrences of {len(names)} schedules.</p>"
+            + _timeline_svg(lives, start, now)
             + "<h2>The latest 30</h2>"
-            + _occurrence_table([life.occurrence for life in latest], key, "UTC", names, now)
+            + _occurrence_table([life.occurrence for life in latest], view, "UTC", names, now)
         )
 
-    def _lag(self, client: Client, key: str) -> str:
+    def _lag(self, client: Api) -> str:
         lives, now = self._last_hour(client)
-        lags = [float(life.lag) for life in lives if life.lag is not None]
-        waits = [float(life.waited) for life in lives if life.waited is not None]
         backlog = [
             life for life in lives if life.occurrence["state"] == "SCHEDULED" and life.due <= now
         ]
         waiting = sum(1 for life in lives if life.occurrence["state"] == "RETRY_WAIT")
         oldest = min((life.due for life in backlog), default=None)
-
-        def spread(values: list[float]) -> str:
-            return ", ".join(f"p{p} {percentile(values, p):g} s" for p in (50, 95, 99))
-
-        figures = (
-            f"<p>{len(waits)} occurrences of the last hour were claimed by a worker."
-            + (f" Delivery lag (receivable - due): {spread(lags)}." if lags else "")
-            + (f" Waited for a worker (claimed - due): {spread(waits)}." if waits else "")
-            + "</p>"
-        )
         backlog_text = (
             f"<p class=backlog>Due and not yet taken by a worker: <b>{len(backlog)}</b>"
             + (
@@ -370,9 +501,91 @@ class Console:
             )
             + f"; waiting for a retry: <b>{waiting}</b>.</p>"
         )
-        return figures + (_histogram_svg(lags) if lags else "") + "<h2>Backlog</h2>" + backlog_text
+        lags = [(float(life.lag), life.kind) for life in lives if life.lag is not None]
+        waits = [(float(life.waited), life.kind) for life in lives if life.waited is not None]
+        charts = ""
+        if lags:
+            charts += "<h2>Delivery lag (receivable - due)</h2>" + _histogram_svg(
+                lags, "lag histogram", "delivery lag (s), receivable - due"
+            )
+        if waits:
+            charts += "<h2>Waited for a worker (claimed - due)</h2>" + _histogram_svg(
+                waits, "wait histogram", "waited for a worker (s), claimed - due"
+            )
+        return (
+            f"<p>{len(lives):,} occurrences scheduled in the last hour, {len(waits):,} claimed by"
+            " a worker. Strict and flexible fires are apart; runs made by a request (run now,"
+            " backfill) are apart from both.</p>"
+            + _lag_table(lives)
+            + charts
+            + "<h2>Backlog</h2>"
+            + backlog_text
+        )
 
-    def _reconciler(self, operator: Client) -> str:
+    def _tenants_page(self, view: View, tenant: str) -> str:
+        """The tenants this console can read as, and a tenant looked up by its id (as the
+        operator): its quotas and usage, and the access key that acts as it, if one can be
+        found. The API lists no tenants and no tenant's principals: a key is found by asking
+        the API which tenant it acts as (GET /v1/tenant), for the keys seen so far and for
+        the local stack's habit, a key named after its tenant (``demo`` acts as ``demo``)."""
+        operator = self._api(self.operator_key)
+        found = ""
+        if tenant:
+            record = operator.get(f"/v1/admin/tenants/{quote(tenant, safe='')}")
+            key = self._key_of(record["tenant_id"])
+            found = "<h2>Tenant " + _esc(record["tenant_id"]) + "</h2>" + _tenant_figures(record)
+            if key is None:
+                arn = f"arn:aws:iam::{ACCOUNT}:user/{record['tenant_id']}"
+                found += (
+                    f"<p class=note>No access key known to act as {_esc(record['tenant_id'])}:"
+                    f" locally, key K signs as arn:aws:iam::{ACCOUNT}:user/K."
+                    " Bind one (<code>POST /v1/admin/tenants/"
+                    f'{_esc(record["tenant_id"])}/principals {{"principal_arn": '
+                    f'"{_esc(arn)}"}}</code>) and look again, or type its key in the'
+                    " header.</p>"
+                )
+            else:
+                switched = View(key)
+                link = _link("", switched, f"Open {record['tenant_id']}'s console")
+                found += f"<p class=open>{link} (as key <code>{_esc(key)}</code>)</p>"
+        known = sorted(dict(self._tenants).items(), key=lambda item: (item[1], item[0]))
+        rows = "".join(
+            f"<tr><td>{_esc(tenant_id)}</td><td><code>{_esc(key)}</code></td>"
+            f"<td>{_link('', View(key), 'open its console')}</td></tr>"
+            for key, tenant_id in known
+        )
+        return (
+            "<p class=note>The API lists no tenants and does not say which access keys act as"
+            " a tenant (GET /v1/admin/tenants/{id} answers its quotas and usage). This page"
+            " lists the tenants this console has read as since the stack started, and finds"
+            " the key of a tenant looked up by its id where the local habit holds: a key named"
+            " after its tenant.</p>"
+            f"<form method=get action='{PREFIX}/tenants' class=lookup>"
+            f"<input type=hidden name=as value='{_esc(view.key)}'>"
+            f"<label>tenant id <input name=tenant value='{_esc(tenant)}' size=20></label>"
+            " <button>look up</button></form>"
+            + found
+            + "<h2>Tenants read so far</h2>"
+            + (
+                "<table class=tenants><tr><th>tenant</th><th>access key</th><th></th></tr>"
+                + rows
+                + "</table>"
+                if rows
+                else "<p>None yet.</p>"
+            )
+        )
+
+    def _key_of(self, tenant: str) -> str | None:
+        """An access key id that acts as ``tenant``: one seen to, else the key named after
+        it, if the API says it acts as the tenant."""
+        for key, known in sorted(dict(self._tenants).items()):
+            if known == tenant:
+                return key
+        if _ID.match(tenant) and self._tenant_of(tenant) == tenant:
+            return tenant
+        return None
+
+    def _reconciler(self, operator: Api) -> str:
         found = operator.get("/v1/admin/reconcile")
         rows = "".join(
             f"<tr><td>{r['shard']}</td><td>{_esc(_clock(r['run_at']))}</td>"
@@ -400,30 +613,59 @@ class Console:
 
     # --- the frame ----------------------------------------------------------------------
 
-    def _page(self, title: str, body: str, key: str) -> str:
+    def _page(self, title: str, body: str, view: View, here: str) -> str:
+        """``here``: the page the tenant picker stays on (a list page; a schedule or an
+        occurrence is one tenant's, so switching from it goes to the schedules)."""
         nav = " ".join(
-            _link(path, key, label)
+            _link(path, view, label)
             for path, label in (
                 ("", "Schedules"),
                 ("timeline", "Last hour"),
                 ("lag", "Lag"),
+                ("tenants", "Tenants"),
                 ("reconciler", "Reconciler"),
             )
         )
         now = int(self.now())
+        tenant = self._tenants.get(view.key)
+        acting = f"tenant <code>{_esc(tenant)}</code>" if tenant else "no tenant"
         return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><title>{_esc(title)} · Punctual</title>
 <link rel=icon href="data:,"><style>{_STYLE}</style></head>
 <body><header><b>Punctual</b> local console <nav>{nav}</nav>
-<form method=get><label>as <input name=as value="{_esc(key)}" size=12></label>
+<form method=get action="{_esc(f"{PREFIX}/{here}".rstrip("/"))}" class=picker>
+<label>tenant <select name=as>{self._choices(view.key)}</select></label>
+<label>or key <input name=key size=10 placeholder="access key id"></label>
 <button>switch</button></form></header>
 <main><h1>{_esc(title)}</h1>{body}</main>
-<footer>Read through the API as <code>{_esc(key)}</code> at {_esc(utc_text(now))}.</footer>
+<footer>Read through the API as <code>{_esc(view.key)}</code> ({acting}) at
+{_esc(utc_text(now))}.</footer>
 </body></html>"""
+
+    def _choices(self, key: str) -> str:
+        """The picker's options: each tenant read so far with the key that acts as it."""
+        known = dict(self._tenants)
+        choices = sorted(known.items(), key=lambda item: (item[1], item[0]))
+        for unknown in {key, self.default_key} - set(known):
+            choices.insert(0, (unknown, ""))
+        return "".join(
+            f"<option value='{_esc(k)}'{' selected' if k == key else ''}>"
+            + (f"{_esc(t)} (key {_esc(k)})" if t else f"key {_esc(k)} (no tenant)")
+            + "</option>"
+            for k, t in choices
+        )
 
 
 class _NotFound(Exception):
     pass
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _html(status: int, page: str) -> dict[str, Any]:
@@ -434,8 +676,8 @@ def _html(status: int, page: str) -> dict[str, Any]:
     }
 
 
-def _link(path: str, key: str, label: object) -> str:
-    url = f"{PREFIX}/{path}".rstrip("/") + "?" + urlencode({"as": key})
+def _link(path: str, view: View, label: object) -> str:
+    url = f"{PREFIX}/{path}".rstrip("/") + "?" + view.query()
     return f'<a href="{_esc(url)}">{_esc(label)}</a>'
 
 
@@ -447,10 +689,74 @@ def _zone(schedule: dict[str, Any]) -> str:
     return str(schedule["spec"].get("timezone") or "UTC")
 
 
-def _rule(spec: dict[str, Any]) -> str:
-    if spec["kind"] == "at":
-        return f"at {spec['at']}"
-    return f"{spec['kind']} {spec['expression']}"
+def _version(schedule: dict[str, Any]) -> str:
+    """Its version, and the version its occurrences carry when a rename kept an older one."""
+    version, runs = schedule["version"], schedule.get("run_version", schedule["version"])
+    return str(version) if runs == version else f"{version} (its fires: version {runs}'s)"
+
+
+def _filter_form(view: View, counts: Counter[str], total: int) -> str:
+    """The search and the state filter, as GET parameters (``q``, ``state``)."""
+    options = [("", f"all ({total})")] + [(s, f"{s} ({counts.get(s, 0)})") for s in STATES]
+    choices = "".join(
+        f"<option value='{s}'{' selected' if s == view.state else ''}>{_esc(label)}</option>"
+        for s, label in options
+    )
+    clear = " " + _link("", View(view.key), "clear") if view.search or view.state else ""
+    return (
+        f"<form method=get action='{PREFIX}' class=filter>"
+        f"<input type=hidden name=as value='{_esc(view.key)}'>"
+        f"<label>name contains <input name=q value='{_esc(view.search)}' size=24></label> "
+        f"<label>state <select name=state>{choices}</select></label> "
+        f"<button>filter</button>{clear}</form>"
+    )
+
+
+def _schedule_row(
+    schedule: dict[str, Any], view: View, now: int, change: tuple[int, str, str] | None
+) -> str:
+    """One schedule's row: its next fire from the listing (in its zone's local time, marked
+    when a clock change comes before it), and its zone's next clock change."""
+    zone = _zone(schedule)
+    schedule_id = schedule["schedule_id"]
+    name = _link(f"schedules/{schedule_id}", view, schedule["name"] or schedule_id)
+    fire = epoch(schedule.get("next_fire_at"))
+    notes = ""
+    if change is not None and schedule["state"] == "ACTIVE":
+        day = datetime.fromtimestamp(change[0], ZoneInfo(zone)).date()
+        notes = f"<div class=note>next clock change {day}: see the schedule</div>"
+    if fire is None:
+        shown = "—"
+    else:
+        local = datetime.fromtimestamp(fire, ZoneInfo(zone)).isoformat(sep=" ")
+        if fire > now:
+            when = _until(fire - now)
+        elif schedule["flexible_window_seconds"]:
+            when = "in its flexible window now"
+        else:
+            when = "due now"
+        text = f"{_esc(local)} <span class=in>({_esc(when)})</span>"
+        if change is not None and change[0] <= fire:
+            shown = f"<span class=dst title='after a clock change'>{text} ⚑ DST</span>"
+        else:
+            shown = f"<span>{text}</span>"
+        shown = f"<div class=fires>{shown}</div>"
+    return (
+        f"<tr><td>{name}<div class=id>{_esc(schedule_id)}</div></td>"
+        f"<td>{_state(schedule['state'])}</td><td>{_rule_cell(schedule['spec'])}</td>"
+        f"<td>{_esc(zone)}</td><td>{shown}{notes}</td><td>{_missed_summary(schedule)}</td></tr>"
+    )
+
+
+def _until(seconds: int) -> str:
+    """How far ahead, in the largest unit that says it: "in 40 s", "in 3 h 5 min"."""
+    if seconds < 60:
+        return f"in {seconds} s"
+    if seconds < HOUR:
+        return f"in {seconds // 60} min"
+    if seconds < 2 * 86400:
+        return f"in {seconds // HOUR} h {seconds % HOUR // 60} min"
+    return f"in {seconds // 86400} days"
 
 
 def _spacing(fires: list[dict[str, Any]]) -> int:
@@ -474,6 +780,47 @@ def _marked_fires(fires: Iterable[dict[str, Any]]) -> str:
     return "<div class=fires>" + "".join(out) + "</div>" if out else "—"
 
 
+def _next_fires_table(fires: list[dict[str, Any]], view: View) -> str:
+    """The next fires: local time (a clock change marked), UTC, when the message becomes
+    receivable (later in a flexible window), and the occurrence once it is made."""
+    rows = []
+    previous = None
+    for fire in fires:
+        offset = _offset(fire["local"])
+        local = _esc(fire["local"].replace("T", " "))
+        if previous is not None and offset != previous:
+            local = f"<span class=dst>{local} ⚑ DST</span>"
+        previous = offset
+        made = fire.get("occurrence_id")
+        occurrence = _link(f"occurrences/{made}", view, "made") if made else "planned"
+        receivable = fire.get("available_at") or fire["utc"]
+        rows.append(
+            f"<tr><td>{local}</td><td>{_esc(fire['utc'])}</td>"
+            f"<td>{_esc(receivable if receivable != fire['utc'] else 'at its time')}</td>"
+            f"<td>{occurrence}</td></tr>"
+        )
+    return (
+        "<table class=next><tr><th>local time</th><th>UTC</th><th>receivable</th>"
+        "<th>occurrence</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _results_summary(runs: list[dict[str, Any]], zone: str) -> str:
+    """How the runs ended, counted by result, and the latest one's result."""
+    counts = Counter(o["state"] for o in runs)
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    said = " · ".join(f"{_state(state)} {count}" for state, count in ranked)
+    manual = sum(1 for o in runs if o.get("manual"))
+    made = f" ({manual} run now or backfilled)" if manual else ""
+    latest = runs[0]
+    when = _clock(epoch(latest["scheduled_for"]), zone)
+    return (
+        f"<p class=results>{_count(len(runs), 'occurrence')}{made}: {said}. The latest, "
+        f"{_esc(when)}: "
+        f"{_state(latest['state'])} {_esc(latest['reason'] or '')}</p>"
+    )
+
+
 def _missed_summary(schedule: dict[str, Any]) -> str:
     total = schedule["missed_total"]
     if not total:
@@ -493,6 +840,45 @@ def _definition_list(items: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
+def _tenant_figures(record: dict[str, Any]) -> str:
+    quotas = ", ".join(f"{k} {v}" for k, v in sorted(record["quotas"].items()))
+    return _definition_list(
+        [
+            ("schedules", _esc(record["schedule_count"])),
+            ("busiest minute", _count(record["strict_fires_per_minute_peak"], "strict fire")),
+            ("quotas", _esc(quotas)),
+        ]
+    )
+
+
+def _lag_table(lives: list[Life]) -> str:
+    """Per group (strict, flexible, manual, all): how many, and the delivery lag and the
+    wait for a worker, each with how many it was measured on and its p50/p95/p99."""
+
+    def figures(values: list[float]) -> str:
+        if not values:
+            return "<td>0</td><td>—</td><td>—</td><td>—</td>"
+        cells = "".join(f"<td>{percentile(values, p):g} s</td>" for p in (50, 95, 99))
+        return f"<td>{len(values)}</td>{cells}"
+
+    rows = []
+    groups = [(kind, label, [life for life in lives if life.kind == kind]) for kind, label in KINDS]
+    for kind, label, members in [*groups, ("all", "all", lives)]:
+        lags = [float(life.lag) for life in members if life.lag is not None]
+        waits = [float(life.waited) for life in members if life.waited is not None]
+        rows.append(
+            f"<tr class='k-{kind}'><th>{_esc(label)}</th><td>{len(members)}</td>"
+            f"{figures(lags)}{figures(waits)}</tr>"
+        )
+    return (
+        "<table class=lag><tr><th rowspan=2>occurrences</th><th rowspan=2>in the hour</th>"
+        "<th colspan=4>Delivery lag (receivable - due)</th>"
+        "<th colspan=4>Waited for a worker (claimed - due)</th></tr>"
+        "<tr><th>measured</th><th>p50</th><th>p95</th><th>p99</th>"
+        "<th>measured</th><th>p50</th><th>p95</th><th>p99</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
 # A wait for a worker past this stands out in a table (a backlog, or workers too few).
 LATE_SECONDS = 60
 
@@ -507,10 +893,11 @@ def _late(life: Life, now: float) -> bool:
 
 def _occurrence_table(
     occurrences: list[dict[str, Any]],
-    key: str,
+    view: View,
     zone: str,
     names: dict[str, str] | None = None,
     now: float | None = None,
+    css: str = "occurrences",
 ) -> str:
     """``names``: each schedule's name by id, for a table of several schedules' occurrences
     (a column naming the schedule, linked to it). A late one (``_late``) stands out."""
@@ -522,13 +909,13 @@ def _occurrence_table(
         life = Life(o, "", epoch(o.get("claimed_at")))
         lag = "" if life.lag is None else f"{life.lag} s"
         waited = "" if life.waited is None else f"{life.waited} s"
-        when = _link(f"occurrences/{o['occurrence_id']}", key, _clock(life.scheduled, zone))
+        when = _link(f"occurrences/{o['occurrence_id']}", view, _clock(life.scheduled, zone))
         manual = " <span class=manual>manual</span>" if o.get("manual") else ""
         owner = ""
         if names is not None:
             schedule_id = o["schedule_id"]
             label = names.get(schedule_id) or schedule_id
-            owner = f"<td>{_link(f'schedules/{schedule_id}', key, label)}</td>"
+            owner = f"<td>{_link(f'schedules/{schedule_id}', view, label)}</td>"
         late = " class=late" if _late(life, now) else ""
         rows.append(
             f"<tr{late}><td>{when}</td>{owner}"
@@ -537,10 +924,12 @@ def _occurrence_table(
             f"<td>{o['attempt_count']}</td><td>{_esc(o['reason'] or '')}</td></tr>"
         )
     schedule_head = "<th>schedule</th>" if names is not None else ""
+    more = len(occurrences) - 100
+    tail = f"<p>{more} more, older.</p>" if more > 0 else ""
     return (
-        f"<table><tr><th>scheduled for</th>{schedule_head}<th>state</th><th>due</th>"
-        "<th>sent</th><th>delivery lag</th><th>waited for a worker</th><th>attempts</th>"
-        "<th>reason</th></tr>" + "".join(rows) + "</table>"
+        f"<table class={css}><tr><th>scheduled for</th>{schedule_head}<th>result</th>"
+        "<th>due</th><th>sent</th><th>delivery lag</th><th>waited for a worker</th>"
+        "<th>attempts</th><th>reason</th></tr>" + "".join(rows) + "</table>" + tail
     )
 
 
@@ -601,22 +990,39 @@ def _fires_svg(fires: list[dict[str, Any]]) -> str:
     )
 
 
+# Past this many occurrences the timeline draws each as one mark at its scheduled time,
+# colored by its state (late ones apart), without the spans: 10,000 occurrences stay a
+# page the browser draws at once (about 80 bytes each instead of 400).
+DENSE = 600
+
+
 def _timeline_svg(lives: list[Life], start: int, end: int) -> str:
     """One row per schedule: each occurrence's scheduled time (circle), when it became
     receivable (square) and when a worker claimed it (triangle), joined by a line."""
-    rows = sorted({life.schedule_name for life in lives})
-    height = 40 + 24 * len(rows)
+    names = sorted({life.schedule_name for life in lives})
+    dense = len(lives) > DENSE
+    pitch = 12 if dense and len(names) > 30 else 24
+    row = {name: 30 + pitch * index for index, name in enumerate(names)}
+    height = 40 + pitch * len(names)
     parts = [f"<svg width={_W} height={height + 30} role=img aria-label='occurrences timeline'>"]
-    for index, name in enumerate(rows):
-        y = 30 + 24 * index
-        parts.append(f"<text x=0 y={y + 4}>{_esc(name[:22])}</text>")
+    counts = Counter(life.schedule_name for life in lives)
+    for name, y in row.items():
+        label = f"<title>{_esc(name)}: {counts[name]} occurrences</title>"
+        parts.append(f"<text x=0 y={y + 4}>{_esc(name[:22])}{label}</text>")
         parts.append(f"<line x1={_LEFT} y1={y} x2={_W - _RIGHT} y2={y} class=row />")
     for life in lives:
-        y = 30 + 24 * rows.index(life.schedule_name)
+        y = row[life.schedule_name]
+        state = life.occurrence["state"].lower()
+        if dense:
+            late = " late" if _late(life, end) else ""
+            x = _x(life.scheduled, start, end)
+            parts.append(
+                f"<rect x={x - 1:.1f} y={y - 4} width=3 height=8 class='m {state}{late}' />"
+            )
+            continue
         points = [life.scheduled, life.receivable, life.claimed_at]
         known = [p for p in points if p is not None]
         x0, x1 = _x(min(known), start, end), _x(max(known), start, end)
-        state = life.occurrence["state"].lower()
         title = f"<title>{_esc(life.occurrence['occurrence_id'])}: {_esc(state)}</title>"
         parts.append(f"<line x1={x0:.1f} y1={y} x2={x1:.1f} y2={y} class='span {state}' />")
         x = _x(life.scheduled, start, end)
@@ -634,43 +1040,72 @@ def _timeline_svg(lives: list[Life], start: int, end: int) -> str:
             )
     parts.append(_axis(start, end, height))
     parts.append("</svg>")
-    legend = (
-        "<p class=legend><span class=l-scheduled>●</span> scheduled "
-        "<span class=l-receivable>■</span> receivable <span class=l-claimed>▲</span> claimed "
-        "by a worker</p>"
-    )
+    if dense:
+        legend = (
+            "<p class=legend>One mark per occurrence at its scheduled time: "
+            "<span class=l-succeeded>▮</span> succeeded <span class=l-open>▮</span> open "
+            "<span class=l-dead>▮</span> dead, missed or canceled "
+            f"<span class=l-late>▮</span> waited over {LATE_SECONDS} s for a worker</p>"
+        )
+    else:
+        legend = (
+            "<p class=legend><span class=l-scheduled>●</span> scheduled "
+            "<span class=l-receivable>■</span> receivable <span class=l-claimed>▲</span> "
+            "claimed by a worker</p>"
+        )
     return "".join(parts) + legend
 
 
 _LABEL_Y = {50: 16, 95: 30, 99: 44}  # the percentiles' labels, apart when their lines meet
 
 
-def _histogram_svg(lags: list[float]) -> str:
-    top = max(int(max(lags)), 9)  # at least ten bins
+def _histogram_svg(values: list[tuple[float, str]], label: str, axis: str) -> str:
+    """Seconds as bars of whole seconds, each bar's occurrences stacked by group (KINDS)
+    with its count above it, and the p50/p95/p99 of them all."""
+    seconds = [v for v, _ in values]
+    top = max(int(max(seconds)), 9)  # at least ten bins
     width = max(1, -(-(top + 1) // 30))  # at most 30 bins of whole seconds
-    bins = [0] * (top // width + 1)
-    for lag in lags:
-        bins[int(max(0, lag)) // width] += 1
-    height, tallest = 180, max(bins)
+    bins: list[Counter[str]] = [Counter() for _ in range(top // width + 1)]
+    for value, kind in values:
+        bins[int(max(0, value)) // width][kind] += 1
+    height, tallest = 180, max(sum(b.values()) for b in bins)
     bar = (_W - _LEFT - _RIGHT) / len(bins)
-    parts = [f"<svg width={_W} height={height + 60} role=img aria-label='lag histogram'>"]
-    for index, count in enumerate(bins):
-        h = count / tallest * height
+    parts = [f"<svg width={_W} height={height + 80} role=img aria-label='{_esc(label)}'>"]
+    for index, counted in enumerate(bins):
         x = _LEFT + index * bar
-        parts.append(
-            f"<rect x={x:.1f} y={height - h + 10:.1f} width={bar - 2:.1f} height={h:.1f} "
-            f"class=bar><title>{index * width} to {(index + 1) * width} s: {count}</title></rect>"
-        )
+        base = height + 10.0
+        for kind, _ in KINDS:
+            count = counted[kind]
+            if not count:
+                continue
+            h = count / tallest * (height - 60)  # (the percentiles' labels above)
+            base -= h
+            parts.append(
+                f"<rect x={x:.1f} y={base:.1f} width={bar - 2:.1f} height={h:.1f} "
+                f"class='bar {kind}'><title>{index * width} to {(index + 1) * width} s, "
+                f"{kind}: {count}</title></rect>"
+            )
+        total = sum(counted.values())
+        if total:
+            parts.append(
+                f"<text x={x + bar / 2 - 1:.1f} y={base - 3:.1f} class='tick count'>{total}</text>"
+            )
         parts.append(f"<text x={x:.1f} y={height + 26} class=tick>{index * width}</text>")
     for p in (50, 95, 99):
-        value = percentile(lags, p)
+        value = percentile(seconds, p)
         x = _LEFT + value / width * bar
         parts.append(
             f"<line x1={x:.1f} y1=4 x2={x:.1f} y2={height + 10} class='p p{p}' />"
             f"<text x={x + 3:.1f} y={_LABEL_Y[p]} class='plabel'>p{p} {value:g} s</text>"
         )
+    legend = "".join(
+        f"<rect x={_LEFT + 240 * i} y={height + 56} width=10 height=10 class='bar {kind}' />"
+        f"<text x={_LEFT + 240 * i + 14} y={height + 65}>{_esc(name)}: "
+        f"{sum(b[kind] for b in bins)}</text>"
+        for i, (kind, name) in enumerate(KINDS)
+    )
     parts.append(f"<text x=0 y={height // 2}>occurrences</text>")
-    parts.append(f"<text x={_LEFT} y={height + 46}>lag (s), receivable - due</text></svg>")
+    parts.append(f"<text x={_LEFT} y={height + 44}>{_esc(axis)}</text>{legend}</svg>")
     return "".join(parts)
 
 
@@ -680,10 +1115,14 @@ _STYLE = """tr.late td{background:#fff3e0} tr.late td:first-child{border-left:3p
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#fafbfc}
 header{background:#1d2330;color:#fff;padding:8px 16px;display:flex;gap:18px;align-items:center}
 header a{color:#cfe0ff;margin-right:12px} header form{margin-left:auto}
+header select,header input{max-width:220px}
 main{padding:8px 16px} footer{color:#777;padding:8px 16px;font-size:12px}
 table{border-collapse:collapse;margin:8px 0} th,td{border-bottom:1px solid #e2e5ea;
 padding:4px 8px;text-align:left;vertical-align:top} th{background:#eef1f5}
 .id{color:#888;font-size:11px} .note,.notes{color:#8a5a00;font-size:12px}
+.words{color:#445;font-size:12px;font-style:italic} .in{color:#777;font-size:12px}
+form.filter,form.lookup{margin:8px 0;padding:8px;background:#eef1f5;border-radius:4px}
+.count,.results{color:#555}
 .fires span{display:block} .dst{color:#b35900;font-weight:600}
 .state{padding:1px 6px;border-radius:8px;background:#e6e9ef;font-size:12px}
 .state.active,.state.succeeded{background:#d9f2df}
@@ -691,12 +1130,19 @@ padding:4px 8px;text-align:left;vertical-align:top} th{background:#eef1f5}
 .state.canceled,.state.dead,.state.missed,.state.lost{background:#fbd9d9}
 .state.running,.state.scheduled{background:#dde9ff}
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 14px} dt{color:#666}
+table.lag td,table.lag th{text-align:right} table.lag tr th:first-child{text-align:left}
+table.lag tr.k-all td,table.lag tr.k-all th{font-weight:600;border-top:2px solid #c9ced6}
 svg text{font-size:11px;fill:#333} .tick{text-anchor:middle;fill:#666}
+.count{font-weight:600;fill:#333}
 .axis,.row{stroke:#c9ced6} .span{stroke:#9aa3b2;stroke-width:2}
 circle.fire{fill:#3b6fd6} circle.dst{fill:#d97a00} circle.scheduled{fill:#fff;stroke:#555}
 rect.receivable{fill:#3b6fd6} polygon.claimed{fill:#2e9d4b} polygon.claimed.dead{fill:#c33}
-rect.bar{fill:#7aa2e8} .p{stroke-width:2} .p50{stroke:#2e9d4b} .p95{stroke:#d97a00}
+rect.bar.strict{fill:#3b6fd6} rect.bar.flexible{fill:#8fb3ee} rect.bar.manual{fill:#6a3}
+.p{stroke-width:2} .p50{stroke:#2e9d4b} .p95{stroke:#d97a00}
 .p99{stroke:#c33} .plabel{font-weight:600} .missed{color:#c33} .error{color:#c33}
+rect.m{fill:#7aa2e8} rect.m.succeeded{fill:#2e9d4b}
+rect.m.dead,rect.m.missed,rect.m.canceled{fill:#c33} rect.m.late{fill:#e08a00}
 .legend .l-scheduled{color:#555} .legend .l-receivable{color:#3b6fd6}
-.legend .l-claimed{color:#2e9d4b}
+.legend .l-claimed,.legend .l-succeeded{color:#2e9d4b} .legend .l-open{color:#7aa2e8}
+.legend .l-dead{color:#c33} .legend .l-late{color:#e08a00}
 """

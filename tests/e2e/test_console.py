@@ -20,7 +20,17 @@ import pytest
 
 from punctual.scheduling import PREVIEW_COUNT
 from punctual_local.console import next_clock_change
-from tests.e2e.conftest import REPO, Stack, StackFailed, launch, ready, stop, tail, wait_for
+from tests.e2e.conftest import (
+    REPO,
+    Stack,
+    StackFailed,
+    launch,
+    local_principal,
+    ready,
+    stop,
+    tail,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -150,13 +160,19 @@ def test_console_lists_the_demos_schedules_with_their_next_fires(page: Page):
         assert name in text
     assert "cron 30 2 * * *" in text
     assert "America/New_York" in text
+    # AND each rule is said in words beside its expression
+    words = page.tab.locator("table.schedules .words").all_inner_texts()
+    for said in ("every minute", "every 2 minutes", "at 02:30 every day", "once"):
+        assert said in words
     change = next_clock_change("America/New_York", int(time.time()))
     assert change is not None
     day = new_york_date(change[0])
     assert text.count(f"next clock change {day}") == 1  # (New York's; Kolkata has none)
     assert ONE_SHOT in text
-    # AND every active schedule shows its next fires in local time
-    assert page.tab.locator(".fires").count() >= 3
+    # AND every active schedule with a fire left shows its next one in local time (the
+    # one-shot has run: none left), read from the listing alone
+    assert page.tab.locator(".fires").count() == 3
+    assert "4 of 4 schedules" in text
 
 
 def test_console_shows_a_schedules_next_clock_change_and_what_it_does(page: Page):
@@ -175,8 +191,13 @@ def test_console_shows_a_schedules_next_clock_change_and_what_it_does(page: Page
     springs_forward = int(after) > int(before)
     assert ("02:30 does not exist in America/New_York" in text) == springs_forward
     assert page.tab.locator("svg[aria-label='next fires'] circle").count() == PREVIEW_COUNT
-    assert page.tab.locator("table").first.inner_text().count("v1") == 1
+    assert page.tab.locator("table.versions").inner_text().count("v1") == 1
     assert "ACTIVE" in text
+    # AND its rule in words, its next fires listed (local, UTC, made yet or planned) and
+    # its recent runs (none yet at 02:30 New York time, or one)
+    assert "at 02:30 every day" in text
+    assert page.tab.locator("table.next tr").count() == PREVIEW_COUNT + 1
+    assert "Recent runs (the last 24 hours)" in text
     # AND the page is titled by the schedule's name, and says what it sends and how it retries
     assert page.tab.title().startswith(f"Schedule {NEW_YORK}")
     for label in ("payload", "retry", "created", "updated"):
@@ -187,7 +208,10 @@ def test_console_follows_an_occurrence_through_its_life(page: Page):
     # WHEN the one-shot's occurrence is opened from its schedule's page
     page.open("/console")
     page.tab.get_by_role("link", name=ONE_SHOT).click()
-    page.tab.locator("main table").last.get_by_role("link").first.click()
+    # (its recent runs: one, with its result)
+    page.shoot("schedule-runs")
+    assert "1 occurrence: SUCCEEDED 1" in page.text()
+    page.tab.locator("table.runs").get_by_role("link").first.click()
     page.shoot("occurrence")
     # THEN it shows when it was due, sent, received and claimed, and its one attempt
     text = page.text()
@@ -215,17 +239,45 @@ def test_console_draws_the_last_hours_occurrences_on_a_timeline(page: Page):
     assert ONE_SHOT in page.text()
 
 
-def test_console_shows_the_lag_histogram_and_the_backlog(page: Page):
+def test_console_shows_the_lag_histogram_and_the_backlog(page: Page, demo: Stack):
+    # GIVEN a run now of the Kolkata schedule, which the demo's worker runs
+    tenant = demo.client()
+    kolkata = next(
+        s["schedule_id"]
+        for s in tenant.pages("/v1/schedules", "schedules")
+        if s["name"] == "every minute, Asia/Kolkata"
+    )
+    made = tenant.post(f"/v1/schedules/{kolkata}/trigger")["occurrence"]["occurrence_id"]
+
+    def ran() -> bool:
+        return bool(tenant.get(f"/v1/occurrences/{made}")["state"] == "SUCCEEDED")
+
+    wait_for(ran, 60, "the run now to run")
+    # WHEN the lag page is opened
     assert page.open("/console/lag") == 200
     page.shoot("lag")
     text = page.text()
     assert "p99" in text
-    # the relay's lateness and the wait for a worker, each named, both from the listings
+    # THEN the relay's lateness and the wait for a worker, each named, both from the listings
     assert "Delivery lag (receivable - due)" in text
     assert "Waited for a worker (claimed - due)" in text
     assert "Due and not yet taken by a worker" in text
-    histogram = page.tab.locator("svg[aria-label='lag histogram']")
-    assert histogram.locator("rect.bar").count() >= 10
+    # AND strict, flexible and manual occurrences apart, each counted: the run now among
+    # the manual ones (claimed: its wait measured), not among the flexible ones
+    # (per group: occurrences in the hour, and how many waits for a worker were measured)
+    counts = {}
+    for kind in ("strict", "flexible", "manual", "all"):
+        cells = page.tab.locator(f"table.lag tr.k-{kind} td").all_inner_texts()
+        counts[kind] = (int(cells[0]), int(cells[5]))
+    assert counts["manual"][0] >= 1
+    assert counts["strict"][0] >= 1
+    assert sum(counts[k][0] for k in ("strict", "flexible", "manual")) == counts["all"][0]
+    # AND each histogram counts its bars and tells the groups apart
+    histogram = page.tab.locator("svg[aria-label='wait histogram']")
+    assert histogram.locator("rect.bar.manual").count() >= 1
+    assert histogram.locator("rect.bar.strict").count() >= 1
+    labels = histogram.locator("text.count").all_text_contents()
+    assert sum(int(n) for n in labels) == counts["all"][1]
     assert histogram.locator("line.p").count() == 3
 
 
@@ -235,6 +287,73 @@ def test_console_shows_the_reconcilers_last_report(page: Page):
     text = page.text()
     assert "MISSING 0" in text
     assert page.tab.locator("main table tr").count() >= 2
+
+
+def test_console_searches_the_schedules_by_name_and_filters_them_by_state(page: Page):
+    # WHEN a part of a name, in another case, and a state are given in the form
+    page.open("/console")
+    page.tab.fill("input[name=q]", "new_YORK")
+    page.tab.select_option("select[name=state]", "ACTIVE")
+    page.tab.get_by_role("button", name="filter").click()
+    page.shoot("schedules-search")
+    # THEN only that schedule is listed, and the query is the page's address
+    assert "q=new_YORK" in page.tab.url
+    assert "state=ACTIVE" in page.tab.url
+    rows = page.tab.locator("table.schedules tr")
+    assert rows.count() == 2  # a header and New York's
+    assert NEW_YORK in rows.last.inner_text()
+    assert "1 of 4 schedules" in page.text()
+    # AND the links keep it: the schedule, then the Schedules link, lead back to it
+    rows.last.get_by_role("link", name=NEW_YORK).click()
+    assert page.tab.title().startswith(f"Schedule {NEW_YORK}")
+    page.tab.locator("header nav").get_by_role("link", name="Schedules").click()
+    assert page.tab.locator("table.schedules tr").count() == 2
+    assert page.tab.input_value("input[name=q]") == "new_YORK"
+    # AND a state no schedule is in lists none
+    assert page.open("/console?state=PAUSED") == 200
+    assert "No schedule matches" in page.text()
+    assert page.tab.locator("table.schedules").count() == 0
+
+
+def test_console_lets_an_operator_pick_another_tenant(page: Page, demo: Stack):
+    # GIVEN tenant acme, whose principal is the local key acme, with a schedule of its own,
+    # and tenant beta, with no principal bound yet
+    operator = demo.client("operator")
+    for tenant_id in ("acme", "beta"):
+        operator.post("/v1/admin/tenants", {"tenant_id": tenant_id})
+    operator.post("/v1/admin/tenants/acme/principals", {"principal_arn": local_principal("acme")})
+    acme = demo.client("acme")
+    acme.post("/v1/targets", {"name": "jobs"})
+    spec = {"kind": "cron", "expression": "0 9 * * 1-5", "timezone": "Europe/Paris"}
+    acme.post("/v1/schedules", {"name": "acme weekdays", "spec": spec, "target": "jobs"})
+    # WHEN the operator looks acme up on the tenants page and opens its console
+    page.open("/console/tenants")
+    page.tab.fill("input[name=tenant]", "acme")
+    page.tab.get_by_role("button", name="look up").click()
+    page.shoot("tenants")
+    assert "schedules" in page.text()
+    assert "quotas" in page.text()
+    page.tab.get_by_role("link", name="Open acme's console").click()
+    # THEN the console reads as acme: its schedule (in words), none of the demo's
+    text = page.text()
+    assert "acme weekdays" in text
+    assert "at 09:00, Monday through Friday" in text
+    assert NEW_YORK not in text
+    # AND the header's picker offers both tenants, with the key that acts as each
+    picker = page.tab.locator("header select[name=as]")
+    options = picker.locator("option").all_inner_texts()
+    assert {"acme (key acme)", "demo (key demo)"} <= set(options)
+    assert picker.input_value() == "acme"
+    # AND picking demo there switches back, on the same page
+    page.tab.locator("header nav").get_by_role("link", name="Lag").click()
+    picker.select_option("demo")
+    page.tab.get_by_role("button", name="switch").click()
+    assert page.tab.title().startswith("Lag and backlog")
+    assert "as=demo" in page.tab.url
+    # AND a tenant no key is known to act as says so, and how to bind one
+    page.open("/console/tenants?tenant=beta")
+    assert "No access key known to act as beta" in page.text()
+    assert local_principal("beta") in page.text()
 
 
 def test_console_as_an_unbound_key_shows_the_apis_refusal(page: Page):

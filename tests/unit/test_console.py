@@ -9,6 +9,7 @@ import re
 from punctual_local.console import (
     Console,
     Life,
+    View,
     _marked_fires,
     _occurrence_table,
     next_clock_change,
@@ -113,7 +114,7 @@ def test_a_late_occurrence_stands_out_in_a_table():
         occurrence(3, "2026-12-02T12:00:00Z", "SCHEDULED", None),
         occurrence(4, "2026-12-02T12:09:30Z", "SCHEDULED", None),
     ]
-    html = _occurrence_table(rows, "demo", "UTC", now=epoch("2026-12-02T12:10:00Z"))
+    html = _occurrence_table(rows, View("demo"), "UTC", now=epoch("2026-12-02T12:10:00Z"))
     # THEN the one that waited 146 s and the one not taken for 10 minutes stand out
     marked = [row for row in html.split("<tr")[2:] if row.startswith(" class=late")]
     assert len(marked) == 2

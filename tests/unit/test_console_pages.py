@@ -1,0 +1,428 @@
+"""The console's pages over a fake API (no stack, no network): what each page reads and
+shows. The answers have the API's shapes (functions/api/views.py); tests/e2e/test_console.py
+opens the same pages in Chromium against the local stack."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+
+from punctual.timing import utc_text
+from punctual_client.http import ApiError
+from punctual_local.console import HOUR, Console
+from tests.instants import epoch
+
+NOW = epoch("2026-12-02T12:00:00Z")
+
+
+def schedule(n: int, name: str | None, **given: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "schedule_id": f"sch_demo.s{n:04d}",
+        "name": name,
+        "state": "ACTIVE",
+        "spec": {"kind": "cron", "expression": "* * * * *", "timezone": "UTC"},
+        "target": "default",
+        "payload": {},
+        "flexible_window_seconds": 0,
+        "misfire": {"action": "FIRE_ONCE"},
+        "overlap": "ALLOW",
+        "retry": {
+            "max_attempts": 3,
+            "backoff_base_seconds": 10,
+            "backoff_max_seconds": 900,
+            "deadline_seconds": 86400,
+        },
+        "version": 1,
+        "run_version": 1,
+        "created_at": "2026-12-01T00:00:00+00:00",
+        "updated_at": "2026-12-01T00:00:00+00:00",
+        "next_fire_at": utc_text(NOW + 60),
+        "next_run_at": utc_text(NOW + 180),
+        "missed_total": 0,
+        "missed": [],
+    }
+    return found | given
+
+
+def occurrence(
+    schedule_id: str, at: int, state: str = "SUCCEEDED", *, due: int | None = None, **given: Any
+) -> dict[str, Any]:
+    due = at if due is None else due
+    claimed = due + 2 if state == "SUCCEEDED" else None
+    found: dict[str, Any] = {
+        "occurrence_id": f"occ_{schedule_id}_{at}_1",
+        "schedule_id": schedule_id,
+        "schedule_version": 1,
+        "scheduled_for": utc_text(at),
+        "available_at": utc_text(due),
+        "state": state,
+        "target": "default",
+        "attempt_count": 1 if claimed else 0,
+        "enqueued_at": utc_text(due - 60) if claimed else None,
+        "claimed_at": utc_text(claimed) if claimed else None,
+        "reason": None,
+        "manual": False,
+    }
+    return found | given
+
+
+class FakeApi:
+    """The API as the console reads it, from memory, for every access key id: ``keys``
+    maps the keys bound to a tenant; ``operator`` reads the admin routes. Every read is
+    recorded (path, query)."""
+
+    def __init__(self) -> None:
+        self.keys = {"demo": "demo"}
+        self.tenants = {"demo": 0}
+        self.operator = "operator"
+        self.schedules: list[dict[str, Any]] = []
+        self.occurrences: list[dict[str, Any]] = []
+        self.next_fires: dict[str, list[dict[str, Any]]] = {}
+        self.reads: list[tuple[str, str, dict[str, Any]]] = []
+
+    def as_key(self, key: str) -> Reader:
+        return Reader(self, key)
+
+
+class Reader:
+    def __init__(self, api: FakeApi, key: str) -> None:
+        self.api, self.key = api, key
+
+    def _tenant(self) -> str:
+        if self.key not in self.api.keys:
+            raise ApiError(403, {"error": {"message": "no tenant"}})
+        return self.api.keys[self.key]
+
+    def get(self, path: str, **query: Any) -> Any:
+        self.api.reads.append((self.key, path, query))
+        if path == "/v1/tenant":
+            return {"tenant_id": self._tenant()}
+        if path.startswith("/v1/admin/tenants/"):
+            if self.key != self.api.operator:
+                raise ApiError(403, {"error": {"message": "operator only"}})
+            tenant = unquote(path.rsplit("/", 1)[1])
+            if tenant not in self.api.tenants:
+                raise ApiError(404, {"error": {"message": f"no tenant {tenant}"}})
+            return {
+                "tenant_id": tenant,
+                "quotas": {"max_schedules": 10000},
+                "schedule_count": self.api.tenants[tenant],
+                "strict_fires_per_minute_peak": 1,
+            }
+        if path.startswith("/v1/schedules/"):
+            self._tenant()
+            schedule_id = path.rsplit("/", 1)[1]
+            found = next(s for s in self.api.schedules if s["schedule_id"] == schedule_id)
+            fires = self.api.next_fires.get(schedule_id, [])
+            return {"schedule": found, "next_fires": fires, "notes": []}
+        raise AssertionError(f"the fake API has no GET {path}")
+
+    def post(self, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+        assert path == "/v1/preview"
+        return {"fires": [], "notes": []}
+
+    def pages(self, path: str, key: str, **query: Any) -> list[Any]:
+        self.api.reads.append((self.key, path, query))
+        self._tenant()
+        if path == "/v1/schedules":
+            return [s for s in self.api.schedules if query.get("state") in (None, s["state"])]
+        if path.endswith("/versions"):
+            return []
+        schedule_id = path.split("/")[3]
+        low, high = epoch(query["from"]), epoch(query["to"])
+        return [
+            o
+            for o in self.api.occurrences
+            if o["schedule_id"] == schedule_id and low <= epoch(o["scheduled_for"]) <= high
+        ]
+
+
+@pytest.fixture
+def api() -> FakeApi:
+    return FakeApi()
+
+
+@pytest.fixture
+def console(api: FakeApi) -> Console:
+    return Console("", default_key="demo", operator_key="operator", now=lambda: NOW, api=api.as_key)
+
+
+def page(console: Console, path: str, **query: str) -> tuple[int, str]:
+    answer = console.answer("GET", path, {k: [v] for k, v in query.items()})
+    return answer["statusCode"], answer["body"]
+
+
+def rows(body: str, table: str) -> list[str]:
+    found = re.search(rf"<table class={table}>(.*?)</table>", body, re.S)
+    return found[1].split("<tr")[2:] if found else []
+
+
+def links(body: str) -> list[dict[str, list[str]]]:
+    return [
+        parse_qs(urlsplit(href.replace("&amp;", "&")).query)
+        for href in re.findall(r'href="([^"]*)"', body)
+        if href.startswith("/console")
+    ]
+
+
+# --- the schedules: search, state, one listing ------------------------------------------
+
+
+def test_schedules_are_searched_by_a_part_of_the_name_in_any_case(console: Console, api: FakeApi):
+    # GIVEN three schedules, one unnamed
+    api.schedules = [
+        schedule(1, "Billing daily"),
+        schedule(2, "nightly BILLING export"),
+        schedule(3, None),
+    ]
+    # WHEN searched for "billing"
+    status, body = page(console, "/console", q="billing")
+    # THEN the two whose names hold it, in any case, are listed, and counted
+    assert status == 200
+    listed = rows(body, "schedules")
+    assert len(listed) == 2
+    assert "2 of 3 schedules" in body
+    # AND an unnamed one is found by its id
+    assert "sch_demo.s0003" in rows(page(console, "/console", q="S0003")[1], "schedules")[0]
+
+
+def test_schedules_are_filtered_by_state_and_every_link_keeps_the_filter(
+    console: Console, api: FakeApi
+):
+    # GIVEN schedules in each state
+    api.schedules = [
+        schedule(n, f"job {state.lower()}", state=state)
+        for n, state in enumerate(["ACTIVE", "PAUSED", "PAUSED", "COMPLETED", "CANCELED"])
+    ]
+    # WHEN filtered to PAUSED, with a search
+    status, body = page(console, "/console", state="paused", q="job")
+    # THEN only the paused ones are listed, and the select counts each state
+    assert status == 200
+    assert len(rows(body, "schedules")) == 2
+    assert "PAUSED (2)" in body
+    assert "all (5)" in body
+    assert "<option value='PAUSED' selected>" in body
+    # AND every link of the page but "clear" carries the key, the search and the state
+    kept = [q for q in links(body) if q.get("q") == ["job"] and q.get("state") == ["PAUSED"]]
+    cleared = [q for q in links(body) if "q" not in q]
+    assert len(kept) == len(links(body)) - len(cleared)
+    assert len(kept) >= 5 + 2  # the menu and both schedules
+    assert all(q["as"] == ["demo"] for q in links(body))
+
+
+def test_a_search_is_shown_as_text_wherever_it_appears(console: Console, api: FakeApi):
+    api.schedules = [schedule(1, "a")]
+    status, body = page(console, "/console", q="'><script>x</script>")
+    assert status == 200
+    assert "<script>" not in body
+    assert "value='&#x27;&gt;&lt;script&gt;x&lt;/script&gt;'" in body
+    assert "No schedule matches" in body
+
+
+def test_an_unknown_state_is_refused_and_said(console: Console, api: FakeApi):
+    status, body = page(console, "/console", state="SLEEPING")
+    assert status == 400
+    assert "state is one of ACTIVE, PAUSED, COMPLETED, CANCELED" in body
+
+
+def test_the_schedules_page_reads_one_listing_not_each_schedule(console: Console, api: FakeApi):
+    # GIVEN 150 schedules
+    api.schedules = [schedule(n, f"s{n}") for n in range(150)]
+    # WHEN the schedules page is opened
+    status, body = page(console, "/console")
+    # THEN it read the listing once, in the API's largest pages, and no schedule by itself
+    assert status == 200
+    reads = [path for _, path, _ in api.reads if path != "/v1/tenant"]
+    assert reads == ["/v1/schedules"]
+    assert api.reads[-1][2]["limit"] == 100
+    # AND shows the first 100, each with its next fire from the listing, in its zone
+    assert len(rows(body, "schedules")) == 100
+    assert "50 more" in body
+    assert "2026-12-02 12:01:00+00:00" in body
+
+
+def test_a_next_fire_after_a_clock_change_is_marked(console: Console, api: FakeApi):
+    # GIVEN, on 2027-03-13, a New York schedule whose next fire is after the spring change
+    now = epoch("2027-03-13T12:00:00Z")
+    console.now = lambda: now
+    spec = {"kind": "cron", "expression": "30 2 * * 1", "timezone": "America/New_York"}
+    api.schedules = [schedule(1, "weekly", spec=spec, next_fire_at="2027-03-15T06:30:00Z")]
+    # THEN the fire is in New York time, marked, and the change is named
+    body = page(console, "/console")[1]
+    assert "2027-03-15 02:30:00-04:00" in body
+    assert "⚑ DST" in body
+    assert "next clock change 2027-03-14" in body
+    assert "at 02:30 every Monday" in body
+
+
+# --- one schedule: its rule in words, next fires, recent runs ----------------------------
+
+
+def test_a_schedules_page_shows_its_next_fires_and_its_recent_runs_with_results(
+    console: Console, api: FakeApi
+):
+    # GIVEN a schedule with runs in the last day (one dead, one manual) and its next fires,
+    # the first already made
+    api.schedules = [schedule(1, "billing", spec={"kind": "rate", "expression": "rate(1 hour)"})]
+    sid = "sch_demo.s0001"
+    api.occurrences = [
+        occurrence(sid, NOW - 3 * HOUR),
+        occurrence(sid, NOW - 2 * HOUR, "DEAD", reason="failed 3 times: boom"),
+        occurrence(sid, NOW - HOUR),
+        occurrence(sid, NOW - 600, manual=True, occurrence_id=f"occ_{sid}_1_1.mabc"),
+    ]
+    api.next_fires[sid] = [
+        {
+            "utc": utc_text(NOW + 60),
+            "local": "2026-12-02T12:01:00+00:00",
+            "available_at": utc_text(NOW + 60),
+            "occurrence_id": f"occ_{sid}_{NOW + 60}_1",
+        },
+        {
+            "utc": utc_text(NOW + 3660),
+            "local": "2026-12-02T13:01:00+00:00",
+            "available_at": utc_text(NOW + 3660),
+            "occurrence_id": None,
+        },
+    ]
+    # WHEN its page is opened
+    status, body = page(console, f"/console/schedules/{sid}")
+    assert status == 200
+    # THEN its rule is said in words
+    assert "every hour" in body
+    # AND its next fires are listed, the made one linked to its occurrence
+    fires = rows(body, "next")
+    assert len(fires) == 2
+    assert f"occurrences/occ_{sid}_{NOW + 60}_1" in fires[0]
+    assert "planned" in fires[1]
+    # AND its recent runs, newest first, with their results counted and the dead one's why
+    runs = rows(body, "runs")
+    assert len(runs) == 4
+    assert "manual" in runs[0]
+    assert "failed 3 times: boom" in runs[2]
+    summary = re.search(r"<p class=results>(.*?)</p>", body, re.S)
+    assert summary is not None
+    text = re.sub(r"<[^>]+>", "", summary[1])
+    assert text.startswith("4 occurrences (1 run now or backfilled): SUCCEEDED 3 · DEAD 1.")
+
+
+# --- the last hour: every schedule, and the lag page's groups ---------------------------
+
+
+def test_the_last_hour_reads_every_schedule_in_the_apis_largest_pages(
+    console: Console, api: FakeApi
+):
+    # GIVEN 150 schedules with one occurrence each in the last hour
+    api.schedules = [schedule(n, f"s{n}") for n in range(150)]
+    api.occurrences = [occurrence(s["schedule_id"], NOW - 300) for s in api.schedules]
+    # WHEN the lag page is opened
+    status, body = page(console, "/console/lag")
+    # THEN all 150 are counted (not only the first page of schedules)
+    assert status == 200
+    assert "150 occurrences scheduled in the last hour" in body
+    listings = [q for _, path, q in api.reads if path.endswith("/occurrences")]
+    assert len(listings) == 150
+    assert {q["limit"] for q in listings} == {100}
+
+
+def test_the_lag_page_counts_strict_flexible_and_manual_runs_apart(console: Console, api: FakeApi):
+    # GIVEN a strict schedule and a flexible one (a 60 s window), each with runs in the last
+    # hour, and a run now of the flexible one (manual: neither strict nor flexible)
+    api.schedules = [
+        schedule(1, "strict"),
+        schedule(2, "flexible", flexible_window_seconds=60),
+    ]
+    strict, flexible = "sch_demo.s0001", "sch_demo.s0002"
+    api.occurrences = [
+        occurrence(strict, NOW - 600),
+        occurrence(strict, NOW - 540),
+        occurrence(strict, NOW - 480, "SCHEDULED"),  # due, not taken: the backlog
+        occurrence(flexible, NOW - 600, due=NOW - 570),
+        occurrence(flexible, NOW - 300, manual=True, occurrence_id=f"occ_{flexible}_1_1.mx"),
+    ]
+    # WHEN the lag page is opened
+    body = page(console, "/console/lag")[1]
+
+    # THEN each group is counted beside its percentiles: in the hour, lags and waits measured
+    def cells(kind: str) -> list[str]:
+        found = re.search(rf"<tr class='k-{kind}'><th>[^<]*</th>(.*?)</tr>", body)
+        assert found is not None
+        return re.findall(r"<td>([^<]*)</td>", found[1])
+
+    # (sent ahead: no delivery lag; claimed 2 s after due: waited 2 s)
+    assert cells("strict") == ["3", "2", "0 s", "0 s", "0 s", "2", "2 s", "2 s", "2 s"]
+    assert cells("flexible")[:2] == ["1", "1"]
+    assert cells("manual")[:2] == ["1", "1"]
+    assert cells("all")[:2] == ["5", "4"]
+    # AND the histograms stack the groups, each bar counted
+    for label in ("lag histogram", "wait histogram"):
+        chart = body.split(f"aria-label='{label}'")[1].split("</svg>")[0]
+        kinds = Counter(re.findall(r"class='bar (\w+)'", chart))
+        assert set(kinds) == {"strict", "flexible", "manual"}
+        assert sum(int(n) for n in re.findall(r"class='tick count'>(\d+)<", chart)) == 4
+    # AND the backlog is the strict one due and not taken
+    assert "Due and not yet taken by a worker: <b>1</b>" in body
+
+
+def test_a_dense_timeline_draws_one_mark_per_occurrence(console: Console, api: FakeApi):
+    # GIVEN 40 schedules with a run every minute of the last hour, one of them late
+    api.schedules = [schedule(n, f"s{n:02d}") for n in range(40)]
+    api.occurrences = [
+        occurrence(s["schedule_id"], NOW - 60 * m) for s in api.schedules for m in range(1, 61)
+    ]
+    api.occurrences[0]["claimed_at"] = utc_text(NOW - 60 + 200)
+    # WHEN the timeline is opened
+    body = page(console, "/console/timeline")[1]
+    # THEN each occurrence is one mark (no spans, no per-mark titles), the late one apart
+    chart = body.split("aria-label='occurrences timeline'")[1].split("</svg>")[0]
+    assert chart.count("class='m ") == 2400
+    assert chart.count(" late'") == 1
+    assert "<circle" not in chart
+    assert "2,400 occurrences of 40 schedules" in body
+
+
+# --- the tenant picker -------------------------------------------------------------------
+
+
+def test_an_operator_looks_a_tenant_up_and_its_key_joins_the_picker(console: Console, api: FakeApi):
+    # GIVEN tenant acme, whose principal is the local key acme, and tenant beta, with none
+    api.tenants |= {"acme": 3, "beta": 0}
+    api.keys["acme"] = "acme"
+    # WHEN acme is looked up on the tenants page
+    status, body = page(console, "/console/tenants", tenant="acme")
+    # THEN its figures are shown (read as the operator), and the key that acts as it
+    assert status == 200
+    assert ("operator", "/v1/admin/tenants/acme", {}) in api.reads
+    assert "Open acme&#x27;s console" in body
+    assert any(q == {"as": ["acme"]} for q in links(body))
+    # AND every page's picker now offers acme with its key, beside demo
+    body = page(console, "/console")[1]
+    picker = re.search(r"<select name=as>(.*?)</select>", body, re.S)
+    assert picker is not None
+    assert re.findall(r">([^<]+)</option>", picker[1]) == ["acme (key acme)", "demo (key demo)"]
+    assert "<option value='demo' selected>" in picker[1]
+    # AND a tenant no key is known to act as is said so, with how to bind one
+    body = page(console, "/console/tenants", tenant="beta")[1]
+    assert "No access key known to act as beta" in body
+    assert "arn:aws:iam::000000000000:user/beta" in body
+    # AND a tenant that does not exist is the API's 404
+    assert page(console, "/console/tenants", tenant="nobody")[0] == 404
+
+
+def test_a_key_typed_in_the_header_wins_over_the_picked_tenant(console: Console, api: FakeApi):
+    api.keys["acme"] = "acme"
+    status, body = page(console, "/console", **{"as": "demo", "key": "acme"})
+    assert status == 200
+    assert "Read through the API as <code>acme</code> (tenant <code>acme</code>)" in body
+    assert {"acme"} == {key for key, _, _ in api.reads}
+
+
+def test_a_key_bound_to_no_tenant_is_offered_as_itself(console: Console, api: FakeApi):
+    status, body = page(console, "/console", **{"as": "stranger"})
+    assert status == 403
+    assert "<option value='stranger' selected>key stranger (no tenant)</option>" in body
+    assert "<option value='demo'>key demo (no tenant)</option>" in body  # (not read yet)
