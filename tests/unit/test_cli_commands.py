@@ -370,6 +370,37 @@ def test_cli_ctrl_c_is_one_line_and_exit_130(
     assert (code, out, err) == (130, "", "punctual: interrupted\n")
 
 
+# Ctrl-C while Python imports the CLI's module: the KeyboardInterrupt a SIGINT raises,
+# raised where the import is (a signal's lands at the next bytecode, which a library's bare
+# "except:" may swallow: not what this checks).
+_INTERRUPTED_IMPORT = """
+import importlib.abc, sys
+
+class CtrlC(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "punctual_client.cli":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+from punctual_client.launch import entry_point
+entry_point()
+"""
+
+
+def test_cli_ctrl_c_while_its_modules_load_is_one_line_and_exit_130():
+    # GIVEN the command's entry point; WHEN Ctrl-C comes while its modules are imported
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # THEN exit 130 and one line, no traceback
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "punctual: interrupted\n")
+
+
 def test_cli_an_unexpected_error_is_one_line_and_debug_shows_it(
     api: FakeApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):

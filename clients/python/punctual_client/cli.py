@@ -32,11 +32,11 @@ from punctual_client.commands import (
     spec_flags,
 )
 from punctual_client.http import ApiError, BadAnswer, NoCredentials
+from punctual_client.launch import EXIT_INTERRUPTED
 
 COMMANDS_GROUP = "punctual.commands"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `yes` after `yes | head -1`
 DEBUG = "PUNCTUAL_DEBUG"  # set (to anything but 0): an unexpected error shows its traceback
 
@@ -189,9 +189,5 @@ def main(argv: Sequence[str] | None = None, now: Callable[[], float] = time.time
         return EXIT_FAILURE
 
 
-def entry_point() -> None:
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    entry_point()
+    sys.exit(main())
