@@ -43,16 +43,20 @@ from api.views import (
 from punctual.access import worker_policy
 from punctual.errors import InvalidInput
 from punctual.models import (
+    PAYLOAD_RULES,
     SCHEDULE_NAME_PATTERN,
+    TARGET_NAME_PATTERN,
     Instant,
     MisfirePolicy,
     OverlapPolicy,
+    Payload,
     ReconcileReport,
     RetryPolicy,
     ScheduleDefinition,
     ScheduleSpec,
     ScheduleState,
     StrictCount,
+    WindowSeconds,
     preview_fires,
 )
 from punctual.observability import logger
@@ -228,28 +232,47 @@ def list_versions(
     return VersionListOut(versions=[version_out(v) for v in found], next_token=token)
 
 
+def _without_null(schema: dict[str, Any]) -> None:
+    """An optional field's schema without its null branch."""
+    branches = [b for b in schema.pop("anyOf", []) if b.get("type") != "null"]
+    if len(branches) == 1:
+        schema.update(branches[0])
+    elif branches:
+        schema["anyOf"] = branches
+
+
+# An optional field whose None means "not given", never a value (Optional, not a union with
+# None: its errors keep plain field names).
+_NOT_NULL: Any = Field(default=None, json_schema_extra=_without_null)
+
+
 class SchedulePatch(BaseModel):
     """Fields to change; each replaces the current value whole (``spec`` included)."""
 
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
+            "minProperties": 1,
             "examples": [
                 {"name": "renamed"},
                 {"spec": {"kind": "cron", "expression": "*/10 * * * *", "timezone": "UTC"}},
                 {"flexible_window_seconds": 60, "overlap": "SKIP_IF_RUNNING"},
-            ]
+            ],
         },
     )
 
+    # Only the name may be null (none); None for the others only means "not given" (the
+    # schema does not offer null for them: it would be refused as the field's value).
     name: str | None = Field(default=None, max_length=128, pattern=SCHEDULE_NAME_PATTERN)
-    spec: ScheduleSpec | None = None
-    target: str | None = None
-    payload: dict[str, Any] | None = None
-    flexible_window_seconds: StrictCount | None = None
-    misfire: MisfirePolicy | None = None
-    overlap: OverlapPolicy | None = None
-    retry: RetryPolicy | None = None
+    spec: ScheduleSpec | None = _NOT_NULL
+    target: Annotated[str, Field(pattern=TARGET_NAME_PATTERN)] | None = _NOT_NULL
+    payload: Payload | None = Field(
+        default=None, description=PAYLOAD_RULES, json_schema_extra=_without_null
+    )
+    flexible_window_seconds: WindowSeconds | None = _NOT_NULL
+    misfire: MisfirePolicy | None = _NOT_NULL
+    overlap: OverlapPolicy | None = _NOT_NULL
+    retry: RetryPolicy | None = _NOT_NULL
 
 
 # The version as an entity tag: 3, "3" or W/"3".
@@ -705,7 +728,8 @@ class ReconcileReportsOut(BaseModel):
 
 @router.get(
     "/v1/admin/reconcile",
-    summary="Operator: the reconciler's reports of one window (default: the last one)",
+    summary="Operator: the reconciler's reports of one window (default: the last one; from "
+    "or to alone: the hour after or before it)",
     responses=answers(errors={400: "Invalid from or to, or to not after from", **_OPERATOR}),
 )
 def reconcile_reports(
@@ -714,9 +738,14 @@ def reconcile_reports(
 ) -> ReconcileReportsOut:
     context.require_operator(router)
     services = context.services()
-    default_start, default_end = default_window(int(services.now()))
-    start = to_epoch(window_start) if window_start else default_start
-    end = to_epoch(window_end) if window_end else (start + 3600 if window_start else default_end)
+    # One bound alone names the hour after (from) or before (to) it; neither, the last one.
+    start, end = default_window(int(services.now()))
+    if window_start:
+        start = to_epoch(window_start)
+        end = to_epoch(window_end) if window_end else start + 3600
+    elif window_end:
+        end = to_epoch(window_end)
+        start = end - 3600
     if end <= start:
         raise InvalidInput("to is not after from", [{"field": "to", "reason": "not after from"}])
     reports = read_reports(services, start, end)

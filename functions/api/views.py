@@ -83,9 +83,17 @@ class _DefinitionOut(BaseModel):
     retry: RetryPolicy
 
 
+_RUN_VERSION = (
+    "The version its occurrences carry (schedule_version): the latest change to when or what "
+    "runs. A change of the name alone makes a version and keeps this one, so it cancels "
+    "nothing."
+)
+
+
 class ScheduleOut(_DefinitionOut):
     schedule_id: str
     version: int
+    run_version: int = Field(description=_RUN_VERSION)
     state: str
     created_at: str
     updated_at: str
@@ -209,6 +217,7 @@ class ScheduleListOut(BaseModel):
 
 class VersionOut(_DefinitionOut):
     version: int
+    run_version: int = Field(description=_RUN_VERSION)
     effective_from: str = Field(description="When this version took effect (UTC).")
     state: str
 
@@ -287,6 +296,7 @@ def version_out(version: ScheduleVersion) -> VersionOut:
     schedule = version.schedule
     return VersionOut(
         **schedule.model_dump(include=set(ScheduleDefinition.model_fields) | {"version", "state"}),
+        run_version=schedule.run_version,
         effective_from=utc_text(version.effective_from),
     )
 
@@ -297,8 +307,16 @@ def schedule_out(schedule: Schedule, next_fires: NextFires) -> ScheduleOut:
         next_fire_at=next_fires.fires[0].fire.utc if next_fires.fires else None,
         **schedule.model_dump(
             include=set(ScheduleDefinition.model_fields)
-            | {"schedule_id", "version", "state", "home_region", "generation", "tzdata_version"}
+            | {
+                "schedule_id",
+                "version",
+                "state",
+                "home_region",
+                "generation",
+                "tzdata_version",
+            }
         ),
+        run_version=schedule.run_version,
         created_at=schedule.created_at.isoformat(),
         updated_at=schedule.updated_at.isoformat(),
         next_run_at=_iso(schedule.next_run_at),

@@ -17,13 +17,20 @@ past authentication, so that the run cannot pass by being refused everywhere.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import threading
 import uuid
+import zoneinfo
 from collections import defaultdict
 from collections.abc import Iterator
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import boto3
+import croniter
 import hypothesis
 import hypothesis.errors
 import pytest
@@ -34,18 +41,26 @@ from api.openapi import DOCUMENT
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from hypothesis import strategies as st
 from moto import mock_aws
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
+    allow_header_conformance,
     content_type_conformance,
+    ensure_resource_availability,
+    missing_required_header,
     negative_data_rejection,
+    positive_data_acceptance,
+    response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
+    unsupported_method,
+    use_after_free,
 )
 
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.models import ScheduleDefinition
+from punctual.models import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, ScheduleDefinition
 from punctual.services import Services
 from punctual.settings import Settings
 from punctual_local.dynamodb import LocalDynamoDB
@@ -54,8 +69,10 @@ from tests.integration.conftest import START
 from tests.integration.helpers import ERROR_KEYS
 
 Case = schemathesis.Case[Any]
-SEED = 18
-FUZZ_EXAMPLES = 15  # per operation, in the fuzzing phase (examples and coverage are fixed)
+# (PUNCTUAL_CONTRACT_SEED and PUNCTUAL_CONTRACT_EXAMPLES: another seed, a longer run)
+SEED = int(os.environ.get("PUNCTUAL_CONTRACT_SEED", "18"))
+# Per operation, in the fuzzing phase (examples and coverage are fixed).
+FUZZ_EXAMPLES = int(os.environ.get("PUNCTUAL_CONTRACT_EXAMPLES", "15"))
 STATEFUL_SCENARIOS = 50
 STATEFUL_RUNS = 5  # at most, each with a new seed (see the stateful test)
 OPERATOR_KEY, TENANT_KEY = "operator", "acme"
@@ -70,8 +87,162 @@ schema.config.generation.update(
     database="none",
     with_security_parameters=False,
 )
+# A PATCH without If-Match is answered 428 Precondition Required (RFC 6585), the status for
+# exactly that; schemathesis's default list for a missing required header lacks it.
+schema.config.checks.missing_required_header.expected_statuses = [
+    *schema.config.checks.missing_required_header.expected_statuses,
+    "428",
+]
 # parametrize() runs the first three; the stateful one is the state machine below.
 schema.config.phases.update(phases=["examples", "coverage", "fuzzing", "stateful"])
+
+
+# What the document says in words and JSON Schema cannot express. A generated request that
+# breaks one is not schema-valid in the document's sense: the API refuses it with a 400
+# naming the field (negative data), so the positive check does not get it. Each rule is
+# judged here on its own, not by the API's validators.
+def _breaks_a_stated_rule(case: Case) -> str | None:
+    body = case.body if isinstance(case.body, dict) else {}
+    query = case.query or {}
+    retry = body.get("retry")
+    if isinstance(retry, dict) and _over(retry, "backoff_base_seconds", "backoff_max_seconds"):
+        return "retry: backoff_base_seconds after backoff_max_seconds"
+    for window in (body, query):
+        since, until = _instant(window.get("from")), _instant(window.get("to"))
+        if since is not None and until is not None and until <= since:
+            return "to is not after from"
+    if "next_token" in query:
+        return "a next_token the API did not issue"
+    since = _instant(body.get("from"))
+    if case.operation.path.endswith("/backfill") and since is not None and since < _RETAINED:
+        return "backfill: from older than the retention"
+    if "payload" in body and _unstorable(body["payload"]):
+        return "payload: not one DynamoDB can store (the field's description)"
+    if any(_off_calendar(v) for window in (body, query, spec_of(body)) for v in window.values()):
+        return "an instant outside 0002-01-01 .. 9998-12-31"
+    if body.get("target") not in (None, "default"):
+        return "target: not one of the tenant's targets (acme has default)"
+    spec = body.get("spec")
+    if isinstance(spec, dict):
+        expression = str(spec.get("expression"))
+        if spec.get("kind") == "rate" and not _RATE_GRAMMAR.match(expression):
+            return "spec.expression: not a rate"
+        if spec.get("kind") == "cron" and not _is_cron(expression):
+            return "spec.expression: not a cron"
+        if "at" in spec and _instant(str(spec["at"]).strip()) is None:
+            return "spec.at: not an ISO-8601 date-time"
+        if spec.get("timezone") is not None and spec["timezone"] not in _ZONES:
+            return "spec.timezone: not an IANA zone"
+        since, until = _instant(spec.get("start_at")), _instant(spec.get("end_at"))
+        if since is not None and until is not None and until <= since:
+            return "spec: end_at not after start_at"
+    return None
+
+
+_ZONES = zoneinfo.available_timezones()
+_RATE_GRAMMAR = re.compile(r"^rate\([1-9][0-9]* (minute|minutes|hour|hours|day|days)\)$")
+
+
+def _is_cron(expression: str) -> bool:
+    """Five fields croniter reads (it reads more than docs/time.md allows, never less), or
+    a macro: what a value of another grammar (an example of the other kind) is not."""
+    return expression.startswith("@") or (
+        len(expression.split()) == 5 and croniter.croniter.is_valid(expression)
+    )
+
+
+_RETAINED = START - Settings().retention_days * 86400  # (the gateway's clock is START)
+
+
+def spec_of(body: dict[str, Any]) -> dict[str, Any]:
+    spec = body.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _unstorable(payload: Any) -> bool:
+    """Breaks the payload rules its description states (an independent reading)."""
+    if not isinstance(payload, dict):
+        return False
+    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
+    pending: list[tuple[Any, int]] = [(payload, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_PAYLOAD_DEPTH or (isinstance(value, dict) and "" in value):
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            pending.extend((child, depth + 1) for child in children)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            number = Decimal(repr(value))  # (exact: no context rounds it)
+            digits = "".join(map(str, number.as_tuple().digits)).strip("0")
+            magnitude = number.copy_abs()
+            if len(digits) > 38 or (number and not 1e-130 <= magnitude < Decimal("1e38")):
+                return True
+    return size > MAX_PAYLOAD_BYTES
+
+
+def _off_calendar(value: Any) -> bool:
+    if not isinstance(value, str) or len(value) < 10 or value[4:5] != "-":
+        return False
+    year = value[:4]
+    return year.isdigit() and not 2 <= int(year) <= 9998
+
+
+def _over(values: dict[str, Any], low: str, high: str) -> bool:
+    first, second = values.get(low), values.get(high)
+    return isinstance(first, int) and isinstance(second, int) and first > second
+
+
+def _instant(text: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(text)).timestamp() if text is not None else None
+    except ValueError:
+        return None
+
+
+@schema.hook
+def filter_case(context: Any, case: Case) -> bool:
+    positive = case.meta is not None and case.meta.generation.mode.is_positive
+    return not positive or _breaks_a_stated_rule(case) is None
+
+
+# The grammars the document names as a string's format (punctual.models): values drawn from
+# them as docs/time.md defines them, written here, not taken from the API's parser. A
+# day of the month up to 28 fires in every month (one that never fires is refused).
+def _cron_field(low: int, high: int) -> st.SearchStrategy[str]:
+    number = st.integers(low, high)
+    ranged = st.tuples(number, number).map(lambda p: f"{min(p)}-{max(p)}")
+    return st.one_of(
+        st.just("*"),
+        number.map(str),
+        ranged,
+        st.integers(1, high - low + 1).map(lambda k: f"*/{k}"),
+        st.lists(number, min_size=2, max_size=4, unique=True).map(
+            lambda values: ",".join(map(str, sorted(values)))
+        ),
+    )
+
+
+_CRON = st.one_of(
+    st.sampled_from(["@hourly", "@daily", "@weekly", "@monthly", "30 9 * * mon-fri"]),
+    st.tuples(
+        _cron_field(0, 59),
+        _cron_field(0, 23),
+        _cron_field(1, 28),
+        _cron_field(1, 12),
+        _cron_field(0, 6),
+    ).map(" ".join),
+)
+_RATE = st.one_of(
+    st.tuples(st.integers(1, 527040), st.sampled_from(["minute", "minutes"])),
+    st.tuples(st.integers(1, 8784), st.sampled_from(["hour", "hours"])),
+    st.tuples(st.integers(1, 366), st.sampled_from(["day", "days"])),
+).map(lambda p: f"rate({p[0]} {p[1]})")
+schemathesis.openapi.format("cron", _CRON)
+schemathesis.openapi.format("rate", _RATE)
+schemathesis.openapi.format(
+    "iana-time-zone", st.sampled_from(sorted(zoneinfo.available_timezones()))
+)
 
 
 class SigV4(requests.auth.AuthBase):
@@ -127,12 +298,23 @@ def one_error_shape(
     return True
 
 
+# Every check schemathesis has (`--checks all`) but ``ignored_auth``: this harness signs
+# every request it sends, the check's unsigned one too. Unsigned and badly signed requests
+# are the gateway's to refuse (tests/unit/test_local_gateway.py); on AWS, API Gateway's IAM
+# authorization refuses them before the API runs.
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
+    response_headers_conformance,
     negative_data_rejection,
+    positive_data_acceptance,
+    missing_required_header,
+    unsupported_method,
+    allow_header_conformance,
+    use_after_free,
+    ensure_resource_availability,
     one_error_shape,
 ]
 

@@ -260,7 +260,7 @@ def test_an_unexpected_error_is_500_with_the_request_id_and_logged(
     [
         (cron(flexible_window_seconds="60"), "flexible_window_seconds"),
         (cron(flexible_window_seconds=True), "flexible_window_seconds"),
-        (cron(flexible_window_seconds=60.0), "flexible_window_seconds"),
+        (cron(flexible_window_seconds=60.5), "flexible_window_seconds"),
         (cron(retry={"max_attempts": "3"}), "retry.max_attempts"),
         (cron(misfire={"max_lateness_seconds": False}), "misfire.max_lateness_seconds"),
         (_spec(cron(), start_at=1_795_000_000), "spec.start_at"),

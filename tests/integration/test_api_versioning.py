@@ -27,6 +27,7 @@ from tests.integration.helpers import (
     assert_error,
     create,
     cron,
+    current_item,
     delete,
     one_shot,
     overtaken_at_commit,
@@ -521,11 +522,11 @@ def test_a_pause_overtaken_at_its_commit_by_an_update_is_409_naming_the_version_
     assert (schedule["version"], schedule["state"], schedule["name"]) == (2, "ACTIVE", "v2")
 
 
-def test_a_pause_overtaken_at_its_commit_by_the_completion_is_decided_again_on_a_fresh_read(
+def _completed_at_the_first_commit(
     alice: Api, aws: Services, clock: Clock
-) -> None:
-    # GIVEN a one-shot due in a minute, and a pause that read it ACTIVE, overtaken before its
-    # commit by the materializer completing it (same version, state COMPLETED)
+) -> tuple[str, ControlPlane]:
+    """A one-shot due in a minute, and a control plane whose first commit is overtaken by
+    the materializer completing it (same version, state COMPLETED)."""
     at = START - START % 3600 + 2 * 3600
     schedule_id = create(alice, one_shot(iso(at)))["schedule"]["schedule_id"]
     clock.now = at - 60
@@ -535,6 +536,15 @@ def test_a_pause_overtaken_at_its_commit_by_the_completion_is_decided_again_on_a
         return Materializer(aws, "m1").run_shard(int(clock.now), number)
 
     plane, _ = overtaken_at_commit(aws, clock, complete)
+    return schedule_id, plane
+
+
+def test_a_pause_overtaken_at_its_commit_by_the_completion_is_decided_again_on_a_fresh_read(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a one-shot due in a minute, and a pause that read it ACTIVE, overtaken before its
+    # commit by the materializer completing it (same version, state COMPLETED)
+    schedule_id, plane = _completed_at_the_first_commit(alice, aws, clock)
     # WHEN the pause commits
     with pytest.raises(Conflict) as refused:
         plane.pause("alice", schedule_id)
@@ -576,3 +586,171 @@ def test_a_second_change_a_moment_after_the_first_on_a_lagging_replica_is_applie
     # would see version 1 and refuse If-Match 2) and is applied
     assert (saved.schedule.version, saved.schedule.name) == (3, "v3")
     assert plane.get("alice", schedule_id).version == 3
+
+
+# --- a change of nothing that runs: a rename (issue 46, item 6) ------------------------
+
+
+def test_a_rename_cancels_nothing_and_keeps_its_run_version(
+    alice: Api, clock: Clock, in_flight: dict[str, Any]
+) -> None:
+    # GIVEN open occurrences of version 1 (SCHEDULED, RETRY_WAIT, RUNNING), the first due
+    # and not taken yet
+    schedule_id = in_flight["schedule_id"]
+    clock.now = epoch(_occurrence(alice, in_flight["scheduled"])["available_at"]) + 30
+    before = {o["occurrence_id"]: o["state"] for o in _listed(alice, schedule_id)}
+    # WHEN it is renamed (the rest of its definition sent again as it is counts the same)
+    current = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
+    definition = {k: current[k] for k in ("spec", "target", "retry", "misfire", "overlap")}
+    answer = patch(alice, schedule_id, {**definition, "name": "renamed"}, 1)
+    # THEN version 2 runs as version 1: nothing canceled, nothing planned again
+    assert answer.status == 200, answer.body
+    schedule = answer.body["schedule"]
+    assert (schedule["version"], schedule["run_version"], schedule["name"]) == (2, 1, "renamed")
+    assert (answer.body["affected"], answer.body["materialized"]) == ([], [])
+    assert answer.headers["ETag"] == '"2"'
+    assert {o["occurrence_id"]: o["state"] for o in _listed(alice, schedule_id)} == before
+    # AND the history has both versions, the second running as the first
+    versions = alice.get(f"/v1/schedules/{schedule_id}/versions").body["versions"]
+    assert [(v["version"], v["run_version"], v["name"]) for v in versions] == [
+        (2, 1, "renamed"),
+        (1, 1, None),
+    ]
+    # AND what happens next is still version 1's fires: the occurrences made already
+    fires = alice.get(f"/v1/schedules/{schedule_id}").body["next_fires"]
+    made = [f["occurrence_id"] for f in fires if f["occurrence_id"] is not None]
+    assert made
+    assert set(made) <= set(before)
+
+
+def _listed(api: Api, schedule_id: str) -> list[dict[str, Any]]:
+    return [
+        o
+        for page in all_pages(api, f"/v1/schedules/{schedule_id}/occurrences", "occurrences")
+        for o in page
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "run_version"),
+    [({"name": "renamed", "payload": {"v": 2}}, 2), ({"name": "renamed", "target": "other"}, 2)],
+)
+def test_a_rename_with_any_other_change_supersedes_as_any_change(
+    alice: Api, in_flight: dict[str, Any], change: dict[str, Any], run_version: int
+) -> None:
+    # GIVEN open occurrences of version 1; WHEN the name and something that runs change
+    if "target" in change:
+        assert alice.post("/v1/targets", {"name": "other"}).status == 201
+    answer = patch(alice, in_flight["schedule_id"], change, 1)
+    # THEN it is a change of what runs: its own run version, and version 1's open ones no
+    # worker took are canceled
+    assert answer.status == 200, answer.body
+    assert answer.body["schedule"]["run_version"] == run_version
+    canceled = {a["occurrence_id"] for a in answer.body["affected"] if a["state"] == "CANCELED"}
+    assert canceled == {in_flight["scheduled"], in_flight["later"]}
+
+
+def test_a_rename_of_a_paused_schedule_keeps_it_paused_and_its_resume_is_a_new_run(
+    alice: Api,
+) -> None:
+    # GIVEN a paused cron (version 2)
+    schedule_id = create(alice, cron("* * * * *"))["schedule"]["schedule_id"]
+    assert alice.post(f"/v1/schedules/{schedule_id}/pause").status == 200
+    # WHEN it is renamed, then resumed
+    renamed = patch(alice, schedule_id, {"name": "renamed"}, 2)
+    resumed = alice.post(f"/v1/schedules/{schedule_id}/resume")
+    # THEN the rename keeps it paused and plans nothing; the resume runs as itself
+    assert renamed.status == 200, renamed.body
+    schedule = renamed.body["schedule"]
+    assert (schedule["state"], schedule["version"], schedule["run_version"]) == ("PAUSED", 3, 2)
+    assert renamed.body["materialized"] == []
+    assert resumed.status == 200, resumed.body
+    schedule = resumed.body["schedule"]
+    assert (schedule["state"], schedule["version"], schedule["run_version"]) == ("ACTIVE", 4, 4)
+    assert {o["schedule_version"] for o in resumed.body["materialized"]} == {4}
+
+
+def test_a_rename_overtaken_at_its_commit_by_a_materializer_step_keeps_the_new_cursor(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a */5 cron the API planned a few minutes ahead, and a rename that read it,
+    # overtaken before its commit by the materializer planning further
+    schedule_id = create(alice, cron("*/5 * * * *"))["schedule"]["schedule_id"]
+    before = current_item(aws, schedule_id)
+    clock.advance(20 * 60)
+
+    def step() -> object:
+        number = shard_of(schedule_id, aws.settings.shard_count)
+        return Materializer(aws, "m1").run_shard(int(clock.now), number)
+
+    plane, _ = overtaken_at_commit(aws, clock, step)
+    # WHEN the rename commits
+    saved = plane.update("alice", schedule_id, if_match=1, changes={"name": "renamed"})
+    # THEN it is applied, and the cursor is the materializer's, not the one the rename read
+    # (written back, it would plan those fires again, or strand the schedule behind the walk)
+    after = current_item(aws, schedule_id)
+    assert after["planned_until"] > before["planned_until"]
+    assert (after["version"], after["definition"]["name"]) == (2, "renamed")
+    assert saved.schedule.run_version == 1
+    for key in ("planned_until", "next_run_at", "next_available_at", "due_bucket"):
+        assert after[key] != before[key], key
+
+
+def test_a_rename_overtaken_at_its_commit_by_an_update_is_409_naming_the_version_that_won(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a rename that read version 1, overtaken before its commit by a payload update
+    schedule_id = create(alice, cron())["schedule"]["schedule_id"]
+
+    def update() -> object:
+        plane = ControlPlane(aws)
+        return plane.update("alice", schedule_id, if_match=1, changes={"payload": {"v": 2}})
+
+    plane, _ = overtaken_at_commit(aws, clock, update)
+    # WHEN the rename commits
+    with pytest.raises(Conflict) as refused:
+        plane.update("alice", schedule_id, if_match=1, changes={"name": "renamed"})
+    # THEN it is refused, naming the version now current, and the update stands
+    assert refused.value.details == {"current_version": 2}
+    schedule = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
+    assert (schedule["version"], schedule["run_version"], schedule["name"]) == (2, 2, None)
+
+
+def test_a_rename_overtaken_at_its_commit_by_the_completion_renames_the_completed_schedule(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a one-shot due in a minute, and a rename that read it ACTIVE, overtaken before its
+    # commit by the materializer completing it
+    schedule_id, plane = _completed_at_the_first_commit(alice, aws, clock)
+    # WHEN the rename commits
+    saved = plane.update("alice", schedule_id, if_match=1, changes={"name": "renamed"})
+    # THEN it is decided again on a fresh read: the completed schedule is renamed, and stays
+    # COMPLETED (a rename does not revive it, nor give its quota back a second time)
+    assert (saved.schedule.state.value, saved.schedule.version) == ("COMPLETED", 2)
+    schedule = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
+    assert (schedule["state"], schedule["name"], schedule["run_version"]) == (
+        "COMPLETED",
+        "renamed",
+        1,
+    )
+    usage = alice.get("/v1/tenant").body
+    assert usage["schedule_count"] == 0, usage
+
+
+def test_an_update_to_what_the_schedule_says_already_changes_nothing(
+    alice: Api, in_flight: dict[str, Any]
+) -> None:
+    # GIVEN a schedule at version 1 with open occurrences
+    schedule_id = in_flight["schedule_id"]
+    current = alice.get(f"/v1/schedules/{schedule_id}").body["schedule"]
+    # WHEN a PATCH gives it what it says already (a retry after a lost answer)
+    answer = patch(alice, schedule_id, {"spec": current["spec"], "payload": {"v": 1}}, 1)
+    again = patch(alice, schedule_id, {"name": None, "overlap": current["overlap"]}, 1)
+    # THEN both answer 200, saying so: no new version, nothing canceled
+    for done in (answer, again):
+        assert done.status == 200, done.body
+        assert done.body["schedule"]["version"] == 1
+        assert (done.body["affected"], done.body["materialized"]) == ([], [])
+        assert "the schedule says this already" in done.body["notes"]
+    versions = alice.get(f"/v1/schedules/{schedule_id}/versions").body["versions"]
+    assert [v["version"] for v in versions] == [1]

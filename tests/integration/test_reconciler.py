@@ -56,6 +56,7 @@ from tests.integration.helpers import (
     cron_spec,
     current_item,
     make,
+    patch,
     set_occurrence_state,
     table_items,
 )
@@ -1696,3 +1697,77 @@ def test_reconcile_report_counts_every_schedule_and_keeps_the_first_examples_onl
     assert tally.counts[Finding.UNEXPECTED] == 25
     assert len(tally.of(Finding.UNEXPECTED.value)) == 25
     assert tally.examples[Finding.UNEXPECTED] == [f"occ_{n}_{i}" for n in (0, 1) for i in range(10)]
+
+
+def test_reconciler_after_renames_keeps_the_run_version_and_finds_nothing_wrong(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a strict */5 cron and a flexible */10 one (a 300 s window), each renamed twice
+    # while the materializer plans them (a rename makes a version and keeps its run version)
+    clock.now = at("09:02")
+    strict = make(aws, spec=cron_spec("*/5 * * * *"))
+    flexible = make(aws, spec=cron_spec("*/10 * * * *"), flexible_window_seconds=300)
+    shards = shards_of(aws, [strict, flexible])
+    materialize_until(aws, clock, at("10:12"), shards)
+    for name in ("first", "second"):
+        for sid in (strict, flexible):
+            version = alice.get(f"/v1/schedules/{sid}").body["schedule"]["version"]
+            answer = patch(alice, sid, {"name": name}, version)
+            assert answer.status == 200, answer.body
+            assert answer.body["affected"] == []
+            assert answer.body["materialized"] == []
+        materialize_until(aws, clock, clock.now + 20 * 60, shards)
+    materialize_until(aws, clock, at("11:10"), shards)
+    # WHEN the reconciler checks the hours of the renames
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN each fire has one occurrence, of version 1, none canceled; nothing is missing,
+    # unexpected or superseded, and nothing was repaired
+    window = stored(aws, since=at("10:00"), until=at("11:00"))
+    assert [(o["schedule_version"], o["state"]) for o in window] == [(1, "SCHEDULED")] * 18
+    assert len({(o["schedule_id"], o["scheduled_for"]) for o in window}) == 18
+    for finding in (Finding.MISSING, Finding.UNEXPECTED, Finding.SUPERSEDED):
+        assert total(results, finding) == 0, finding
+    assert total(results, Finding.IN_FLIGHT) == 18
+    assert not ids(results, "fired")
+    # AND a later change of what runs supersedes the run version, from its change on
+    answer = patch(alice, strict, {"payload": {"v": 2}}, 3)
+    assert answer.status == 200, answer.body
+    assert answer.body["schedule"]["run_version"] == 4
+    assert {a["schedule_version"] for a in answer.body["affected"]} == {1}
+
+
+def test_reconciler_a_flexible_fire_due_after_a_rename_is_still_required_and_repaired(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a flexible */10 cron (a 300 s window) the materializer plans minute by minute,
+    # until one of its fires has passed its instant and is not due yet, planned already
+    clock.now = at("09:52")
+    sid = make(aws, spec=cron_spec("*/10 * * * *"), flexible_window_seconds=300)
+    shards = shards_of(aws, [sid])
+    lost = None
+    while lost is None:
+        assert clock.now < at("10:50"), "no fire of the hour is due a minute after its instant"
+        materialize_until(aws, clock, clock.now, shards, every=60)
+        lost = next(
+            (
+                o
+                for o in stored(aws, since=at("10:00"), until=int(clock.now))
+                if o["available_at"] > clock.now
+            ),
+            None,
+        )
+    # WHEN the schedule is renamed then, and that occurrence is lost
+    answer = patch(alice, sid, {"name": "renamed"}, 1)
+    assert answer.status == 200, answer.body
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(lost["occurrence_id"])),
+    )
+    materialize_until(aws, clock, at("11:10"), shards)
+    clock.now = at("12:05")
+    results = reconcile(aws, at("10:00"), at("11:00"))
+    # THEN the fire is still required of the run version the rename kept: found MISSING and
+    # repaired under its own id, not taken for a superseded version's "may exist"
+    assert total(results, Finding.MISSING) == 1
+    assert ids(results, "fired") == {lost["occurrence_id"]}

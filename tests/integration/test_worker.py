@@ -1334,7 +1334,7 @@ def test_worker_claim_that_meets_a_change_of_the_schedule_is_undone_before_the_h
     # claim: the handler never ran, CANCELED with the reason, the attempts as they were
     # before the claim, the slot free, the message dropped
     assert result.outcome is Outcome.STALE
-    assert result.detail == "stale: the schedule is at version 2, this occurrence is of version 1"
+    assert result.detail == "stale: the schedule runs as version 2, this occurrence is of version 1"
     assert handler.count == 0
     occurrence, attempts = stored(aws, occ)
     assert (occurrence.state, occurrence.reason) == (S.CANCELED, result.detail)
@@ -1604,6 +1604,31 @@ def test_worker_claim_whose_schedule_is_gone_by_the_check_after_it_is_withdrawn(
     assert handler.count == 0
     assert stored(aws, occ)[0].state is S.CANCELED
     assert result.delete
+
+
+def test_worker_runs_an_occurrence_made_before_a_rename_and_the_rename_is_no_cancel(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an occurrence of version 1 in the queue, and its schedule renamed (version 2,
+    # running as version 1); then renamed again while its handler runs
+    sid, [occ] = rate_schedule(aws, "rate(10 minutes)")
+    relay(aws, occ)
+    answer = patch(alice, sid, {"name": "renamed"}, version=1)
+    assert answer.status == 200, answer.body
+    checks: list[bool] = []
+
+    def cooperative(job: Job) -> None:
+        again = patch(alice, sid, {"name": "again"}, version=2)
+        assert again.status == 200, again.body
+        clock.advance(60)  # (past the cancel check's cache)
+        checks.append(job.canceled())
+
+    [result] = consumer(worker(aws, cooperative)).poll_once()
+    # THEN the worker runs it (not stale), the cooperative check says "not canceled", and it
+    # SUCCEEDED
+    assert result.outcome is Outcome.SUCCEEDED, result
+    assert checks == [False]
+    assert stored(aws, occ)[0].state is S.SUCCEEDED
 
 
 def test_worker_cooperative_cancel_check_that_is_throttled_is_not_a_cancel(

@@ -30,6 +30,12 @@ Runs (the workers' log):
 - **QUEUE_ONE**: at most one occurrence waits at a time, and one waiting is not skipped
   while its wait holds.
 
+Versions: each one changed something (a repeated pause, resume or cancel, or an update to
+what the schedule says already, makes none), and one that kept its predecessor's run
+version (a rename) changed only the name, and a change of the name alone kept it; a
+rename's run version's occurrences are never canceled by it (**accounted**'s
+canceled_without_change).
+
 Payloads: every message a worker received, and every occurrence stored to be sent (not a
 MISSED record), carries exactly the payload of the schedule version that owns it (its
 version item's: the CURRENT item and its index entries hold only a mark of its size).
@@ -45,6 +51,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from pydantic import ValidationError
@@ -62,6 +69,7 @@ from punctual.models import (
     OccurrenceState,
     OverlapPolicy,
     Schedule,
+    ScheduleDefinition,
     ScheduleState,
 )
 from punctual.planning import MAX_CATCHUP_SPREAD
@@ -170,6 +178,7 @@ def check(run: Run) -> Verdict:
         verdict.schedule_days += max(0, run.end - max(born, run.start)) / DAY
         fires = _fires(versions, run.start, until, horizon, run.rules_changed_at)
         _check_schedule(verdict, current[sid], versions, fires, stored[sid], run, until, horizon)
+        _check_versions(verdict, versions)
         verdict.occurrences += len(stored[sid])
     overlap = {
         (sid, v.schedule.version): v.schedule.overlap for sid in honest for v in histories[sid]
@@ -182,6 +191,30 @@ def check(run: Run) -> Verdict:
     for failure in run.hostile_failures:
         verdict.flag("hostile_failed_a_batch", failure)
     return verdict
+
+
+def _check_versions(verdict: Verdict, versions: list[ScheduleVersion]) -> None:
+    """Every version changed something: a repeated pause, resume or cancel, or an update to
+    what the schedule says already, is answered as done and makes none; and a version that
+    keeps its predecessor's run version (a rename) changed nothing else."""
+    for before, after in pairwise(versions):
+        old, new = before.schedule, after.schedule
+        said = (old.model_dump(include=_DEFINITION), old.state)
+        if said == (new.model_dump(include=_DEFINITION), new.state):
+            verdict.flag("version_without_change", f"{new.schedule_id} v{new.version}")
+        # (Not the state: a version item records the state it was written in, and the
+        # materializer completes a schedule without a version.)
+        runs = _DEFINITION - {"name"}
+        kept = new.run_version == old.run_version
+        same_runs = old.model_dump(include=runs) == new.model_dump(include=runs)
+        if kept and not same_runs:
+            verdict.flag("run_version_kept_by_a_change", f"{new.schedule_id} v{new.version}")
+        if not kept and same_runs and old.state is new.state:
+            # A rename that took a run version of its own supersedes (cancels) what ran.
+            verdict.flag("rename_superseded", f"{new.schedule_id} v{new.version}")
+
+
+_DEFINITION = set(ScheduleDefinition.model_fields)
 
 
 # --- what each schedule should have fired ---------------------------------------------------
@@ -253,7 +286,8 @@ def _check_schedule(
     by_id = {o.occurrence_id: o for o in occurrences}
     owned = {e.occurrence_id: fire for fire in fires for e in fire.alternatives}
     schedules = {v.schedule.version: v.schedule for v in versions}
-    latest = versions[-1].schedule.version
+    # (A rename keeps the run version: its occurrences stay the latest's, never canceled.)
+    latest = versions[-1].schedule.run_version
     ranges = missed_ranges_of(item)
     backfilled = backfill_tag(sid)
     unsettled: set[str] = set()  # flagged by their fire (not again as an occurrence)
@@ -346,7 +380,7 @@ def _check_superseded_run(
     # before a change made in those seconds: legitimate, as the run-time check (stale_run)
     # judges it. Superseded earlier than that, its run is a bug.
     successor = next(
-        (v.effective_from for v in versions if v.schedule.version > o.schedule_version),
+        (v.effective_from for v in versions if v.schedule.run_version > o.schedule_version),
         None,
     )
     if successor is None or successor <= o.available_at - skew:

@@ -1,5 +1,5 @@
 """What tenants do in the simulation: create schedules of every kind the API offers, change
-them (update, pause, resume, cancel), run them now and backfill them, with the retries a
+them (update, rename, pause, resume, cancel), run them now and backfill them, with the retries a
 client makes and with two requests racing (the second made at the first's first write, as
 two concurrent requests interleave).
 
@@ -59,7 +59,7 @@ RATES = ("rate(1 hour)", "rate(90 minutes)", "rate(1 day)", "rate(20 minutes)", 
 OVERLAPS = ("ALLOW", "ALLOW", "SKIP_IF_RUNNING", "QUEUE_ONE")
 # The first writes of a request: where a racing request is made.
 RACE_POINTS = ("transact_write_items", "update_item", "put_item")
-CHANGES = ("update", "pause", "resume", "cancel")
+CHANGES = ("update", "rename", "pause", "resume", "cancel")
 MANUAL = ("trigger", "backfill")
 # Payload sizes (bytes of JSON) a schedule version gets, up to near the API's largest: every
 # fire must carry its own version's, read from the version item (the CURRENT item and its
@@ -278,6 +278,8 @@ class Tenants:
         assert stored is not None
         tenant, version = stored.schedule.tenant_id, stored.schedule.version
         changes = {k: v for k, v in self.definition().items() if rng.random() < 0.5}
+        if choice == "rename":  # a change of nothing that runs: it must cancel nothing
+            changes = {"name": f"renamed {rng.getrandbits(16)}"}
         key = None if rng.random() < 0.3 else f"k{rng.getrandbits(40)}"
         asks = 2 if rng.random() < 0.3 else 1
         now = int(self.sim.clock.now)
@@ -299,7 +301,7 @@ class Tenants:
                 if since < until:
                     for _ in range(asks):
                         self._backfill(plane, tenant, sid, since, until, dry)
-            elif choice == "update":
+            elif choice in ("update", "rename"):
                 call = lambda: plane.update(tenant, sid, if_match=version, changes=changes)  # noqa: E731
                 if self.call(choice, call) is not None:
                     self.sim.run_record.counts[choice] += 1

@@ -188,7 +188,7 @@ class Workers:
             job.attempt,
             sim.clock.now,
             job.message.available_at.timestamp(),
-            stored.schedule.version if stored else 0,
+            stored.schedule.run_version if stored else 0,
             stored.schedule.state.value if stored else "",
             stored.schedule.overlap if stored else OverlapPolicy.ALLOW,
         )

@@ -554,12 +554,30 @@ def test_occurrence_random_walk_ends_terminal_or_keeps_moving(choices: list[int]
 # --- input rules: numbers are numbers, instants within the calendar, storable payloads ---
 
 
+def test_schedule_definition_takes_a_whole_number_written_with_a_zero_fraction():
+    # GIVEN numbers JSON writes as 60.0 (JSON Schema's `integer` admits them)
+    definition = ScheduleDefinition.model_validate(
+        {
+            "spec": CRON,
+            "target": "default",
+            "flexible_window_seconds": 60.0,
+            "retry": {"max_attempts": 5.0},
+            "misfire": {"action": "CATCHUP", "catchup_limit": 3.0},
+        }
+    )
+    # THEN each is the integer it equals
+    assert definition.flexible_window_seconds == 60
+    assert isinstance(definition.flexible_window_seconds, int)
+    assert (definition.retry.max_attempts, definition.misfire.catchup_limit) == (5, 3)
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
         ({"flexible_window_seconds": "60"}, "flexible_window_seconds"),
         ({"flexible_window_seconds": True}, "flexible_window_seconds"),
-        ({"flexible_window_seconds": 60.0}, "flexible_window_seconds"),
+        ({"flexible_window_seconds": 60.5}, "flexible_window_seconds"),
+        ({"retry": {"max_attempts": 2.5}}, "retry.max_attempts"),
         ({"retry": {"deadline_seconds": "3600"}}, "retry.deadline_seconds"),
         ({"misfire": {"action": "CATCHUP", "catchup_limit": True}}, "misfire.catchup_limit"),
         ({"spec": {**RATE, "anchor": 1_795_000_000}}, "spec.anchor"),

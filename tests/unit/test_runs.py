@@ -253,5 +253,5 @@ def test_a_read_asks_again_for_what_dynamodb_left_unprocessed() -> None:
     assert run is not None
     assert run.state is OccurrenceState.SCHEDULED
     assert schedule is not None
-    assert (schedule.version, schedule.retry.max_attempts) == (1, 3)
+    assert (schedule.run_version, schedule.retry.max_attempts) == (1, 3)
     assert schedule.overlap.value == "SKIP_IF_RUNNING"

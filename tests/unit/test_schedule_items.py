@@ -59,6 +59,31 @@ def test_version_to_item_keeps_the_payload_whole():
     assert version_from_item(item).schedule.payload == PAYLOAD
 
 
+def test_a_renamed_schedule_keeps_its_run_version_in_both_items_and_reads_it_back():
+    # GIVEN version 3 of a schedule that runs as version 2 since an instant (a rename)
+    base = sample(0).model_copy(update={"payload": PAYLOAD})
+    renamed = base.model_copy(update={"version": 3, "runs_as": 2, "runs_from": 1_795_000_000})
+    # WHEN its CURRENT and version items are made and read back
+    items = [
+        schedule_to_item(renamed, shard=3, minute_load={}),
+        version_to_item(renamed, effective_from=1_796_000_000),
+    ]
+    # THEN both carry the run version and when it began inside the definition (the index
+    # projects it), and read back as the same run version, owning fires after that instant
+    for item in items:
+        assert (item["definition"]["runs_as"], item["definition"]["runs_from"]) == (
+            2,
+            1_795_000_000,
+        )
+    for read in (schedule_from_item(items[0]), version_from_item(items[1]).schedule):
+        assert (read.version, read.run_version, read.fires_after) == (3, 2, 1_795_000_000)
+    # AND a version that runs as itself carries neither
+    plain = schedule_to_item(base, shard=3, minute_load={})
+    assert "runs_as" not in plain["definition"]
+    assert "runs_from" not in plain["definition"]
+    assert schedule_from_item(plain).run_version == base.version
+
+
 def test_a_current_item_with_a_mark_reads_as_a_payload_not_read_and_refuses_it():
     # GIVEN a CURRENT item of a schedule with a payload
     item = current(PAYLOAD)

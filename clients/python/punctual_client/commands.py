@@ -275,8 +275,10 @@ def _rule(spec: dict[str, Any]) -> str:
 
 
 def _print_schedule(found: dict[str, Any]) -> None:
+    runs = found.get("run_version", found["version"])
+    fires = "" if runs == found["version"] else f" (fires of v{runs})"
     print(
-        f"{found['schedule_id']}  {found['state']}  v{found['version']}  "
+        f"{found['schedule_id']}  {found['state']}  v{found['version']}{fires}  "
         f"{_rule(found['spec'])}  -> {found['target']}"
     )
     for fire in found.get("next_fires", []):
@@ -340,7 +342,7 @@ def _print_version(version: dict[str, Any]) -> None:
 
 
 # A version's bookkeeping, not what it says: left out of what changed from one to the next.
-_NOT_CHANGES = frozenset({"version", "effective_from"})
+_NOT_CHANGES = frozenset({"version", "run_version", "effective_from"})
 
 
 def _print_versions(versions: list[dict[str, Any]]) -> None:

@@ -306,7 +306,7 @@ class Worker:
             return Result(Outcome.RETRY, "backing off", retry_at - now)
         stale = _staleness(
             occurrence.schedule_version,
-            None if schedule is None else (schedule.version, schedule.state),
+            None if schedule is None else (schedule.run_version, schedule.state),
         )
         if stale is not None:
             self._leave_queue(message, schedule)
@@ -661,7 +661,8 @@ def queue_url_of(sqs: Any, arn: str) -> str:
 
 def _staleness(version: int, schedule: tuple[int, ScheduleState] | None) -> str | None:
     """Why an occurrence of ``version`` must not run any more, given the schedule's current
-    (version, state), or None."""
+    (run version, state), or None: a rename (a version that keeps the run version) does not
+    make it stale."""
     if schedule is None:
         return "the schedule no longer exists"
     current, state = schedule
@@ -669,7 +670,8 @@ def _staleness(version: int, schedule: tuple[int, ScheduleState] | None) -> str 
         return "the schedule was canceled"
     if current != version:
         return (
-            f"stale: the schedule is at version {current}, this occurrence is of version {version}"
+            f"stale: the schedule runs as version {current}, this occurrence is of version "
+            f"{version}"
         )
     if state not in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
         return f"the schedule is {state.value}"

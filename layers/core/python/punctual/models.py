@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Context, Decimal, DecimalException, Inexact, Rounded
@@ -22,12 +23,15 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     JsonValue,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from punctual.ids import MAX_WINDOW_SECONDS
 from punctual.timing import (
@@ -88,8 +92,19 @@ def _in_calendar(moment: datetime) -> datetime:
 Instant = Annotated[AwareDatetime, BeforeValidator(_text_or_datetime), AfterValidator(_in_calendar)]
 """An aware date-time within the calendar the time engine computes in."""
 
+
 # A number is a number: no "60" or true where an integer is due.
-StrictCount = Annotated[int, Field(strict=True)]
+def _whole(value: object) -> object:
+    """A number JSON writes with a zero fraction (355.0) as the integer it equals: JSON
+    Schema's `integer` admits it. 355.5, "355" and true stay refused (strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# (The Field before the validator: a constraint added where it is used then shows in the
+# schema as minimum/maximum.)
+StrictCount = Annotated[int, Field(strict=True), BeforeValidator(_whole)]
 
 
 # --- timing specs -------------------------------------------------------------------
@@ -102,6 +117,16 @@ class _SpecBase(_Record):
     end_at: Instant | None = Field(
         default=None, description="No fire after this instant (inclusive)."
     )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        # ``kind`` tells the specs apart (the discriminator): an input must carry it, so
+        # the schema says it is required, though a spec built in code has it by default.
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        schema["required"] = ["kind", *(r for r in schema.get("required", []) if r != "kind")]
+        return schema
 
     @model_validator(mode="after")
     def _bounds_in_order(self) -> Self:
@@ -116,6 +141,14 @@ class _SpecBase(_Record):
         )
 
 
+# The grammars JSON Schema cannot say, named as a string's "format" (an annotation: a
+# client that knows the name can generate or check values; tests/integration/
+# test_api_contract.py generates them).
+CRON_FORMAT: dict[str, JsonValue] = {"format": "cron"}
+RATE_FORMAT: dict[str, JsonValue] = {"format": "rate"}
+ZONE_FORMAT: dict[str, JsonValue] = {"format": "iana-time-zone"}
+
+
 def _check_zone(name: str) -> str:
     get_zone(name)  # ZoneError is a ValueError: pydantic reports it on the field
     return name
@@ -125,8 +158,13 @@ class CronSpec(_SpecBase):
     """Five-field cron (or a macro) evaluated on local wall time in an IANA zone."""
 
     kind: Literal["cron"] = "cron"
-    expression: str = Field(examples=["30 9 * * mon-fri"], max_length=256)
-    timezone: str = Field(examples=["Europe/Berlin"], max_length=64)
+    expression: str = Field(
+        examples=["30 9 * * mon-fri"],
+        max_length=256,
+        description="Five fields or a macro, as docs/time.md defines them.",
+        json_schema_extra=CRON_FORMAT,
+    )
+    timezone: str = Field(examples=["Europe/Berlin"], max_length=64, json_schema_extra=ZONE_FORMAT)
 
     @field_validator("expression")
     @classmethod
@@ -144,12 +182,19 @@ class RateSpec(_SpecBase):
     """A fixed elapsed interval from an anchor instant, unaffected by DST."""
 
     kind: Literal["rate"] = "rate"
-    expression: str = Field(examples=["rate(15 minutes)"], max_length=64)
+    expression: str = Field(
+        examples=["rate(15 minutes)"],
+        max_length=64,
+        description="rate(N minute|minutes|hour|hours|day|days), N from 1 up to 366 days.",
+        json_schema_extra=RATE_FORMAT,
+    )
     anchor: Instant | None = Field(
         default=None,
         description="Fires are anchor + k * interval; defaults to start_at, else creation time.",
     )
-    timezone: str = Field(default="UTC", description="Only for showing local times.")
+    timezone: str = Field(
+        default="UTC", description="Only for showing local times.", json_schema_extra=ZONE_FORMAT
+    )
 
     @field_validator("expression")
     @classmethod
@@ -194,7 +239,7 @@ class AtSpec(_SpecBase):
 
     kind: Literal["at"] = "at"
     # Declared before ``at`` so that the ``at`` validator can read it.
-    timezone: str | None = Field(default=None, max_length=64)
+    timezone: str | None = Field(default=None, max_length=64, json_schema_extra=ZONE_FORMAT)
     at: str = Field(
         description="An ISO-8601 date-time with its offset, or a local one read in timezone",
         examples=["2030-12-24T17:00:00Z", "2030-12-24T18:00:00+01:00"],
@@ -247,13 +292,24 @@ class MisfireAction(StrEnum):
 
 
 class MisfirePolicy(_Record):
+    model_config = ConfigDict(
+        json_schema_extra={
+            # What the validator below holds, said in the schema: a catchup_limit only with
+            # action CATCHUP (schema-valid requests are then all accepted: issue 46).
+            "anyOf": [
+                {"properties": {"catchup_limit": {"type": "null"}}},
+                {"required": ["action"], "properties": {"action": {"const": "CATCHUP"}}},
+            ]
+        }
+    )
+
     action: MisfireAction = MisfireAction.FIRE_ONCE
     max_lateness_seconds: StrictCount = Field(
         default=300, ge=0, le=7 * 86400, description="Later than this counts as a misfire."
     )
-    catchup_limit: StrictCount | None = Field(
-        default=None, ge=1, le=1000, description="Only for CATCHUP; default 10."
-    )
+    catchup_limit: (
+        Annotated[int, Field(strict=True, ge=1, le=1000), BeforeValidator(_whole)] | None
+    ) = Field(default=None, description="Only for CATCHUP; default 10.")
 
     @model_validator(mode="after")
     def _limit_only_for_catchup(self) -> Self:
@@ -345,6 +401,14 @@ def _check_number(path: str, value: float) -> None:
 
 
 Payload = Annotated[dict[str, JsonValue], AfterValidator(_storable)]
+PAYLOAD_RULES = (
+    f"Any JSON object DynamoDB can store: at most {MAX_PAYLOAD_BYTES} bytes as compact "
+    f"UTF-8 JSON, nested at most {MAX_PAYLOAD_DEPTH} levels, no empty key, numbers of at most "
+    "38 significant digits with a magnitude from 1e-130 to below 1e38 (or 0)."
+)
+WindowSeconds = Annotated[
+    int, Field(strict=True, ge=0, le=MAX_WINDOW_SECONDS), BeforeValidator(_whole)
+]
 """A payload as a tenant writes it: stored with the schedule and each occurrence."""
 
 
@@ -398,11 +462,9 @@ class ScheduleDefinition(_Record):
         description="Name of one of the tenant's targets.",
         examples=["default"],
     )
-    payload: Payload = Field(default_factory=dict)
-    flexible_window_seconds: StrictCount = Field(
+    payload: Payload = Field(default_factory=dict, description=PAYLOAD_RULES)
+    flexible_window_seconds: WindowSeconds = Field(
         default=0,
-        ge=0,
-        le=MAX_WINDOW_SECONDS,
         description="0 = strict; otherwise fires spread deterministically over this window.",
     )
     misfire: MisfirePolicy = MisfirePolicy()
@@ -445,6 +507,10 @@ class Schedule(ScheduleDefinition):
     tenant_id: str
     schedule_id: str
     version: int = Field(ge=1)
+    # A rename's (``run_version``): the version its fires belong to and when that one took
+    # effect. None: its own version, from ``updated_at``.
+    runs_as: int | None = Field(default=None, ge=1)
+    runs_from: int | None = None
     state: ScheduleState = ScheduleState.ACTIVE
     created_at: AwareDatetime
     updated_at: AwareDatetime
@@ -471,6 +537,19 @@ class Schedule(ScheduleDefinition):
     tzdata_version: str | None = None
 
     @property
+    def run_version(self) -> int:
+        """The version its fires belong to (their occurrence ids, a worker's staleness check,
+        the reconciler's ownership): the latest version that changed when or what runs. A
+        change that does not (a new name) makes a version and keeps this one, so it cancels
+        nothing."""
+        return self.version if self.runs_as is None else self.runs_as
+
+    @property
+    def run_from(self) -> int:
+        """When the run version took effect."""
+        return int(self.updated_at.timestamp()) if self.runs_from is None else self.runs_from
+
+    @property
     def known_payload(self) -> dict[str, JsonValue]:
         """The payload, for what puts an occurrence or writes the schedule again;
         PayloadNotRead when it was not read (a message must never carry an empty payload
@@ -491,10 +570,10 @@ class Schedule(ScheduleDefinition):
 
     @property
     def fires_after(self) -> int:
-        """This version owns the fires strictly after this instant: the first version from
+        """Its run version owns the fires strictly after this instant: the first version from
         its creation instant on (a rate anchored there fires at once), a later one strictly
         after the change (a resumed schedule does not catch up its paused time)."""
-        return int(self.updated_at.timestamp()) - (1 if self.version == 1 else 0)
+        return self.run_from - (1 if self.run_version == 1 else 0)
 
     def rule(self) -> Rule:
         if isinstance(self.spec, RateSpec):
@@ -629,12 +708,19 @@ _UNION_TAGS = frozenset({"cron", "rate", "at"})
 _REQUEST_PARTS = frozenset({"body", "query", "path", "header"})
 
 
+_SCHEMA_STEP = re.compile(r"^[a-z-]+\[.*\]$")
+
+
 def field_errors(errors: ValidationError | Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Pydantic errors as [{'field': 'spec.expression', 'reason': '...'}], one per problem."""
     items = errors.errors(include_url=False) if isinstance(errors, ValidationError) else errors
     result = []
     for item in items:
-        loc = list(item["loc"])
+        if item.get("type") == "none_required":
+            continue  # an optional field's null branch: its value was not null, said below
+        # (A request validated field by field names the schema steps of a union in its
+        # path: "retry.function-after[_base_below_max(), RetryPolicy]". Not fields: dropped.)
+        loc = [part for part in item["loc"] if not _SCHEMA_STEP.match(str(part))]
         if loc and loc[0] in _REQUEST_PARTS:
             loc = loc[1:]
         reason = str(item["msg"]).removeprefix("Value error, ")

@@ -73,7 +73,7 @@ def new_occurrence(schedule: Schedule, scheduled_for: int, retention_seconds: in
 
 
 def _fire(schedule: Schedule, scheduled_for: int) -> _Fire:
-    oid = occurrence_id(schedule.schedule_id, schedule.version, scheduled_for)
+    oid = occurrence_id(schedule.schedule_id, schedule.run_version, scheduled_for)
     return _Fire(
         available_at(oid, scheduled_for, schedule.flexible_window_seconds), scheduled_for, oid
     )
@@ -205,7 +205,7 @@ def _occurrence(
         occurrence_id=fire.occurrence_id,
         tenant_id=schedule.tenant_id,
         schedule_id=schedule.schedule_id,
-        schedule_version=schedule.version,
+        schedule_version=schedule.run_version,
         scheduled_for=fire.scheduled_for,
         available_at=receivable,
         target=schedule.target,

@@ -6,7 +6,11 @@ import re
 
 # The shape a principal ARN must have to be accepted as input at all (the API's binding,
 # the deployment's operator list); normalize_principal then says which kinds are bound.
-PRINCIPAL_ARN_PATTERN = r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:.+$"
+# (Exactly what normalize_principal binds: a schema-valid ARN is then never refused.)
+PRINCIPAL_ARN_PATTERN = (
+    r"^arn:aws[a-z-]*:(sts::\d{12}:assumed-role/[^/]+/[^/]+"
+    r"|iam::\d{12}:((role|user)/([!-~]*/)?[^/]+|root))$"
+)
 _ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
 _IAM = re.compile(r"^arn:(aws[a-z-]*):iam::(\d{12}):(role|user)/(?:[!-~]*/)?([^/]+)$")
 _ROOT = re.compile(r"^arn:(aws[a-z-]*):iam::(\d{12}):root$")

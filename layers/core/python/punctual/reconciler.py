@@ -135,23 +135,43 @@ def expected_occurrences(
     all.
     """
     found: list[Expected] = []
-    for index, version in enumerate(versions):
+    # A version that kept its predecessor's run version (a rename) changed nothing that runs:
+    # its fires are the run version's, owned from that version's change on.
+    runs = [v for i, v in enumerate(versions) if i == 0 or not _same_run(versions[i - 1], v)]
+    for index, version in enumerate(runs):
         schedule = version.schedule
         if schedule.state not in _OWNING_STATES:
             continue
         # Version 1 owns a fire at its creation instant (a rate anchored there fires at
-        # once); a later version plans strictly after its change.
-        after = version.effective_from - (1 if schedule.version == 1 else 0)
-        successor = versions[index + 1].effective_from if index + 1 < len(versions) else None
+        # once); a later version plans strictly after its change (a renamed one's run
+        # version's change, read from the history before it).
+        began = version.effective_from if schedule.run_version == schedule.version else None
+        after = (began or schedule.run_from) - (1 if schedule.run_version == 1 else 0)
+        successor = runs[index + 1].effective_from if index + 1 < len(runs) else None
+        runs_as = schedule.run_version
         for fire in schedule.rule().fires(start - 1, end - 1):
             if fire <= after:
                 continue
-            oid = occurrence_id(schedule.schedule_id, schedule.version, fire)
+            oid = occurrence_id(schedule.schedule_id, runs_as, fire)
             due = available_at(oid, fire, schedule.flexible_window_seconds)
             required = successor is None or due <= successor
             if not required and successor is not None and due > successor + horizon:
                 continue
-            found.append(Expected(schedule.schedule_id, schedule.version, fire, oid, due, required))
+            found.append(Expected(schedule.schedule_id, runs_as, fire, oid, due, required))
+    return found
+
+
+def _same_run(before: ScheduleVersion, after: ScheduleVersion) -> bool:
+    return after.schedule.run_version == before.schedule.run_version
+
+
+def by_version(versions: Sequence[ScheduleVersion]) -> dict[int, Schedule]:
+    """Each version's schedule, by its version and by its run version (the version its
+    occurrences carry): a rename's run version may be older than the history read."""
+    found: dict[int, Schedule] = {}
+    for version in versions:
+        found[version.schedule.version] = version.schedule
+        found.setdefault(version.schedule.run_version, version.schedule)
     return found
 
 
@@ -227,7 +247,7 @@ def _may_be_overdue(occurrence: Occurrence, now: int) -> bool:
 def _not_handled_yet(current: Schedule, gap: Expected) -> bool:
     """True while the materializer's cursor has not passed the fire: it will apply the misfire
     policy itself, and an occurrence put first would block its step."""
-    if current.next_run_at is None or gap.version != current.version:
+    if current.next_run_at is None or gap.version != current.run_version:
         return False
     handled = current.planned_until
     if handled is None:  # a cursor written before planned_until existed
@@ -638,9 +658,7 @@ class Reconciler:
             # A version changed near or after the window: the history says who owned what.
             versions = self.schedules.versions_since(schedule_id, since) or versions
         expected = expected_occurrences(versions, start, end, horizon=self.horizon)
-        outcome = _ScheduleOutcome(
-            schedule_id, {v.schedule.version: v.schedule for v in versions}, (start, end)
-        )
+        outcome = _ScheduleOutcome(schedule_id, by_version(versions), (start, end))
         # A tenant's unreadable item at an instant is not judged (it is not an occurrence
         # Punctual wrote), but its key is taken: nothing is missing there to repair.
         outcome.unreadable = list(window.unreadable)
@@ -896,9 +914,9 @@ class Reconciler:
         deferred: list[Expected] = []
         candidates: list[Expected] = []
         for gap in sorted(gaps, key=lambda e: e.scheduled_for):
-            if gap.version != current.version:
+            if gap.version != current.run_version:
                 # The worker refuses a superseded version's occurrence: it can only be missed.
-                reason = f"missing; version {gap.version} was superseded by {current.version}"
+                reason = f"missing; version {gap.version} was superseded by {current.run_version}"
                 decisions.append(_Decision(gap, fire=False, reason=reason))
             elif current.state is ScheduleState.ACTIVE and _not_handled_yet(current, gap):
                 # The materializer has not got here yet: it will apply the misfire policy
@@ -943,14 +961,16 @@ class Reconciler:
         failed: list[Expected] = []
         for first in range(0, len(decisions), MAX_ACTIONS - 1):
             chunk = decisions[first : first + MAX_ACTIONS - 1]
-            own = [d.expected.available_at for d in chunk if d.expected.version == current.version]
+            own = [
+                d.expected.available_at for d in chunk if d.expected.version == current.run_version
+            ]
             check = self.schedules.unchanged(current, stepped_past=max(own, default=None))
             actions = [("schedule", check)] + [
                 (
                     "occurrence",
                     self._put(
                         current
-                        if d.expected.version == current.version
+                        if d.expected.version == current.run_version
                         else versions.get(d.expected.version, current),
                         d,
                         retention,

@@ -126,14 +126,14 @@ def _plan(
     found = [
         o
         for o in window.occurrences
-        if o.schedule_version == schedule.version and not is_manual(o.occurrence_id)
+        if o.schedule_version == schedule.run_version and not is_manual(o.occurrence_id)
     ]
     fires = set(schedule.rule().fires(now - SPAN, handled + SPAN))
     # (An instant whose key holds a tenant's unreadable item is taken: nothing is put there.)
     at = {o.scheduled_for for o in found} | {
         instant
         for _, version, instant, manual in map(occurrence_name, window.unreadable)
-        if version == schedule.version and manual is None
+        if version == schedule.run_version and manual is None
     }
     walls = {o.local for o in found if o.local is not None}  # each wall time fires once
     actions: list[tuple[str, dict[str, Any]]] = []

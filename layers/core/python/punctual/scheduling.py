@@ -159,7 +159,8 @@ class Saved:
     next_fires: NextFires
     materialized: list[Occurrence] = field(default_factory=list)
     affected: list[Affected] = field(default_factory=list)
-    unchanged: str | None = None  # a repeated pause, resume or cancel: what it found
+    # A repeated pause, resume or cancel, or an update to what it says already: what it found
+    unchanged: str | None = None
 
     @property
     def notes(self) -> list[str]:
@@ -210,6 +211,17 @@ def _has_run(occurrence: Occurrence, backfill: str) -> bool:
 class _StateMoved(Exception):
     """The schedule's state changed under a change at the same version (the materializer
     completed it): the change is decided again from a fresh read."""
+
+
+_DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
+# What a change may touch without changing when or what runs (``Schedule.run_version``).
+_COSMETIC_FIELDS = {"name"}
+
+
+def _changes_runs(current: Schedule, definition: ScheduleDefinition) -> bool:
+    """Whether ``definition`` differs from ``current`` in anything but its name."""
+    runs = _DEFINITION_FIELDS - _COSMETIC_FIELDS
+    return current.model_dump(include=runs) != definition.model_dump(include=runs)
 
 
 def _after_completion_race(change: Callable[[], Saved]) -> Saved:
@@ -302,7 +314,7 @@ class ControlPlane:
         ahead = preview(rule, after, passed + count, zone)
         fires = []
         for fire in ahead.fires:
-            occ_id = occurrence_id(schedule.schedule_id, schedule.version, fire.instant)
+            occ_id = occurrence_id(schedule.schedule_id, schedule.run_version, fire.instant)
             due = available_at(occ_id, fire.instant, schedule.flexible_window_seconds)
             if due < now:
                 continue
@@ -320,8 +332,9 @@ class ControlPlane:
     def _update(
         self, tenant_id: str, schedule_id: str, *, if_match: int, changes: dict[str, Any]
     ) -> Saved:
-        # (With its payload unless the change replaces it: the new version keeps it.)
-        stored = self._owned(tenant_id, schedule_id, payload="payload" not in changes)
+        # (With its payload: the new version keeps it, and a change that gives the same one
+        # again changes nothing.)
+        stored = self._owned(tenant_id, schedule_id, payload=True)
         current = stored.schedule
         if current.version != if_match:
             raise Conflict(
@@ -331,19 +344,56 @@ class ControlPlane:
             )
         if current.state is ScheduleState.CANCELED:
             raise Conflict("a canceled schedule cannot be updated")
-        merged = {**current.model_dump(include=set(ScheduleDefinition.model_fields)), **changes}
+        merged = {**current.model_dump(include=_DEFINITION_FIELDS), **changes}
         try:
             definition = ScheduleDefinition.model_validate(merged)
         except ValidationError as error:
             raise InvalidInput("the update is not valid", field_errors(error)) from None
         if "target" in changes:
             self._require_target(tenant_id, definition.target)
+        if definition.model_dump() == current.model_dump(include=_DEFINITION_FIELDS):
+            # It says what the schedule says already (a retry after a lost answer, a form
+            # saved unchanged): done as asked, no new version.
+            return Saved(
+                current, self.next_fires(current), unchanged="the schedule says this already"
+            )
         now = self._now()
+        if not _changes_runs(current, definition):
+            return self._rename(stored, definition, now)
         state = (
             ScheduleState.PAUSED if current.state is ScheduleState.PAUSED else ScheduleState.ACTIVE
         )
         updated = self._next_version(current, now, state, definition)
         return self._save(stored, updated, now=now, require_fire=True)
+
+    def _rename(self, stored: StoredSchedule, definition: ScheduleDefinition, now: int) -> Saved:
+        """A change of nothing that runs (the name): a new version that keeps the run version,
+        its state and its cursor, so no occurrence is superseded and nothing is re-planned.
+        The CURRENT item is updated, not written whole: the materializer's cursor is not
+        carried back, and a step it commits first only makes this change re-read."""
+        current = stored.schedule
+        renamed = current.model_copy(
+            update={
+                "name": definition.name,
+                "version": current.version + 1,
+                "runs_as": current.run_version,
+                "runs_from": current.run_from,
+                "updated_at": datetime.fromtimestamp(now, UTC),
+            }
+        )
+        try:
+            self._s.transactions.commit(
+                [
+                    ("schedule", self.schedules.rename(stored, renamed)),
+                    (
+                        "version",
+                        self.schedules.put_version(version_to_item(renamed, effective_from=now)),
+                    ),
+                ]
+            )
+        except ConditionFailed as refused:
+            raise self._refusal(refused, stored, None, {}) from None
+        return Saved(renamed, self.next_fires(renamed))
 
     def pause(self, tenant_id: str, schedule_id: str) -> Saved:
         return self._transition(
@@ -405,10 +455,10 @@ class ControlPlane:
             minute = self._manual_run_minute(tenant, now)
             expires_at = now + self.settings.retention_days * 86400
             occurrence = Occurrence(
-                occurrence_id=occurrence_id(schedule_id, schedule.version, now, tag),
+                occurrence_id=occurrence_id(schedule_id, schedule.run_version, now, tag),
                 tenant_id=tenant_id,
                 schedule_id=schedule_id,
-                schedule_version=schedule.version,
+                schedule_version=schedule.run_version,
                 scheduled_for=now,
                 available_at=now,  # no jitter: run now means now
                 target=schedule.target,
@@ -491,7 +541,7 @@ class ControlPlane:
             regular = {
                 o.scheduled_for
                 for o in stored_ones
-                if o.schedule_version == schedule.version and not is_manual(o.occurrence_id)
+                if o.schedule_version == schedule.run_version and not is_manual(o.occurrence_id)
             }
             handled = _handled_until(schedule)
             # Fires due before a take-over are the other region's: recorded there, not here.
@@ -500,7 +550,7 @@ class ControlPlane:
             for fire in fires:
                 if fire in ran or fire <= elsewhere or wall_text(schedule, fire) in ran_walls:
                     continue
-                own = occurrence_id(schedule_id, schedule.version, fire)
+                own = occurrence_id(schedule_id, schedule.run_version, fire)
                 owned = fire > schedule.fires_after
                 if owned and available_at(own, fire, schedule.flexible_window_seconds) > handled:
                     planned += 1  # the materializer has not got here: it makes this one
@@ -509,7 +559,7 @@ class ControlPlane:
                 # or skipped by its misfire policy) gets its own id: the reconciler's repair
                 # of the same gap then meets this occurrence instead of making a second.
                 mark = None if owned and fire not in regular else tag
-                todo.append(occurrence_id(schedule_id, schedule.version, fire, mark))
+                todo.append(occurrence_id(schedule_id, schedule.run_version, fire, mark))
             made = self._backfilled(stored, todo, quotas.catchup_pace)
             result = Backfilled(
                 len(fires), len(fires) - planned - len(todo), planned, made, dry_run
@@ -539,11 +589,13 @@ class ControlPlane:
         )
 
     def _zones(self, schedule: Schedule, since: int) -> dict[int, str | None]:
-        """The zone of every version whose occurrences may lie near ``since`` or later."""
+        """The zone of every version whose occurrences may lie near ``since`` or later, by
+        version and by run version (a rename's occurrences carry its run version's)."""
         history = self.schedules.versions_since(schedule.schedule_id, since - REZONE_SPAN)
-        return {v.schedule.version: v.schedule.zone_name for v in history} | {
-            schedule.version: schedule.zone_name
-        }
+        zones: dict[int, str | None] = {}
+        for known in [v.schedule for v in history] + [schedule]:
+            zones[known.version] = zones[known.run_version] = known.zone_name
+        return zones
 
     def _backfilled(self, stored: StoredSchedule, ids: list[str], pace: int) -> list[Occurrence]:
         """The occurrences of ``ids`` (in time order), paced: from now, or from where the
@@ -697,6 +749,9 @@ class ControlPlane:
                 **current.model_dump(),
                 **changes,
                 "version": current.version + 1,
+                # It changes what runs: its fires are its own, from now on.
+                "runs_as": None,
+                "runs_from": None,
                 "state": state,
                 "updated_at": datetime.fromtimestamp(now, UTC),
                 "next_run_at": None,
@@ -887,10 +942,10 @@ class ControlPlane:
         self,
         refused: ConditionFailed,
         old: StoredSchedule | None,
-        tenant: Tenant,
+        tenant: Tenant | None,
         load: dict[int, int],
     ) -> Exception:
-        if refused.label == "tenant":
+        if refused.label == "tenant" and tenant is not None:
             # The tenant's item as the refusal found it (ALL_OLD): its usage, not ours.
             found = tenant_from_item(refused.old_item) if refused.old_item else tenant
             return self._quota_error(tenant.quotas, found, load)

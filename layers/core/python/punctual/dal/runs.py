@@ -126,7 +126,7 @@ class StoredRun:
 class ScheduleForRun:
     """What of a schedule's CURRENT item a claim decides on (not its payload)."""
 
-    version: int
+    run_version: int  # the version its fires carry (Schedule.run_version)
     state: ScheduleState
     retry: RetryPolicy
     overlap: OverlapPolicy
@@ -191,7 +191,7 @@ def _stored_run(item: Item) -> StoredRun:
 def _schedule_for_run(item: Item) -> ScheduleForRun:
     definition = item.get("definition", {})
     return ScheduleForRun(
-        version=int(item["version"]),
+        run_version=int(definition.get("runs_as", item["version"])),
         state=ScheduleState(item["state"]),
         retry=RetryPolicy.model_validate(definition.get("retry", {})),
         overlap=OverlapPolicy(definition.get("overlap", OverlapPolicy.ALLOW.value)),
@@ -235,7 +235,9 @@ class RunStore:
             self._schedules: {
                 "Keys": [to_dynamo(current_key(schedule_id))],
                 # Only what the claim decides on: not the payload (up to 32 KiB of reads).
-                "ProjectionExpression": "schedule_id, version, #s, #d.retry, #d.overlap",
+                "ProjectionExpression": (
+                    "schedule_id, version, #s, #d.retry, #d.overlap, #d.runs_as"
+                ),
                 "ExpressionAttributeNames": {"#s": "state", "#d": "definition"},
             },
         }
@@ -264,21 +266,23 @@ class RunStore:
     def schedule_version(
         self, schedule_id: str, *, consistent: bool = False
     ) -> tuple[int, str] | None:
-        """(version, state) of the schedule. Eventually consistent for the cooperative-cancel
+        """(run version, state) of the schedule: the version its fires belong to
+        (``Schedule.run_version``). Eventually consistent for the cooperative-cancel
         check (a hint, read again every few seconds); ``consistent`` for the check after a
         claim, which must see a change committed a moment before. Retryable when DynamoDB
         is busy."""
         found = self._client.get_item(
             TableName=self._schedules,
             Key=to_dynamo(current_key(schedule_id)),
-            ProjectionExpression="version, #s",
-            ExpressionAttributeNames={"#s": "state"},
+            ProjectionExpression="version, #d.runs_as, #s",
+            ExpressionAttributeNames={"#s": "state", "#d": "definition"},
             ConsistentRead=consistent,
         ).get("Item")
         if not found:
             return None
         item = from_dynamo(found)
-        return int(item["version"]), str(item["state"])
+        runs_as = item.get("definition", {}).get("runs_as", item["version"])
+        return int(runs_as), str(item["state"])
 
     def busy_slots(self, tenant_id: str, candidates: list[int], now: int) -> set[int]:
         """Which of ``candidates`` hold a live lease (eventually consistent: a hint only; the

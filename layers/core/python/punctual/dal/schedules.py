@@ -72,7 +72,7 @@ def schedule_to_item(schedule: Schedule, *, shard: int, minute_load: dict[int, i
     Its definition has no payload, only its size (``PAYLOAD_MARK``) when there is one: the
     payload is in the version item written beside it. PayloadNotRead for a schedule whose
     payload was not read (its mark would be lost)."""
-    dumped = _definition(schedule)
+    dumped = _definition(schedule) | _runs_as(schedule)
     payload = dumped.pop("payload")
     if payload:
         dumped[PAYLOAD_MARK] = payload_bytes(payload)
@@ -118,16 +118,17 @@ def version_to_item(schedule: Schedule, effective_from: int) -> Item:
     """An immutable history item: what version N said and from when it applied, its payload
     included (the only copy of it; PayloadNotRead for a schedule whose payload was not read).
     Written in the same transaction as every CURRENT item naming version N."""
-    return {
+    item: Item = {
         "schedule_id": schedule.schedule_id,
         "sk": version_sk(schedule.version),
         "tenant_id": schedule.tenant_id,
         "version": schedule.version,
         "state": schedule.state.value,
-        "definition": _definition(schedule),
+        "definition": _definition(schedule) | _runs_as(schedule),
         "created_at": schedule.created_at.isoformat(),
         "effective_from": effective_from,
     }
+    return item
 
 
 def _definition(schedule: Schedule) -> dict[str, Any]:
@@ -136,6 +137,16 @@ def _definition(schedule: Schedule) -> dict[str, Any]:
     return schedule.model_dump(mode="json", include=_DEFINITION_FIELDS - {"payload"}) | {
         "payload": payload
     }
+
+
+def _runs_as(schedule: Schedule) -> dict[str, int]:
+    """The run version and its start (``Schedule.run_version``), where they are not the
+    version's own (a rename). Inside ``definition``: the by_shard index projects it, and its
+    INCLUDE list cannot change without a new index; a release before them refuses the
+    unknown fields instead of taking the fires for the new version's."""
+    if schedule.run_version == schedule.version:
+        return {}
+    return {"runs_as": schedule.run_version, "runs_from": schedule.run_from}
 
 
 def _stored_definition(item: Item) -> dict[str, Any]:
@@ -340,7 +351,7 @@ def missed_ranges_of(item: Item) -> list[MissedEpisode]:
 def missed_ranges_after(schedule: Schedule, missed: list[int]) -> list[MissedEpisode]:
     """The schedule's MISSED episodes with one more (``missed``: sorted instants), bounded."""
     episode = MissedEpisode(
-        version=schedule.version, first=missed[0], last=missed[-1], count=len(missed)
+        version=schedule.run_version, first=missed[0], last=missed[-1], count=len(missed)
     )
     return [*schedule.missed, episode][-MISSED_RANGES:]
 
@@ -825,6 +836,41 @@ class ScheduleStore:
                 "Item": to_dynamo(item),
                 # Race: two writers producing the same version number; history is immutable.
                 "ConditionExpression": "attribute_not_exists(schedule_id)",
+            }
+        }
+
+    def rename(self, stored: StoredSchedule, renamed: Schedule) -> dict[str, Any]:
+        """A transaction action: ``renamed``'s name, version and run version on the CURRENT
+        item, its cursor and everything else left as they are (``ControlPlane._rename``)."""
+        expected = stored.schedule
+        fenced, named = fence(expected, expected.home_region)
+        runs_as = _runs_as(renamed)
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self.key(expected.schedule_id),
+                "UpdateExpression": "SET #d.#name = :name, version = :new, updated_at = :at, "
+                "#d.runs_as = :runs, #d.runs_from = :from",
+                # Race: as for replace_current (a concurrent change, the materializer's
+                # completion, a take-over): the loser re-reads. A materializer step in
+                # between is no conflict: the cursor is not written here.
+                "ConditionExpression": f"version = :v AND #state = :s AND {fenced}",
+                "ExpressionAttributeNames": {
+                    "#state": "state",
+                    "#d": "definition",
+                    "#name": "name",
+                },
+                "ExpressionAttributeValues": values(
+                    name=renamed.name,
+                    new=renamed.version,
+                    at=renamed.updated_at.isoformat(),
+                    runs=runs_as["runs_as"],
+                    **{"from": runs_as["runs_from"]},
+                    v=expected.version,
+                    s=expected.state.value,
+                    **named,
+                ),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
         }
 
