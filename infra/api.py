@@ -16,6 +16,8 @@ from pathlib import Path
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.checks import acknowledge
@@ -116,6 +118,8 @@ def _caller_policy(accounts: Sequence[str]) -> iam.PolicyDocument | None:
 
 
 class Api(Construct):
+    """The API function, its grants, and the REST API in front of it."""
+
     def __init__(
         self,
         scope: Construct,
@@ -130,7 +134,20 @@ class Api(Construct):
         reserved_concurrency: int,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.function = python_function(
+        self.function = self._api_function(defaults, reserved_concurrency)
+        self._grant_tables(data)
+        self._grant_queues(queues)
+        self.rest_api = self._rest_api(
+            defaults.log_retention, rate_limit, burst_limit, caller_accounts
+        )
+        self._add_gateway_responses()
+        self._add_operations()
+        self._acknowledge()
+
+    def _api_function(
+        self, defaults: FunctionDefaults, reserved_concurrency: int
+    ) -> lambda_.Function:
+        return python_function(
             self,
             "Function",
             handler="api.handler.lambda_handler",
@@ -144,7 +161,9 @@ class Api(Construct):
             # Requests are served whatever the relay's backlog takes (DeployConfig).
             reserved_concurrency=reserved_concurrency,
         )
-        # Exactly what the API's code calls (tests/infrastructure/inventory.txt).
+
+    def _grant_tables(self, data: DataReferences) -> None:
+        """Exactly what the API's code calls (tests/infrastructure/inventory.txt)."""
         data.grant(
             self.function,
             {
@@ -172,10 +191,12 @@ class Api(Construct):
                 ("leases_table", None): ("BatchGetItem", "ConditionCheckItem", "PutItem"),
             },
         )
-        # A target's queue and DLQ: look for them, create them tagged with their owner
-        # (TagQueue authorizes CreateQueue's tags), check the owner, read their ARNs, set
-        # the tenant's queue policy; and send an occurrence due within the relay's batching
-        # window at once (SendMessageBatch is authorized as SendMessage), as the relay does.
+
+    def _grant_queues(self, queues: TargetQueueAccess) -> None:
+        """A target's queue and DLQ: look for them, create them tagged with their owner
+        (TagQueue authorizes CreateQueue's tags), check the owner, read their ARNs, set the
+        tenant's queue policy; and send an occurrence due within the relay's batching window
+        at once (SendMessageBatch is authorized as SendMessage), as the relay does."""
         queues.grant(
             self.function,
             "SendMessage",
@@ -187,8 +208,17 @@ class Api(Construct):
             "SetQueueAttributes",
         )
 
-        access_logs = log_group(self, "AccessLogs", defaults.log_retention)
-        self.rest_api = apigw.RestApi(
+    def _rest_api(
+        self,
+        log_retention: logs.RetentionDays,
+        rate_limit: int,
+        burst_limit: int,
+        caller_accounts: Sequence[str],
+    ) -> apigw.RestApi:
+        """The regional REST API: one throttled, traced stage with access logs, SigV4 on
+        every method."""
+        access_logs = log_group(self, "AccessLogs", log_retention)
+        return apigw.RestApi(
             self,
             "Rest",
             # The name the console lists and the alarms' ApiName dimension: the stack's.
@@ -214,12 +244,18 @@ class Api(Construct):
             ),
             policy=_caller_policy(caller_accounts),
         )
+
+    def _add_gateway_responses(self) -> None:
+        """The API's error shape for what API Gateway refuses itself (_GATEWAY_ERRORS)."""
         for name, (response_type, code) in _GATEWAY_ERRORS.items():
             self.rest_api.add_gateway_response(
                 name,
                 type=response_type,
                 templates={"application/json": _error_template(code)},
             )
+
+    def _add_operations(self) -> None:
+        """Every operation of the OpenAPI document, integrated with the function."""
         # A body that is not a JSON object is refused before the function runs; the
         # function validates the fields themselves and names each bad one.
         validator = self.rest_api.add_request_validator(
@@ -244,7 +280,6 @@ class Api(Construct):
                 request_validator=validator,
                 request_models={"application/json": json_object} if operation.has_body else None,
             )
-        self._acknowledge()
 
     def _acknowledge(self) -> None:
         acknowledge(

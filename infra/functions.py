@@ -123,19 +123,10 @@ def python_function(
         runtime=RUNTIME,
         architecture=ARCHITECTURE,
         handler=handler,
-        code=lambda_.Code.from_asset(
-            str(FUNCTIONS_ROOT),
-            exclude=["*", f"!{package}", f"!{package}/**", "**/__pycache__"],
-        ),
+        code=_package_code(package),
         layers=[defaults.layer],
         role=role,
-        environment={
-            "POWERTOOLS_SERVICE_NAME": "punctual",
-            "POWERTOOLS_METRICS_NAMESPACE": "Punctual",
-            # Responses carry tenants' payloads: they stay out of X-Ray.
-            "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
-            **defaults.environment,
-        },
+        environment=_environment(defaults),
         timeout=timeout,
         memory_size=memory_mb,
         reserved_concurrent_executions=reserved_concurrency,
@@ -145,6 +136,31 @@ def python_function(
         application_log_level_v2=lambda_.ApplicationLogLevel.INFO,
         system_log_level_v2=lambda_.SystemLogLevel.WARN,
     )
+    _acknowledge_any_resource(role, any_resource_reasons)
+    return function
+
+
+def _package_code(package: str) -> lambda_.Code:
+    """The function's own package of functions/, and nothing else of it."""
+    return lambda_.Code.from_asset(
+        str(FUNCTIONS_ROOT),
+        exclude=["*", f"!{package}", f"!{package}/**", "**/__pycache__"],
+    )
+
+
+def _environment(defaults: FunctionDefaults) -> dict[str, str]:
+    """Powertools' settings, then the PUNCTUAL_* ones every function shares."""
+    return {
+        "POWERTOOLS_SERVICE_NAME": "punctual",
+        "POWERTOOLS_METRICS_NAMESPACE": "Punctual",
+        # Responses carry tenants' payloads: they stay out of X-Ray.
+        "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+        **defaults.environment,
+    }
+
+
+def _acknowledge_any_resource(role: iam.Role, reasons: tuple[str, ...]) -> None:
+    """The role's statements on '*': active tracing's, and those ``reasons`` explain."""
     acknowledge(
         role,
         "IAM5[Resource::*]",
@@ -152,8 +168,7 @@ def python_function(
             (
                 "xray:PutTraceSegments and xray:PutTelemetryRecords (active tracing) have no "
                 "resource-level permissions.",
-                *any_resource_reasons,
+                *reasons,
             )
         ),
     )
-    return function

@@ -109,7 +109,34 @@ def scheduled_over_groups(
 ) -> tuple[sfn.StateMachine, events.Rule]:
     """The state machine ``name`` running ``definition`` (traced, errors logged), and the
     rule ``rule_id`` that starts it on ``schedule`` with the event's time and the groups."""
-    machine = sfn.StateMachine(
+    machine = _state_machine(scope, name, machine_type, definition, timeout, log_retention)
+    acknowledge_state_machine(machine, function)
+    rule = events.Rule(
+        scope,
+        rule_id,
+        schedule=schedule,
+        targets=[
+            targets.SfnStateMachine(
+                machine,
+                input=events.RuleTargetInput.from_object(
+                    {time_key: events.EventField.time, "groups": groups}
+                ),
+            )
+        ],
+    )
+    return machine, rule
+
+
+def _state_machine(
+    scope: Construct,
+    name: str,
+    machine_type: sfn.StateMachineType,
+    definition: sfn.IChainable,
+    timeout: Duration,
+    log_retention: logs.RetentionDays,
+) -> sfn.StateMachine:
+    """The state machine ``name``, traced, its errors logged to its own log group."""
+    return sfn.StateMachine(
         scope,
         name,
         state_machine_type=machine_type,
@@ -129,18 +156,3 @@ def scheduled_over_groups(
             level=sfn.LogLevel.ERROR,
         ),
     )
-    acknowledge_state_machine(machine, function)
-    rule = events.Rule(
-        scope,
-        rule_id,
-        schedule=schedule,
-        targets=[
-            targets.SfnStateMachine(
-                machine,
-                input=events.RuleTargetInput.from_object(
-                    {time_key: events.EventField.time, "groups": groups}
-                ),
-            )
-        ],
-    )
-    return machine, rule

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_events as events
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -21,6 +22,9 @@ from punctual.ids import shard_groups
 
 
 class Materialization(Construct):
+    """The materializer function and the ticker that invokes it once per shard group every
+    minute."""
+
     def __init__(
         self,
         scope: Construct,
@@ -33,8 +37,18 @@ class Materialization(Construct):
         reserved_concurrency: int,
     ) -> None:
         super().__init__(scope, construct_id)
-        settings = data.settings
-        self.function = python_function(
+        self.function = self._materializer_function(defaults, reserved_concurrency)
+        self._grant_tables(data)
+        self.state_machine, self.rule = self._ticker(
+            self._each_group(max_concurrency),
+            defaults,
+            shard_groups(data.settings.shard_count, group_size),
+        )
+
+    def _materializer_function(
+        self, defaults: FunctionDefaults, reserved_concurrency: int
+    ) -> lambda_.Function:
+        return python_function(
             self,
             "Function",
             handler="materializer.handler.lambda_handler",
@@ -50,7 +64,9 @@ class Materialization(Construct):
             # never throttles planning (DeployConfig.materializer_concurrency).
             reserved_concurrency=reserved_concurrency,
         )
-        # Exactly what the materializer's code calls (tests/infrastructure/inventory.txt).
+
+    def _grant_tables(self, data: DataReferences) -> None:
+        """Exactly what the materializer's code calls (tests/infrastructure/inventory.txt)."""
         data.grant(
             self.function,
             {
@@ -68,6 +84,8 @@ class Materialization(Construct):
             },
         )
 
+    def _each_group(self, max_concurrency: int) -> sfn.Map:
+        """The Map over the shard groups, one invocation of the function per group."""
         # A group that fails fast (throttling, an error) is retried within the tick.
         invoke = group_invoke(
             self,
@@ -82,11 +100,18 @@ class Materialization(Construct):
         invoke.add_catch(sfn.Pass(self, "GroupLeftForNextTick"), errors=["States.ALL"])
         each_group = map_over_groups(self, "tick", max_concurrency)
         each_group.item_processor(invoke)
-        # Express: about 43,200 runs a month of a few seconds each cost about $1.35, where
-        # Standard would bill about 20 transitions a run, $21.60 (docs/materializer.md);
-        # a run fits Express's 5-minute cap, and its at-least-once start is harmless
-        # because leases and conditional writes make a duplicate run a no-op.
-        self.state_machine, self.rule = scheduled_over_groups(
+        return each_group
+
+    def _ticker(
+        self, each_group: sfn.Map, defaults: FunctionDefaults, groups: list[list[int]]
+    ) -> tuple[sfn.StateMachine, events.Rule]:
+        """The state machine running ``each_group`` and the rule starting it every minute.
+
+        Express: about 43,200 runs a month of a few seconds each cost about $1.35, where
+        Standard would bill about 20 transitions a run, $21.60 (docs/materializer.md); a
+        run fits Express's 5-minute cap, and its at-least-once start is harmless because
+        leases and conditional writes make a duplicate run a no-op."""
+        return scheduled_over_groups(
             self,
             name="Ticker",
             machine_type=sfn.StateMachineType.EXPRESS,
@@ -97,5 +122,5 @@ class Materialization(Construct):
             rule_id="EveryMinute",
             schedule=events.Schedule.rate(Duration.minutes(1)),
             time_key="tick",
-            groups=shard_groups(settings.shard_count, group_size),
+            groups=groups,
         )

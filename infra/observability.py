@@ -9,7 +9,7 @@ hourly counts stand in for the workers' outcomes (docs/deploy.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -124,8 +124,102 @@ class Watched:
     ticker_rule: events.Rule  # starts the ticker every minute
     reconciler_rule: events.Rule  # starts the hourly run
 
+    def functions(self) -> dict[str, lambda_.Function]:
+        """The functions the dashboard graphs side by side, by the label it gives them."""
+        return {
+            "api": self.api_function,
+            "materializer": self.materializer,
+            "relay": self.relay,
+            "catch-up relay": self.catchup_relay,
+            "reconciler": self.reconciler,
+        }
+
+
+# The alarms on incidents of the relay and its re-drive, each on a count that is 0 while all
+# is well: (metric and alarm name, what happened).
+_RELAY_INCIDENTS = (
+    (
+        "RedriveFailures",
+        "the re-drive failed to send a stream batch the relay gave up on again; it "
+        "tries again in 6 minutes (read its logs)",
+    ),
+    (
+        "RedriveExpired",
+        "a stream batch the relay gave up on expired before its re-drive: the "
+        "reconciler re-sends its occurrences when it checks their hour",
+    ),
+    (
+        "RelayRefused",
+        "an occurrence whose tenant its key does not name (written by a tenant's "
+        "worker, not by Punctual) was refused: read the relay's log for its id",
+    ),
+)
+
+# The alarms on the reconciler's hourly findings that are 0 while all is well: (metric and
+# alarm name, what the reconciler found).
+_RECONCILER_FINDINGS = (
+    (
+        "ReconcileUnexpected",
+        "a stored occurrence no schedule version owns (a planning "
+        "or versioning bug; its id is in the run's report)",
+    ),
+    (
+        "ReconcileIncomplete",
+        "a shard was not fully checked within the run (use smaller "
+        "reconciler shard groups); the next run checks that hour again",
+    ),
+    (
+        "ReconcileRedriven",
+        "occurrences no worker took long after they were due, and re-sent them "
+        "(messages lost after the send, or a tenant's workers down)",
+    ),
+    (
+        "ReconcileGaveUp",
+        "an hour that still had something open (in flight, deferred, a repair that "
+        "lost its race) when it left the two-day catch-up horizon: no run checks it "
+        "again; its report names it, re-run the window by hand",
+    ),
+    (
+        "ReconcileCursorsMoved",
+        "schedules left in a due bucket the walk had passed (the due index lagged "
+        "past the API's margin) and moved them ahead of the walk",
+    ),
+)
+
+
+def _graph(
+    title: str,
+    metrics: Sequence[cw.IMetric],
+    right: Sequence[cw.IMetric] = (),
+    annotations: Sequence[cw.HorizontalAnnotation] = (),
+) -> cw.GraphWidget:
+    """A third of the dashboard's width."""
+    return cw.GraphWidget(
+        title=title,
+        left=list(metrics),
+        right=list(right),
+        left_annotations=list(annotations),
+        width=8,
+        height=6,
+    )
+
+
+def _largest_queues(function: str, metric: str, label: str) -> cw.MathExpression:
+    """``metric`` of the 5 tenant queues where ``function`` of it is largest (Metrics
+    Insights)."""
+    return cw.MathExpression(
+        expression=(
+            f'SELECT {function}({metric}) FROM SCHEMA("AWS/SQS", QueueName) '
+            f"GROUP BY QueueName ORDER BY {function}() DESC LIMIT 5"
+        ),
+        label=label,
+        period=MINUTE,
+    )
+
 
 class Observability(Construct):
+    """The alarm topic, the alarms, and the dashboard with its custom widget."""
+
     def __init__(
         self,
         scope: Construct,
@@ -139,40 +233,9 @@ class Observability(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.drain_widget = self._drain_widget(defaults)
-        self.topic = sns.Topic(self, "Alarms", display_name="Punctual alarms", enforce_ssl=True)
-        acknowledge(
-            self.topic,
-            "SNS2",
-            "Not encrypted at rest: CloudWatch alarms can publish to an encrypted topic only "
-            "with a customer managed KMS key whose policy lets cloudwatch.amazonaws.com use it "
-            "(the AWS managed SNS key does not), and the notifications carry only alarm names, "
-            "states and descriptions, no tenant data: not worth a key of its own.",
-        )
-        # The topic's policy replaces SNS's default one, so CloudWatch needs its own grant:
-        # this account's alarms of this stack only (the alarms are named after the stack).
-        stack = Stack.of(self)
-        self.alarm_prefix = f"{stack.stack_name}-"
-        self.topic.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CloudWatchAlarmsPublish",
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                actions=["sns:Publish"],
-                resources=[self.topic.topic_arn],
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {
-                        "aws:SourceArn": stack.format_arn(
-                            service="cloudwatch",
-                            resource="alarm",
-                            resource_name=f"{self.alarm_prefix}*",
-                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                        )
-                    },
-                },
-            )
-        )
-        for email in emails:
-            self.topic.add_subscription(subscriptions.EmailSubscription(email))
+        # The alarms are named after the stack: the topic's policy admits them by name.
+        self.alarm_prefix = f"{Stack.of(self).stack_name}-"
+        self.topic = self._alarm_topic(emails)
         self.alarms: list[cw.Alarm] = []
         self._alarms(watched, settings, thresholds)
         self.dashboard = self._dashboard(watched, settings, thresholds)
@@ -195,6 +258,48 @@ class Observability(Construct):
             iam.PolicyStatement(actions=["cloudwatch:GetMetricData"], resources=["*"])
         )
         return function
+
+    # --- alarm topic ----------------------------------------------------------------------
+
+    def _alarm_topic(self, emails: Sequence[str]) -> sns.Topic:
+        """The topic every alarm notifies, with its email subscriptions."""
+        topic = sns.Topic(self, "Alarms", display_name="Punctual alarms", enforce_ssl=True)
+        acknowledge(
+            topic,
+            "SNS2",
+            "Not encrypted at rest: CloudWatch alarms can publish to an encrypted topic only "
+            "with a customer managed KMS key whose policy lets cloudwatch.amazonaws.com use it "
+            "(the AWS managed SNS key does not), and the notifications carry only alarm names, "
+            "states and descriptions, no tenant data: not worth a key of its own.",
+        )
+        self._allow_alarms_to_publish(topic)
+        for email in emails:
+            topic.add_subscription(subscriptions.EmailSubscription(email))
+        return topic
+
+    def _allow_alarms_to_publish(self, topic: sns.Topic) -> None:
+        """The topic's policy replaces SNS's default one, so CloudWatch needs its own grant:
+        this account's alarms of this stack only."""
+        stack = Stack.of(self)
+        topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {
+                        "aws:SourceArn": stack.format_arn(
+                            service="cloudwatch",
+                            resource="alarm",
+                            resource_name=f"{self.alarm_prefix}*",
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                        )
+                    },
+                },
+            )
+        )
 
     # --- alarms ---------------------------------------------------------------------------
 
@@ -234,6 +339,18 @@ class Observability(Construct):
         self.alarms.append(alarm)
 
     def _alarms(self, w: Watched, settings: Settings, t: AlarmThresholds) -> None:
+        """Every alarm, in the order the dashboard's alarm status widget lists them."""
+        self._lag_alarms(w, t)
+        self._relay_failure_alarms(w, t)
+        self._materializer_alarms(w, t)
+        self._schedule_rule_alarm(w)
+        self._reconciler_alarms(w, t)
+        self._throttle_alarms(settings, t)
+        self._api_alarm(w, t)
+
+    def _lag_alarms(self, w: Watched, t: AlarmThresholds) -> None:
+        """Occurrences late into their queues: the strict SLO, and each lane's relay behind
+        the outbox stream."""
         self._alarm(
             "StrictLagP99",
             punctual_metric("EnqueueLagStrict", "p99"),
@@ -260,6 +377,10 @@ class Observability(Construct):
             evaluation_periods=5,
             datapoints=5,
         )
+
+    def _relay_failure_alarms(self, w: Watched, t: AlarmThresholds) -> None:
+        """Occurrences the relay did not send: batches past their re-drive, the re-drive's
+        incidents, sends SQS refused."""
         self._alarm(
             "RelayUndelivered",
             w.relay_failures_dead.metric_approximate_number_of_messages_visible(
@@ -271,23 +392,7 @@ class Observability(Construct):
             "to the on-failure queue (docs/operations.md); the stream keeps it 24 hours, "
             "then only the reconciler re-sends what no worker took.",
         )
-        for name, what in (
-            (
-                "RedriveFailures",
-                "the re-drive failed to send a stream batch the relay gave up on again; it "
-                "tries again in 6 minutes (read its logs)",
-            ),
-            (
-                "RedriveExpired",
-                "a stream batch the relay gave up on expired before its re-drive: the "
-                "reconciler re-sends its occurrences when it checks their hour",
-            ),
-            (
-                "RelayRefused",
-                "an occurrence whose tenant its key does not name (written by a tenant's "
-                "worker, not by Punctual) was refused: read the relay's log for its id",
-            ),
-        ):
+        for name, what in _RELAY_INCIDENTS:
             self._alarm(name, punctual_metric(name, period=FIVE_MINUTES), 0, f"{what}.")
         self._alarm(
             "RelaySendFailures",
@@ -295,6 +400,9 @@ class Observability(Construct):
             t.relay_send_failures,
             "SQS refused relay sends; the stream retries them.",
         )
+
+    def _materializer_alarms(self, w: Watched, t: AlarmThresholds) -> None:
+        """Ticks that failed, ticks that stopped, and planning falling behind."""
         self._alarm(
             "MaterializerFailures",
             filled_sum(
@@ -335,6 +443,9 @@ class Observability(Construct):
             evaluation_periods=5,
             datapoints=5,
         )
+
+    def _schedule_rule_alarm(self, w: Watched) -> None:
+        """EventBridge failing to start either scheduled workflow."""
         self._alarm(
             "ScheduleRuleFailures",
             filled_sum(
@@ -349,40 +460,16 @@ class Observability(Construct):
             "EventBridge failed to start the materializer's ticker or the reconciler's "
             "hourly run (its role, a throttled or missing state machine).",
         )
+
+    def _reconciler_alarms(self, w: Watched, t: AlarmThresholds) -> None:
+        """What the hourly reconciliation found, and runs that failed."""
         self._alarm(
             "ReconcileMissing",
             punctual_metric("ReconcileMissing", period=Duration.hours(1)),
             t.reconcile_missing,
             "The reconciler found expected occurrences that were never materialized.",
         )
-        for name, what in (
-            (
-                "ReconcileUnexpected",
-                "a stored occurrence no schedule version owns (a planning "
-                "or versioning bug; its id is in the run's report)",
-            ),
-            (
-                "ReconcileIncomplete",
-                "a shard was not fully checked within the run (use smaller "
-                "reconciler shard groups); the next run checks that hour again",
-            ),
-            (
-                "ReconcileRedriven",
-                "occurrences no worker took long after they were due, and re-sent them "
-                "(messages lost after the send, or a tenant's workers down)",
-            ),
-            (
-                "ReconcileGaveUp",
-                "an hour that still had something open (in flight, deferred, a repair that "
-                "lost its race) when it left the two-day catch-up horizon: no run checks it "
-                "again; its report names it, re-run the window by hand",
-            ),
-            (
-                "ReconcileCursorsMoved",
-                "schedules left in a due bucket the walk had passed (the due index lagged "
-                "past the API's margin) and moved them ahead of the walk",
-            ),
-        ):
+        for name, what in _RECONCILER_FINDINGS:
             self._alarm(
                 name,
                 punctual_metric(name, period=Duration.hours(1)),
@@ -403,6 +490,9 @@ class Observability(Construct):
             "An hourly reconciliation run failed or timed out (some shard groups unchecked).",
             **LATE_FAILURES,
         )
+
+    def _throttle_alarms(self, settings: Settings, t: AlarmThresholds) -> None:
+        """One per table, its indexes included."""
         for spec in ALL_TABLES:
             name = spec.name(settings)
             self._alarm(
@@ -412,6 +502,8 @@ class Observability(Construct):
                 f"DynamoDB throttled requests to {name} or its indexes (hot partition).",
                 **LATE_FAILURES,
             )
+
+    def _api_alarm(self, w: Watched, t: AlarmThresholds) -> None:
         self._alarm(
             "Api5xx",
             w.api.metric_server_error(period=FIVE_MINUTES, statistic="Sum"),
@@ -421,79 +513,34 @@ class Observability(Construct):
 
     # --- dashboard ------------------------------------------------------------------------
 
-    @staticmethod
-    def _backlog_widgets(graph: Callable[..., cw.GraphWidget]) -> list[cw.IWidget]:
-        """After an outage (docs/operations.md, *Backlog and drain*): the planning backlog
-        (the materializer's walks) and the delivery backlog (the tenants' queues), each by
-        the age of its oldest due work and how fast it drains; the largest tenants by
-        their queues (Metrics Insights, top 5)."""
-
-        def top(function: str, metric: str, label: str) -> cw.MathExpression:
-            return cw.MathExpression(
-                expression=(
-                    f'SELECT {function}({metric}) FROM SCHEMA("AWS/SQS", QueueName) '
-                    f"GROUP BY QueueName ORDER BY {function}() DESC LIMIT 5"
-                ),
-                label=label,
-                period=MINUTE,
-            )
-
-        return [
-            graph(
-                "Planning backlog: oldest unplanned (s), drain time (s)",
-                [
-                    punctual_metric("PlanningOldestAge", "Maximum", label="oldest unplanned"),
-                    punctual_metric("PlanningDrainSeconds", "Maximum", label="drain time"),
-                ],
-            ),
-            graph(
-                "Largest tenant queues: oldest message (s)",
-                [top("MAX", "ApproximateAgeOfOldestMessage", "")],
-            ),
-            graph(
-                "Largest tenant queues: waiting, consumed per minute",
-                [top("MAX", "ApproximateNumberOfMessagesVisible", "")],
-                right=[top("SUM", "NumberOfMessagesDeleted", "")],
-            ),
-        ]
-
     def _dashboard(self, w: Watched, settings: Settings, t: AlarmThresholds) -> cw.Dashboard:
-        functions = {
-            "api": w.api_function,
-            "materializer": w.materializer,
-            "relay": w.relay,
-            "catch-up relay": w.catchup_relay,
-            "reconciler": w.reconciler,
-        }
-
-        def graph(
-            title: str,
-            metrics: Sequence[cw.IMetric],
-            right: Sequence[cw.IMetric] = (),
-            annotations: Sequence[cw.HorizontalAnnotation] = (),
-        ) -> cw.GraphWidget:
-            return cw.GraphWidget(
-                title=title,
-                left=list(metrics),
-                right=list(right),
-                left_annotations=list(annotations),
-                width=8,
-                height=6,
-            )
-
-        lag = [
-            punctual_metric(f"EnqueueLag{kind}", stat, label=f"{kind.lower()} {stat}")
-            for kind in ("Strict", "Flexible")
-            for stat in ("p50", "p95", "p99")
-        ]
+        """One method per row, top to bottom."""
         dashboard = cw.Dashboard(
             self,
             "Dashboard",
             dashboard_name=Stack.of(self).stack_name,
             default_interval=Duration.hours(3),
         )
-        dashboard.add_widgets(
-            graph(
+        dashboard.add_widgets(*self._flow_row(t))
+        dashboard.add_widgets(*self._relay_row(w))
+        dashboard.add_widgets(*self._load_row(w, settings))
+        dashboard.add_widgets(*self._reconciler_row())
+        dashboard.add_widgets(*self._backlog_row())
+        dashboard.add_widgets(self._drain_row())
+        dashboard.add_widgets(self._alarm_row())
+        return dashboard
+
+    @staticmethod
+    def _flow_row(t: AlarmThresholds) -> list[cw.IWidget]:
+        """How late occurrences reach their queues, how many are planned and sent, and
+        what planning left for the next tick."""
+        lag = [
+            punctual_metric(f"EnqueueLag{kind}", stat, label=f"{kind.lower()} {stat}")
+            for kind in ("Strict", "Flexible")
+            for stat in ("p50", "p95", "p99")
+        ]
+        return [
+            _graph(
                 "Schedule lag (s): receivable minus scheduled_for",
                 lag,
                 right=[
@@ -507,20 +554,24 @@ class Observability(Construct):
                     )
                 ],
             ),
-            graph(
+            _graph(
                 "Per minute: materialized, enqueued",
                 [
                     punctual_metric("Occurrences", label="materialized"),
                     punctual_metric("Relayed", label="enqueued"),
                 ],
             ),
-            graph(
+            _graph(
                 "Due backlog (materializer, max per minute)",
                 [punctual_metric("DueBacklog", "Maximum")],
             ),
-        )
-        dashboard.add_widgets(
-            graph(
+        ]
+
+    @staticmethod
+    def _relay_row(w: Watched) -> list[cw.IWidget]:
+        """The relay behind the stream, every function's errors, what was not delivered."""
+        return [
+            _graph(
                 "Outbox stream iterator age (ms)",
                 [
                     w.relay.metric(
@@ -531,19 +582,19 @@ class Observability(Construct):
                     ),
                 ],
             ),
-            graph(
+            _graph(
                 "Errors",
                 [
                     *(
                         fn.metric_errors(period=MINUTE, label=f"{name} errors")
-                        for name, fn in functions.items()
+                        for name, fn in w.functions().items()
                     ),
                     punctual_metric("RelaySendFailures"),
                     w.ticker.metric_failed(period=MINUTE, label="ticks failed"),
                     w.ticker.metric_timed_out(period=MINUTE, label="ticks timed out"),
                 ],
             ),
-            graph(
+            _graph(
                 "Undelivered and misfired",
                 [
                     w.relay_failures.metric_approximate_number_of_messages_visible(
@@ -557,19 +608,24 @@ class Observability(Construct):
                     punctual_metric("Missed", label="missed (misfire policy)"),
                 ],
             ),
-        )
-        dashboard.add_widgets(
-            graph(
+        ]
+
+    @staticmethod
+    def _load_row(w: Watched, settings: Settings) -> list[cw.IWidget]:
+        """Throttles of every function and table, the API's traffic, the materializer's
+        contention."""
+        return [
+            _graph(
                 "Throttles",
                 [
                     *(
                         fn.metric_throttles(period=MINUTE, label=f"{name} Lambda throttles")
-                        for name, fn in functions.items()
+                        for name, fn in w.functions().items()
                     ),
                     *(_table_throttles(spec, settings, MINUTE) for spec in ALL_TABLES),
                 ],
             ),
-            graph(
+            _graph(
                 "API: requests, 4xx, 5xx",
                 [
                     w.api.metric_count(period=MINUTE, label="requests"),
@@ -578,18 +634,21 @@ class Observability(Construct):
                 ],
                 right=[w.api.metric_latency(period=MINUTE, statistic="p99", label="p99 ms")],
             ),
-            graph(
+            _graph(
                 "Materializer internals",
                 [
                     punctual_metric(name)
                     for name in ("CursorConflicts", "ShardsBusy", "LeasesLost", "ShardsOutOfTime")
                 ],
             ),
-        )
-        dashboard.add_widgets(
-            # What became of the last hour's occurrences, as the reconciler counts them in
-            # the tables: the workers' own metrics are in the accounts where workers run.
-            graph(
+        ]
+
+    @staticmethod
+    def _reconciler_row() -> list[cw.IWidget]:
+        """What became of the last hour's occurrences, as the reconciler counts them in the
+        tables: the workers' own metrics are in the accounts where workers run."""
+        return [
+            _graph(
                 "Outcomes per hour (reconciler)",
                 [
                     punctual_metric(f"Reconcile{name}", period=Duration.hours(1), label=label)
@@ -603,7 +662,7 @@ class Observability(Construct):
                     )
                 ],
             ),
-            graph(
+            _graph(
                 "Reconciler findings (per hour)",
                 [
                     punctual_metric(name, period=Duration.hours(1))
@@ -628,17 +687,40 @@ class Observability(Construct):
                 width=8,
                 height=6,
             ),
+        ]
+
+    @staticmethod
+    def _backlog_row() -> list[cw.IWidget]:
+        """After an outage (docs/operations.md, *Backlog and drain*): the planning backlog
+        (the materializer's walks) and the delivery backlog (the tenants' queues), each by
+        the age of its oldest due work and how fast it drains; the largest tenants by
+        their queues (Metrics Insights, top 5)."""
+        return [
+            _graph(
+                "Planning backlog: oldest unplanned (s), drain time (s)",
+                [
+                    punctual_metric("PlanningOldestAge", "Maximum", label="oldest unplanned"),
+                    punctual_metric("PlanningDrainSeconds", "Maximum", label="drain time"),
+                ],
+            ),
+            _graph(
+                "Largest tenant queues: oldest message (s)",
+                [_largest_queues("MAX", "ApproximateAgeOfOldestMessage", "")],
+            ),
+            _graph(
+                "Largest tenant queues: waiting, consumed per minute",
+                [_largest_queues("MAX", "ApproximateNumberOfMessagesVisible", "")],
+                right=[_largest_queues("SUM", "NumberOfMessagesDeleted", "")],
+            ),
+        ]
+
+    def _drain_row(self) -> cw.IWidget:
+        return cw.CustomWidget(
+            function_arn=self.drain_widget.function_arn,
+            title="Delivery backlog and drain time: all tenants, the 5 largest",
+            width=24,
+            height=5,
         )
-        dashboard.add_widgets(*self._backlog_widgets(graph))
-        dashboard.add_widgets(
-            cw.CustomWidget(
-                function_arn=self.drain_widget.function_arn,
-                title="Delivery backlog and drain time: all tenants, the 5 largest",
-                width=24,
-                height=5,
-            )
-        )
-        dashboard.add_widgets(
-            cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=24, height=4)
-        )
-        return dashboard
+
+    def _alarm_row(self) -> cw.IWidget:
+        return cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=24, height=4)

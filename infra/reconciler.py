@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_events as events
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -22,6 +23,8 @@ from punctual.ids import shard_groups
 
 
 class Reconciliation(Construct):
+    """The reconciler function and the hourly run that invokes it once per shard group."""
+
     def __init__(
         self,
         scope: Construct,
@@ -35,7 +38,20 @@ class Reconciliation(Construct):
         minute: int,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.function = python_function(
+        self.function = self._reconciler_function(defaults)
+        self._grant_calls(data, queues)
+        each_group = self._each_group(max_concurrency)
+        outcome = self._any_group_failed()
+        verdict = self._verdict()
+        self.state_machine, self.rule = self._hourly_run(
+            each_group.next(outcome).next(verdict),
+            defaults,
+            minute,
+            shard_groups(data.settings.shard_count, group_size),
+        )
+
+    def _reconciler_function(self, defaults: FunctionDefaults) -> lambda_.Function:
+        return python_function(
             self,
             "Function",
             handler="reconciler.handler.lambda_handler",
@@ -48,11 +64,13 @@ class Reconciliation(Construct):
             memory_mb=1769,
             description="Recomputes expected occurrences of a shard group and repairs gaps",
         )
-        # Exactly what the reconciler's code calls (tests/infrastructure/inventory.txt): it
-        # reads schedule versions and stored occurrences, repairs a gap in one transaction
-        # (the occurrence put, a check on the schedule), moves a schedule left behind the
-        # walk (due buckets, the shard's watermark), re-sends what no worker took (the
-        # occurrences read again, their queues) and reads and saves its reports.
+
+    def _grant_calls(self, data: DataReferences, queues: TargetQueueAccess) -> None:
+        """Exactly what the reconciler's code calls (tests/infrastructure/inventory.txt): it
+        reads schedule versions and stored occurrences, repairs a gap in one transaction
+        (the occurrence put, a check on the schedule), moves a schedule left behind the
+        walk (due buckets, the shard's watermark), re-sends what no worker took (the
+        occurrences read again, their queues) and reads and saves its reports."""
         data.grant(
             self.function,
             {
@@ -78,6 +96,9 @@ class Reconciliation(Construct):
         )
         queues.grant(self.function, "SendMessage")
 
+    def _each_group(self, max_concurrency: int) -> sfn.Map:
+        """The Map over the shard groups; each iteration records whether its group was
+        reconciled ("ok") or failed ("failed")."""
         invoke = group_invoke(
             self,
             "ReconcileGroup",
@@ -95,14 +116,20 @@ class Reconciliation(Construct):
         )
         each_group = map_over_groups(self, "time", max_concurrency)
         each_group.item_processor(group)
-        outcome = sfn.Pass(
+        return each_group
+
+    def _any_group_failed(self) -> sfn.Pass:
+        return sfn.Pass(
             self,
             "AnyGroupFailed",
             parameters={
                 "failed": sfn.JsonPath.array_contains(sfn.JsonPath.entire_payload, "failed")
             },
         )
-        verdict = (
+
+    def _verdict(self) -> sfn.Choice:
+        """The run fails if any group failed, and succeeds otherwise."""
+        return (
             sfn.Choice(self, "AllGroupsReconciled")
             .when(
                 sfn.Condition.boolean_equals("$.failed", True),
@@ -112,16 +139,27 @@ class Reconciliation(Construct):
             )
             .otherwise(sfn.Succeed(self, "Done"))
         )
-        # Standard, not Express: one group may take the Lambda's full 15 minutes, past
-        # Express's 5-minute cap. Standard bills transitions, not duration: a run is the
-        # Map, two states per group and three after it, 20 at the default 8 groups, so
-        # 24 x 30 runs a month make about 14,400 transitions, $0.36 at $0.025 per 1,000
-        # (less the 4,000 free ones). Express would bill 15 minutes of each run anyway.
-        self.state_machine, self.rule = scheduled_over_groups(
+
+    def _hourly_run(
+        self,
+        definition: sfn.IChainable,
+        defaults: FunctionDefaults,
+        minute: int,
+        groups: list[list[int]],
+    ) -> tuple[sfn.StateMachine, events.Rule]:
+        """The state machine running ``definition`` and the rule starting it every hour at
+        ``minute`` past.
+
+        Standard, not Express: one group may take the Lambda's full 15 minutes, past
+        Express's 5-minute cap. Standard bills transitions, not duration: a run is the Map,
+        two states per group and three after it, 20 at the default 8 groups, so 24 x 30
+        runs a month make about 14,400 transitions, $0.36 at $0.025 per 1,000 (less the
+        4,000 free ones). Express would bill 15 minutes of each run anyway."""
+        return scheduled_over_groups(
             self,
             name="Hourly",
             machine_type=sfn.StateMachineType.STANDARD,
-            definition=each_group.next(outcome).next(verdict),
+            definition=definition,
             # Within the hour, so that runs never pile up behind a slow one.
             timeout=Duration.seconds(RECONCILE_RUN_TIMEOUT_SECONDS),
             function=self.function,
@@ -130,5 +168,5 @@ class Reconciliation(Construct):
             # Off the top of the hour, when the strict peak materializes and relays.
             schedule=events.Schedule.cron(minute=str(minute)),
             time_key="time",
-            groups=shard_groups(data.settings.shard_count, group_size),
+            groups=groups,
         )

@@ -25,6 +25,7 @@ from infra.operators import OperatorRole
 from infra.queues import TargetQueueAccess
 from infra.reconciler import Reconciliation
 from infra.relay import Relaying
+from punctual.settings import Settings
 
 
 class PunctualDataStack(cdk.Stack):
@@ -47,65 +48,95 @@ class PunctualStack(cdk.Stack):
         self, scope: Construct, construct_id: str, *, config: DeployConfig, **kwargs: Any
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        self._config = config
         settings = config.settings()
         data = DataReferences(self, "Data", settings=settings)
         queues = TargetQueueAccess(self, "TargetQueues", prefix=settings.queue_prefix)
+        operator = OperatorRole(self, "Operator") if config.operator_role else None
+        defaults = self._function_defaults(data, operator)
+        self.api = self._api(data, queues, defaults)
+        self.materialization = self._materialization(data, defaults)
+        self.relaying = self._relaying(data, queues, defaults)
+        self.reconciliation = self._reconciliation(data, queues, defaults)
+        self.observability = self._observability(settings, defaults)
+        self._outputs(operator)
+
+    def _function_defaults(
+        self, data: DataReferences, operator: OperatorRole | None
+    ) -> FunctionDefaults:
+        """What every function shares: the core layer and the PUNCTUAL_* settings."""
         environment = {
             **data.environment(),
-            **config.environment(),
+            **self._config.environment(),
             # Where the tables and queues live: the workers' IAM policy names them.
             "PUNCTUAL_ACCOUNT_ID": cdk.Aws.ACCOUNT_ID,
             "PUNCTUAL_PARTITION": cdk.Aws.PARTITION,
         }
-        operator = OperatorRole(self, "Operator") if config.operator_role else None
         if operator is not None:
             environment["PUNCTUAL_OPERATOR_PRINCIPALS"] = ",".join(
-                [operator.role.role_arn, *sorted(config.operator_principals)]
+                [operator.role.role_arn, *sorted(self._config.operator_principals)]
             )
-        defaults = FunctionDefaults(layer=CoreLayer(self, "Core").layer, environment=environment)
-        self.api = Api(
+        return FunctionDefaults(layer=CoreLayer(self, "Core").layer, environment=environment)
+
+    def _api(
+        self, data: DataReferences, queues: TargetQueueAccess, defaults: FunctionDefaults
+    ) -> Api:
+        return Api(
             self,
             "Api",
             data=data,
             queues=queues,
             defaults=defaults,
-            rate_limit=config.api_rate_limit,
-            reserved_concurrency=config.api_concurrency,
-            burst_limit=config.api_burst_limit,
-            caller_accounts=config.caller_accounts,
+            rate_limit=self._config.api_rate_limit,
+            reserved_concurrency=self._config.api_concurrency,
+            burst_limit=self._config.api_burst_limit,
+            caller_accounts=self._config.caller_accounts,
         )
-        self.materialization = Materialization(
+
+    def _materialization(self, data: DataReferences, defaults: FunctionDefaults) -> Materialization:
+        return Materialization(
             self,
             "Materialization",
             data=data,
             defaults=defaults,
-            group_size=config.shard_group_size,
-            max_concurrency=config.map_concurrency,
-            reserved_concurrency=config.materializer_concurrency,
+            group_size=self._config.shard_group_size,
+            max_concurrency=self._config.map_concurrency,
+            reserved_concurrency=self._config.materializer_concurrency,
         )
-        self.relaying = Relaying(
+
+    def _relaying(
+        self, data: DataReferences, queues: TargetQueueAccess, defaults: FunctionDefaults
+    ) -> Relaying:
+        return Relaying(
             self,
             "Relay",
             data=data,
             queues=queues,
             defaults=defaults,
-            parallelization_factor=config.relay_parallelization_factor,
-            catchup_parallelization_factor=config.catchup_parallelization_factor,
-            batching_window_seconds=config.relay_batching_window_seconds,
-            reserved_concurrency=config.relay_concurrency,
-            catchup_reserved_concurrency=config.catchup_concurrency,
+            parallelization_factor=self._config.relay_parallelization_factor,
+            catchup_parallelization_factor=self._config.catchup_parallelization_factor,
+            batching_window_seconds=self._config.relay_batching_window_seconds,
+            reserved_concurrency=self._config.relay_concurrency,
+            catchup_reserved_concurrency=self._config.catchup_concurrency,
         )
-        self.reconciliation = Reconciliation(
+
+    def _reconciliation(
+        self, data: DataReferences, queues: TargetQueueAccess, defaults: FunctionDefaults
+    ) -> Reconciliation:
+        return Reconciliation(
             self,
             "Reconciliation",
             data=data,
             queues=queues,
             defaults=defaults,
-            group_size=config.reconcile_group_size,
-            max_concurrency=config.reconcile_concurrency,
-            minute=config.reconcile_minute,
+            group_size=self._config.reconcile_group_size,
+            max_concurrency=self._config.reconcile_concurrency,
+            minute=self._config.reconcile_minute,
         )
-        self.observability = Observability(
+
+    def _observability(self, settings: Settings, defaults: FunctionDefaults) -> Observability:
+        """The alarms and the dashboard, on what the other constructs made."""
+        return Observability(
             self,
             "Observability",
             watched=Watched(
@@ -123,10 +154,13 @@ class PunctualStack(cdk.Stack):
                 reconciler_rule=self.reconciliation.rule,
             ),
             settings=settings,
-            thresholds=config.alarms,
-            emails=config.alarm_emails,
+            thresholds=self._config.alarms,
+            emails=self._config.alarm_emails,
             defaults=defaults,
         )
+
+    def _outputs(self, operator: OperatorRole | None) -> None:
+        """The API's URL, the operator role (allowed to call the API), the alarm topic."""
         cdk.CfnOutput(self, "ApiUrl", value=self.api.rest_api.url, description="Base URL")
         if operator is not None:
             operator.allow(self.api.rest_api)
