@@ -11,9 +11,10 @@ import pytest
 
 from punctual.dal.common import UNPROCESSED
 from punctual.errors import Retryable
-from punctual.scheduling import GRANT, ControlPlane
+from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.tenancy import Quotas
+from punctual.tenant_admin import GRANT
 from tests.integration.conftest import Clock
 
 

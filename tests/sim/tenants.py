@@ -22,8 +22,9 @@ from punctual.dal.common import to_dynamo, values
 from punctual.dal.schedules import PAYLOAD_MARK, payload_bytes
 from punctual.dal.tables import current_key
 from punctual.errors import PunctualError
+from punctual.manual import Backfilled, Triggered
 from punctual.models import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
-from punctual.scheduling import Backfilled, ControlPlane, Triggered
+from punctual.scheduling import ControlPlane
 from punctual.tenancy import Quotas
 from punctual.timing import get_zone
 

@@ -11,6 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Context, Decimal, DecimalException, Inexact, Rounded
 from enum import StrEnum
@@ -417,6 +418,35 @@ class ScheduleState(StrEnum):
     PAUSED = "PAUSED"
     CANCELED = "CANCELED"
     COMPLETED = "COMPLETED"  # no fire left (one-shot done, end_at passed)
+
+
+# A schedule's states in one table, as the occurrence's TRANSITIONS below: every move and
+# the states it may start from (each a conditional write from the state read), and what
+# each state means for quota and fires. The API, the materializer, the reconciler, the
+# worker and the store's conditions read these, not sets of their own.
+@dataclass(frozen=True, slots=True)
+class ScheduleMove:
+    to: ScheduleState
+    allowed_from: frozenset[ScheduleState]
+
+
+_S = ScheduleState
+SCHEDULE_MOVES: dict[str, ScheduleMove] = {
+    "pause": ScheduleMove(_S.PAUSED, frozenset({_S.ACTIVE})),
+    # The next fire is strictly after the resume: the paused period is not caught up.
+    "resume": ScheduleMove(_S.ACTIVE, frozenset({_S.PAUSED})),
+    "cancel": ScheduleMove(_S.CANCELED, frozenset({_S.ACTIVE, _S.PAUSED, _S.COMPLETED})),
+    # An update keeps a PAUSED schedule paused, and makes any other ACTIVE (a COMPLETED one
+    # given fires again).
+    "update": ScheduleMove(_S.ACTIVE, frozenset({_S.ACTIVE, _S.PAUSED, _S.COMPLETED})),
+    # The materializer's, when no fire is left: no new version.
+    "complete": ScheduleMove(_S.COMPLETED, frozenset({_S.ACTIVE})),
+}
+# Counted in the tenant's usage (max_schedules, the strict fires of each minute).
+HOLDS_QUOTA = frozenset({_S.ACTIVE, _S.PAUSED})
+# Owns its fires: the reconciler expects them and the worker runs them (a COMPLETED
+# schedule's last fires still run).
+OWNS_FIRES = frozenset({_S.ACTIVE, _S.COMPLETED})
 
 
 class ScheduleDefinition(_Record):

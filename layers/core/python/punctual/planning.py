@@ -212,3 +212,11 @@ def _occurrence(
         state=OccurrenceState.SCHEDULED,
         expires_at=receivable + retention,
     )
+
+
+def handled_until(schedule: Schedule) -> int:
+    """Every fire due (available) by this instant has been made (punctual.planning)."""
+    if schedule.planned_until is not None:
+        return schedule.planned_until
+    # A cursor written before planned_until existed: every fire before next_run_at.
+    return (schedule.next_run_at or 0) - 1

@@ -35,6 +35,7 @@ from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.errors import InvalidInput, Retryable
 from punctual.ids import available_at, is_manual, minute_of, occurrence_id
 from punctual.models import (
+    OWNS_FIRES,
     Finding,
     Lane,
     MisfireAction,
@@ -76,7 +77,6 @@ FOLLOWER_PAGE = 100  # stored occurrences read past the window to find a late-fi
 # seconds after a write may miss it). A scheduled run checks an hour after the window.
 INDEX_SETTLED = 300
 
-_OWNING_STATES = (ScheduleState.ACTIVE, ScheduleState.COMPLETED)
 _OPEN = (OccurrenceState.SCHEDULED, OccurrenceState.RETRY_WAIT, OccurrenceState.RUNNING)
 
 
@@ -140,7 +140,7 @@ def expected_occurrences(
     runs = [v for i, v in enumerate(versions) if i == 0 or not _same_run(versions[i - 1], v)]
     for index, version in enumerate(runs):
         schedule = version.schedule
-        if schedule.state not in _OWNING_STATES:
+        if schedule.state not in OWNS_FIRES:
             continue
         # Version 1 owns a fire at its creation instant (a rate anchored there fires at
         # once); a later version plans strictly after its change (a renamed one's run
@@ -183,7 +183,7 @@ def _dormant(version: ScheduleVersion, since: int) -> bool:
     schedule = version.schedule
     if version.effective_from > since:
         return False
-    if schedule.state in (ScheduleState.PAUSED, ScheduleState.CANCELED):
+    if schedule.state not in OWNS_FIRES:  # paused or canceled
         return True
     return schedule.state is ScheduleState.COMPLETED and schedule.rule().next_after(since) is None
 

@@ -15,10 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from punctual.backoff import Backoff
 from punctual.dal.common import ConditionFailed
 from punctual.dal.leases import watermark_of
-from punctual.dal.occurrences import StoredOccurrence, Window
+from punctual.dal.occurrences import StoredOccurrence
 from punctual.dal.schedules import (
     ScheduleVersion,
     StoredSchedule,
@@ -26,72 +25,54 @@ from punctual.dal.schedules import (
     stored_schedule,
     version_to_item,
 )
-from punctual.dal.tenants import manual_run_update, tenant_from_item, usage_update
+from punctual.dal.tenants import tenant_from_item, usage_update
 from punctual.errors import (
     Conflict,
-    Forbidden,
     InvalidInput,
     NotFound,
     QuotaExceeded,
-    RateExceeded,
     Retryable,
 )
 from punctual.ids import (
     available_at,
-    backfill_tag,
-    is_manual,
-    manual_tag,
     minute_of,
     new_schedule_id,
     occurrence_id,
-    occurrence_name,
     shard_of,
     tenant_of_schedule,
 )
-from punctual.integrations.queues import QueueAdmin, TargetQueues
+from punctual.integrations.queues import QueueAdmin
+from punctual.manual import Backfilled, ManualRuns, Triggered
 from punctual.models import (
+    HOLDS_QUOTA,
+    SCHEDULE_MOVES,
     AtSpec,
     Attempt,
-    Lane,
     MissedEpisode,
     Occurrence,
     OccurrenceState,
     Schedule,
     ScheduleDefinition,
+    ScheduleMove,
     ScheduleState,
     field_errors,
 )
 from punctual.observability import logger
-from punctual.planning import MAX_CATCHUP_SPREAD, plan, wall_text
-from punctual.principals import PrincipalError, normalize_principal
+from punctual.planning import handled_until, plan
 from punctual.relay import Relay, outbound
-from punctual.rezone import SPAN as REZONE_SPAN
 from punctual.services import Services
 from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
+from punctual.tenant_admin import TenantAdmin
 from punctual.timing import Fire, get_zone, preview, tzdata_version, utc_text
 
 PREVIEW_COUNT = 5
 # Plans re-made when the materializer's walk overtakes a change before it commits (or the
 # change is the first in its shard, which it opens first).
 WALK_RETRIES = 4
-_LIVE = (ScheduleState.ACTIVE, ScheduleState.PAUSED)
-# A run now read again after its transaction was refused (the key's first request won, the
-# schedule or the minute's count moved); more refusals in a row answer "retry".
-TRIGGER_RETRIES = 4
-# Rounds of granting a tenant's principals on its queues until a read finds no new one.
-GRANT = Backoff(tries=5, base=0.1, cap=1.0)
 # Beyond the relay's batching window: the mapping's poll (4 a second), the relay's start and
 # send, and clocks apart. An occurrence receivable later than now + window + this reaches
 # its queue before its time through the outbox alone.
 PROMPT_MARGIN_SECONDS = 3
-# A backfill's puts per transaction, next to the schedule's version check and the backfill's
-# record (100 actions).
-BACKFILL_CHUNK = 98
-BACKFILL_SHOWN = 10  # occurrences a backfill's answer lists
-# States of an occurrence that was never delivered and never will be: a backfill may make
-# its instant anew. (SKIPPED_OVERLAP was delivered, and the overlap policy decided: kept.)
-_NOT_RUN = frozenset({OccurrenceState.MISSED, OccurrenceState.CANCELED})
-
 # One canceled after its time: due, its message sent or waiting, no worker had taken it.
 _LATE_CANCEL_NOTE = (
     "canceled after its time (due, not taken by a worker yet): it will not run, as the change asked"
@@ -128,32 +109,6 @@ class NextFires:
 
 
 @dataclass(frozen=True, slots=True)
-class Triggered:
-    """A run-now request's occurrence; ``replayed`` when an earlier request with the same
-    Idempotency-Key made it."""
-
-    occurrence: Occurrence
-    replayed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Backfilled:
-    """What a backfill of [since, until) found and made (or, dry, would make): its fires,
-    those that already have an occurrence, those the materializer will still make, and the
-    occurrences made, paced from now (the first BACKFILL_SHOWN in ``shown``)."""
-
-    fires: int
-    existing: int
-    planned: int
-    made: list[Occurrence]
-    dry_run: bool
-
-    @property
-    def shown(self) -> list[Occurrence]:
-        return self.made[:BACKFILL_SHOWN]
-
-
-@dataclass(frozen=True, slots=True)
 class Saved:
     schedule: Schedule
     next_fires: NextFires
@@ -173,39 +128,6 @@ class Saved:
             + ([resolution] if resolution else [])
             + self.next_fires.notes
         )
-
-
-def _handled_until(schedule: Schedule) -> int:
-    """Every fire due (available) by this instant has been made (punctual.planning)."""
-    if schedule.planned_until is not None:
-        return schedule.planned_until
-    # A cursor written before planned_until existed: every fire before next_run_at.
-    return (schedule.next_run_at or 0) - 1
-
-
-def _fires_in(schedule: Schedule, since: int, until: int, limit: int) -> list[int]:
-    """The schedule's fires in [since, until), refused when there are more than ``limit``
-    (read one at a time: a wide range of a frequent schedule is never listed whole)."""
-    rule = schedule.rule()
-    found: list[int] = []
-    fire = rule.next_after(since - 1)
-    while fire is not None and fire < until:
-        if len(found) == limit:
-            raise InvalidInput(
-                f"the range holds more than {limit} fires (max_backfill_occurrences); narrow it",
-                [{"field": "to", "reason": f"more than {limit} fires from from"}],
-            )
-        found.append(fire)
-        fire = rule.next_after(fire)
-    return found
-
-
-def _has_run(occurrence: Occurrence, backfill: str) -> bool:
-    """Ran or will, as a backfill judges it: a fire's occurrence (any version) unless it
-    never ran, and any of the schedule's backfilled ones (``backfill``: their tag; their ids
-    are taken). A run now is not a fire."""
-    _, _, _, manual = occurrence_name(occurrence.occurrence_id)
-    return (manual is None and occurrence.state not in _NOT_RUN) or manual == backfill
 
 
 class _StateMoved(Exception):
@@ -234,42 +156,43 @@ def _after_completion_race(change: Callable[[], Saved]) -> Saved:
 class ControlPlane:
     def __init__(self, services: Services) -> None:
         self._s = services
+        self.services = services
         self.settings = services.settings
         self.schedules = services.schedules
         self.occurrences = services.occurrences
         self.tenants = services.tenants
         self.leases = services.leases
         self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix, services.sleep)
+        self.admin = TenantAdmin(services, self.tenants, self.queues)
+        self.manual = ManualRuns(self)
         # The relay's own sending code, for what the API sends at once (_send_promptly).
         self._relay = Relay(services, workers=1)
 
     def _now(self) -> int:
         return int(self._s.now())
 
-    # --- callers ----------------------------------------------------------------------
+    # --- callers, targets and tenants: punctual.tenant_admin ---------------------------
 
     def is_operator(self, principal_arn: str) -> bool:
-        try:
-            caller = normalize_principal(principal_arn)
-        except PrincipalError:
-            return False
-        return caller in self.settings.operator_principals
+        return self.admin.is_operator(principal_arn)
 
     def tenant_of(self, principal_arn: str) -> str:
-        try:
-            caller = normalize_principal(principal_arn)
-        except PrincipalError:
-            raise Forbidden("this kind of principal cannot be bound to a tenant") from None
-        tenant_id = self.tenants.tenant_of(caller)
-        if tenant_id is None:
-            raise Forbidden("this principal is not bound to a tenant")
-        return tenant_id
+        return self.admin.tenant_of(principal_arn)
+
+    def create_target(self, tenant_id: str, name: str) -> Target:
+        return self.admin.create_target(tenant_id, name)
+
+    def bind_principal(self, principal_arn: str, tenant_id: str) -> Tenant:
+        return self.admin.bind_principal(principal_arn, tenant_id)
+
+    def create_tenant(self, tenant_id: str, quotas: Quotas) -> Tenant:
+        return self.admin.create_tenant(tenant_id, quotas)
 
     # --- schedules --------------------------------------------------------------------
 
     def create(self, tenant_id: str, definition: ScheduleDefinition) -> Saved:
         now = self._now()
-        self._require_target(tenant_id, definition.target)
+        self.admin.require_target(tenant_id, definition.target)
         moment = datetime.fromtimestamp(now, UTC)
         schedule = Schedule.model_validate(
             {
@@ -286,13 +209,13 @@ class ControlPlane:
         return self._save(None, schedule, now=now, require_fire=True)
 
     def get(self, tenant_id: str, schedule_id: str) -> Schedule:
-        return self._owned(tenant_id, schedule_id, payload=True).schedule
+        return self.owned(tenant_id, schedule_id, payload=True).schedule
 
     def versions(
         self, tenant_id: str, schedule_id: str, *, limit: int, token: str | None
     ) -> tuple[list[ScheduleVersion], str | None]:
         """A page of the schedule's versions, newest first, each with when it took effect."""
-        self._owned(tenant_id, schedule_id, payload=False)
+        self.owned(tenant_id, schedule_id, payload=False)
         return self.schedules.versions(schedule_id, limit=limit, token=token)
 
     def list_schedules(
@@ -318,7 +241,7 @@ class ControlPlane:
             due = available_at(occ_id, fire.instant, schedule.flexible_window_seconds)
             if due < now:
                 continue
-            made = schedule.next_run_at is None or due <= _handled_until(schedule)
+            made = schedule.next_run_at is None or due <= handled_until(schedule)
             fires.append(NextFire(fire, due, occ_id if made else None))
         return NextFires(fires[:count], ahead.notes)
 
@@ -334,7 +257,7 @@ class ControlPlane:
     ) -> Saved:
         # (With its payload: the new version keeps it, and a change that gives the same one
         # again changes nothing.)
-        stored = self._owned(tenant_id, schedule_id, payload=True)
+        stored = self.owned(tenant_id, schedule_id, payload=True)
         current = stored.schedule
         if current.version != if_match:
             raise Conflict(
@@ -342,15 +265,16 @@ class ControlPlane:
                 f"{current.version}; read it again",
                 current_version=current.version,
             )
-        if current.state is ScheduleState.CANCELED:
-            raise Conflict("a canceled schedule cannot be updated")
+        move = SCHEDULE_MOVES["update"]
+        if current.state not in move.allowed_from:
+            raise Conflict(f"a {current.state.value.lower()} schedule cannot be updated")
         merged = {**current.model_dump(include=_DEFINITION_FIELDS), **changes}
         try:
             definition = ScheduleDefinition.model_validate(merged)
         except ValidationError as error:
             raise InvalidInput("the update is not valid", field_errors(error)) from None
         if "target" in changes:
-            self._require_target(tenant_id, definition.target)
+            self.admin.require_target(tenant_id, definition.target)
         if definition.model_dump() == current.model_dump(include=_DEFINITION_FIELDS):
             # It says what the schedule says already (a retry after a lost answer, a form
             # saved unchanged): done as asked, no new version.
@@ -360,9 +284,8 @@ class ControlPlane:
         now = self._now()
         if not _changes_runs(current, definition):
             return self._rename(stored, definition, now)
-        state = (
-            ScheduleState.PAUSED if current.state is ScheduleState.PAUSED else ScheduleState.ACTIVE
-        )
+        # (A paused schedule stays paused; any other becomes ACTIVE: SCHEDULE_MOVES.)
+        state = ScheduleState.PAUSED if current.state is ScheduleState.PAUSED else move.to
         updated = self._next_version(current, now, state, definition)
         return self._save(stored, updated, now=now, require_fire=True)
 
@@ -396,329 +319,31 @@ class ControlPlane:
         return Saved(renamed, self.next_fires(renamed))
 
     def pause(self, tenant_id: str, schedule_id: str) -> Saved:
-        return self._transition(
-            tenant_id, schedule_id, ScheduleState.PAUSED, {ScheduleState.ACTIVE}
-        )
+        return self._transition(tenant_id, schedule_id, SCHEDULE_MOVES["pause"])
 
     def resume(self, tenant_id: str, schedule_id: str) -> Saved:
-        # The next fire is strictly after the resume instant: the paused period is not caught up.
-        return self._transition(
-            tenant_id, schedule_id, ScheduleState.ACTIVE, {ScheduleState.PAUSED}
-        )
+        return self._transition(tenant_id, schedule_id, SCHEDULE_MOVES["resume"])
 
     def cancel(self, tenant_id: str, schedule_id: str) -> Saved:
-        return self._transition(
-            tenant_id,
-            schedule_id,
-            ScheduleState.CANCELED,
-            {ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.COMPLETED},
-        )
+        return self._transition(tenant_id, schedule_id, SCHEDULE_MOVES["cancel"])
+
+    # --- manual runs: punctual.manual -------------------------------------------------
 
     def trigger(self, tenant_id: str, schedule_id: str, idempotency_key: str | None) -> Triggered:
-        """Run now: one manual occurrence of the current version, receivable at once, with
-        an id of its own (punctual.ids.manual_tag): the same Idempotency-Key answers with the
-        same occurrence instead of a second run. Counts against the tenant's
-        max_manual_runs_per_minute; refused unless the schedule is ACTIVE."""
-        tag = manual_tag(schedule_id, idempotency_key)
-        for _ in range(TRIGGER_RETRIES):
-            stored = self._owned(tenant_id, schedule_id, payload=False)
-            schedule = stored.schedule
-            made = (
-                self.occurrences.triggered(schedule_id, tag)
-                if idempotency_key is not None
-                else None
-            )
-            if made is not None:
-                made_id, occurrence = made
-                if occurrence is None:
-                    # Its record outlived it (TTL deletes the two independently): the key
-                    # stays used until the record goes too.
-                    raise Conflict(
-                        f"this Idempotency-Key ran {made_id}, which has expired; use a new key"
-                    )
-                return Triggered(occurrence, replayed=True)
-            if schedule.state is not ScheduleState.ACTIVE:
-                # Not a PAUSED, CANCELED or COMPLETED one: the reconciler reads nothing of
-                # those after they stopped (reconciler._dormant), so a run there would go
-                # unwatched; resume it, or create a one-shot.
-                raise Conflict(
-                    f"the schedule is {schedule.state.value}; only an ACTIVE schedule runs now",
-                    state=schedule.state.value,
-                )
-            # The run carries the version's payload, from its version item (the CURRENT
-            # item has only a mark of it); the transaction's version check holds it to the
-            # version read.
-            stored = self.schedules.with_payload(stored)
-            schedule = stored.schedule
-            tenant = self.tenants.get(tenant_id)
-            now = self._now()
-            minute = self._manual_run_minute(tenant, now)
-            expires_at = now + self.settings.retention_days * 86400
-            occurrence = Occurrence(
-                occurrence_id=occurrence_id(schedule_id, schedule.run_version, now, tag),
-                tenant_id=tenant_id,
-                schedule_id=schedule_id,
-                schedule_version=schedule.run_version,
-                scheduled_for=now,
-                available_at=now,  # no jitter: run now means now
-                target=schedule.target,
-                expires_at=expires_at,
-            )
-            record = self.occurrences.put_trigger(
-                schedule_id, tag, occurrence.occurrence_id, expires_at
-            )
-            try:
-                self._s.transactions.commit(
-                    [
-                        ("trigger", record),
-                        ("schedule", self.schedules.manual_run(stored, through=now)),
-                        ("tenant", manual_run_update(tenant, self.tenants.table, minute)),
-                        (
-                            "occurrence",
-                            self.occurrences.put_new(occurrence, schedule.known_payload),
-                        ),
-                    ]
-                )
-            except ConditionFailed:
-                # The same key's first request won (its run is then found above), the
-                # schedule changed (paused, updated: read again), or the minute's count moved
-                # (over the quota now, or opened by another request): each is read again.
-                continue
-            self._send_promptly([occurrence], schedule.known_payload)
-            return Triggered(occurrence, replayed=False)
-        raise Retryable("concurrent changes kept refusing this run; retry")
+        return self.manual.trigger(tenant_id, schedule_id, idempotency_key)
 
     def backfill(
         self, tenant_id: str, schedule_id: str, since: int, until: int, *, dry_run: bool
     ) -> Backfilled:
-        """An occurrence for every fire of the current version in [since, until) that has
-        none: not one that already ran or will (any version's, a backfill's), not one the
-        materializer has still to make (it will). Paced from now at the tenant's catch-up
-        rate (within SQS's 15 minutes of delay), at most the tenant's
-        max_backfill_occurrences fires per request. Its ids are deterministic, so a repeated
-        or overlapping backfill makes nothing twice, and one cut short by a failure is
-        finished by asking again. Not older than the retention: whether an older fire ran
-        is no longer known (its record expired)."""
-        oldest = self._now() - self.settings.retention_days * 86400
-        if since < oldest:
-            raise InvalidInput(
-                f"from is older than the retention ({self.settings.retention_days} days): "
-                "whether those fires ran is no longer recorded",
-                [{"field": "from", "reason": f"before {utc_text(oldest)}"}],
-            )
-        for _ in range(TRIGGER_RETRIES):
-            stored = self._owned(tenant_id, schedule_id, payload=False)
-            schedule = stored.schedule
-            if schedule.state is not ScheduleState.ACTIVE:
-                # As for run now: the reconciler does not watch a stopped schedule's runs.
-                raise Conflict(
-                    f"the schedule is {schedule.state.value}; only an ACTIVE schedule is "
-                    "backfilled",
-                    state=schedule.state.value,
-                )
-            quotas = self.tenants.get(tenant_id).quotas
-            fires = _fires_in(schedule, since, until, quotas.max_backfill_occurrences)
-            # Consistent: an occurrence made a moment ago (a repair, an earlier backfill) is
-            # one this backfill must not make again.
-            near = self._near(schedule, since, until)
-            stored_ones = [o for o in near.occurrences if since <= o.scheduled_for < until]
-            tag = backfill_tag(schedule_id)
-            ran = {o.scheduled_for for o in stored_ones if _has_run(o, tag)} | {
-                instant  # (a tenant's unreadable item holds that key: taken)
-                for _, _, instant, _ in map(occurrence_name, near.unreadable)
-            }
-            # A zone-based fire is its wall time: one that ran under older zone rules ran at
-            # another instant (punctual.rezone), and must not run again at the one the rules
-            # in use give its wall time.
-            zones = self._zones(schedule, since) if schedule.zone_name else {}
-            ran_walls = {
-                o.local
-                for o in near.occurrences
-                if o.local is not None
-                and zones.get(o.schedule_version) == schedule.zone_name
-                and _has_run(o, tag)
-            }
-            regular = {
-                o.scheduled_for
-                for o in stored_ones
-                if o.schedule_version == schedule.run_version and not is_manual(o.occurrence_id)
-            }
-            handled = _handled_until(schedule)
-            # Fires due before a take-over are the other region's: recorded there, not here.
-            elsewhere = schedule.homed_since or 0
-            todo, planned = [], 0
-            for fire in fires:
-                if fire in ran or fire <= elsewhere or wall_text(schedule, fire) in ran_walls:
-                    continue
-                own = occurrence_id(schedule_id, schedule.run_version, fire)
-                owned = fire > schedule.fires_after
-                if owned and available_at(own, fire, schedule.flexible_window_seconds) > handled:
-                    planned += 1  # the materializer has not got here: it makes this one
-                    continue
-                # A fire the version owns and the materializer passed without a record (lost,
-                # or skipped by its misfire policy) gets its own id: the reconciler's repair
-                # of the same gap then meets this occurrence instead of making a second.
-                mark = None if owned and fire not in regular else tag
-                todo.append(occurrence_id(schedule_id, schedule.run_version, fire, mark))
-            made = self._backfilled(stored, todo, quotas.catchup_pace)
-            result = Backfilled(
-                len(fires), len(fires) - planned - len(todo), planned, made, dry_run
-            )
-            if dry_run or not made:
-                return result
-            # What it makes carries the version's payload, from its version item (the
-            # CURRENT item has only a mark of it); every chunk checks that version.
-            stored = self.schedules.with_payload(stored)
-            try:
-                self._commit_backfill(stored, made)
-            except ConditionFailed:
-                # The schedule changed (read again: paused, updated), or one of them was
-                # made meanwhile (a repair, a concurrent backfill): it exists when read again.
-                continue
-            self._send_promptly(made, stored.schedule.known_payload)
-            return result
-        raise Retryable("concurrent changes kept refusing this backfill; retry")
+        return self.manual.backfill(tenant_id, schedule_id, since, until, dry_run=dry_run)
 
-    def _near(self, schedule: Schedule, since: int, until: int) -> Window:
-        """The schedule's occurrences in [since, until), consistent; for a zone-based one, a
-        day and more either side too: a wall time in the range may have run at another
-        instant under older zone rules (zone offsets differ by at most 26 hours)."""
-        margin = REZONE_SPAN if schedule.zone_name else 0
-        return self.occurrences.window(
-            schedule.schedule_id, since=since - margin, until=until - 1 + margin, consistent=True
-        )
+    def _transition(self, tenant_id: str, schedule_id: str, move: ScheduleMove) -> Saved:
+        return _after_completion_race(lambda: self._transition_once(tenant_id, schedule_id, move))
 
-    def _zones(self, schedule: Schedule, since: int) -> dict[int, str | None]:
-        """The zone of every version whose occurrences may lie near ``since`` or later, by
-        version and by run version (a rename's occurrences carry its run version's)."""
-        history = self.schedules.versions_since(schedule.schedule_id, since - REZONE_SPAN)
-        zones: dict[int, str | None] = {}
-        for known in [v.schedule for v in history] + [schedule]:
-            zones[known.version] = zones[known.run_version] = known.zone_name
-        return zones
-
-    def _backfilled(self, stored: StoredSchedule, ids: list[str], pace: int) -> list[Occurrence]:
-        """The occurrences of ``ids`` (in time order), paced: from now, or from where the
-        schedule's last backfill's pace ended if that is later (two backfills at once are
-        paced one after the other, not both from now), at the tenant's catch-up pace,
-        compressed to fit SQS's delay as the materializer's catch-up is. Conflict when an
-        earlier backfill's pace leaves no room within SQS's delay (retry after it)."""
-        schedule = stored.schedule
-        now = self._now()
-        # Race: two backfills of the schedule, the later paced from where the earlier's pace
-        # ended. One pace past its last occurrence, not at it: the two would otherwise share
-        # that second, faster than the tenant's catch-up rate (and never leave "no room").
-        start = now if stored.paced_until is None else max(now, stored.paced_until + pace)
-        room = now + MAX_CATCHUP_SPREAD - start  # (the last paced one within SQS's delay)
-        late = sum(
-            1
-            for oid in ids
-            if available_at(oid, occurrence_name(oid)[2], schedule.flexible_window_seconds) < now
-        )
-        if late and room < 0:
-            wait = -room
-            raise Conflict(
-                f"an earlier backfill of this schedule is paced until {utc_text(start)}; "
-                f"retry in {wait} s",
-                retry_after=wait,
-            )
-        gaps = max(1, late - 1)
-        retention = self.settings.retention_days * 86400
-        made = []
-        index = 0
-        for oid in ids:
-            _, version, fire, _ = occurrence_name(oid)
-            # At the pace, or spread over the room SQS's delay leaves when that is too long;
-            # a fire still ahead (of the lookahead the materializer passed) at its own time,
-            # neither early nor held back by the pace.
-            own = available_at(oid, fire, schedule.flexible_window_seconds)
-            if own >= now:
-                receivable = own
-            else:
-                receivable = start + min(index * pace, index * room // gaps)
-                index += 1
-            made.append(
-                Occurrence(
-                    occurrence_id=oid,
-                    tenant_id=schedule.tenant_id,
-                    schedule_id=schedule.schedule_id,
-                    schedule_version=version,
-                    scheduled_for=fire,
-                    available_at=receivable,
-                    target=schedule.target,
-                    expires_at=receivable + retention,
-                    # A fire past its time is relayed apart from the fires due now.
-                    lane=Lane.CATCHUP if own < now else None,
-                    # Its wall time, as every fire records it: what a change of the zone's
-                    # rules keeps (punctual.rezone; a later backfill matches it too).
-                    local=wall_text(schedule, fire),
-                )
-            )
-        return made
-
-    def _commit_backfill(self, stored: StoredSchedule, made: list[Occurrence]) -> None:
-        """Chunks of puts, each with the version check: a change of the schedule refuses the
-        rest (the caller reads again); what committed stays, and is found on the next read.
-
-        The first also records the backfill (``put_backfill``: the range of its fires, keyed
-        by now) and raises the schedule's mark to now (``backfill_made``): the reconciler
-        re-sends an occurrence no worker took only in an hour it checks, and its fires' hours
-        may have been checked and settled long ago, or never (before the schedule existed);
-        the check of this hour reads the record, and checks this hour again until every one
-        of them is done. The same write records where this backfill's pace ends: of two
-        backfills paced from the same start, the second is refused and paced again after
-        the first."""
-        schedule = stored.schedule
-        now = self._now()
-        paced = [o.available_at for o in made if o.lane is Lane.CATCHUP]
-        record = self.occurrences.put_backfill(
-            schedule.schedule_id,
-            made_at=now,
-            since=min(o.scheduled_for for o in made),
-            until=max(o.scheduled_for for o in made) + 1,
-            expires_at=now + self.settings.retention_days * 86400,
-        )
-        first_actions = [
-            (
-                "schedule",
-                self.schedules.backfill_made(stored, at=now, paced_until=max(paced, default=None)),
-            ),
-            ("occurrence", record),
-        ]
-        for first in range(0, len(made), BACKFILL_CHUNK):
-            checks = (
-                first_actions
-                if first == 0
-                else [("schedule", self.schedules.unchanged(schedule, stepped_past=None))]
-            )
-            self._s.transactions.commit(
-                checks
-                + [
-                    ("occurrence", self.occurrences.put_new(o, schedule.known_payload))
-                    for o in made[first : first + BACKFILL_CHUNK]
-                ]
-            )
-
-    def _transition(
-        self,
-        tenant_id: str,
-        schedule_id: str,
-        state: ScheduleState,
-        allowed_from: set[ScheduleState],
-    ) -> Saved:
-        return _after_completion_race(
-            lambda: self._transition_once(tenant_id, schedule_id, state, allowed_from)
-        )
-
-    def _transition_once(
-        self,
-        tenant_id: str,
-        schedule_id: str,
-        state: ScheduleState,
-        allowed_from: set[ScheduleState],
-    ) -> Saved:
+    def _transition_once(self, tenant_id: str, schedule_id: str, move: ScheduleMove) -> Saved:
+        state = move.to
         # (With its payload: the new version's item keeps it.)
-        stored = self._owned(tenant_id, schedule_id, payload=True)
+        stored = self.owned(tenant_id, schedule_id, payload=True)
         current = stored.schedule
         if current.state is state:
             # A repeat (a client retrying after a lost answer): done already, as asked;
@@ -728,7 +353,7 @@ class ControlPlane:
                 self.next_fires(current),
                 unchanged=f"already {state.value}: nothing changed",
             )
-        if current.state not in allowed_from:
+        if current.state not in move.allowed_from:
             raise Conflict(
                 f"the schedule is {current.state.value}; cannot make it {state.value}",
                 state=current.state.value,
@@ -838,7 +463,8 @@ class ControlPlane:
                         "next_available_at": cursor.next_available_at or waiting,
                     }
                 )
-        load = strict_minute_load(schedule, schedule.created_at) if schedule.state in _LIVE else {}
+        holds = schedule.state in HOLDS_QUOTA
+        load = strict_minute_load(schedule, schedule.created_at) if holds else {}
         # (The schedule carries the materializer's MISSED summary from the version it
         # replaces: the summary belongs to the schedule, not to one version.)
         current_item = schedule_to_item(schedule, shard=shard, minute_load=load)
@@ -869,11 +495,11 @@ class ControlPlane:
             if refused.label == "shard":
                 raise
             raise self._refusal(refused, old, tenant, load) from None
-        self._send_promptly(materialized, schedule.known_payload)
+        self.send_promptly(materialized, schedule.known_payload)
         affected = self._invalidate(old.schedule, schedule, now) if old else []
         return Saved(schedule, self.next_fires(schedule), materialized, affected)
 
-    def _send_promptly(self, made: list[Occurrence], payload: dict[str, Any]) -> None:
+    def send_promptly(self, made: list[Occurrence], payload: dict[str, Any]) -> None:
         """Send at once, after their commit, the on-time occurrences just made that the
         relay's batching window could hold past their time: receivable before now + the
         window + PROMPT_MARGIN_SECONDS (a run now, a one-shot due in a moment).
@@ -903,38 +529,17 @@ class ControlPlane:
                 extra={"occurrences": sorted(report.failures)},
             )
 
-    @staticmethod
-    def _manual_run_minute(tenant: Tenant, now: int) -> int:
-        """The minute a run now counts in; QuotaExceeded when the tenant's manual runs of it
-        are used up (as read: the write's condition settles races)."""
-        # A host whose clock is ahead may have opened a later minute's count already: this
-        # run counts in that minute (never re-opening an earlier one, which its condition
-        # would refuse on every retry).
-        minute = max(minute_of(now), tenant.manual_minute)
-        limit = tenant.quotas.max_manual_runs_per_minute
-        used = tenant.manual_runs if tenant.manual_minute == minute else 0
-        if used >= limit:
-            raise RateExceeded(
-                f"the tenant ran {used} schedules now this minute, the limit is {limit}",
-                quota="max_manual_runs_per_minute",
-                limit=limit,
-                usage=used,
-                # The count starts again with the next UTC minute.
-                retry_after=max(1, minute + 60 - now),
-            )
-        return minute
-
     def _usage_action(
         self, tenant: Tenant, old: StoredSchedule | None, schedule: Schedule, load: dict[int, int]
     ) -> dict[str, Any] | None:
-        old_live = old is not None and old.schedule.state in _LIVE
+        old_live = old is not None and old.schedule.state in HOLDS_QUOTA
         old_load = old.minute_load if old is not None and old_live else {}
         delta = {m: load.get(m, 0) - old_load.get(m, 0) for m in set(load) | set(old_load)}
         return usage_update(
             tenant.tenant_id,
             self.tenants.table,
             tenant.quotas,
-            schedules_delta=int(schedule.state in _LIVE) - int(old_live),
+            schedules_delta=int(schedule.state in HOLDS_QUOTA) - int(old_live),
             load_delta=delta,
         )
 
@@ -1026,7 +631,7 @@ class ControlPlane:
         """A page of the schedule's occurrences due in [since, until], and the misfire
         episodes overlapping that window (fires recorded MISSED have no occurrence);
         ``claims`` gets when each claimed one was first claimed."""
-        schedule = self._owned(tenant_id, schedule_id, payload=False).schedule
+        schedule = self.owned(tenant_id, schedule_id, payload=False).schedule
         found, next_token = self.occurrences.list_for_schedule(
             schedule_id, since=since, until=until, limit=limit, token=token, claims=claims
         )
@@ -1040,75 +645,9 @@ class ControlPlane:
             raise NotFound(f"occurrence {occurrence_id} not found")
         return found
 
-    # --- targets and tenants ----------------------------------------------------------
-
-    def create_target(self, tenant_id: str, name: str) -> Target:
-        if self.tenants.get_target(tenant_id, name, consistent=True):
-            raise Conflict(f"target {name} already exists")
-        principals = self.tenants.get(tenant_id).principals
-        queues = self.queues.create(tenant_id, name, principals)
-        target = Target(
-            tenant_id=tenant_id,
-            name=name,
-            queue_url=queues.queue_url,
-            queue_arn=queues.queue_arn,
-            dlq_url=queues.dlq_url,
-            dlq_arn=queues.dlq_arn,
-            created_at=datetime.fromtimestamp(self._now(), UTC),
-        )
-        self.tenants.put_target(target)
-        # Race: a principal bound since the read above, whose bind listed the tenant's targets
-        # before this one was stored, is granted here.
-        self._grant_until_settled(tenant_id, [queues], granted=principals)
-        return target
-
-    def bind_principal(self, principal_arn: str, tenant_id: str) -> Tenant:
-        """Bind what callers will present: a session ARN stands for its role, a role or user
-        is bound whatever its path."""
-        try:
-            principal = normalize_principal(principal_arn)
-        except PrincipalError as error:
-            raise InvalidInput(
-                "not a principal that can be bound",
-                [{"field": "principal_arn", "reason": str(error)}],
-            ) from None
-        self.tenants.bind_principal(principal, tenant_id)
-        # Consistent: a target made a moment ago must be granted the new principal too.
-        targets = self.tenants.list_targets(tenant_id, consistent=True)
-        return self._grant_until_settled(
-            tenant_id,
-            [TargetQueues(t.queue_url, t.queue_arn, t.dlq_url, t.dlq_arn) for t in targets],
-            granted=None,
-        )
-
-    def _grant_until_settled(
-        self, tenant_id: str, targets: list[TargetQueues], *, granted: list[str] | None
-    ) -> Tenant:
-        """Grant the tenant's principals on ``targets`` (``granted``: what they already
-        grant) until a read after the grant finds no other: a queue policy is replaced whole,
-        so of two binds at once the one granting last may know only its own principal; it
-        reads again and grants both. The tenant, as last read (consistently: a principal
-        bound a moment ago must be seen). Retryable if binds kept changing the principals
-        through GRANT's tries: the caller's retry grants again."""
-        for _ in GRANT.attempts(self._s.sleep):
-            tenant = self.tenants.get(tenant_id)
-            if tenant.principals == granted:
-                return tenant
-            for queues in targets:
-                self.queues.grant(queues, tenant.principals, tenant_id=tenant_id)
-            granted = tenant.principals
-        raise Retryable("the tenant's principals kept changing while its queues were granted")
-
-    def create_tenant(self, tenant_id: str, quotas: Quotas) -> Tenant:
-        tenant = Tenant(
-            tenant_id=tenant_id, quotas=quotas, created_at=datetime.fromtimestamp(self._now(), UTC)
-        )
-        self.tenants.create(tenant)
-        return tenant
-
     # --- helpers ----------------------------------------------------------------------
 
-    def _owned(self, tenant_id: str, schedule_id: str, *, payload: bool) -> StoredSchedule:
+    def owned(self, tenant_id: str, schedule_id: str, *, payload: bool) -> StoredSchedule:
         """The tenant's schedule as its CURRENT item has it (consistent); with ``payload``,
         its payload read from its version item too (else None when it has one: what shows
         it, writes it again or fires it reads it first)."""
@@ -1120,11 +659,3 @@ class ControlPlane:
             # Another tenant's schedule answers exactly like a missing one: no existence leak.
             raise NotFound(f"schedule {schedule_id} not found")
         return self.schedules.with_payload(stored) if payload else stored
-
-    def _require_target(self, tenant_id: str, name: str) -> None:
-        # Consistent: a target created a moment ago must be usable at once.
-        if self.tenants.get_target(tenant_id, name, consistent=True) is None:
-            raise InvalidInput(
-                f"unknown target {name}",
-                [{"field": "target", "reason": f"no target named {name!r}; create it first"}],
-            )

@@ -20,7 +20,13 @@ from punctual.dal.common import (
 )
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
 from punctual.errors import Retryable
-from punctual.models import MissedEpisode, Schedule, ScheduleDefinition, ScheduleState
+from punctual.models import (
+    OWNS_FIRES,
+    MissedEpisode,
+    Schedule,
+    ScheduleDefinition,
+    ScheduleState,
+)
 from punctual.planning import Cursor
 from punctual.timing import to_epoch, tzdata_version
 
@@ -763,15 +769,12 @@ class ScheduleStore:
         named["v"] = schedule.version
         check: dict[str, Any] = {"TableName": self.table, "Key": self.key(schedule.schedule_id)}
         if stepped_past is not None:
+            owning = {f"owns{n}": state.value for n, state in enumerate(sorted(OWNS_FIRES))}
             condition += (
-                " AND #state IN (:active, :completed)"
+                f" AND #state IN ({', '.join(':' + name for name in owning)})"
                 " AND (attribute_not_exists(next_run_at) OR planned_until >= :last)"
             )
-            named |= {
-                "active": ScheduleState.ACTIVE.value,
-                "completed": ScheduleState.COMPLETED.value,
-                "last": stepped_past,
-            }
+            named |= owning | {"last": stepped_past}
             check["ExpressionAttributeNames"] = {"#state": "state"}
         # Race: an update, pause or cancel since the read (a SCHEDULED occurrence of the old
         # version put after the new version's invalidation swept would escape it), or the
