@@ -42,7 +42,10 @@ from tests.e2e.conftest import (
 pytestmark = pytest.mark.e2e
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<text>.*?)^```[ \t]*$", re.M | re.S)
+# A fenced block at the start of a line, or indented in a list item (its text dedented).
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```(?P<lang>[a-z]*)\n(?P<text>.*?)^(?P=indent)```[ \t]*$", re.M | re.S
+)
 RUN_SECONDS = 120
 
 
@@ -62,7 +65,8 @@ def examples() -> list[Example]:
     for path in DOCUMENTS:
         for match in FENCE.finditer(path.read_text(encoding="utf-8")):
             relative = str(path.relative_to(REPO))
-            found.append(Example(relative, match["lang"], match["text"]))
+            text = textwrap.dedent(match["text"])
+            found.append(Example(relative, match["lang"], text))
     return found
 
 
@@ -99,6 +103,10 @@ READ_REPORTS = ("docs/operations.md", "punctual.reconciler.read_reports(")
 RERUN_EVENT = ("docs/operations.md", '{"time": "2026-11-18T12:20:00Z", "shards": [3, 4],')
 WORKER = ("docs/worker.md", "import signal")
 WORKER_LAMBDA = ("docs/worker.md", "from billing import TENANT, charge")
+WORKER_IDEMPOTENT = (
+    "docs/worker.md",
+    "from aws_lambda_powertools.utilities.idempotency import (",
+)
 DEPLOY_SIGN = (
     "docs/deploy.md",
     "API=$(aws cloudformation describe-stacks --stack-name Punctual \\",
@@ -116,6 +124,28 @@ DEPLOY_POLICY = (
     "punctual tenants worker-policy acme > acme-workers.json     "
     "# or GET /v1/admin/tenants/acme/worker-policy",
 )
+# Steps only an AWS account can run (outputs of the deployed stack, alarm state, an assumed
+# role): their shell is checked to parse, and each command to be one the AWS CLI has.
+DEPLOY_OUTPUTS = (
+    "docs/deploy.md",
+    "out() { aws cloudformation describe-stacks --stack-name Punctual \\",
+)
+DEPLOY_ALARM_TEST = (
+    "docs/deploy.md",
+    "aws cloudwatch set-alarm-state --alarm-name Punctual-RelayUndelivered \\",
+)
+DEPLOY_ASSUME = (
+    "docs/deploy.md",
+    'eval "$(aws sts assume-role --role-arn "$OPERATOR" --role-session-name onboarding \\',
+)
+AWS_ONLY = (DEPLOY_OUTPUTS, DEPLOY_ALARM_TEST, DEPLOY_ASSUME)
+# The AWS CLI commands those steps use (service, operation), as the CLI names them.
+AWS_COMMANDS = {
+    ("cloudformation", "describe-stacks"),
+    ("cloudwatch", "set-alarm-state"),
+    ("cloudwatch", "describe-alarm-history"),
+    ("sts", "assume-role"),
+}
 RUN_BY = {
     # `make run` is `punctual local up --demo` (test_local_stack.py holds the Makefile to
     # it; every end-to-end test starts that command); `make test` is this suite itself.
@@ -129,10 +159,12 @@ RUN_BY = {
     RERUN_EVENT: "test_operations_examples_are_what_the_code_reads",
     WORKER: "test_worker_examples_run_against_the_local_stack",
     WORKER_LAMBDA: "test_worker_examples_run_against_the_local_stack",
+    WORKER_IDEMPOTENT: "test_worker_idempotency_example_sends_once_for_two_deliveries",
     DEPLOY_SIGN: "test_deploy_examples_run_against_the_local_stack",
     DEPLOY_TENANT: "test_deploy_examples_run_against_the_local_stack",
     DEPLOY_SCHEDULE: "test_deploy_examples_run_against_the_local_stack",
     DEPLOY_POLICY: "test_deploy_examples_run_against_the_local_stack",
+    **dict.fromkeys(AWS_ONLY, "test_aws_only_examples_parse_and_name_real_commands"),
 }
 
 
@@ -370,6 +402,79 @@ def test_worker_examples_run_against_the_local_stack(docs_stack: Stack, tmp_path
         check=False,
     )
     assert (lambda_.returncode, lambda_.stdout.strip()) == (0, "True"), lambda_.stderr
+
+
+# The reader's own module the idempotency example imports: a mailer that records each send.
+MY_APP = """
+import types
+sent = []
+
+
+def _send(payload):
+    sent.append(payload)
+    return {"sent": len(sent)}
+
+
+mailer = types.SimpleNamespace(send=_send)
+"""
+# The example's table as its comment describes it, then one occurrence delivered twice.
+DELIVER_TWICE = """
+import json, types
+import boto3
+boto3.client("dynamodb").create_table(
+    TableName="my-idempotency",
+    KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+    AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+    BillingMode="PAY_PER_REQUEST",
+)
+import example, my_app
+from punctual.message import Message
+job = types.SimpleNamespace(message=Message.model_validate_json(open("message.json").read()))
+example.handler(job)
+example.handler(job)
+print(json.dumps(my_app.sent))
+"""
+
+
+def test_worker_idempotency_example_sends_once_for_two_deliveries(
+    docs_stack: Stack, tmp_path: Path
+):
+    # GIVEN the guide's idempotent handler as written, the reader's mailer beside it, and the
+    # message the message guide shows, in the quickstart's shell (the local DynamoDB)
+    (tmp_path / "example.py").write_text(example(*WORKER_IDEMPOTENT).text)
+    (tmp_path / "my_app.py").write_text(MY_APP)
+    (tmp_path / "message.json").write_text(example(*MESSAGE).text)
+    env = shell_environment(docs_stack, AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="x")
+    env |= docs_stack.exports | {"PYTHONPATH": str(tmp_path)}
+    # WHEN the same occurrence's message is handled twice (a redelivery)
+    ran = subprocess.run(
+        [sys.executable, "-c", DELIVER_TWICE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=RUN_SECONDS,
+        check=False,
+    )
+    # THEN the remote side was called once, with the payload
+    assert ran.returncode == 0, ran.stderr
+    [sent] = json.loads(ran.stdout)
+    assert sent == json.loads(example(*MESSAGE).text)["payload"]
+
+
+def test_aws_only_examples_parse_and_name_real_commands():
+    # GIVEN the deploy guide's steps that only an AWS account runs
+    for key in AWS_ONLY:
+        text = example(*key).text
+        # THEN their shell parses ...
+        checked = subprocess.run(
+            ["bash", "-n", "-c", text], capture_output=True, text=True, check=False
+        )
+        assert checked.returncode == 0, (key, checked.stderr)
+        # ... and every `aws` command in them is one of those listed (as the CLI names them)
+        used = set(re.findall(r"\baws ([a-z0-9-]+) ([a-z0-9-]+)", text))
+        assert used, key
+        assert used <= AWS_COMMANDS, (key, used - AWS_COMMANDS)
 
 
 # --- the deploy guide -------------------------------------------------------------------
