@@ -181,7 +181,8 @@ class Api(Construct):
                 ),
                 ("schedules_table", TENANT_INDEX): ("Query",),
                 ("occurrences_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),
-                ("tenants_table", None): ("GetItem", "Query", "PutItem", "UpdateItem"),
+                # Scan: an operator's listing of the tenants (GET /v1/admin/tenants).
+                ("tenants_table", None): ("GetItem", "Query", "Scan", "PutItem", "UpdateItem"),
                 # Powertools' idempotent create; GetItem is its fallback when a refused put
                 # returns no item, which the tests cannot provoke (test_inventory.py).
                 ("idempotency_table", None): ("GetItem", "PutItem", "UpdateItem", "DeleteItem"),

@@ -25,6 +25,7 @@ from api.views import (
     TargetIn,
     TargetListOut,
     TargetOut,
+    TenantListOut,
     TenantOut,
     TriggerOut,
     VersionListOut,
@@ -642,6 +643,18 @@ TenantId = Annotated[str, Path(pattern=TENANT_ID_PATTERN)]
 def create_tenant(body: TenantIn) -> TenantOut:
     context.require_operator(router)
     return tenant_out(context.plane().create_tenant(body.tenant_id, body.quotas))
+
+
+@router.get(
+    "/v1/admin/tenants",
+    summary="Operator: the tenants with their quotas and usage, a page at a time (in no "
+    "particular order; a tenant made a moment ago may show only on the next listing)",
+    responses=answers(errors={400: "Invalid limit or next_token", **_OPERATOR}),
+)
+def admin_list_tenants(limit: Limit = 50, next_token: Token = None) -> TenantListOut:
+    context.require_operator(router)
+    found, token = context.plane().tenants.list_tenants(limit=limit, token=next_token)
+    return TenantListOut(tenants=[tenant_out(t) for t in found], next_token=token)
 
 
 @router.get(

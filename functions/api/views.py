@@ -275,6 +275,11 @@ class TenantOut(BaseModel):
     )
 
 
+class TenantListOut(BaseModel):
+    tenants: list[TenantOut]
+    next_token: str | None
+
+
 class WorkerPolicyOut(BaseModel):
     policy: dict[str, Any] = Field(
         description="An IAM policy document: attach it to the role the tenant's workers run "

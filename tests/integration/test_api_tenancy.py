@@ -5,19 +5,22 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
+from punctual.dal.common import to_dynamo
+from punctual.dal.tenants import SCAN_PAGES, TenantStore, tenant_to_item
 from punctual.errors import Conflict, NotFound
 from punctual.models import ScheduleDefinition
 from punctual.scheduling import ControlPlane
 from punctual.services import Services
-from punctual.tenancy import Quotas
+from punctual.tenancy import Quotas, Tenant
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, Clock, bootstrap
-from tests.integration.helpers import assert_error, create, cron, delete, patch
+from tests.integration.helpers import all_pages, assert_error, create, cron, delete, patch
 
 ACCOUNT = "111122223333"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/Role"
@@ -240,6 +243,7 @@ def _operator_calls(api: Api) -> dict[str, Any]:
             {"principal_arn": f"arn:aws:iam::{ACCOUNT}:user/eve"},
         ),
         "get-tenant": api.get("/v1/admin/tenants/alice"),
+        "list-tenants": api.get("/v1/admin/tenants", limit=1),
     }
 
 
@@ -292,9 +296,63 @@ def test_operator_endpoints_work_for_the_operator(alice: Api) -> None:
     assert answers["bind"].status == 200
     assert answers["get-tenant"].status == 200
     assert answers["get-tenant"].body["tenant_id"] == "alice"
+    assert answers["list-tenants"].status == 200
+    assert len(answers["list-tenants"].body["tenants"]) == 1
     assert alice.get("/v1/tenant").body["quotas"]["max_schedules"] == 50_000_000
     # eve's principal was bound to alice by the 'bind' call
     assert Api(f"arn:aws:iam::{ACCOUNT}:user/eve").get("/v1/tenant").body["tenant_id"] == "alice"
+
+
+def test_operator_lists_every_tenant_once_page_by_page_and_nothing_else(
+    alice: Api, bob: Api, aws: Services
+) -> None:
+    # GIVEN tenants among the table's other items: targets, principals, a worker's slot
+    operator = Api(OPERATOR)
+    for tenant in ("carol", "dave", "eve"):
+        assert operator.post("/v1/admin/tenants", {"tenant_id": tenant}).status == 201
+    aws.dynamodb.put_item(
+        TableName=aws.settings.tenants_table,
+        Item={"pk": {"S": "R#alice"}, "sk": {"S": "RUN#00001"}, "lease_token": {"S": "x"}},
+    )
+    # WHEN the operator lists them two at a time
+    pages = all_pages(operator, "/v1/admin/tenants", "tenants", limit=2)
+    # THEN each tenant comes once, with its usage, on pages of at most two, and nothing else
+    listed = [t["tenant_id"] for page in pages for t in page]
+    assert sorted(listed) == ["alice", "bob", "carol", "dave", "eve"]
+    assert all(len(page) <= 2 for page in pages)
+    assert {t["tenant_id"]: t["schedule_count"] for page in pages for t in page}["alice"] == 0
+    # AND a token it did not issue is a 400 naming it
+    refused = assert_error(
+        operator.get("/v1/admin/tenants", next_token="eyJwayI6MX0"), 400, "invalid_input"
+    )
+    assert refused["fields"][0]["field"] == "next_token"
+
+
+def test_a_tenant_listing_reads_past_pages_its_filter_emptied_within_a_bound() -> None:
+    # GIVEN a table whose Scan answers pages holding no tenant, then one (DynamoDB does this
+    # where other items fill a page; the emulators seldom)
+    tenant = tenant_to_item(
+        Tenant(tenant_id="zed", quotas=Quotas(), created_at=datetime(2026, 11, 18, tzinfo=UTC))
+    )
+    empty = {"Items": [], "LastEvaluatedKey": {"pk": {"S": "R#a"}, "sk": {"S": "RUN#1"}}}
+
+    class Scans:
+        def __init__(self, pages: list[dict[str, Any]]) -> None:
+            self.pages, self.asked = pages, 0
+
+        def scan(self, **request: Any) -> dict[str, Any]:
+            self.asked += 1
+            return self.pages.pop(0)
+
+    few = Scans([empty, empty, {"Items": [to_dynamo(tenant)]}])
+    # WHEN the tenants are listed; THEN the empty pages are read past to the tenant
+    found, token = TenantStore(few, "t").list_tenants(limit=10, token=None)
+    assert ([t.tenant_id for t in found], token, few.asked) == (["zed"], None, 3)
+    # AND pages that stay empty end the call after SCAN_PAGES reads, with a token to go on
+    many = Scans([dict(empty) for _ in range(SCAN_PAGES + 5)])
+    found, token = TenantStore(many, "t").list_tenants(limit=10, token=None)
+    assert (found, many.asked) == ([], SCAN_PAGES)
+    assert token is not None
 
 
 def test_operator_binding_one_principal_to_two_tenants_is_409(alice: Api, bob: Api) -> None:

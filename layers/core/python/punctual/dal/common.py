@@ -61,7 +61,12 @@ def _typed(value: Any) -> dict[str, Any]:
         return {"M": {k: _typed(v) for k, v in value.items()}}
     if kind is list:
         return {"L": [_typed(v) for v in value]}
-    if kind is bool:
+    return _typed_rarer(value)
+
+
+def _typed_rarer(value: Any) -> dict[str, Any]:
+    """The values items hold less often than text, numbers, maps and lists."""
+    if type(value) is bool:
         return {"BOOL": value}
     if value is None:
         return {"NULL": True}
@@ -87,6 +92,11 @@ def _value(typed: Mapping[str, Any]) -> Any:
         return {k: _value(v) for k, v in typed["M"].items()}
     if "L" in typed:
         return [_value(v) for v in typed["L"]]
+    return _value_rarer(typed)
+
+
+def _value_rarer(typed: Mapping[str, Any]) -> Any:
+    """The values items hold less often than text, numbers, maps and lists."""
     if "BOOL" in typed:
         return typed["BOOL"]
     if "NULL" in typed:
@@ -275,6 +285,10 @@ class Dynamo:
     def query(self, **request: Any) -> Any:
         with translated():
             return self.raw.query(**request)
+
+    def scan(self, **request: Any) -> Any:
+        with translated():
+            return self.raw.scan(**request)
 
     def query_pages(self, **request: Any) -> Iterator[dict[str, Any]]:
         """Every page of a Query, each read translated."""

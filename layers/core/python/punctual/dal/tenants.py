@@ -5,11 +5,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from punctual.dal.common import ConditionFailed, Item, dynamo, from_dynamo, to_dynamo, values
+from punctual.dal.common import (
+    ConditionFailed,
+    Item,
+    decode_token,
+    dynamo,
+    encode_token,
+    from_dynamo,
+    to_dynamo,
+    values,
+)
+from punctual.dal.tables import TENANTS
 from punctual.errors import Conflict, NotFound
 from punctual.tenancy import Quotas, Target, Tenant
 
 TENANT_SK = "TENANT"
+# A tenant listing's Scan: items read a page (tenants and the rest), and pages a call.
+SCAN_PAGE_ITEMS = 500
+SCAN_PAGES = 8
 PRINCIPAL_SK = "PRINCIPAL"
 MINUTES = range(60)
 
@@ -95,6 +108,34 @@ class TenantStore:
         if not found:
             raise NotFound(f"tenant {tenant_id} not found")
         return tenant_from_item(from_dynamo(found))
+
+    def list_tenants(self, *, limit: int, token: str | None) -> tuple[list[Tenant], str | None]:
+        """Up to ``limit`` tenants (in the table's order) and the token of the next page. An
+        operator's listing: a Scan, the table's other items (targets, principals, the
+        workers' slots) filtered out, eventually consistent (a tenant made a moment ago shows
+        on the next listing). Pages the filter empties are read past, at most SCAN_PAGES a
+        call: a listing then answers what it found and a token, never loops on them."""
+        start = decode_token(token, expect={}, keys=TENANTS.page_key())
+        found: list[Tenant] = []
+        for _ in range(SCAN_PAGES):
+            request: dict[str, Any] = {
+                "TableName": self.table,
+                "FilterExpression": "sk = :tenant",
+                "ExpressionAttributeValues": values(tenant=TENANT_SK),
+                "Limit": SCAN_PAGE_ITEMS,
+            }
+            if start:
+                request["ExclusiveStartKey"] = start
+            page = self._client.scan(**request)
+            for item in page["Items"]:
+                found.append(tenant_from_item(from_dynamo(item)))
+                if len(found) == limit:
+                    # The next page starts after this item (any item's key is a start key).
+                    return found, encode_token({"pk": item["pk"], "sk": item["sk"]})
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return found, None
+        return found, encode_token(start)
 
     def set_quotas(self, tenant_id: str, quotas: Quotas) -> None:
         try:
