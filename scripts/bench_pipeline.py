@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from punctual.dal.common import from_dynamo, to_dynamo
-from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
+from punctual.dal.tables import SCHEDULE_CURRENT, create_tables, occurrence_key
 from punctual.materializer import Materializer
 from punctual.relay import Relay
 from punctual.scheduling import ControlPlane
@@ -126,29 +126,67 @@ def main() -> None:
         engines.stop()
 
 
-def run(args: argparse.Namespace, endpoint: str) -> None:
+@dataclass(frozen=True)
+class Stage:
+    """What one stage of the pipeline took: wall-clock seconds, the process's CPU seconds,
+    and the part of that CPU spent inside the AWS clients."""
 
+    seconds: float
+    cpu: float
+    in_clients: float
+
+
+def run(args: argparse.Namespace, endpoint: str) -> None:
     meter = Meter()
     settings = Settings()
     plain = Services(aws_client("dynamodb"), aws_client("sqs"), settings, time.time)
-    from punctual.dal.tables import create_tables
-
     create_tables(plain.dynamodb, settings)
     groups = [
         list(range(s, min(s + 2, settings.shard_count))) for s in range(0, settings.shard_count, 2)
     ]
-    # Warm-up: the first tick walks an hour of empty buckets to set each shard's
-    # watermark; in service that happens once, so it is not measured.
-    # (Only up to now: seeding behind the API's back must not land in walked buckets.)
+    warm_up(plain)
+    # Due at a minute boundary far enough ahead to seed, materialize and relay first
+    # (about 300 schedules/s for each on this machine, in memory), as the lookahead does.
+    due = (int(time.time()) + 30 + args.schedules // 100) // 60 * 60 + 60
+    ids, queues = seed_burst(plain, args, due, endpoint)
+    services = Services(
+        Metered(plain.dynamodb, meter), Metered(plain.sqs, meter), settings, time.time
+    )
+    reports, materialized = materialize(services, meter, groups, args.python_collector)
+    made = sum(r.occurrences for r in reports)
+    if made != len(ids):
+        raise SystemExit(f"expected {len(ids)} occurrences, materialized {made}: {reports}")
+    sent, relayed, stream_reads = relay_all(plain, services, meter, made)
+    if time.time() > due:
+        print("WARNING: the relay finished after the due instant; lags include the backlog")
+    received = receive(plain.sqs, list(queues.values()), args.consumers, made, due)
+    report_lags(received, made)
+    report_cpu(sum(r.schedules for r in reports), materialized, sent, relayed, stream_reads)
+    batches = meter.calls["send_message_batch"]
+    print(
+        f"SQS: {meter.items['sqs_messages'] / batches:.2f} messages per SendMessageBatch "
+        f"({batches:,} calls; 10 at most)"
+    )
+    report_costs(plain, meter, made, ids[0], materialized.cpu, relayed.cpu, len(groups))
+
+
+def warm_up(plain: Services) -> None:
+    """The first tick walks an hour of empty buckets to set each shard's watermark; in
+    service that happens once, so it is not measured. (Only up to now: seeding behind the
+    API's back must not land in walked buckets.)"""
+    settings = plain.settings
     warm = Services(
         plain.dynamodb, plain.sqs, settings.model_copy(update={"lookahead_seconds": 0}), time.time
     )
     Materializer(warm, "bench").run(int(time.time()), list(range(settings.shard_count)))
-    # Due at a minute boundary far enough ahead to seed, materialize and relay first
-    # (about 300 schedules/s for each on this machine, in memory), as the lookahead does.
-    due = (int(time.time()) + 30 + args.schedules // 100) // 60 * 60 + 60
+
+
+def seed_burst(
+    plain: Services, args: argparse.Namespace, due: int, endpoint: str
+) -> tuple[list[str], dict[str, str]]:
+    """The strict schedules, a daily cron at exactly the due minute each (its next fire is
+    ``due``), and a target per tenant: the schedules' ids, and each tenant's queue URL."""
     started = time.perf_counter()
-    # A daily cron at exactly the due minute: its next fire is `due`.
     at = time.gmtime(due)
     daily = f"{at.tm_min} {at.tm_hour} * * *"
     ids = seed(plain, args.schedules, due, args.payload_bytes, daily)
@@ -159,41 +197,42 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
         f"{time.strftime('%H:%M:%S', time.gmtime(due))}Z in "
         f"{time.perf_counter() - started:.1f} s (DynamoDB Local at {endpoint})"
     )
-    services = Services(
-        Metered(plain.dynamodb, meter), Metered(plain.sqs, meter), settings, time.time
-    )
+    return ids, queues
 
-    received: list[tuple[str, float, float, float]] = []  # (scheduled_for, receivable, received)
-    stop = threading.Event()
-    consumers = [
-        threading.Thread(target=consume, args=(plain.sqs, url, received, stop), daemon=True)
-        for url in queues.values()
-        for _ in range(args.consumers)
-    ]
 
-    # Materialize: one call per shard group, in parallel, as the Step Functions Map does.
+def materialize(
+    services: Services, meter: Meter, groups: list[list[int]], python_collector: bool
+) -> tuple[list[Any], Stage]:
+    """One call per shard group, in parallel, as the Step Functions Map does: the shards'
+    reports, and what it took."""
     cpu, in_clients = time.process_time(), meter.client_cpu
     started = time.perf_counter()
 
     def invocation(shards: list[int]) -> list[Any]:
         # As the handler runs it: the collector tuned for the invocation, unless compared
-        with nullcontext() if args.python_collector else COLLECTOR.tuned():
+        with nullcontext() if python_collector else COLLECTOR.tuned():
             return Materializer(services, "bench").run(int(time.time()), shards)
 
     with ThreadPoolExecutor(max_workers=len(groups)) as pool:
         reports = [r for part in pool.map(invocation, groups) for r in part]
-    materialize_seconds = time.perf_counter() - started
-    materialize_cpu = time.process_time() - cpu
-    materialize_clients = meter.client_cpu - in_clients
+    stage = Stage(
+        time.perf_counter() - started, time.process_time() - cpu, meter.client_cpu - in_clients
+    )
     made = sum(r.occurrences for r in reports)
     print(
-        f"materialize: {made:,} occurrences in {materialize_seconds:.1f} s "
-        f"({made / materialize_seconds:,.0f}/s, {len(groups)} groups of shards in parallel)"
+        f"materialize: {made:,} occurrences in {stage.seconds:.1f} s "
+        f"({made / stage.seconds:,.0f}/s, {len(groups)} groups of shards in parallel)"
     )
-    if made != len(ids):
-        raise SystemExit(f"expected {len(ids)} occurrences, materialized {made}: {reports}")
+    return reports, stage
 
-    # Relay: the stream poller hands INSERT batches to the relay, as the mapping does.
+
+def relay_all(
+    plain: Services, services: Services, meter: Meter, made: int
+) -> tuple[int, Stage, float]:
+    """The stream poller hands INSERT batches to the relay, as the mapping does, until the
+    ``made`` occurrences are sent (or 10 minutes pass): how many were sent, what it took, and
+    the CPU of the stream's reads (the bench reads the stream itself; on AWS the event source
+    mapping does, outside the relay's Lambda, which gets the records as its event)."""
     relay = Relay(services)
     sent = 0
 
@@ -206,7 +245,7 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     poller = StreamPoller(
         plain.dynamodb,
         Metered(aws_client("dynamodbstreams"), meter),
-        settings.occurrences_table,
+        plain.settings.occurrences_table,
         relay_batch,
         Path(tempfile.mkdtemp()) / "streams.json",
     )
@@ -215,51 +254,61 @@ def run(args: argparse.Namespace, endpoint: str) -> None:
     started = time.perf_counter()
     while sent < made and time.perf_counter() - started < 600:
         poller.poll_once()
-    relay_seconds = time.perf_counter() - started
-    relay_cpu = time.process_time() - cpu
-    relay_clients = meter.client_cpu - in_clients
-    # The bench reads the stream itself; on AWS the event source mapping does, outside the
-    # relay's Lambda, which gets the records as its event.
+    stage = Stage(
+        time.perf_counter() - started, time.process_time() - cpu, meter.client_cpu - in_clients
+    )
     stream_reads = sum(meter.cpu_by_call[op] for op in STREAM_READS) - in_streams
-    print(f"relay: {sent:,} messages sent in {relay_seconds:.1f} s ({sent / relay_seconds:,.0f}/s)")
-    if time.time() > due:
-        print("WARNING: the relay finished after the due instant; lags include the backlog")
+    print(f"relay: {sent:,} messages sent in {stage.seconds:.1f} s ({sent / stage.seconds:,.0f}/s)")
+    return sent, stage, stream_reads
 
+
+def receive(
+    sqs: Any, queues: list[str], consumers: int, made: int, due: int
+) -> list[tuple[str, float, float, float]]:
+    """What ``consumers`` threads per queue receive from just before the due instant until
+    every occurrence came (or 2 minutes after it): (occurrence_id, scheduled_for,
+    receivable, received) each, redeliveries included."""
+    received: list[tuple[str, float, float, float]] = []
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=consume, args=(sqs, url, received, stop), daemon=True)
+        for url in queues
+        for _ in range(consumers)
+    ]
     # Consumers start just before the instant: moto's receive scans every message of the
     # queue per call, and polling all along would slow the sends being measured.
     time.sleep(max(0.0, due - 5 - time.time()))
-    for consumer in consumers:
-        consumer.start()
+    for thread in threads:
+        thread.start()
     deadline = due + 120
     # Unique ids: moto redelivers some messages (visibility expiry) before their delete.
     while len({entry[0] for entry in received}) < made and time.time() < deadline:
         time.sleep(0.2)
     stop.set()
-    for consumer in consumers:
-        consumer.join()
-    report_lags(received, made)
-    steps = sum(r.schedules for r in reports)
+    for thread in threads:
+        thread.join()
+    return received
 
+
+def report_cpu(
+    steps: int, materialized: Stage, sent: int, relayed: Stage, stream_reads: float
+) -> None:
     def ms(seconds: float, count: int) -> str:
         return f"{seconds / count * 1000:.3f} ms"
 
+    ours = materialized.cpu - materialized.in_clients
+    relay_ours = relayed.cpu - relayed.in_clients
     print(
         "CPU (issue 21's goals: <= 0.2 ms a step, <= 0.1 ms a record), total = our code + "
         "inside the AWS clients:\n"
-        f"  per schedule step ({steps:,}): {ms(materialize_cpu, steps)} = "
-        f"{ms(materialize_cpu - materialize_clients, steps)} + {ms(materialize_clients, steps)}"
+        f"  per schedule step ({steps:,}): {ms(materialized.cpu, steps)} = "
+        f"{ms(ours, steps)} + {ms(materialized.in_clients, steps)}"
         f"\n  per relayed record ({sent:,}, the stream's reads included): "
-        f"{ms(relay_cpu, sent)} = {ms(relay_cpu - relay_clients, sent)} + "
-        f"{ms(relay_clients, sent)}; without the stream's reads (on AWS, the mapping's): "
-        f"{ms(relay_cpu - stream_reads, sent)} = {ms(relay_cpu - relay_clients, sent)} + "
-        f"{ms(relay_clients - stream_reads, sent)}"
+        f"{ms(relayed.cpu, sent)} = {ms(relay_ours, sent)} + "
+        f"{ms(relayed.in_clients, sent)}; without the stream's reads (on AWS, the mapping's): "
+        f"{ms(relayed.cpu - stream_reads, sent)} = {ms(relay_ours, sent)} + "
+        f"{ms(relayed.in_clients - stream_reads, sent)}"
     )
-    batches = meter.calls["send_message_batch"]
-    print(
-        f"SQS: {meter.items['sqs_messages'] / batches:.2f} messages per SendMessageBatch "
-        f"({batches:,} calls; 10 at most)"
-    )
-    report_costs(plain, meter, made, ids[0], materialize_cpu, relay_cpu, len(groups))
 
 
 def consume(

@@ -201,11 +201,13 @@ MODULES = {
     # and run-now's count of the minute.
     "quotas": Module(
         ("punctual/scheduling.py", "punctual/manual.py"),
-        tuple(
-            f"punctual.scheduling.xǁControlPlaneǁ{function}__mutmut_"
-            for function in ("_usage_action", "_refusal", "_quota_error")
-        )
-        + ("punctual.manual.xǁManualRunsǁ_manual_run_minute__mutmut_",),
+        (
+            *(
+                f"punctual.scheduling.xǁControlPlaneǁ{function}__mutmut_"
+                for function in ("_usage_action", "_refusal", "_quota_error")
+            ),
+            "punctual.manual.xǁManualRunsǁ_manual_run_minute__mutmut_",
+        ),
         _tests("integration", "api_quotas_and_idempotency", "trigger", "api_versioning"),
         part=True,
     ),

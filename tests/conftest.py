@@ -32,19 +32,43 @@ def _plain_attribute(value: object) -> bool:
     if type(value) is not dict or len(value) != 1:
         return False
     ((kind, inner),) = value.items()
-    if kind in ("S", "N"):
-        return type(inner) is str
-    if kind in ("BOOL", "NULL"):
-        return type(inner) is bool
-    if kind in ("SS", "NS"):
-        return type(inner) is list and all(type(v) is str for v in inner)
-    if kind == "L":
-        return type(inner) is list and all(_plain_attribute(v) for v in inner)
-    if kind == "M":
-        return type(inner) is dict and all(
-            type(k) is str and _plain_attribute(v) for k, v in inner.items()
-        )
-    return False
+    plain = _PLAIN_MEMBERS.get(kind)
+    return plain is not None and plain(inner)
+
+
+def _text(inner: object) -> bool:
+    return type(inner) is str
+
+
+def _flag(inner: object) -> bool:
+    return type(inner) is bool
+
+
+def _texts(inner: object) -> bool:
+    return type(inner) is list and all(type(v) is str for v in inner)
+
+
+def _plain_list(inner: object) -> bool:
+    return type(inner) is list and all(_plain_attribute(v) for v in inner)
+
+
+def _plain_map(inner: object) -> bool:
+    return type(inner) is dict and all(
+        type(k) is str and _plain_attribute(v) for k, v in inner.items()
+    )
+
+
+# Whether an AttributeValue's member is plain, by the member's type (its one key).
+_PLAIN_MEMBERS: dict[object, Callable[[object], bool]] = {
+    "S": _text,
+    "N": _text,
+    "BOOL": _flag,
+    "NULL": _flag,
+    "SS": _texts,
+    "NS": _texts,
+    "L": _plain_list,
+    "M": _plain_map,
+}
 
 
 def _install_moto_fast_path() -> None:

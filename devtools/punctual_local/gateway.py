@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from punctual_local.engines import ACCOUNT
@@ -142,6 +142,95 @@ def _content_length(value: str | None) -> int:
     return length
 
 
+class _Request(BaseHTTPRequestHandler):
+    """One connection's requests: each answered by the gateway that made the subclass
+    (``Gateway.answer``), or refused here as API Gateway would refuse it."""
+
+    gateway: ClassVar[Gateway]  # set on the subclass each Gateway makes
+    protocol_version = "HTTP/1.1"  # keep-alive: a client's session reuses its connection
+    # Headers and body are written separately: without this, Nagle's algorithm and the
+    # client's delayed ACK hold every answer back by about 40 ms.
+    disable_nagle_algorithm = True
+
+    def _serve(self) -> None:
+        try:
+            event = self._event()
+        except _Refused as refused:
+            # The body was not (fully) read: the connection cannot carry another request.
+            self.close_connection = True
+            self._answer(refused.answer)
+            return
+        self._answer(self.gateway.answer(self.command, event))
+
+    def _event(self) -> dict[str, Any]:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise _Refused(411, "send the body with a Content-Length")
+        length = _content_length(self.headers.get("Content-Length"))
+        body = self._read(length) if length else None
+        if body is not None and len(body) < length:
+            raise _Refused(400, f"the body ended after {len(body)} of {length} bytes")
+        url = urlsplit(self.path)
+        return rest_event(
+            self.command,
+            api_path(url.path) or "/",
+            principal_of(self.headers.get("Authorization")),
+            body,
+            parse_qs(url.query, keep_blank_values=True),
+            dict(self.headers.items()),
+        )
+
+    def _read(self, length: int) -> bytes:
+        """Up to ``length`` bytes: fewer when the client stops sending (closes, or goes quiet
+        for the read timeout)."""
+        chunks: list[bytes] = []
+        received = 0
+        try:
+            while received < length:
+                chunk = self.rfile.read1(length - received)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                received += len(chunk)
+        except TimeoutError:
+            pass
+        return b"".join(chunks)
+
+    def _answer(self, answer: dict[str, Any]) -> None:
+        payload = (answer.get("body") or "").encode("utf-8")
+        self.send_response(int(answer["statusCode"]))
+        headers = dict(answer.get("headers") or {})
+        for name, values in (answer.get("multiValueHeaders") or {}).items():
+            headers[name] = values[-1]
+        headers.setdefault("Content-Type", "application/json")
+        for name, value in headers.items():
+            if name.lower() != "content-length":
+                self.send_header(name, str(value))
+        self.send_header("Content-Length", str(len(payload)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def __getattr__(self, name: str) -> Any:
+        # Every method reaches the function, which answers 405 where a path does not have
+        # it (http.server looks up do_<METHOD> and would answer 501 itself).
+        if name.startswith("do_"):
+            return self._serve
+        raise AttributeError(name)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a bad request line, an unknown method, headers too
+        large) in the one error shape instead of an HTML page."""
+        self.close_connection = True
+        status = HTTPStatus(code)
+        kind = "invalid_input" if code < 500 else status.name.lower()
+        self._answer(gateway_error(code, kind, message or status.phrase))
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per request would drown the demo's output
+
+
 class Gateway:
     """A threaded HTTP server on 127.0.0.1 that invokes ``handler`` per request, one at a
     time (the ``pages`` aside)."""
@@ -155,113 +244,36 @@ class Gateway:
         pages: tuple[str, Pages] | None = None,
     ) -> None:
         """``pages``: a path prefix and what serves the requests under it."""
-        gateway = self
+        owner = self
 
-        class Request(BaseHTTPRequestHandler):
+        class Request(_Request):
+            gateway = owner
             timeout = read_timeout
-            protocol_version = "HTTP/1.1"  # keep-alive: a client's session reuses its connection
-            # Headers and body are written separately: without this, Nagle's algorithm and
-            # the client's delayed ACK hold every answer back by about 40 ms.
-            disable_nagle_algorithm = True
-
-            def _serve(self) -> None:
-                try:
-                    event = self._event()
-                except _Refused as refused:
-                    # The body was not (fully) read: the connection cannot carry another request.
-                    self.close_connection = True
-                    self._answer(refused.answer)
-                    return
-                path = event["path"]
-                if pages is not None and (path == pages[0] or path.startswith(pages[0] + "/")):
-                    # (outside the one-at-a-time lock: the console calls the API over HTTP)
-                    query = event["multiValueQueryStringParameters"] or {}
-                    answer = pages[1](self.command, path, query)
-                elif event["requestContext"]["identity"]["userArn"] is None:
-                    # API Gateway with AWS_IAM auth refuses unsigned requests itself.
-                    answer = gateway_error(
-                        403, "MISSING_AUTHENTICATION_TOKEN", "Missing Authentication Token"
-                    )
-                else:
-                    answer = gateway.invoke(event)
-                self._answer(answer)
-
-            def _event(self) -> dict[str, Any]:
-                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-                    raise _Refused(411, "send the body with a Content-Length")
-                length = _content_length(self.headers.get("Content-Length"))
-                body = self._read(length) if length else None
-                if body is not None and len(body) < length:
-                    raise _Refused(400, f"the body ended after {len(body)} of {length} bytes")
-                url = urlsplit(self.path)
-                return rest_event(
-                    self.command,
-                    api_path(url.path) or "/",
-                    principal_of(self.headers.get("Authorization")),
-                    body,
-                    parse_qs(url.query, keep_blank_values=True),
-                    dict(self.headers.items()),
-                )
-
-            def _read(self, length: int) -> bytes:
-                """Up to ``length`` bytes: fewer when the client stops sending (closes, or
-                goes quiet for the read timeout)."""
-                chunks: list[bytes] = []
-                received = 0
-                try:
-                    while received < length:
-                        chunk = self.rfile.read1(length - received)
-                        if not chunk:
-                            break
-                        chunks.append(chunk)
-                        received += len(chunk)
-                except TimeoutError:
-                    pass
-                return b"".join(chunks)
-
-            def _answer(self, answer: dict[str, Any]) -> None:
-                payload = (answer.get("body") or "").encode("utf-8")
-                self.send_response(int(answer["statusCode"]))
-                headers = dict(answer.get("headers") or {})
-                for name, values in (answer.get("multiValueHeaders") or {}).items():
-                    headers[name] = values[-1]
-                headers.setdefault("Content-Type", "application/json")
-                for name, value in headers.items():
-                    if name.lower() != "content-length":
-                        self.send_header(name, str(value))
-                self.send_header("Content-Length", str(len(payload)))
-                if self.close_connection:
-                    self.send_header("Connection", "close")
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(payload)
-
-            def __getattr__(self, name: str) -> Any:
-                # Every method reaches the function, which answers 405 where a path does not
-                # have it (http.server looks up do_<METHOD> and would answer 501 itself).
-                if name.startswith("do_"):
-                    return self._serve
-                raise AttributeError(name)
-
-            def send_error(
-                self, code: int, message: str | None = None, explain: str | None = None
-            ) -> None:
-                """http.server's own refusals (a bad request line, an unknown method, headers
-                too large) in the one error shape instead of an HTML page."""
-                self.close_connection = True
-                status = HTTPStatus(code)
-                kind = "invalid_input" if code < 500 else status.name.lower()
-                self._answer(gateway_error(code, kind, message or status.phrase))
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # one line per request would drown the demo's output
 
         self.handler = handler
         self.clock = clock
+        self.pages = pages
         self._one_at_a_time = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Request)
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        """A request's answer: the pages' under their prefix, a refusal of an unsigned one,
+        else the function's."""
+        path = event["path"]
+        if self.pages is not None and (
+            path == self.pages[0] or path.startswith(self.pages[0] + "/")
+        ):
+            # (outside the one-at-a-time lock: the console calls the API over HTTP)
+            query = event["multiValueQueryStringParameters"] or {}
+            return self.pages[1](method, path, query)
+        if event["requestContext"]["identity"]["userArn"] is None:
+            # API Gateway with AWS_IAM auth refuses unsigned requests itself.
+            return gateway_error(
+                403, "MISSING_AUTHENTICATION_TOKEN", "Missing Authentication Token"
+            )
+        return self.invoke(event)
 
     def invoke(self, event: dict[str, Any]) -> dict[str, Any]:
         """The function's answer; a function that fails answers 502, as API Gateway does."""

@@ -112,32 +112,44 @@ def _times_of_day(minutes: Sequence[int], hours: Sequence[int]) -> str | None:
     count = len(minutes) * len(hours)
     if minutes != _ALL_MINUTES and hours != _ALL_HOURS and count <= _LISTED:
         return "at " + _and([_hhmm(h, m) for h in hours for m in minutes])
+    if hours == _ALL_HOURS:
+        return _in_every_hour(minutes)
+    start, end = hours[0], hours[-1]
+    if len(hours) == end - start + 1:
+        return _in_hours_from(start, end, minutes)  # one run of hours (or a single one)
+    first = minutes[0]
+    if (step := _step(hours)) and len(minutes) == 1:
+        return f"every {step} hours from {_hhmm(start, first)} through {_hhmm(end, first)}"
+    return None
+
+
+def _in_every_hour(minutes: Sequence[int]) -> str | None:
+    """The minutes of every hour it fires at, or None where no short phrase says them."""
     first, last = minutes[0], minutes[-1]
     even = _even(minutes, 60)
-    if hours == _ALL_HOURS:
-        if minutes == _ALL_MINUTES:
-            return "every minute"
-        if len(minutes) == 1:
-            return "every hour, on the hour" if first == 0 else f"every hour at minute {first}"
-        if even and first == 0:
-            return f"every {even} minutes"
-        if len(minutes) <= _LISTED:
-            return f"at minutes {_and([str(m) for m in minutes])} of every hour"
-        if step := _step(minutes):
-            return f"every {step} minutes from minute {first} through {last} of every hour"
-        return None
-    if len(hours) == hours[-1] - hours[0] + 1:
-        start, end = hours[0], hours[-1]  # one run of hours (or a single one)
-        if minutes == _ALL_MINUTES:
-            return f"every minute from {_hhmm(start, 0)} through {_hhmm(end, 59)}"
-        if len(minutes) == 1:
-            return f"every hour from {_hhmm(start, first)} through {_hhmm(end, first)}"
-        if even:
-            return f"every {even} minutes from {_hhmm(start, first)} through {_hhmm(end, last)}"
-        return None
-    if (step := _step(hours)) and len(minutes) == 1:
-        start, end = hours[0], hours[-1]
-        return f"every {step} hours from {_hhmm(start, first)} through {_hhmm(end, first)}"
+    if minutes == _ALL_MINUTES:
+        return "every minute"
+    if len(minutes) == 1:
+        return "every hour, on the hour" if first == 0 else f"every hour at minute {first}"
+    if even and first == 0:
+        return f"every {even} minutes"
+    if len(minutes) <= _LISTED:
+        return f"at minutes {_and([str(m) for m in minutes])} of every hour"
+    if step := _step(minutes):
+        return f"every {step} minutes from minute {first} through {last} of every hour"
+    return None
+
+
+def _in_hours_from(start: int, end: int, minutes: Sequence[int]) -> str | None:
+    """The minutes it fires at in each hour from ``start`` through ``end``, or None where no
+    short phrase says them."""
+    first, last = minutes[0], minutes[-1]
+    if minutes == _ALL_MINUTES:
+        return f"every minute from {_hhmm(start, 0)} through {_hhmm(end, 59)}"
+    if len(minutes) == 1:
+        return f"every hour from {_hhmm(start, first)} through {_hhmm(end, first)}"
+    if even := _even(minutes, 60):
+        return f"every {even} minutes from {_hhmm(start, first)} through {_hhmm(end, last)}"
     return None
 
 

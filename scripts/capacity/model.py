@@ -20,17 +20,9 @@ HOURS_A_YEAR = 8760
 SOURCES = {
     "partition": "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/bp-partition-key-design.html",
     "on-demand": "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/on-demand-capacity-mode.html",
-    "gsi-writes": "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/GSI.html#GSI.ThroughputConsiderations.Writes",
-    "transactions": "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis.html",
-    "ddb-quotas": "https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html",
     "lambda-scaling": "https://docs.aws.amazon.com/lambda/latest/dg/scaling-behavior.html",
     "lambda-quotas": "https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html",
     "lambda-ddb": "https://docs.aws.amazon.com/lambda/latest/dg/with-ddb.html",
-    "lambda-ddb-params": "https://docs.aws.amazon.com/lambda/latest/dg/services-ddb-params.html",
-    "map-inline": "https://docs.aws.amazon.com/step-functions/latest/dg/state-map-inline.html",
-    "sfn-quotas": "https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html",
-    "sqs-quotas": "https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html",
-    "sqs-timers": "https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-message-timers.html",
     "reserved": "https://aws.amazon.com/dynamodb/pricing/provisioned/",
 }
 
@@ -85,40 +77,18 @@ class Limits:
     """AWS limits that bind (docs/capacity.md cites each page; keys of SOURCES)."""
 
     partition_wcu: float = 1000  # per partition (and so per key), write units/s [partition]
-    partition_rcu: float = 3000  # per partition, read units/s [partition]
     table_wcu: float = 40_000  # on-demand table/GSI default, adjustable [on-demand]
-    gsi_key_move_writes: int = 2  # delete + put when an index key changes [gsi-writes]
-    transaction_factor: int = 2  # units per KB per item in a transaction [transactions]
-    transaction_actions: int = 100  # [transactions]
     lambda_scale_per_10s: int = 1000  # new environments per function per 10 s [lambda-scaling]
     account_concurrency: int = 1000  # default regional concurrency, adjustable [lambda-quotas]
-    stream_readers: int = 2  # processes per stream shard [ddb-quotas]
-    parallelization_max: int = 10  # concurrent batches per stream shard [lambda-ddb-params]
     stream_polls_per_second: float = 4  # Lambda's poll rate per shard [lambda-ddb]
-    map_concurrency_max: int = 40  # inline Map [map-inline]
-    express_seconds: float = 300  # Express maximum duration [sfn-quotas]
-    sqs_batch: int = 10  # [sqs-quotas]
-    sqs_batch_bytes: int = 256 * 1024  # 256 KiB total per batch as the issue states [sqs-quotas]
-    sqs_delay_max: int = 900  # [sqs-timers]
 
 
 LIMIT_SOURCES = {
     "partition_wcu": "partition",
-    "partition_rcu": "partition",
     "table_wcu": "on-demand",
-    "gsi_key_move_writes": "gsi-writes",
-    "transaction_factor": "transactions",
-    "transaction_actions": "transactions",
     "lambda_scale_per_10s": "lambda-scaling",
     "account_concurrency": "lambda-quotas",
-    "stream_readers": "ddb-quotas",
-    "parallelization_max": "lambda-ddb-params",
     "stream_polls_per_second": "lambda-ddb",
-    "map_concurrency_max": "map-inline",
-    "express_seconds": "sfn-quotas",
-    "sqs_batch": "sqs-quotas",
-    "sqs_batch_bytes": "sqs-quotas",
-    "sqs_delay_max": "sqs-timers",
 }
 
 

@@ -12,6 +12,7 @@ from scripts.capacity.calibration import cross_check
 from scripts.capacity.cost import (
     CUT_ALL,
     RECONCILE_BEFORE,
+    Billing,
     CostInputs,
     Line,
     bill,
@@ -35,6 +36,7 @@ from scripts.capacity.model import (
     SOURCES,
     Design,
     Limits,
+    LocalBench,
     Platform,
     Prices,
     Workload,
@@ -359,11 +361,42 @@ def report(args: argparse.Namespace) -> None:
         group_size=args.group_size,
         materializer_memory_mb=args.materializer_memory,
     )
-    limits, prices = Limits(), Prices()
+    prices = Prices()
     platform = aws_platform(design, measured)
     before = scheduler_ops()
     after = without(before, *CUT_ALL)
 
+    print_inputs(workload, design, platform)
+    print(f"== Top of the hour, N {design.shards}, L {design.lookahead} s (write path after)")
+    configured = simulate(aws_scenario(workload, design, platform, after, failed=False))
+    print_lags("all groups healthy", configured)
+    failing = simulate(aws_scenario(workload, design, platform, after, failed=True))
+    print_lags("one group failed and retried", failing)
+    chosen_design = design if args.no_search else chosen(workload, design, platform, after)
+    healthy, failed, stage = print_peak(workload, chosen_design, platform, before, after, prices)
+    print_cross_check(measured)
+    inputs = CostInputs(
+        workload=workload,
+        design=chosen_design,
+        platform=platform,
+        shard_rate=healthy.shard_rate,
+        peak_rate=healthy.peak_rate,
+    )
+    total_before, totals = print_scheduler_costs(inputs, before, after, prices)
+    print_worker_costs(prices)
+    print(
+        f"== Summary: strict p99 at 500k {fmt(healthy.strict[2])} (one group failed: "
+        f"{fmt(failed.strict[2])}), N {chosen_design.shards}, L {chosen_design.lookahead} s, "
+        f"bottleneck {stage.what.split(':')[0]} ({chosen_design.groups} groups x "
+        f"{healthy.shard_rate:,.0f}/s a shard); scheduler path ${total_before:.2f}/M before, "
+        f"${totals[0]:.2f}/M after on demand, ${totals[1]:.2f} provisioned, "
+        f"${totals[2]:.2f} reserved (EventBridge Scheduler "
+        f"${prices.eventbridge_delivery * 1e6:.2f}/M with its SendMessage)"
+    )
+
+
+def print_inputs(workload: Workload, design: Design, platform: Platform) -> None:
+    """The workload, the design's parameters, the AWS limits and the service times."""
     print("== Workload (one account and region)")
     print(
         f"  {workload.schedules:,} schedules, {workload.per_day:,.0f} occurrences a day "
@@ -403,68 +436,78 @@ def report(args: argparse.Namespace) -> None:
         f"schedules/s (locally, one materializer on DynamoDB Local: {Q_LOCAL:,.0f}/s)"
     )
 
-    print(f"== Top of the hour, N {design.shards}, L {design.lookahead} s (write path after)")
-    configured = simulate(aws_scenario(workload, design, platform, after, failed=False))
-    print_lags("all groups healthy", configured)
-    failing = simulate(aws_scenario(workload, design, platform, after, failed=True))
-    print_lags("one group failed and retried", failing)
 
-    chosen_design = design
-    if not args.no_search:
-        print("== Smallest N and L with strict p99 <= 1 s, one group failed and retried")
-        frontier, chosen = search(workload, design, platform, after)
-        for row in frontier:
-            found = f"L {row.lookahead} s (p99 {row.p99:.2f} s)" if row.lookahead else "no L"
-            margin = f"L {row.with_margin} s" if row.with_margin else "no L up to 600 s"
-            groups = math.ceil(row.shards / design.group_size)
-            print(
-                f"  N {row.shards:4d} ({groups:3d} groups): {found}; "
-                f"{MARGIN - 1:.0%} slower: {margin}"
-            )
-        if chosen is None:
-            print("  no N up to the largest tried meets it")
-        else:
-            chosen_design = replace(design, shards=chosen[0], lookahead=chosen[1])
-            print(
-                f"  -> chosen: N {chosen[0]}, L {chosen[1]} s (the smallest N that meets it with "
-                f"service times {MARGIN - 1:.0%} longer, at its smallest L)"
-            )
+def chosen(
+    workload: Workload, design: Design, platform: Platform, after: Sequence[WriteOp]
+) -> Design:
+    """The smallest N (and its smallest L) that keeps strict p99 within 1 s with one group
+    failed and retried, under service times ``MARGIN`` longer; ``design`` if none does."""
+    print("== Smallest N and L with strict p99 <= 1 s, one group failed and retried")
+    frontier, found = search(workload, design, platform, after)
+    for row in frontier:
+        meets = f"L {row.lookahead} s (p99 {row.p99:.2f} s)" if row.lookahead else "no L"
+        margin = f"L {row.with_margin} s" if row.with_margin else "no L up to 600 s"
+        groups = math.ceil(row.shards / design.group_size)
+        print(
+            f"  N {row.shards:4d} ({groups:3d} groups): {meets}; {MARGIN - 1:.0%} slower: {margin}"
+        )
+    if found is None:
+        print("  no N up to the largest tried meets it")
+        return design
     print(
-        f"== At N {chosen_design.shards}, L {chosen_design.lookahead} s: lags, partitions, "
-        "bottleneck"
+        f"  -> chosen: N {found[0]}, L {found[1]} s (the smallest N that meets it with "
+        f"service times {MARGIN - 1:.0%} longer, at its smallest L)"
     )
-    healthy = simulate(aws_scenario(workload, chosen_design, platform, after, failed=False))
-    failed = simulate(aws_scenario(workload, chosen_design, platform, after, failed=True))
+    return replace(design, shards=found[0], lookahead=found[1])
+
+
+def print_peak(
+    workload: Workload,
+    design: Design,
+    platform: Platform,
+    before: Sequence[WriteOp],
+    after: Sequence[WriteOp],
+    prices: Prices,
+) -> tuple[SimResult, SimResult, Load]:
+    """At ``design``: the lags (healthy, and one group failed), the hot keys, the busiest
+    partitions and tables, the stages and the payloads; the two simulations' results and
+    the bottleneck stage."""
+    limits = Limits()
+    print(f"== At N {design.shards}, L {design.lookahead} s: lags, partitions, bottleneck")
+    healthy = simulate(aws_scenario(workload, design, platform, after, failed=False))
+    failed = simulate(aws_scenario(workload, design, platform, after, failed=True))
     print_lags("all groups healthy", healthy)
     print_lags("one group failed and retried", failed)
-    caps = partition_caps(workload, chosen_design, after, limits)
+    caps = partition_caps(workload, design, after, limits)
     binding = min(caps.items(), key=lambda kv: kv[1])
     print(
         f"  per-shard rate allowed by hot keys: {binding[1]:,.0f}/s ({binding[0]}); "
         f"with the ALL projection (before): "
-        f"{min(partition_caps(workload, chosen_design, before, limits).values()):,.0f}/s"
+        f"{min(partition_caps(workload, design, before, limits).values()):,.0f}/s"
     )
     busiest = print_loads(
         "Busiest partitions and tables at the peak (after)",
-        partition_loads(workload, chosen_design, after, healthy),
+        partition_loads(workload, design, after, healthy),
     )
     print_loads(
         "  ... and before (by_tenant written on every step)",
         [
             load
-            for load in partition_loads(workload, chosen_design, before, healthy)
+            for load in partition_loads(workload, design, before, healthy)
             if "by_tenant" in load.what
         ],
     )
-    stage = print_loads(
-        "Stages at the peak", stage_loads(workload, chosen_design, platform, healthy)
-    )
+    stage = print_loads("Stages at the peak", stage_loads(workload, design, platform, healthy))
     print(
         f"  -> bottleneck stage: {stage.what} ({stage.utilization:.0%}); closest AWS limit: "
         f"{busiest.what} ({busiest.utilization:.0%})"
     )
-    print_payloads(healthy.shard_rate, limits, prices, platform, chosen_design)
+    print_payloads(healthy.shard_rate, limits, prices, platform, design)
+    return healthy, failed, stage
 
+
+def print_cross_check(measured: LocalBench) -> None:
+    """The model against the local make bench it is calibrated on."""
     print("== Cross-check with the local make bench (20,000 strict, 8 shards in 4 groups)")
     checks, _ = cross_check(measured)
     for check in checks:
@@ -486,16 +529,16 @@ def report(args: argparse.Namespace) -> None:
         f"  {'all within tolerance' if all(c.ok for c in checks) else 'NOT all within tolerance'}"
     )
 
-    inputs = CostInputs(
-        workload=workload,
-        design=chosen_design,
-        platform=platform,
-        shard_rate=healthy.shard_rate,
-        peak_rate=healthy.peak_rate,
-    )
+
+def print_scheduler_costs(
+    inputs: CostInputs, before: Sequence[WriteOp], after: Sequence[WriteOp], prices: Prices
+) -> tuple[float, list[float]]:
+    """The scheduler path's cost per million occurrences: before the cuts on demand, after
+    them bought three ways, what each cut saves and how far EventBridge's parity is; the
+    total before, and the totals after (on demand, provisioned, reserved)."""
     print(
         f"== Cost per million occurrences, scheduler path (us-east-1 list prices; N "
-        f"{chosen_design.shards})"
+        f"{inputs.design.shards})"
     )
     other = other_lines(inputs)
     total_before = print_costs(
@@ -520,7 +563,21 @@ def report(args: argparse.Namespace) -> None:
         [way.name for way in ways],
         prices.eventbridge_delivery,
     )
-    total_after = totals[0]
+    print_scenarios(inputs, before, other, prices, ways)
+    print_relay_window(inputs, other)
+    print_reconciler_saving(inputs, prices, ways)
+    print_parity(inputs, after, prices, ways)
+    return total_before, totals
+
+
+def print_scenarios(
+    inputs: CostInputs,
+    before: Sequence[WriteOp],
+    other: Sequence[Line],
+    prices: Prices,
+    ways: Sequence[Billing],
+) -> None:
+    """What each cut of the write path saves, on every way of buying capacity."""
     rest = sum(d for _, _, d in other)
     reads = read_units_per_occurrence(inputs) * prices.read_request * 1e6
     print("-- scenarios: what each cut saves (the write path as a table of operations)")
@@ -537,6 +594,11 @@ def report(args: argparse.Namespace) -> None:
             f"  {units_:5.2f}  ${writes:5.2f}  ${writes + rest:6.2f}           ${peak:6.2f}"
             f"                  ${provisioned:6.2f}              ${reserved:6.2f}   {label}"
         )
+
+
+def print_relay_window(inputs: CostInputs, other: Sequence[Line]) -> None:
+    """What the relay's batching window saves."""
+    workload, platform = inputs.workload, inputs.platform
     unbatched = replace(inputs, relay_window=0.0, prompt_share=0.0)
     was, now = other_lines(unbatched), other
     cuts = [(b[1], b[2] - a[2]) for b, a in zip(was, now, strict=True) if b[2] != a[2]]
@@ -547,6 +609,10 @@ def report(args: argparse.Namespace) -> None:
         f"${total(was) - total(now):.3f} less a million on every column: "
         + "; ".join(f"{name} {-saved:+.3f}" for name, saved in cuts)
     )
+
+
+def print_reconciler_saving(inputs: CostInputs, prices: Prices, ways: Sequence[Billing]) -> None:
+    """What the reconciler's cheaper check of a schedule-hour saves."""
     reads, cpu = RECONCILE_BEFORE
     every = replace(
         inputs, reconcile_reads_per_schedule_hour=reads, reconcile_cpu_per_schedule_hour=cpu
@@ -565,6 +631,12 @@ def report(args: argparse.Namespace) -> None:
             f"${cut:.3f} less a million {way.name}" for cut, way in zip(saved, ways, strict=True)
         )
     )
+
+
+def print_parity(
+    inputs: CostInputs, after: Sequence[WriteOp], prices: Prices, ways: Sequence[Billing]
+) -> None:
+    """How many write units an occurrence may take for EventBridge Scheduler's price."""
     leaner = replace(inputs, retention_days=7)
     reserved_way = ways[-1]
     rest_lean = total(other_lines(leaner, read_price=reserved_way.read_unit(prices)))
@@ -587,6 +659,10 @@ def report(args: argparse.Namespace) -> None:
             else "Parity is out of reach with any write path (docs/capacity.md)."
         )
     )
+
+
+def print_worker_costs(prices: Prices) -> None:
+    """One successful run of the worker SDK, in write units and dollars."""
     worker = worker_ops()
     print_costs(
         f"== Worker SDK, one successful run (Punctual's tables, apart from the scheduler path): "
@@ -597,13 +673,4 @@ def report(args: argparse.Namespace) -> None:
         f"+{sum(op.units for op in worker_ops(overlap=True)) - sum(op.units for op in worker):.0f} "
         "with SKIP_IF_RUNNING",
         worker_lines(prices, worker),
-    )
-    print(
-        f"== Summary: strict p99 at 500k {fmt(healthy.strict[2])} (one group failed: "
-        f"{fmt(failed.strict[2])}), N {chosen_design.shards}, L {chosen_design.lookahead} s, "
-        f"bottleneck {stage.what.split(':')[0]} ({chosen_design.groups} groups x "
-        f"{healthy.shard_rate:,.0f}/s a shard); scheduler path ${total_before:.2f}/M before, "
-        f"${total_after:.2f}/M after on demand, ${totals[1]:.2f} provisioned, "
-        f"${totals[2]:.2f} reserved (EventBridge Scheduler "
-        f"${prices.eventbridge_delivery * 1e6:.2f}/M with its SendMessage)"
     )

@@ -136,112 +136,21 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
         first_fire = epoch(rate["materialized"][0]["scheduled_for"])
         expected: list[str] = []
 
-        # WHEN the SQS engine is killed with a batch waiting delayed
-        expected += one_shots(stack, "durable", BATCH)
-        all_delayed(stack, queue, len(expected))
-        engines = recorded(tmp_path)
-        kill(engines["sqs"])
-        # THEN the stack starts it again on its data (and says so), every message still there
-        revived(stack, "sqs", engines["sqs"])
-        wait_for(
-            lambda: "the sqs engine had stopped; started again on its data" in output(stack),
-            10,
-            "the stack's line about the SQS engine",
-        )
-        assert sum(queue_counts(stack, queue).values()) == len(expected)
-
-        # WHEN DynamoDB Local is killed with the next batch waiting delayed
-        expected += one_shots(stack, "durable", BATCH)
-        all_delayed(stack, queue, len(expected))
-        kill(engines["dynamodb"])
-        # THEN the stack starts it again on its tables, which still hold the occurrences
-        revived(stack, "dynamodb", engines["dynamodb"])
-        assert stack.client().get(f"/v1/occurrences/{expected[-1]}")["state"] == "SCHEDULED"
-
-        # WHEN the foreground `local up` is killed with the next batch waiting delayed
-        expected += one_shots(stack, "durable", BATCH)
-        all_delayed(stack, queue, len(expected))
-        checkpointed(stack)
-        engines = recorded(tmp_path)
-        stack.process.kill()
-        stack.process.wait()
-        # THEN `local up` again reattaches to the engines, which kept running
-        launched.append(ready(launch(tmp_path, port, "--demo")))
-        stack = launched[-1]
-        assert {n: e.pid for n, e in recorded(tmp_path).items()} == {
-            n: e.pid for n, e in engines.items()
-        }
-
-        # WHEN the next batch waits delayed and the stack is stopped with Ctrl-C (engines too)
-        expected += one_shots(stack, "durable", BATCH)
-        all_delayed(stack, queue, len(expected))
-        stack.process.send_signal(signal.SIGINT)
-        assert stack.process.wait(timeout=STOP_SECONDS) == 0
-        assert not any(e.alive() for e in recorded(tmp_path).values())
-        # ... cleanly: the demo worker and the drivers stopped before the engines
-        said = output(stack)
-        assert said.endswith(
-            f"stopped; everything is kept in {tmp_path}: `local up` carries on from it\n"
-        )
-        assert " ERROR " not in said
-        # THEN `local up` again starts on the same data (this failed before: the SQS engine
-        # had lost its queues) and every message is still there. (A stream batch relayed
-        # as the stop came may be relayed again on restart: at least once, so there may be
-        # more; the worker's claim makes a duplicate harmless, as asserted below.)
-        launched.append(ready(launch(tmp_path, port, "--demo")))
-        stack = launched[-1]
-        assert sum(queue_counts(stack, queue).values()) >= len(expected)
+        # WHEN each engine, then the foreground `local up`, is killed, and the stack is
+        # stopped with Ctrl-C, each with a batch waiting delayed; THEN the stack carries on
+        engines_killed(stack, queue, expected)
+        stack = local_up_killed(launched, queue, expected, port)
+        stack = stopped_and_started(launched, queue, expected, port)
 
         # WHEN a worker takes what arrives until every one-shot is done, and every fire of
-        # the rate schedule until then (the second made by the materializer during the kills)
-        last_due = int(time.time()) + DELAY_SECONDS
-        fires = [utc_text(t) for t in range(first_fire, max(last_due, first_fire + 60) + 1, 60)]
-        handled: list[str] = []
-        workers = [stack.consumer(queue, handled, threads=6), stack.consumer(rate_queue, handled)]
-
-        def rate_states() -> dict[str, str]:
-            found = stack.client().pages(f"/v1/schedules/{rate_id}/occurrences", "occurrences")
-            return {o["scheduled_for"]: o["state"] for o in found}
-
-        def everything() -> bool:
-            for worker in workers:
-                worker.poll_once()
-            states = rate_states()
-            return set(expected) <= set(handled) and all(
-                states.get(fire) == "SUCCEEDED" for fire in fires
-            )
-
-        wait_for(everything, DELAY_SECONDS + 90, "every occurrence to be handled", every=0)
-        # THEN each one-shot was handled exactly once, and is SUCCEEDED, as is every fire of
-        # the rate schedule
-        assert len(set(expected)) == 4 * BATCH
-        assert sorted(o for o in handled if o in expected) == sorted(expected)
-        assert {stack.client().get(f"/v1/occurrences/{o}")["state"] for o in expected} == {
-            "SUCCEEDED"
-        }
+        # the rate schedule until then; THEN each one-shot was handled exactly once, and is
+        # SUCCEEDED, as is every fire of the rate schedule (the second made by the
+        # materializer during the kills)
+        fires = every_occurrence_handled(stack, (queue, rate_queue), rate_id, first_fire, expected)
         assert len(fires) >= 2
 
-        # WHEN the stack and the SQS engine are killed, the engine's data is lost (as in a
-        # data folder from before the engine kept its data), and `local up` runs again
-        stack.process.kill()
-        stack.process.wait()
-        kill(recorded(tmp_path)["sqs"])
-        shutil.rmtree(tmp_path / "sqs")
-        launched.append(ready(launch(tmp_path, port, "--demo")))
-        stack = launched[-1]
-        # THEN it re-created every target's queues under their names, says so, and serves
-        restored = "re-created the missing queues of demo/default, demo/durable, demo/durable-rate"
-        wait_for(lambda: restored in output(stack), 10, "the line about re-created queues")
-        late = one_shots(stack, "durable", 1, ahead=2)
-        got: list[str] = []
-        consumer = stack.consumer(queue, got)
-
-        def arrived() -> bool:
-            consumer.poll_once()
-            return got == late
-
-        wait_for(arrived, 30, "a one-shot through the re-created queue", every=0)
-
+        # WHEN the SQS engine's data is lost: THEN `local up` re-creates the queues
+        stack = queues_lost(launched, queue, port)
         # ... and across its four starts the demo kept its recurring schedules: one of each
         active = stack.client().pages("/v1/schedules", "schedules", state="ACTIVE")
         names = [s["name"] for s in active]
@@ -251,17 +160,156 @@ def test_every_delayed_occurrence_arrives_after_each_local_process_is_killed(tmp
             names.count("daily 02:30, America/New_York"),
         ) == (1, 1, 1)
 
-        # WHEN `local down` runs beside the running stack
-        refused = run_punctual("local", "down", "--data", str(tmp_path))
-        # THEN it refuses, naming the stack, and stops nothing
-        assert refused.code == 1
-        assert refused.err.startswith("punctual: failed: a local stack is already running on ")
-        assert all(e.running() for e in recorded(tmp_path).values())
-        # WHEN the stack is killed (its engines keep running) and `local down` runs
-        stack.process.kill()
-        stack.process.wait()
-        down = run_punctual("local", "down", "--data", str(tmp_path))
-        # THEN the engines are stopped, their data kept
-        assert down.code == 0
-        assert down.out.startswith("stopped: ")
-        assert not any(e.alive() for e in recorded(tmp_path).values())
+        local_down(stack)
+
+
+def engines_killed(stack: Stack, queue: str, expected: list[str]) -> None:
+    """The SQS engine, then DynamoDB Local, killed with a batch waiting delayed (``expected``
+    gets each batch's occurrence ids): each is started again on its data."""
+    # WHEN the SQS engine is killed with a batch waiting delayed
+    expected += one_shots(stack, "durable", BATCH)
+    all_delayed(stack, queue, len(expected))
+    engines = recorded(stack.data)
+    kill(engines["sqs"])
+    # THEN the stack starts it again on its data (and says so), every message still there
+    revived(stack, "sqs", engines["sqs"])
+    wait_for(
+        lambda: "the sqs engine had stopped; started again on its data" in output(stack),
+        10,
+        "the stack's line about the SQS engine",
+    )
+    assert sum(queue_counts(stack, queue).values()) == len(expected)
+
+    # WHEN DynamoDB Local is killed with the next batch waiting delayed
+    expected += one_shots(stack, "durable", BATCH)
+    all_delayed(stack, queue, len(expected))
+    kill(engines["dynamodb"])
+    # THEN the stack starts it again on its tables, which still hold the occurrences
+    revived(stack, "dynamodb", engines["dynamodb"])
+    assert stack.client().get(f"/v1/occurrences/{expected[-1]}")["state"] == "SCHEDULED"
+
+
+def local_up_killed(launched: list[Stack], queue: str, expected: list[str], port: int) -> Stack:
+    """The foreground `local up` killed with the next batch waiting delayed, and launched
+    again: the stack it launched."""
+    stack = launched[-1]
+    # WHEN the foreground `local up` is killed with the next batch waiting delayed
+    expected += one_shots(stack, "durable", BATCH)
+    all_delayed(stack, queue, len(expected))
+    checkpointed(stack)
+    engines = recorded(stack.data)
+    stack.process.kill()
+    stack.process.wait()
+    # THEN `local up` again reattaches to the engines, which kept running
+    launched.append(ready(launch(stack.data, port, "--demo")))
+    stack = launched[-1]
+    assert {n: e.pid for n, e in recorded(stack.data).items()} == {
+        n: e.pid for n, e in engines.items()
+    }
+    return stack
+
+
+def stopped_and_started(launched: list[Stack], queue: str, expected: list[str], port: int) -> Stack:
+    """The stack stopped with Ctrl-C with the next batch waiting delayed, and launched
+    again: the stack it launched."""
+    stack = launched[-1]
+    data = stack.data
+    # WHEN the next batch waits delayed and the stack is stopped with Ctrl-C (engines too)
+    expected += one_shots(stack, "durable", BATCH)
+    all_delayed(stack, queue, len(expected))
+    stack.process.send_signal(signal.SIGINT)
+    assert stack.process.wait(timeout=STOP_SECONDS) == 0
+    assert not any(e.alive() for e in recorded(data).values())
+    # ... cleanly: the demo worker and the drivers stopped before the engines
+    said = output(stack)
+    assert said.endswith(f"stopped; everything is kept in {data}: `local up` carries on from it\n")
+    assert " ERROR " not in said
+    # THEN `local up` again starts on the same data (this failed before: the SQS engine
+    # had lost its queues) and every message is still there. (A stream batch relayed
+    # as the stop came may be relayed again on restart: at least once, so there may be
+    # more; the worker's claim makes a duplicate harmless, as asserted below.)
+    launched.append(ready(launch(data, port, "--demo")))
+    stack = launched[-1]
+    assert sum(queue_counts(stack, queue).values()) >= len(expected)
+    return stack
+
+
+def every_occurrence_handled(
+    stack: Stack, queues: tuple[str, str], rate_id: str, first_fire: int, expected: list[str]
+) -> list[str]:
+    """Workers on the one-shots' queue and the rate schedule's take what arrives until every
+    one-shot is done, and every fire of the rate schedule until then: each one-shot handled
+    once and SUCCEEDED, as is each of those fires (their instants, returned)."""
+    queue, rate_queue = queues
+    last_due = int(time.time()) + DELAY_SECONDS
+    fires = [utc_text(t) for t in range(first_fire, max(last_due, first_fire + 60) + 1, 60)]
+    handled: list[str] = []
+    workers = [stack.consumer(queue, handled, threads=6), stack.consumer(rate_queue, handled)]
+
+    def rate_states() -> dict[str, str]:
+        found = stack.client().pages(f"/v1/schedules/{rate_id}/occurrences", "occurrences")
+        return {o["scheduled_for"]: o["state"] for o in found}
+
+    def everything() -> bool:
+        for worker in workers:
+            worker.poll_once()
+        states = rate_states()
+        return set(expected) <= set(handled) and all(
+            states.get(fire) == "SUCCEEDED" for fire in fires
+        )
+
+    wait_for(everything, DELAY_SECONDS + 90, "every occurrence to be handled", every=0)
+    # THEN each one-shot was handled exactly once, and is SUCCEEDED, as is every fire of the
+    # rate schedule
+    assert len(set(expected)) == 4 * BATCH
+    assert sorted(o for o in handled if o in expected) == sorted(expected)
+    assert {stack.client().get(f"/v1/occurrences/{o}")["state"] for o in expected} == {"SUCCEEDED"}
+    return fires
+
+
+def queues_lost(launched: list[Stack], queue: str, port: int) -> Stack:
+    """The stack and the SQS engine killed, the engine's data lost (as in a data folder from
+    before the engine kept its data), and `local up` launched again: the stack it launched,
+    which re-created every target's queues and delivers through them."""
+    stack = launched[-1]
+    data = stack.data
+    # WHEN the stack and the SQS engine are killed, the engine's data is lost, and `local
+    # up` runs again
+    stack.process.kill()
+    stack.process.wait()
+    kill(recorded(data)["sqs"])
+    shutil.rmtree(data / "sqs")
+    launched.append(ready(launch(data, port, "--demo")))
+    stack = launched[-1]
+    # THEN it re-created every target's queues under their names, says so, and serves
+    restored = "re-created the missing queues of demo/default, demo/durable, demo/durable-rate"
+    wait_for(lambda: restored in output(stack), 10, "the line about re-created queues")
+    late = one_shots(stack, "durable", 1, ahead=2)
+    got: list[str] = []
+    consumer = stack.consumer(queue, got)
+
+    def arrived() -> bool:
+        consumer.poll_once()
+        return got == late
+
+    wait_for(arrived, 30, "a one-shot through the re-created queue", every=0)
+    return stack
+
+
+def local_down(stack: Stack) -> None:
+    """`local down` refuses beside a running stack, and stops what a killed one left."""
+    data = stack.data
+    # WHEN `local down` runs beside the running stack
+    refused = run_punctual("local", "down", "--data", str(data))
+    # THEN it refuses, naming the stack, and stops nothing
+    assert refused.code == 1
+    assert refused.err.startswith("punctual: failed: a local stack is already running on ")
+    assert all(e.running() for e in recorded(data).values())
+    # WHEN the stack is killed (its engines keep running) and `local down` runs
+    stack.process.kill()
+    stack.process.wait()
+    down = run_punctual("local", "down", "--data", str(data))
+    # THEN the engines are stopped, their data kept
+    assert down.code == 0
+    assert down.out.startswith("stopped: ")
+    assert not any(e.alive() for e in recorded(data).values())

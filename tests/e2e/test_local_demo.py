@@ -121,72 +121,8 @@ def test_demo_sigterm_restart_local_env_and_the_cli_at_its_edges(tmp_path: Path)
         # (the one-shot of either start: the first one's may come due during the restart)
         occurrence_id = printed.group(1)
 
-        # --- the occurrence commands against the real API ---------------------------------
-        # WHEN `occurrence` prints the one-shot's occurrence for people (once it is done)
-        wait_for(
-            lambda: stack.cli_json("occurrence", occurrence_id)["state"] == "SUCCEEDED",
-            30,
-            "the demo's one-shot to succeed",
-        )
-        shown = stack.cli("occurrence", occurrence_id)
-        # THEN its attempt is there, with its outcome
-        assert shown.code == 0
-        lines = shown.out.splitlines()
-        at = next(n for n, line in enumerate(lines) if line.startswith("ATTEMPT "))
-        assert lines[at].split() == ["ATTEMPT", "STARTED", "FINISHED", "OUTCOME", "ERROR"]
-        assert lines[at + 1].split()[0::3] == ["1", "SUCCEEDED"]
-        # WHEN `occurrences` asks for a window around it, and for a state
-        done = stack.cli_json("occurrence", occurrence_id)
-        schedule_id, due = done["schedule_id"], done["scheduled_for"]
-        around = ("--from", utc_text(int(time.time()) - 600), "--to", due)
-        found = stack.cli_json("occurrences", schedule_id, *around, "--state", "SUCCEEDED")
-        before = stack.cli_json("occurrences", schedule_id, "--to", "2026-01-01T00:00:00Z")
-        other = stack.cli_json("occurrences", schedule_id, *around, "--state", "DEAD")
-        # THEN the API's window and the state filter hold it, or leave it out
-        assert [o["occurrence_id"] for o in found] == [occurrence_id]
-        assert (before, other) == ([], [])
-        # WHEN an operator reads the reconciler's report of the next hour
-        next_hour = utc_text((int(time.time()) // 3600 + 1) * 3600)
-        report = stack.cli("reconcile", "report", "--from", next_hour, key="operator")
-        # THEN it is not reconciled yet (not MISSING 0)
-        assert report.code == 0
-        assert report.out.endswith(": not reconciled yet (no shard has reported on it)\n")
-
-        # --- ids, endpoints and pipes at their edges -----------------------------------
-        schedules = len(stack.cli_json("list"))
-        for odd in ("日本", "a b", "#x", "?"):
-            # WHEN `get` or `trigger` names an id that is not a plain word
-            for command in ("get", "trigger"):
-                done = stack.cli(command, odd)
-                # THEN the API answers that no such schedule exists: exit 2, one line
-                one_line_error(done, 2, "punctual: error: 404 ")
-        # ... and `trigger '?'` created nothing (it once reached POST /v1/schedules)
-        assert len(stack.cli_json("list")) == schedules
-        # WHEN an id is empty: THEN a usage error, one line
-        one_line_error(stack.cli("get", ""), 2, "punctual: error: ID: must not be empty")
-        # WHEN the endpoint is written without its scheme: THEN it is the local stack's
-        bare = run_punctual(
-            *("list", "--json", "--endpoint", stack.url.removeprefix("http://")),
-            env=stack.environment("demo"),
-        )
-        assert len(bare.json()) == schedules
-        # WHEN `list --json`, longer than a pipe holds, is read by `head -3`, which leaves
-        # after three lines
-        listing_of_at_least(stack, 256 * 1024)
-        command = " ".join(shlex.quote(part) for part in punctual("list", "--json"))
-        piped = subprocess.run(
-            ["bash", "-c", f'{command} | head -3; echo "status ${{PIPESTATUS[0]}}" >&2'],
-            capture_output=True,
-            text=True,
-            env=stack.environment("demo") | {"PUNCTUAL_ENDPOINT": stack.url},
-            cwd=REPO,
-            timeout=120,
-            check=False,
-        )
-        # THEN head prints three lines, and punctual leaves quietly, with the status of a
-        # tool ended by SIGPIPE (it once printed a BrokenPipeError traceback)
-        assert len(piped.stdout.splitlines()) == 3
-        assert piped.stderr == "status 141\n"
+        occurrence_commands(stack, occurrence_id)
+        ids_endpoints_and_pipes(stack)
 
         # WHEN this stack is stopped and `local up` is sent SIGTERM while it starts
         stack.process.send_signal(signal.SIGTERM)
@@ -203,3 +139,75 @@ def test_demo_sigterm_restart_local_env_and_the_cli_at_its_edges(tmp_path: Path)
         # THEN it finishes starting, then stops as on Ctrl-C, and starts no demo
         stopped_cleanly(stack, tmp_path)
         assert "demo:" not in output(stack)
+
+
+def occurrence_commands(stack: Stack, occurrence_id: str) -> None:
+    """The occurrence commands against the real API, on the demo's one-shot."""
+    # WHEN `occurrence` prints the one-shot's occurrence for people (once it is done)
+    wait_for(
+        lambda: stack.cli_json("occurrence", occurrence_id)["state"] == "SUCCEEDED",
+        30,
+        "the demo's one-shot to succeed",
+    )
+    shown = stack.cli("occurrence", occurrence_id)
+    # THEN its attempt is there, with its outcome
+    assert shown.code == 0
+    lines = shown.out.splitlines()
+    at = next(n for n, line in enumerate(lines) if line.startswith("ATTEMPT "))
+    assert lines[at].split() == ["ATTEMPT", "STARTED", "FINISHED", "OUTCOME", "ERROR"]
+    assert lines[at + 1].split()[0::3] == ["1", "SUCCEEDED"]
+    # WHEN `occurrences` asks for a window around it, and for a state
+    done = stack.cli_json("occurrence", occurrence_id)
+    schedule_id, due = done["schedule_id"], done["scheduled_for"]
+    around = ("--from", utc_text(int(time.time()) - 600), "--to", due)
+    found = stack.cli_json("occurrences", schedule_id, *around, "--state", "SUCCEEDED")
+    before = stack.cli_json("occurrences", schedule_id, "--to", "2026-01-01T00:00:00Z")
+    other = stack.cli_json("occurrences", schedule_id, *around, "--state", "DEAD")
+    # THEN the API's window and the state filter hold it, or leave it out
+    assert [o["occurrence_id"] for o in found] == [occurrence_id]
+    assert (before, other) == ([], [])
+    # WHEN an operator reads the reconciler's report of the next hour
+    next_hour = utc_text((int(time.time()) // 3600 + 1) * 3600)
+    report = stack.cli("reconcile", "report", "--from", next_hour, key="operator")
+    # THEN it is not reconciled yet (not MISSING 0)
+    assert report.code == 0
+    assert report.out.endswith(": not reconciled yet (no shard has reported on it)\n")
+
+
+def ids_endpoints_and_pipes(stack: Stack) -> None:
+    """The CLI at its edges: ids that are not plain words, an empty one, an endpoint
+    without its scheme, a reader of its output that leaves early."""
+    schedules = len(stack.cli_json("list"))
+    for odd in ("日本", "a b", "#x", "?"):
+        # WHEN `get` or `trigger` names an id that is not a plain word
+        for command in ("get", "trigger"):
+            done = stack.cli(command, odd)
+            # THEN the API answers that no such schedule exists: exit 2, one line
+            one_line_error(done, 2, "punctual: error: 404 ")
+    # ... and `trigger '?'` created nothing (it once reached POST /v1/schedules)
+    assert len(stack.cli_json("list")) == schedules
+    # WHEN an id is empty: THEN a usage error, one line
+    one_line_error(stack.cli("get", ""), 2, "punctual: error: ID: must not be empty")
+    # WHEN the endpoint is written without its scheme: THEN it is the local stack's
+    bare = run_punctual(
+        *("list", "--json", "--endpoint", stack.url.removeprefix("http://")),
+        env=stack.environment("demo"),
+    )
+    assert len(bare.json()) == schedules
+    # WHEN `list --json`, longer than a pipe holds, is read by `head -3`, which leaves
+    # after three lines
+    listing_of_at_least(stack, 256 * 1024)
+    command = " ".join(shlex.quote(part) for part in punctual("list", "--json"))
+    piped = subprocess.run(
+        ["bash", "-c", f'{command} | head -3; echo "status ${{PIPESTATUS[0]}}" >&2'],
+        capture_output=True,
+        text=True,
+        env=stack.environment("demo") | {"PUNCTUAL_ENDPOINT": stack.url},
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    # THEN head prints three lines, and punctual leaves quietly, with the status of a
+    # tool ended by SIGPIPE (it once printed a BrokenPipeError traceback)
+    assert len(piped.stdout.splitlines()) == 3
+    assert piped.stderr == "status 141\n"

@@ -24,7 +24,7 @@ import threading
 import uuid
 import zoneinfo
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -104,39 +104,108 @@ schema.config.phases.update(phases=["examples", "coverage", "fuzzing", "stateful
 def _breaks_a_stated_rule(case: Case) -> str | None:
     body = case.body if isinstance(case.body, dict) else {}
     query = case.query or {}
+    for rule in _STATED_RULES:
+        broken = rule(case.operation.path, body, query)
+        if broken is not None:
+            return broken
+    return None
+
+
+# A stated rule: given the operation's path, the request's body and its query, what the
+# request breaks, or None.
+_Rule = Callable[[str, dict[str, Any], dict[str, Any]], str | None]
+
+
+def _backoff_order(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
     retry = body.get("retry")
     if isinstance(retry, dict) and _over(retry, "backoff_base_seconds", "backoff_max_seconds"):
         return "retry: backoff_base_seconds after backoff_max_seconds"
+    return None
+
+
+def _window_order(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
     for window in (body, query):
         since, until = _instant(window.get("from")), _instant(window.get("to"))
         if since is not None and until is not None and until <= since:
             return "to is not after from"
-    if "next_token" in query:
-        return "a next_token the API did not issue"
+    return None
+
+
+def _foreign_token(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
+    return "a next_token the API did not issue" if "next_token" in query else None
+
+
+def _backfill_retained(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
     since = _instant(body.get("from"))
-    if case.operation.path.endswith("/backfill") and since is not None and since < _RETAINED:
+    if path.endswith("/backfill") and since is not None and since < _RETAINED:
         return "backfill: from older than the retention"
+    return None
+
+
+def _storable_payload(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
     if "payload" in body and _unstorable(body["payload"]):
         return "payload: not one DynamoDB can store (the field's description)"
+    return None
+
+
+def _on_calendar(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
     if any(_off_calendar(v) for window in (body, query, spec_of(body)) for v in window.values()):
         return "an instant outside 0002-01-01 .. 9998-12-31"
+    return None
+
+
+def _known_target(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
     if body.get("target") not in (None, "default"):
         return "target: not one of the tenant's targets (acme has default)"
-    spec = body.get("spec")
-    if isinstance(spec, dict):
-        expression = str(spec.get("expression"))
-        if spec.get("kind") == "rate" and not _RATE_GRAMMAR.match(expression):
-            return "spec.expression: not a rate"
-        if spec.get("kind") == "cron" and not _is_cron(expression):
-            return "spec.expression: not a cron"
-        if "at" in spec and _instant(str(spec["at"]).strip()) is None:
-            return "spec.at: not an ISO-8601 date-time"
-        if spec.get("timezone") is not None and spec["timezone"] not in _ZONES:
-            return "spec.timezone: not an IANA zone"
-        since, until = _instant(spec.get("start_at")), _instant(spec.get("end_at"))
-        if since is not None and until is not None and until <= since:
-            return "spec: end_at not after start_at"
     return None
+
+
+def _spec_expression(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
+    spec = spec_of(body)
+    expression = str(spec.get("expression"))
+    if spec.get("kind") == "rate" and not _RATE_GRAMMAR.match(expression):
+        return "spec.expression: not a rate"
+    if spec.get("kind") == "cron" and not _is_cron(expression):
+        return "spec.expression: not a cron"
+    return None
+
+
+def _spec_at(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
+    spec = spec_of(body)
+    if "at" in spec and _instant(str(spec["at"]).strip()) is None:
+        return "spec.at: not an ISO-8601 date-time"
+    return None
+
+
+def _spec_zone(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
+    spec = spec_of(body)
+    if spec.get("timezone") is not None and spec["timezone"] not in _ZONES:
+        return "spec.timezone: not an IANA zone"
+    return None
+
+
+def _spec_bounds(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
+    spec = spec_of(body)
+    since, until = _instant(spec.get("start_at")), _instant(spec.get("end_at"))
+    if since is not None and until is not None and until <= since:
+        return "spec: end_at not after start_at"
+    return None
+
+
+# In the order they are judged: the first one a request breaks is its reason.
+_STATED_RULES: tuple[_Rule, ...] = (
+    _backoff_order,
+    _window_order,
+    _foreign_token,
+    _backfill_retained,
+    _storable_payload,
+    _on_calendar,
+    _known_target,
+    _spec_expression,
+    _spec_at,
+    _spec_zone,
+    _spec_bounds,
+)
 
 
 _ZONES = zoneinfo.available_timezones()

@@ -794,7 +794,7 @@ def test_worker_completion_that_fails_transiently_is_retried_and_counts_once(
 # RunStore.refuse passes ``now`` twice to values() for a RUNNING occurrence, so every
 # refusal of an abandoned run crashes: CPython 3.11 reports the duplicate keyword as a
 # TypeError, or as a KeyError when the call happens inside an ``except`` block (the
-# overlap refusal is made from Worker._claim's ``except ConditionFailed``).
+# overlap refusal is made from Worker._claim_in's ``except ConditionFailed``).
 REFUSE_CRASH = (TypeError, KeyError)
 
 
@@ -1953,6 +1953,28 @@ def test_worker_queue_one_a_later_occurrence_does_not_jump_the_one_waiting(
     assert worker(aws, handler).process(redeliver(aws, deliveries[second])).outcome is (
         Outcome.SUCCEEDED
     )
+
+
+def test_worker_queue_one_a_new_claim_frees_the_wait_slot_in_its_transaction_only(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN the first due occurrence of a QUEUE_ONE schedule, none running or waiting
+    _, [first, *_], deliveries = three_due(aws, clock)
+    work = worker(aws, Calls())
+    given_up: list[str] = []
+    real_stop_waiting = work.runs.stop_waiting
+
+    def stop_waiting(tenant_id: str, schedule_id: str, occurrence_id: str) -> None:
+        given_up.append(occurrence_id)
+        real_stop_waiting(tenant_id, schedule_id, occurrence_id)
+
+    work.runs.stop_waiting = stop_waiting  # type: ignore[method-assign]
+    # WHEN it runs
+    result = work.process(deliveries[first])
+    # THEN its claim's transaction emptied the wait slot, and no write after the claim gives
+    # the slot up again (a conditional write that can only fail, a write unit every run)
+    assert result.outcome is Outcome.SUCCEEDED
+    assert given_up == []
 
 
 @pytest.mark.parametrize(("waited", "third_waits"), [(59, False), (60, True)])

@@ -29,11 +29,13 @@ from punctual.dal.runs import (
     RunStore,
     ScheduleForRun,
     Seen,
+    StoredRun,
 )
 from punctual.errors import NotFound, Retryable
 from punctual.ids import tenant_of_schedule
 from punctual.message import Message, parse_message
 from punctual.models import (
+    OWNS_FIRES,
     TERMINAL,
     AttemptOutcome,
     OccurrenceState,
@@ -138,6 +140,17 @@ class Result:
     @property
     def delete(self) -> bool:
         return self.outcome in DELETE or self.requeued
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claim that won: the lease the handler runs under, the schedule's retry policy, and
+    when the occurrence became receivable (its available_at, which the deadline runs
+    from)."""
+
+    lease: RunLease
+    policy: RetryPolicy
+    released: int
 
 
 def backoff_ceiling(policy: RetryPolicy, attempt_no: int) -> int:
@@ -274,18 +287,53 @@ class Worker:
             return self._rejected(delivery, "a message of another tenant's schedule")
         for _ in range(CLAIM_ROUNDS):
             step = self._claim(delivery, message)
+            if isinstance(step, Claimed):
+                return self._run(delivery, message, step.lease, step.policy, step.released)
             if step is not None:
-                return step if isinstance(step, Result) else self._run(delivery, message, *step)
+                return step
         return Result(Outcome.IN_PROGRESS, "contended; left for a later delivery", self._later())
 
-    def _claim(
-        self, delivery: Delivery, message: Message
-    ) -> Result | tuple[RunLease, RetryPolicy, int] | None:
-        """A refusal, a lease to run under, or None when a race was lost (read again)."""
+    def _claim(self, delivery: Delivery, message: Message) -> Result | Claimed | None:
+        """A refusal, a claim to run under, or None when a race was lost (read again)."""
         now = self._now()
         occurrence, schedule = self.runs.read(message.occurrence_id, message.schedule_id)
         if occurrence is None or occurrence.tenant_id != self.tenant_id:
             return self._rejected(delivery, "no such occurrence")
+        not_now = self._not_claimable(delivery, message, occurrence, schedule, now)
+        if not_now is not None:
+            return not_now
+        seen = occurrence.seen
+        stale = _staleness(
+            occurrence.schedule_version,
+            None if schedule is None else (schedule.run_version, schedule.state),
+        )
+        if stale is not None:
+            self._leave_queue(message, schedule)
+            return self._refuse(message, seen, OccurrenceState.CANCELED, stale, Outcome.STALE, now)
+        assert schedule is not None
+        # The deadline runs from when the occurrence became receivable: a late fire that a
+        # misfire policy released hours after its instant gets its whole deadline too.
+        over = _exhausted(seen.attempt_count, schedule.retry, occurrence.available_at, now)
+        if over is not None:
+            refused = self._refuse(message, seen, OccurrenceState.DEAD, over, Outcome.DEAD, now)
+            if refused is not None:
+                self._dead_letter(delivery, message.occurrence_id, over)
+            return refused
+        slot = self._free_slot(now)
+        if slot is None:
+            return Result(Outcome.THROTTLED, "tenant concurrency limit reached", self._later())
+        return self._claim_in(slot, delivery, message, occurrence, schedule, now)
+
+    def _not_claimable(
+        self,
+        delivery: Delivery,
+        message: Message,
+        occurrence: StoredRun,
+        schedule: ScheduleForRun | None,
+        now: int,
+    ) -> Result | None:
+        """Why the occurrence, as read, is not to be claimed now: canceled, finished, running
+        under another worker's live lease, or backing off; None when it may be."""
         seen = occurrence.seen
         if seen.state is OccurrenceState.CANCELED:
             # An update, pause or cancel got to it first (or our own refusal's delete was
@@ -304,29 +352,38 @@ class Worker:
         if seen.state is OccurrenceState.RETRY_WAIT and retry_at > now:
             # A duplicate delivery during the back-off: it waits like the original.
             return Result(Outcome.RETRY, "backing off", retry_at - now)
-        stale = _staleness(
-            occurrence.schedule_version,
-            None if schedule is None else (schedule.run_version, schedule.state),
-        )
-        if stale is not None:
-            self._leave_queue(message, schedule)
-            return self._refuse(message, seen, OccurrenceState.CANCELED, stale, Outcome.STALE, now)
-        assert schedule is not None
-        policy = schedule.retry
-        # The deadline runs from when the occurrence became receivable: a late fire that a
-        # misfire policy released hours after its instant gets its whole deadline too.
-        released = occurrence.available_at
-        over = _exhausted(seen.attempt_count, policy, released, now)
-        if over is not None:
-            refused = self._refuse(message, seen, OccurrenceState.DEAD, over, Outcome.DEAD, now)
-            if refused is not None:
-                self._dead_letter(delivery, message.occurrence_id, over)
-            return refused
-        slot = self._free_slot(now)
-        if slot is None:
-            return Result(Outcome.THROTTLED, "tenant concurrency limit reached", self._later())
+        return None
+
+    def _claim_in(
+        self,
+        slot: int,
+        delivery: Delivery,
+        message: Message,
+        occurrence: StoredRun,
+        schedule: ScheduleForRun,
+        now: int,
+    ) -> Result | Claimed | None:
+        """Claim the next attempt in concurrency ``slot``, then make sure the schedule did
+        not change meanwhile: a refusal, the claim, or None when a race was lost."""
+        seen = occurrence.seen
         queue_one = schedule.overlap is OverlapPolicy.QUEUE_ONE
-        lease = RunLease(
+        lease = self._new_lease(message, seen, schedule, slot, now)
+        try:
+            self.runs.claim(lease, seen=seen, now=now, queued_at=delivery.sent_at or now)
+        except ConditionFailed as refused:
+            return self._overlap_refusal(refused, message, seen, queue_one, now)
+        except Retryable:
+            return None
+        if queue_one and not lease.queue_one:
+            # A retry that had to wait (another ran meanwhile) gives the wait slot up now.
+            self._leave_queue(message, schedule)
+        return self._confirmed(lease, seen, occurrence, schedule.retry, now)
+
+    def _new_lease(
+        self, message: Message, seen: Seen, schedule: ScheduleForRun, slot: int, now: int
+    ) -> RunLease:
+        """The lease of the occurrence's next attempt, to claim in concurrency ``slot``."""
+        return RunLease(
             occurrence_id=message.occurrence_id,
             tenant_id=self.tenant_id,
             schedule_id=message.schedule_id,
@@ -338,37 +395,45 @@ class Worker:
             # QUEUE_ONE: a new occurrence must not jump ahead of one already waiting; the
             # take-over or retry of one that ran already is that occurrence's own run going
             # on, and no waiting one is ahead of it.
-            queue_one=queue_one and seen.state is OccurrenceState.SCHEDULED,
+            queue_one=(
+                schedule.overlap is OverlapPolicy.QUEUE_ONE
+                and seen.state is OccurrenceState.SCHEDULED
+            ),
             attempt_index=len(seen.attempts),
         )
-        try:
-            self.runs.claim(lease, seen=seen, now=now, queued_at=delivery.sent_at or now)
-        except ConditionFailed as refused:
-            holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
-            if refused.label == OVERLAP and queue_one:
-                return self._wait(message, seen, holder, now)
-            if refused.label == OVERLAP:
-                reason = f"{holder} of this schedule is running"
-            elif refused.label == WAITING:
-                # QUEUE_ONE: the run slot is free, but an earlier occurrence waits for it
-                # (its next try takes it): this one would jump the queue.
-                reason = f"{holder} of this schedule waits to run"
-            else:
-                return None  # the occurrence, the schedule or the slot moved: read again
-            return self._refuse(
-                message, seen, OccurrenceState.SKIPPED_OVERLAP, reason, Outcome.SKIPPED_OVERLAP, now
-            )
-        except Retryable:
+
+    def _overlap_refusal(
+        self, refused: ConditionFailed, message: Message, seen: Seen, queue_one: bool, now: int
+    ) -> Result | None:
+        """A claim the run slot refused (another occurrence of the schedule runs, or waits to):
+        wait for it (QUEUE_ONE) or skip (SKIPPED_OVERLAP); None when the claim failed for
+        another reason (the occurrence, the schedule or the slot moved: read again)."""
+        holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
+        if refused.label == OVERLAP and queue_one:
+            return self._wait(message, seen, holder, now)
+        if refused.label == OVERLAP:
+            reason = f"{holder} of this schedule is running"
+        elif refused.label == WAITING:
+            # QUEUE_ONE: the run slot is free, but an earlier occurrence waits for it
+            # (its next try takes it): this one would jump the queue.
+            reason = f"{holder} of this schedule waits to run"
+        else:
             return None
-        if queue_one and not lease.queue_one:
-            # A retry that had to wait (another ran meanwhile) gives the wait slot up now.
-            self._leave_queue(message, schedule)
+        return self._refuse(
+            message, seen, OccurrenceState.SKIPPED_OVERLAP, reason, Outcome.SKIPPED_OVERLAP, now
+        )
+
+    def _confirmed(
+        self, lease: RunLease, seen: Seen, occurrence: StoredRun, policy: RetryPolicy, now: int
+    ) -> Result | Claimed:
+        """The claim, once the schedule is read again and has not changed; else the claim
+        undone (or left to run out) and why."""
         # The claim's transaction checks no schedule: read it again, strongly consistent.
         # Versions only grow, so one still current now was current at the claim, which is
         # then ordered before any change (whose answer reports the run); one changed since
         # the read above (an update, pause or cancel that committed in between) is undone.
         try:
-            found = self.runs.schedule_version(message.schedule_id, consistent=True)
+            found = self.runs.schedule_version(lease.schedule_id, consistent=True)
         except Retryable:
             return self._unclaim(lease, seen)
         changed = _staleness(
@@ -377,7 +442,7 @@ class Worker:
         )
         if changed is not None:
             return self._withdraw(lease, changed, now)
-        return lease, policy, released
+        return Claimed(lease, policy, occurrence.available_at)
 
     def _unclaim(self, lease: RunLease, seen: Seen) -> Result:
         """The schedule could not be read after the claim (DynamoDB busy): whether it changed
@@ -673,7 +738,7 @@ def _staleness(version: int, schedule: tuple[int, ScheduleState] | None) -> str 
             f"stale: the schedule runs as version {current}, this occurrence is of version "
             f"{version}"
         )
-    if state not in (ScheduleState.ACTIVE, ScheduleState.COMPLETED):
+    if state not in OWNS_FIRES:  # paused
         return f"the schedule is {state.value}"
     return None
 
