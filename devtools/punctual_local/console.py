@@ -39,6 +39,7 @@ from punctual_local.words import rule_in_words
 PREFIX = "/console"
 HOUR = 3600
 MAX_SCHEDULES = 100  # rows on the schedules page; the CLI lists every one
+MAX_TENANTS = 200  # rows on the tenants page (each asks which key acts as it)
 PAGE_SIZE = 100  # the API's largest page: a schedule's hour of minutely fires in one read
 # Listings read side by side for the last hour's pages. The local gateway runs one API call
 # at a time, so more readers overlap only the client's half of each call (signing, HTTP,
@@ -268,23 +269,29 @@ class Console:
         read, for a path that is no page."""
         client = self._api(view.key)
         match parts:
-            case []:
-                return lambda: ("Schedules", self._schedules(client, view))
             case ["schedules", schedule_id] if _ID.match(schedule_id):
                 return lambda: self._schedule(client, view, schedule_id)
             case ["occurrences", occurrence_id] if _ID.match(occurrence_id):
                 title = f"Occurrence {occurrence_id}"
                 return lambda: (title, self._occurrence(client, view, occurrence_id))
-            case ["timeline"]:
-                return lambda: ("The last hour", self._timeline(client, view))
-            case ["lag"]:
-                return lambda: ("Lag and backlog", self._lag(client))
-            case ["tenants"]:
-                tenant = (query.get("tenant") or [""])[-1].strip()
-                return lambda: ("Tenants", self._tenants_page(view, tenant))
-            case ["reconciler"]:
-                return lambda: ("Reconciler", self._reconciler(self._api(self.operator_key)))
-        raise _NotFound(f"no console page at {PREFIX}/{'/'.join(parts)}")
+        page = self._named_pages(client, view, query).get("/".join(parts))
+        if page is None:
+            raise _NotFound(f"no console page at {PREFIX}/{'/'.join(parts)}")
+        return page
+
+    def _named_pages(
+        self, client: Api, view: View, query: dict[str, list[str]]
+    ) -> dict[str, Callable[[], tuple[str, str]]]:
+        """The pages whose path names no schedule or occurrence, by path (the schedules'
+        listing at the console's root), each with its title."""
+        tenant = (query.get("tenant") or [""])[-1].strip()
+        return {
+            "": lambda: ("Schedules", self._schedules(client, view)),
+            "timeline": lambda: ("The last hour", self._timeline(client, view)),
+            "lag": lambda: ("Lag and backlog", self._lag(client)),
+            "tenants": lambda: ("Tenants", self._tenants_page(view, tenant)),
+            "reconciler": lambda: ("Reconciler", self._reconciler(self._api(self.operator_key))),
+        }
 
     # --- the pages ----------------------------------------------------------------------
 
@@ -523,11 +530,11 @@ class Console:
         )
 
     def _tenants_page(self, view: View, tenant: str) -> str:
-        """The tenants this console can read as, and a tenant looked up by its id (as the
-        operator): its quotas and usage, and the access key that acts as it, if one can be
-        found. The API lists no tenants and no tenant's principals: a key is found by asking
-        the API which tenant it acts as (GET /v1/tenant), for the keys seen so far and for
-        the local stack's habit, a key named after its tenant (``demo`` acts as ``demo``)."""
+        """Every tenant (GET /v1/admin/tenants, as the operator) with its usage and the key
+        to read as it, and one looked up by its id. The API does not say which principals a
+        tenant has: a key is found by asking the API which tenant it acts as (GET
+        /v1/tenant), for the keys seen so far and for the local stack's habit, a key named
+        after its tenant (``demo`` acts as ``demo``)."""
         operator = self._api(self.operator_key)
         found = ""
         if tenant:
@@ -548,26 +555,21 @@ class Console:
                 switched = View(key)
                 link = _link("", switched, f"Open {record['tenant_id']}'s console")
                 found += f"<p class=open>{link} (as key <code>{_esc(key)}</code>)</p>"
-        known = sorted(dict(self._tenants).items(), key=lambda item: (item[1], item[0]))
-        rows = "".join(
-            f"<tr><td>{_esc(tenant_id)}</td><td><code>{_esc(key)}</code></td>"
-            f"<td>{_link('', View(key), 'open its console')}</td></tr>"
-            for key, tenant_id in known
-        )
+        listed = operator.pages("/v1/admin/tenants", "tenants", limit=PAGE_SIZE)[:MAX_TENANTS]
+        rows = "".join(_tenant_row(record, self._key_of(record["tenant_id"])) for record in listed)
         return (
-            "<p class=note>The API lists no tenants and does not say which access keys act as"
-            " a tenant (GET /v1/admin/tenants/{id} answers its quotas and usage). This page"
-            " lists the tenants this console has read as since the stack started, and finds"
-            " the key of a tenant looked up by its id where the local habit holds: a key named"
-            " after its tenant.</p>"
+            "<p class=note>Every tenant, as the operator reads them. The API does not say which"
+            " access keys act as a tenant: the key shown is one this console has read as, or"
+            " the key named after the tenant when it acts as it (the local habit).</p>"
             f"<form method=get action='{PREFIX}/tenants' class=lookup>"
             f"<input type=hidden name=as value='{_esc(view.key)}'>"
             f"<label>tenant id <input name=tenant value='{_esc(tenant)}' size=20></label>"
             " <button>look up</button></form>"
             + found
-            + "<h2>Tenants read so far</h2>"
+            + "<h2>Tenants</h2>"
             + (
-                "<table class=tenants><tr><th>tenant</th><th>access key</th><th></th></tr>"
+                "<table class=tenants><tr><th>tenant</th><th>schedules</th>"
+                "<th>busiest strict minute</th><th>access key</th><th></th></tr>"
                 + rows
                 + "</table>"
                 if rows
@@ -838,6 +840,19 @@ def _findings(counts: dict[str, int]) -> str:
 
 def _definition_list(items: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _tenant_row(record: dict[str, Any], key: str | None) -> str:
+    """A tenant's row: its usage, and the key that reads as it with a link, if one is known."""
+    opened = (
+        f"<td><code>{_esc(key)}</code></td><td>{_link('', View(key), 'open its console')}</td>"
+        if key
+        else "<td colspan=2>no key known: look it up below</td>"
+    )
+    return (
+        f"<tr><td>{_esc(record['tenant_id'])}</td><td>{record['schedule_count']}</td>"
+        f"<td>{record['strict_fires_per_minute_peak']}</td>{opened}</tr>"
+    )
 
 
 def _tenant_figures(record: dict[str, Any]) -> str:

@@ -282,15 +282,48 @@ def _check_schedule(
     until: int,
     horizon: int,
 ) -> None:
-    sid = item["schedule_id"]
     by_id = {o.occurrence_id: o for o in occurrences}
     owned = {e.occurrence_id: fire for fire in fires for e in fire.alternatives}
     schedules = {v.schedule.version: v.schedule for v in versions}
+    ranges = missed_ranges_of(item)
+    unsettled = _check_fires(verdict, item, versions, fires, by_id, ranges, run, until)
+    _check_occurrences(verdict, item, versions, occurrences, owned, run, until, horizon)
+    _check_once(verdict, occurrences, schedules)
+    lookahead = run.settings.lookahead_seconds + 2 * run.settings.tick_seconds
+    _check_misfires(
+        verdict,
+        fires,
+        by_id,
+        ranges,
+        schedules,
+        run.skew,
+        run.backfilled_ids,
+        run.failed_over_at,
+        lookahead,
+        run.rewind,
+    )
+    for o in occurrences:
+        if o.state in _OPEN and o.available_at <= until and o.occurrence_id not in unsettled:
+            verdict.flag("unsettled", f"{o.occurrence_id} {o.state.value}")
+
+
+def _check_fires(
+    verdict: Verdict,
+    item: dict[str, Any],
+    versions: list[ScheduleVersion],
+    fires: list[_Fire],
+    by_id: dict[str, Occurrence],
+    ranges: list[MissedEpisode],
+    run: Run,
+    until: int,
+) -> set[str]:
+    """Each required fire due by ``until`` has its occurrence (else the misfire policy
+    recorded it MISSED, or a fail-over lost it), and that occurrence ended as its schedule
+    allows; the ids of those flagged unsettled (not flagged again as occurrences)."""
+    schedules = {v.schedule.version: v.schedule for v in versions}
     # (A rename keeps the run version: its occurrences stay the latest's, never canceled.)
     latest = versions[-1].schedule.run_version
-    ranges = missed_ranges_of(item)
-    backfilled = backfill_tag(sid)
-    unsettled: set[str] = set()  # flagged by their fire (not again as an occurrence)
+    unsettled: set[str] = set()
     for fire in fires:
         e = fire.first
         if not fire.required or e.available_at > until:
@@ -309,23 +342,50 @@ def _check_schedule(
                 verdict.flag("missing", f"{e.occurrence_id} (due {e.available_at})")
             continue
         verdict.found.update(o.occurrence_id for o in found)
-        schedule = schedules[e.version]
         settled = [o for o in found if o.state is not S.CANCELED] or found
         o = settled[0]
-        if o.state in _OPEN:
-            verdict.flag("unsettled", f"{o.occurrence_id} {o.state.value}")
+        if _check_fire_ended(verdict, o, schedules[e.version], e.version == latest, covered):
             unsettled.add(o.occurrence_id)
-        elif (
-            o.state is S.CANCELED
-            and e.version == latest
-            and schedule.state not in (ScheduleState.CANCELED, ScheduleState.PAUSED)
-            and not covered
-        ):
-            verdict.flag("canceled_without_change", o.occurrence_id)
-        elif o.state is S.SKIPPED_OVERLAP and schedule.overlap not in _ONE_AT_A_TIME:
-            verdict.flag("skipped_without_policy", o.occurrence_id)
-        elif o.state is S.MISSED:
-            verdict.missed_by_policy += 1
+    return unsettled
+
+
+def _check_fire_ended(
+    verdict: Verdict, o: Occurrence, schedule: Schedule, of_latest: bool, covered: bool
+) -> bool:
+    """A fire's occurrence ended as its schedule allows: canceled only by a change (or a
+    pause, or as MISSED), skipped only under an overlap policy; whether it was flagged
+    unsettled (still open)."""
+    if o.state in _OPEN:
+        verdict.flag("unsettled", f"{o.occurrence_id} {o.state.value}")
+        return True
+    if (
+        o.state is S.CANCELED
+        and of_latest
+        and schedule.state not in (ScheduleState.CANCELED, ScheduleState.PAUSED)
+        and not covered
+    ):
+        verdict.flag("canceled_without_change", o.occurrence_id)
+    elif o.state is S.SKIPPED_OVERLAP and schedule.overlap not in _ONE_AT_A_TIME:
+        verdict.flag("skipped_without_policy", o.occurrence_id)
+    elif o.state is S.MISSED:
+        verdict.missed_by_policy += 1
+    return False
+
+
+def _check_occurrences(
+    verdict: Verdict,
+    item: dict[str, Any],
+    versions: list[ScheduleVersion],
+    occurrences: list[Occurrence],
+    owned: dict[str, _Fire],
+    run: Run,
+    until: int,
+    horizon: int,
+) -> None:
+    """Each occurrence is a fire's (one made in the run's window by no fire is flagged),
+    a backfilled one on its rule, and a superseded fire's ran only before its change."""
+    schedules = {v.schedule.version: v.schedule for v in versions}
+    backfilled = backfill_tag(item["schedule_id"])
     for o in occurrences:
         tag = _manual(o)
         if tag is not None:
@@ -340,23 +400,6 @@ def _check_schedule(
             and owned[o.occurrence_id].superseded
         ):
             _check_superseded_run(verdict, o, versions, run.skew)
-    _check_once(verdict, occurrences, schedules)
-    lookahead = run.settings.lookahead_seconds + 2 * run.settings.tick_seconds
-    _check_misfires(
-        verdict,
-        fires,
-        by_id,
-        ranges,
-        schedules,
-        run.skew,
-        run.backfilled_ids,
-        run.failed_over_at,
-        lookahead,
-        run.rewind,
-    )
-    for o in occurrences:
-        if o.state in _OPEN and o.available_at <= until and o.occurrence_id not in unsettled:
-            verdict.flag("unsettled", f"{o.occurrence_id} {o.state.value}")
 
 
 def _failed_regions(e: Expected, item: dict[str, Any], run: Run) -> bool:
@@ -507,7 +550,12 @@ def _check_outages(
         if previous is not None and o.available_at < previous.available_at:
             verdict.flag("late_out_of_order", f"{o.occurrence_id} before {previous.occurrence_id}")
         previous = o
-        if burst and o.available_at > burst[0].available_at + MAX_CATCHUP_SPREAD + 60:
+        if burst and (
+            o.available_at > burst[0].available_at + MAX_CATCHUP_SPREAD + 60
+            # Not yet due when the burst's step released its first: a later step's (the
+            # materializer down again after catching up), its own outage's catch-up.
+            or o.scheduled_for > burst[0].available_at
+        ):
             burst = []  # another outage's catch-up
         burst.append(o)
         if len(burst) > limit:

@@ -672,6 +672,26 @@ def test_cli_list_shows_each_schedules_next_fire(api: FakeApi, capsys: pytest.Ca
     assert len(lines) == 3
 
 
+def test_cli_tenants_list_shows_every_tenant_over_its_pages(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN two tenants, on two pages of the operator's listing
+    quotas = {"max_schedules": 10000, "max_strict_fires_per_minute": 500}
+    tenant = {"quotas": quotas, "schedule_count": 3, "strict_fires_per_minute_peak": 2}
+    api.answers[("GET", "/v1/admin/tenants")] = [
+        {"tenants": [tenant | {"tenant_id": "acme"}], "next_token": "t1"},
+        {"tenants": [tenant | {"tenant_id": "beta", "schedule_count": 0}], "next_token": None},
+    ]
+    # WHEN listed; THEN one line each, with its usage against its quotas
+    code, out, _ = _run(["tenants", "list"], capsys)
+    assert code == 0
+    assert out.splitlines() == [
+        "acme  schedules 3 of 10000  busiest strict minute 2 of 500",
+        "beta  schedules 0 of 10000  busiest strict minute 2 of 500",
+    ]
+    assert [q.get("next_token") for _, _, q in api.calls] == [None, "t1"]
+
+
 def test_cli_versions_show_what_each_change_changed(
     api: FakeApi, capsys: pytest.CaptureFixture[str]
 ):

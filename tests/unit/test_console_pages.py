@@ -102,17 +102,11 @@ class Reader:
         if path == "/v1/tenant":
             return {"tenant_id": self._tenant()}
         if path.startswith("/v1/admin/tenants/"):
-            if self.key != self.api.operator:
-                raise ApiError(403, {"error": {"message": "operator only"}})
+            self._operator()
             tenant = unquote(path.rsplit("/", 1)[1])
             if tenant not in self.api.tenants:
                 raise ApiError(404, {"error": {"message": f"no tenant {tenant}"}})
-            return {
-                "tenant_id": tenant,
-                "quotas": {"max_schedules": 10000},
-                "schedule_count": self.api.tenants[tenant],
-                "strict_fires_per_minute_peak": 1,
-            }
+            return self._tenant_record(tenant)
         if path.startswith("/v1/schedules/"):
             self._tenant()
             schedule_id = path.rsplit("/", 1)[1]
@@ -125,8 +119,23 @@ class Reader:
         assert path == "/v1/preview"
         return {"fires": [], "notes": []}
 
+    def _operator(self) -> None:
+        if self.key != self.api.operator:
+            raise ApiError(403, {"error": {"message": "operator only"}})
+
+    def _tenant_record(self, tenant: str) -> dict[str, Any]:
+        return {
+            "tenant_id": tenant,
+            "quotas": {"max_schedules": 10000},
+            "schedule_count": self.api.tenants[tenant],
+            "strict_fires_per_minute_peak": 1,
+        }
+
     def pages(self, path: str, key: str, **query: Any) -> list[Any]:
         self.api.reads.append((self.key, path, query))
+        if path == "/v1/admin/tenants":
+            self._operator()
+            return [self._tenant_record(t) for t in self.api.tenants]
         self._tenant()
         if path == "/v1/schedules":
             return [s for s in self.api.schedules if query.get("state") in (None, s["state"])]
@@ -411,6 +420,22 @@ def test_an_operator_looks_a_tenant_up_and_its_key_joins_the_picker(console: Con
     assert "arn:aws:iam::000000000000:user/beta" in body
     # AND a tenant that does not exist is the API's 404
     assert page(console, "/console/tenants", tenant="nobody")[0] == 404
+
+
+def test_the_tenants_page_lists_every_tenant_with_its_usage_and_key(console: Console, api: FakeApi):
+    # GIVEN tenants the console never read as: acme (its key acme), beta (no key)
+    api.tenants |= {"acme": 3, "beta": 0}
+    api.keys["acme"] = "acme"
+    # WHEN the operator's tenants page is read
+    status, body = page(console, "/console/tenants")
+    # THEN every tenant is listed from the API (as the operator), with its schedules, and
+    # a link to its console where a key acts as it
+    assert status == 200
+    assert ("operator", "/v1/admin/tenants", {"limit": 100}) in api.reads
+    rows = re.findall(r"<tr><td>(\w+)</td><td>(\d+)</td>", body)
+    assert rows == [("demo", "0"), ("acme", "3"), ("beta", "0")]
+    assert any(q == {"as": ["acme"]} for q in links(body))
+    assert "no key known" in body.split("<td>beta</td>", 1)[1].split("</tr>", 1)[0]
 
 
 def test_a_key_typed_in_the_header_wins_over_the_picked_tenant(console: Console, api: FakeApi):

@@ -304,6 +304,25 @@ def test_oracle_fire_once_releases_one_late_fire_after_a_miss():
     assert not ok.violations
 
 
+def test_oracle_catchup_limits_each_outage_not_two_outages_together():
+    # GIVEN CATCHUP 3: an outage's three late fires released together at T + 9000, then a
+    # fire due after that release, late too (the materializer down again): released at
+    # T + 9800, within SQS's spread of the first release
+    late = [occurrence(T + n * 900, available_at=T + 9000 + n * 10) for n in range(3)]
+    again = occurrence(T + 9060, available_at=T + 9800)
+    verdict = misfire_check(
+        [*late, again], [], action="CATCHUP", catchup_limit=3, max_lateness_seconds=60
+    )
+    # THEN each outage kept to its limit: the last was not yet due when the first released
+    assert not verdict.violations, dict(verdict.violations)
+    # AND four late fires that one release could hold are over the limit
+    one_release = [*late, occurrence(T + 2700, available_at=T + 9030)]
+    verdict = misfire_check(
+        one_release, [], action="CATCHUP", catchup_limit=3, max_lateness_seconds=60
+    )
+    assert set(verdict.violations) == {"late_over_limit"}
+
+
 def test_oracle_a_late_fire_released_before_an_earlier_one():
     # GIVEN two late fires of one outage, the later instant released first (a repair's)
     stored = [occurrence(T, available_at=T + 5000), occurrence(T + 900, available_at=T + 4000)]

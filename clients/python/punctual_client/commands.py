@@ -71,16 +71,32 @@ def _definition_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name")
 
 
-def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) -> None:
-    """Register the commands on the ``punctual`` subparsers."""
+# Adds one command to ``punctual``'s subparsers: its name and help line.
+_AddCommand = Callable[[str, str], argparse.ArgumentParser]
 
-    def add(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+
+def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) -> None:
+    """Register the commands on the ``punctual`` subparsers (in the order ``--help`` lists
+    them)."""
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = commands.add_parser(
-            name, help=help, parents=[endpoint_flags], **kwargs
+            name, help=help, parents=[endpoint_flags]
         )
         return parser
 
-    tenants = add("tenants", "operator: create tenants")
+    _add_tenant_commands(add, endpoint_flags)
+    _add_target_commands(add, endpoint_flags)
+    _add_schedule_commands(add)
+    _add_run_commands(add)
+    _add_operator_commands(add, endpoint_flags)
+    _add_worker_command(add)
+
+
+def _add_tenant_commands(add: _AddCommand, endpoint_flags: argparse.ArgumentParser) -> None:
+    """The operator's ``tenants create``, ``tenants list`` and ``tenants worker-policy``,
+    and the tenant's own ``worker-policy``."""
+    tenants = add("tenants", "operator: create and list tenants")
     tenant_commands = tenants.add_subparsers(dest="action", required=True)
     create_tenant = tenant_commands.add_parser("create", parents=[endpoint_flags])
     create_tenant.add_argument("tenant_id", metavar="ID")
@@ -91,6 +107,9 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     create_tenant.add_argument("--catchup-per-minute", type=int)
     create_tenant.add_argument("--max-manual-runs-per-minute", type=int)
     create_tenant.add_argument("--max-backfill-occurrences", type=int)
+    tenant_commands.add_parser(
+        "list", parents=[endpoint_flags], help="every tenant, with its schedules"
+    )
     tenant_policy = tenant_commands.add_parser(
         "worker-policy",
         parents=[endpoint_flags],
@@ -99,12 +118,17 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
     tenant_policy.add_argument("tenant_id", metavar="ID")
     add("worker-policy", "the IAM policy for the role your workers run as")
 
+
+def _add_target_commands(add: _AddCommand, endpoint_flags: argparse.ArgumentParser) -> None:
     targets = add("targets", "your targets (one SQS queue each)")
     target_commands = targets.add_subparsers(dest="action", required=True)
     create_target = target_commands.add_parser("create", parents=[endpoint_flags])
     create_target.add_argument("name", metavar="NAME")
     target_commands.add_parser("list", parents=[endpoint_flags])
 
+
+def _add_schedule_commands(add: _AddCommand) -> None:
+    """Create and update a schedule, and the commands that name one by its id."""
     create = add("create", "create a schedule")
     spec_flags(create, required=True)
     _definition_flags(create)
@@ -123,6 +147,11 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         ("versions", "a schedule's versions, newest first"),
     ):
         add(name, text).add_argument("schedule_id", metavar="ID")
+
+
+def _add_run_commands(add: _AddCommand) -> None:
+    """A schedule's occurrences, the manual runs (``trigger``, ``backfill``), the listing of
+    schedules and one occurrence with its attempts."""
     occurrences = add("occurrences", "a schedule's occurrences, and the fires it MISSED")
     occurrences.add_argument("schedule_id", metavar="ID")
     occurrences.add_argument(
@@ -156,12 +185,16 @@ def add_client_commands(commands: Any, endpoint_flags: argparse.ArgumentParser) 
         "occurrence_id", metavar="OCC_ID"
     )
 
+
+def _add_operator_commands(add: _AddCommand, endpoint_flags: argparse.ArgumentParser) -> None:
     reconcile = add("reconcile", "operator: the reconciler's reports")
     reconcile_commands = reconcile.add_subparsers(dest="action", required=True)
     report = reconcile_commands.add_parser("report", parents=[endpoint_flags])
     report.add_argument("--from", dest="window_from", metavar="ISO", help="window start")
     report.add_argument("--to", dest="window_to", metavar="ISO", help="window end")
 
+
+def _add_worker_command(add: _AddCommand) -> None:
     worker = add("worker", "run a worker on one of your targets' queue")
     worker.add_argument("--target", metavar="NAME", default="default")
     worker.add_argument(
@@ -384,102 +417,149 @@ def run_client_command(args: argparse.Namespace) -> int:
 
 
 def _run(client: Client, args: argparse.Namespace) -> int:
-    command = args.command
-    # The schedule's path, for the commands that name one.
-    schedule = f"/v1/schedules/{_segment(args.schedule_id, 'ID')}" if "schedule_id" in args else ""
-    if command == "tenants" and args.action == "worker-policy":
-        tenant_id = _segment(args.tenant_id, "ID")
-        found = client.get(f"/v1/admin/tenants/{tenant_id}/worker-policy")
-        print(json.dumps(found["policy"], indent=2))
-    elif command == "worker-policy":
-        print(json.dumps(client.get("/v1/tenant/worker-policy")["policy"], indent=2))
-    elif command == "tenants":
-        tenant_id = _segment(args.tenant_id, "ID")
-        quotas = {
-            key: getattr(args, key)
-            for key in (
-                "max_schedules",
-                "max_strict_fires_per_minute",
-                "max_concurrency",
-                "catchup_per_minute",
-                "max_manual_runs_per_minute",
-                "max_backfill_occurrences",
-            )
-            if getattr(args, key) is not None
-        }
-        client.post(
-            "/v1/admin/tenants",
-            {"tenant_id": args.tenant_id} | ({"quotas": quotas} if quotas else {}),
-        )
-        tenant = client.post(
-            f"/v1/admin/tenants/{tenant_id}/principals", {"principal_arn": args.principal}
-        )
-        _emit(args, tenant, lambda t: print(f"tenant {t['tenant_id']} bound to {args.principal}"))
-    elif command == "targets" and args.action == "create":
-        target = client.post("/v1/targets", {"name": args.name})
-        _emit(args, target, _print_target)
-    elif command == "targets":
-        found = client.get("/v1/targets")["targets"]
-        _emit(args, found, _each(_print_target))
-    elif command == "create":
-        if args.target is None:
-            raise UsageError("--target is required")
-        headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
-        saved = client.post("/v1/schedules", _definition(args), headers=headers)
-        _emit(args, _flat(saved), _print_schedule)
-    elif command == "update":
-        current = client.get(schedule)["schedule"]
-        changes = _update_body(args, current["spec"])
-        if not changes:
-            raise UsageError("nothing to change: give at least one flag")
-        headers = {"If-Match": str(current["version"])}
-        saved = client.call("PATCH", schedule, changes, headers=headers)
-        _emit(args, _flat(saved), _print_schedule)
-    elif command == "get":
-        _emit(args, _flat(client.get(schedule)), _print_schedule)
-    elif command in ("pause", "resume"):
-        saved = client.post(f"{schedule}/{command}")
-        _emit(args, _flat(saved), _print_schedule)
-    elif command == "trigger":
-        # Always a key: the client's retries of one command must not run it twice.
-        key = args.idempotency_key or f"cli-{uuid.uuid4()}"
-        found = client.post(f"{schedule}/trigger", headers={"Idempotency-Key": key})
-        _emit(args, found, lambda t: _print_occurrences([t["occurrence"]]))
-    elif command == "backfill":
-        body = {"from": args.since, "to": args.until, "dry_run": args.dry_run}
-        found = client.post(f"{schedule}/backfill", body)
-        _emit(args, found, _print_backfill)
-    elif command == "cancel":
-        saved = client.call("DELETE", schedule)
-        _emit(args, _flat(saved), _print_schedule)
-    elif command == "list":
-        rows = client.pages("/v1/schedules", "schedules", state=args.state)
-        _emit(args, rows, _each(_print_schedule))
-    elif command == "occurrences":
-        _occurrences(client, f"{schedule}/occurrences", args)
-    elif command == "versions":
-        rows = client.pages(f"{schedule}/versions", "versions")
-        _emit(args, rows, _print_versions)
-    elif command == "occurrence":
-        found = client.get(f"/v1/occurrences/{_segment(args.occurrence_id, 'OCC_ID')}")
-        _emit(args, found, _print_occurrence_detail)
-    elif command == "reconcile":
-        found = client.get(
-            "/v1/admin/reconcile", **{"from": args.window_from, "to": args.window_to}
-        )
-        _emit(args, found, _print_reconcile)
-    elif command == "worker":
+    if args.command == "worker":
         return _worker(client, args)
+    command = _COMMANDS.get(args.command)
+    if command is not None:
+        command(client, args)
     return 0
 
 
-def _occurrences(client: Client, path: str, args: argparse.Namespace) -> None:
+def _schedule(args: argparse.Namespace) -> str:
+    """The path of the schedule a command names."""
+    return f"/v1/schedules/{_segment(args.schedule_id, 'ID')}"
+
+
+def _tenants(client: Client, args: argparse.Namespace) -> None:
+    if args.action == "list":
+        rows = client.pages("/v1/admin/tenants", "tenants")
+        _emit(args, rows, _each(_print_tenant))
+        return
+    tenant_id = _segment(args.tenant_id, "ID")
+    if args.action == "worker-policy":
+        found = client.get(f"/v1/admin/tenants/{tenant_id}/worker-policy")
+        print(json.dumps(found["policy"], indent=2))
+        return
+    quotas = {
+        key: getattr(args, key)
+        for key in (
+            "max_schedules",
+            "max_strict_fires_per_minute",
+            "max_concurrency",
+            "catchup_per_minute",
+            "max_manual_runs_per_minute",
+            "max_backfill_occurrences",
+        )
+        if getattr(args, key) is not None
+    }
+    client.post(
+        "/v1/admin/tenants",
+        {"tenant_id": args.tenant_id} | ({"quotas": quotas} if quotas else {}),
+    )
+    tenant = client.post(
+        f"/v1/admin/tenants/{tenant_id}/principals", {"principal_arn": args.principal}
+    )
+    _emit(args, tenant, lambda t: print(f"tenant {t['tenant_id']} bound to {args.principal}"))
+
+
+def _print_tenant(tenant: dict[str, Any]) -> None:
+    quotas = tenant["quotas"]
+    print(
+        f"{tenant['tenant_id']}  schedules {tenant['schedule_count']} of "
+        f"{quotas['max_schedules']}  busiest strict minute "
+        f"{tenant['strict_fires_per_minute_peak']} of {quotas['max_strict_fires_per_minute']}"
+    )
+
+
+def _worker_policy(client: Client, args: argparse.Namespace) -> None:
+    print(json.dumps(client.get("/v1/tenant/worker-policy")["policy"], indent=2))
+
+
+def _targets(client: Client, args: argparse.Namespace) -> None:
+    if args.action == "create":
+        target = client.post("/v1/targets", {"name": args.name})
+        _emit(args, target, _print_target)
+    else:
+        found = client.get("/v1/targets")["targets"]
+        _emit(args, found, _each(_print_target))
+
+
+def _create(client: Client, args: argparse.Namespace) -> None:
+    if args.target is None:
+        raise UsageError("--target is required")
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    saved = client.post("/v1/schedules", _definition(args), headers=headers)
+    _emit(args, _flat(saved), _print_schedule)
+
+
+def _update(client: Client, args: argparse.Namespace) -> None:
+    schedule = _schedule(args)
+    current = client.get(schedule)["schedule"]
+    changes = _update_body(args, current["spec"])
+    if not changes:
+        raise UsageError("nothing to change: give at least one flag")
+    headers = {"If-Match": str(current["version"])}
+    saved = client.call("PATCH", schedule, changes, headers=headers)
+    _emit(args, _flat(saved), _print_schedule)
+
+
+def _get(client: Client, args: argparse.Namespace) -> None:
+    _emit(args, _flat(client.get(_schedule(args))), _print_schedule)
+
+
+def _pause_or_resume(client: Client, args: argparse.Namespace) -> None:
+    saved = client.post(f"{_schedule(args)}/{args.command}")
+    _emit(args, _flat(saved), _print_schedule)
+
+
+def _cancel(client: Client, args: argparse.Namespace) -> None:
+    saved = client.call("DELETE", _schedule(args))
+    _emit(args, _flat(saved), _print_schedule)
+
+
+def _versions(client: Client, args: argparse.Namespace) -> None:
+    rows = client.pages(f"{_schedule(args)}/versions", "versions")
+    _emit(args, rows, _print_versions)
+
+
+def _trigger(client: Client, args: argparse.Namespace) -> None:
+    schedule = _schedule(args)
+    # Always a key: the client's retries of one command must not run it twice.
+    key = args.idempotency_key or f"cli-{uuid.uuid4()}"
+    found = client.post(f"{schedule}/trigger", headers={"Idempotency-Key": key})
+    _emit(args, found, lambda t: _print_occurrences([t["occurrence"]]))
+
+
+def _backfill(client: Client, args: argparse.Namespace) -> None:
+    schedule = _schedule(args)
+    body = {"from": args.since, "to": args.until, "dry_run": args.dry_run}
+    found = client.post(f"{schedule}/backfill", body)
+    _emit(args, found, _print_backfill)
+
+
+def _list(client: Client, args: argparse.Namespace) -> None:
+    rows = client.pages("/v1/schedules", "schedules", state=args.state)
+    _emit(args, rows, _each(_print_schedule))
+
+
+def _occurrence(client: Client, args: argparse.Namespace) -> None:
+    found = client.get(f"/v1/occurrences/{_segment(args.occurrence_id, 'OCC_ID')}")
+    _emit(args, found, _print_occurrence_detail)
+
+
+def _reconcile(client: Client, args: argparse.Namespace) -> None:
+    found = client.get("/v1/admin/reconcile", **{"from": args.window_from, "to": args.window_to})
+    _emit(args, found, _print_reconcile)
+
+
+def _occurrences(client: Client, args: argparse.Namespace) -> None:
     """The schedule's occurrences due in [--from, --to] (the API's window), those in
     --state only (the API lists every state: the filter is the client's); for people, the
     fires the misfire policy recorded MISSED in that window after them (they have no
     occurrence: every page repeats them)."""
     rows: list[dict[str, Any]] = []
     missed: list[dict[str, Any]] = []
+    path = f"{_schedule(args)}/occurrences"
     for page in client.each_page(path, **{"from": args.since, "to": args.until}):
         rows += page["occurrences"]
         missed = page.get("missed") or []
@@ -495,6 +575,27 @@ def _occurrences(client: Client, path: str, args: argparse.Namespace) -> None:
                 f"  missed  {episode['count']} fire(s) of v{episode['version']} "
                 f"{episode['first']} .. {episode['last']} (misfire policy: no occurrence)"
             )
+
+
+# What each command does, by its name (``worker`` aside: it runs until stopped).
+_COMMANDS: dict[str, Callable[[Client, argparse.Namespace], None]] = {
+    "tenants": _tenants,
+    "worker-policy": _worker_policy,
+    "targets": _targets,
+    "create": _create,
+    "update": _update,
+    "get": _get,
+    "pause": _pause_or_resume,
+    "resume": _pause_or_resume,
+    "trigger": _trigger,
+    "backfill": _backfill,
+    "cancel": _cancel,
+    "list": _list,
+    "occurrences": _occurrences,
+    "versions": _versions,
+    "occurrence": _occurrence,
+    "reconcile": _reconcile,
+}
 
 
 def _print_occurrence_detail(found: dict[str, Any]) -> None:
