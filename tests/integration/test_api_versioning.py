@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from punctual.dal.common import to_dynamo
+from punctual.dal.common import ConditionFailed, to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.errors import Conflict
 from punctual.ids import shard_of
@@ -754,3 +754,17 @@ def test_an_update_to_what_the_schedule_says_already_changes_nothing(
         assert "the schedule says this already" in done.body["notes"]
     versions = alice.get(f"/v1/schedules/{schedule_id}/versions").body["versions"]
     assert [v["version"] for v in versions] == [1]
+
+
+def test_a_change_refused_on_its_version_item_is_a_conflict_to_read_again(
+    alice: Api, aws: Services
+) -> None:
+    # GIVEN a change whose transaction was refused on an action that names no schedule or
+    # tenant state (its version item: another writer made that version first)
+    schedule_id = create(alice, cron())["schedule"]["schedule_id"]
+    plane = ControlPlane(aws)
+    stored = plane.schedules.current(schedule_id)
+    # WHEN the refusal is read; THEN it is a 409 that says to read the schedule again
+    refusal = plane._refusal(ConditionFailed("version", None), stored, None, {})
+    assert isinstance(refusal, Conflict)
+    assert refusal.message == "a concurrent change won; read the schedule again"
