@@ -22,6 +22,7 @@ from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_IN
 from punctual.errors import Retryable
 from punctual.models import (
     OWNS_FIRES,
+    SCHEDULE_MOVES,
     MissedEpisode,
     Schedule,
     ScheduleDefinition,
@@ -615,7 +616,9 @@ class ScheduleStore:
         steps only a schedule homed in its region (or homed nowhere)."""
         schedule = stored.schedule
         fenced, named = fence(schedule, schedule.home_region)
-        named |= {"v": schedule.version, "active": ScheduleState.ACTIVE.value}
+        # (A step, and the completion, start from ACTIVE: SCHEDULE_MOVES["complete"].)
+        [steppable] = SCHEDULE_MOVES["complete"].allowed_from
+        named |= {"v": schedule.version, "active": steppable.value}
         cursor_unchanged, was = _cursor_unchanged(schedule)
         named |= was
         sets: list[str] = []
@@ -623,7 +626,7 @@ class ScheduleStore:
         if cursor is None:
             sets.append("#state = :completed")
             removes = ["due_at", "due_bucket", "next_run_at", "next_available_at", "planned_until"]
-            named["completed"] = ScheduleState.COMPLETED.value
+            named["completed"] = SCHEDULE_MOVES["complete"].to.value
         else:
             assert cursor.next_available_at is not None
             clauses, written = _cursor_sets(cursor, cursor.next_available_at, stored.shard)
