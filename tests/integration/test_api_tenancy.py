@@ -314,6 +314,12 @@ def test_operator_lists_every_tenant_once_page_by_page_and_nothing_else(
         TableName=aws.settings.tenants_table,
         Item={"pk": {"S": "R#alice"}, "sk": {"S": "RUN#00001"}, "lease_token": {"S": "x"}},
     )
+    # ... and what alice's workers may write under their slots' partition: an item with a
+    # tenant record's sort key and nothing a tenant record has
+    aws.dynamodb.put_item(
+        TableName=aws.settings.tenants_table,
+        Item={"pk": {"S": "R#alice"}, "sk": {"S": "TENANT"}, "quotas": {"S": "junk"}},
+    )
     # WHEN the operator lists them two at a time
     pages = all_pages(operator, "/v1/admin/tenants", "tenants", limit=2)
     # THEN each tenant comes once, with its usage, on pages of at most two, and nothing else

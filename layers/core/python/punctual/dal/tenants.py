@@ -120,8 +120,10 @@ class TenantStore:
         for _ in range(SCAN_PAGES):
             request: dict[str, Any] = {
                 "TableName": self.table,
-                "FilterExpression": "sk = :tenant",
-                "ExpressionAttributeValues": values(tenant=TENANT_SK),
+                # Only tenant records: under T#, a partition no tenant's worker may write (its
+                # slot items, whatever their sort key, are under R#<tenant>: access.py).
+                "FilterExpression": "sk = :tenant AND begins_with(pk, :records)",
+                "ExpressionAttributeValues": values(tenant=TENANT_SK, records=tenant_partition("")),
                 "Limit": SCAN_PAGE_ITEMS,
             }
             if start:
