@@ -24,16 +24,22 @@ $(BIN)/python:
 $(UV): | $(BIN)/python
 	$(BIN)/python -m pip install --disable-pip-version-check --quiet uv==0.13.9
 
+# The three distributions of this tree, editable: punctual-core (layers/core), what the
+# server and the client share; punctual-client (clients/python), what a tenant installs;
+# punctual (.), the server and the development tooling.
+DISTRIBUTIONS := -e layers/core -e clients/python
+PYPROJECTS := pyproject.toml layers/core/pyproject.toml clients/python/pyproject.toml
+
 # Only what running needs (`make run`): Punctual's runtime and the local SQS engine.
-$(RUN_STAMP): pyproject.toml | $(UV)
+$(RUN_STAMP): $(PYPROJECTS) | $(UV)
 	@echo "== installing Punctual and what local mode runs on into $(VENV) (once)"
-	$(PIP) -e '.[local]'
+	$(PIP) $(DISTRIBUTIONS) -e '.[local]'
 	touch $(RUN_STAMP)
 
 # Everything tests and deploys need besides: CDK, cfn-lint, moto, mypy, hypothesis, ruff.
-$(STAMP): pyproject.toml $(RUN_STAMP)
+$(STAMP): $(PYPROJECTS) $(RUN_STAMP)
 	@echo "== installing the development tools into $(VENV)"
-	$(PIP) -e '.[local,dev]'
+	$(PIP) $(DISTRIBUTIONS) -e '.[local,dev]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv (if missing) and install Punctual with its dev tools

@@ -11,10 +11,10 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from punctual.ids import shard_groups
+from punctual.control.plane import PROMPT_MARGIN_SECONDS
+from punctual.domain.ids import shard_groups
+from punctual.domain.principals import PRINCIPAL_ARN_PATTERN
 from punctual.integrations.streams import ON_TIME_WINDOW_SECONDS
-from punctual.principals import PRINCIPAL_ARN_PATTERN
-from punctual.scheduling import PROMPT_MARGIN_SECONDS
 from punctual.settings import Settings
 
 

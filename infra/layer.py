@@ -27,9 +27,10 @@ PIP_PLATFORM = "manylinux2014_aarch64"
 
 
 def runtime_requirements() -> list[str]:
-    """The [project] dependencies of pyproject.toml: one list for dev and for Lambda, every
-    one pinned exactly (the layer is rebuilt at each synthesis)."""
-    with (ROOT / "pyproject.toml").open("rb") as handle:
+    """The [project] dependencies of punctual-core (layers/core/pyproject.toml), which every
+    part of the runtime runs on: one list for dev, the client and Lambda, every one pinned
+    exactly (the layer is rebuilt at each synthesis)."""
+    with (LAYER_SOURCE / "pyproject.toml").open("rb") as handle:
         return list(tomllib.load(handle)["project"]["dependencies"])
 
 
@@ -96,6 +97,8 @@ class CoreLayer(Construct):
             compatible_architectures=[ARCHITECTURE],
             code=lambda_.Code.from_asset(
                 str(LAYER_SOURCE),
+                # (what a build of the punctual-core wheel leaves there is not the layer's)
+                exclude=["build", "**/*.egg-info", "**/__pycache__"],
                 bundling=BundlingOptions(
                     local=cast(ILocalBundling, _PipBundler()),
                     # Used only where local bundling is impossible.

@@ -18,7 +18,7 @@ from infra.data import DataReferences
 from infra.functions import FunctionDefaults, python_function
 from infra.groups import group_invoke, map_over_groups, scheduled_over_groups
 from punctual.dal.tables import DUE_INDEX
-from punctual.ids import shard_groups
+from punctual.domain.ids import shard_groups
 
 
 class Materialization(Construct):
@@ -78,7 +78,7 @@ class Materialization(Construct):
                 ("schedules_table", None): ("GetItem", "BatchGetItem", "UpdateItem"),
                 ("tenants_table", None): ("GetItem", "UpdateItem"),
                 # Occurrences are put in the step's transaction; a schedule planned under
-                # older zone rules is re-planned first (punctual.rezone): its occurrences
+                # older zone rules is re-planned first (punctual.pipeline.rezone): its occurrences
                 # read, those at instants no longer fired canceled.
                 ("occurrences_table", None): ("PutItem", "Query", "UpdateItem"),
             },

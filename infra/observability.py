@@ -242,12 +242,12 @@ class Observability(Construct):
 
     def _drain_widget(self, defaults: FunctionDefaults) -> lambda_.Function:
         """The dashboard's custom widget: the tenants' delivery backlog and drain time
-        (functions/relay/drain.py). Whoever views the dashboard needs lambda:InvokeFunction
+        (functions/dashboard/drain.py). Whoever views the dashboard needs lambda:InvokeFunction
         on it (docs/operations.md, *Backlog and drain*)."""
         function = python_function(
             self,
             "DrainWidget",
-            handler="relay.drain.lambda_handler",
+            handler="dashboard.drain.lambda_handler",
             defaults=defaults,
             timeout=Duration.seconds(30),
             memory_mb=256,

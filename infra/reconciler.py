@@ -19,7 +19,7 @@ from infra.functions import FunctionDefaults, python_function
 from infra.groups import group_invoke, map_over_groups, scheduled_over_groups
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import DUE_INDEX, SHARD_INDEX
-from punctual.ids import shard_groups
+from punctual.domain.ids import shard_groups
 
 
 class Reconciliation(Construct):

@@ -3,7 +3,7 @@ file is its whole code, inlined). Created with the stack, and made again wheneve
 stream mappings are (its properties name them), it answers the instant as `StartedAt`,
 which both relay functions read (PUNCTUAL_RELAY_STARTED_AT). A new mapping reads the
 retained stream from its oldest record, up to a day back; the relay does not send again
-what was inserted and due before this instant (punctual.relay.Relay.relay).
+what was inserted and due before this instant (punctual.pipeline.relay.Relay.relay).
 
 Standard library only: it runs without Punctual's layer, and calls nothing but
 CloudFormation's response URL.

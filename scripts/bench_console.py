@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from punctual.ids import manual_tag, occurrence_id
-from punctual.models import Occurrence, OccurrenceState, ScheduleDefinition
+from punctual.domain.ids import manual_tag, occurrence_id
+from punctual.domain.models import Occurrence, OccurrenceState, ScheduleDefinition
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import (
     REPO,
@@ -156,9 +156,9 @@ def seed(services: Any, total: int, rng: random.Random) -> tuple[str, str]:
     """The tenant, its schedules (every minute: 60 fires in the hour each) and ``total``
     occurrences in the last hour (and the first schedule's 23 hours before); the id of
     that schedule and of one of its occurrences."""
+    from punctual.control.plane import ControlPlane
     from punctual.dal.common import to_dynamo
-    from punctual.scheduling import ControlPlane
-    from punctual.tenancy import Quotas
+    from punctual.domain.tenancy import Quotas
 
     plane = ControlPlane(services)
     plane.create_tenant(TENANT, Quotas())

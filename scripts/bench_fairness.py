@@ -44,19 +44,19 @@ from typing import Any
 
 import boto3
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import occurrence_to_item
 from punctual.dal.tables import create_tables
 from punctual.dal.tenants import tenant_to_item
-from punctual.ids import new_schedule_id, occurrence_id
+from punctual.domain.ids import new_schedule_id, occurrence_id
+from punctual.domain.models import Lane, Occurrence
+from punctual.domain.planning import MAX_CATCHUP_SPREAD
+from punctual.domain.tenancy import Quotas, Tenant
 from punctual.integrations.streams import ANY_LANE
-from punctual.models import Lane, Occurrence
-from punctual.planning import MAX_CATCHUP_SPREAD
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings
-from punctual.tenancy import Quotas, Tenant
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import StackOptions, configure_environment
 from punctual_local.stats import percentile

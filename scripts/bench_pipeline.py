@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from punctual.clients import aws_client
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import SCHEDULE_CURRENT, create_tables, occurrence_key
-from punctual.materializer import Materializer
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
-from punctual.services import COLLECTOR, Services, aws_client
+from punctual.pipeline.materializer import Materializer
+from punctual.pipeline.relay import Relay
+from punctual.services import COLLECTOR, Services
 from punctual.settings import Settings
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import StackOptions, configure_environment

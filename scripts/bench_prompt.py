@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
+from punctual.control.plane import ControlPlane
+from punctual.domain.tenancy import Quotas
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings
-from punctual.tenancy import Quotas
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import StackOptions, configure_environment
 from punctual_local.stats import percentile
@@ -76,7 +76,7 @@ def measure(window: int, runs: int, gap: float) -> dict[str, list[float]]:
     plane = ControlPlane(services)
     plane.create_tenant(TENANT, Quotas(max_manual_runs_per_minute=100_000))
     url = plane.create_target(TENANT, f"prompt{window}").queue_url
-    from punctual.models import ScheduleDefinition
+    from punctual.domain.models import ScheduleDefinition
 
     schedule = plane.create(
         TENANT,

@@ -18,11 +18,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from punctual.clients import aws_client
 from punctual.dal.common import from_dynamo
 from punctual.dal.tables import create_tables
-from punctual.materializer import Materializer
-from punctual.reconciler import Reconciler
-from punctual.services import Services, aws_client
+from punctual.pipeline.materializer import Materializer
+from punctual.pipeline.reconciler import Reconciler
+from punctual.services import Services
 from punctual.settings import Settings
 from punctual_local.dynamodb import start
 from scripts.bench_materializer import item_size, seed
@@ -92,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = start()
     try:
-        # As the Lambda's client is (punctual.services.aws_client).
+        # As the Lambda's client is (punctual.clients.aws_client).
         client = aws_client(
             "dynamodb",
             endpoint_url=engine.endpoint,

@@ -22,13 +22,13 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import occurrence_to_item
 from punctual.dal.tables import create_tables
 from punctual.dal.tenants import target_to_item
+from punctual.domain.models import Schedule
+from punctual.domain.planning import new_occurrence
+from punctual.domain.tenancy import Target
 from punctual.integrations.queues import QueueAdmin
-from punctual.models import Schedule
-from punctual.planning import new_occurrence
-from punctual.relay import Relay
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings
-from punctual.tenancy import Target
 
 
 class TimedSQS:

@@ -139,8 +139,8 @@ MODULES = {
         ),
     ),
     "materializer": Module(
-        ("punctual/materializer.py", "punctual/planning.py"),
-        ("punctual.materializer.", "punctual.planning."),
+        ("punctual/pipeline/materializer.py", "punctual/domain/planning.py"),
+        ("punctual.pipeline.materializer.", "punctual.domain.planning."),
         _tests(
             "integration",
             "materializer",
@@ -152,8 +152,12 @@ MODULES = {
         + _tests("unit", "planning"),
     ),
     "relay": Module(
-        ("punctual/relay.py", "punctual/redrive.py", "punctual/message.py"),
-        ("punctual.relay.", "punctual.redrive.", "punctual.message."),
+        (
+            "punctual/pipeline/relay.py",
+            "punctual/pipeline/redrive.py",
+            "punctual/domain/message.py",
+        ),
+        ("punctual.pipeline.relay.", "punctual.pipeline.redrive.", "punctual.domain.message."),
         _tests(
             "integration",
             "relay",
@@ -172,8 +176,8 @@ MODULES = {
         _tests("integration", "worker", "run_protocol", "hostile_items"),
     ),
     "reconciler": Module(
-        ("punctual/reconciler.py",),
-        ("punctual.reconciler.",),
+        ("punctual/pipeline/reconciler.py",),
+        ("punctual.pipeline.reconciler.",),
         # (test_materializer holds how a cursor left behind the walk is moved ahead)
         _tests(
             "integration",
@@ -191,8 +195,8 @@ MODULES = {
         + _tests("unit", "reconciler_rules"),
     ),
     "tenancy": Module(
-        ("punctual/tenancy.py",),
-        ("punctual.tenancy.",),
+        ("punctual/domain/tenancy.py",),
+        ("punctual.domain.tenancy.",),
         _tests("integration", "api_quotas_and_idempotency", "api_tenancy", "isolation")
         + _tests("unit", "models", "tenancy"),
     ),
@@ -200,13 +204,13 @@ MODULES = {
     # strict-fire arithmetic tenancy's): the usage a change moves, the refusal it turns into,
     # and run-now's count of the minute.
     "quotas": Module(
-        ("punctual/scheduling.py", "punctual/manual.py"),
+        ("punctual/control/plane.py", "punctual/control/manual.py"),
         (
             *(
-                f"punctual.scheduling.xǁControlPlaneǁ{function}__mutmut_"
+                f"punctual.control.plane.xǁControlPlaneǁ{function}__mutmut_"
                 for function in ("_usage_action", "_refusal", "_quota_error")
             ),
-            "punctual.manual.xǁManualRunsǁ_manual_run_minute__mutmut_",
+            "punctual.control.manual.xǁManualRunsǁ_manual_run_minute__mutmut_",
         ),
         _tests("integration", "api_quotas_and_idempotency", "trigger", "api_versioning"),
         part=True,
@@ -363,7 +367,7 @@ def results(module: str) -> dict[str, int | None]:
 
 def function_of(mutant: str) -> str:
     """The (mangled) function a mutant of mutmut's belongs to:
-    ``punctual.relay.xǁRelayǁrelay__mutmut_3`` -> ``xǁRelayǁrelay``."""
+    ``punctual.pipeline.relay.xǁRelayǁrelay__mutmut_3`` -> ``xǁRelayǁrelay``."""
     return mutant.rpartition("__mutmut_")[0].rpartition(".")[2]
 
 

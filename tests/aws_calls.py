@@ -48,17 +48,17 @@ RECORD_ENV = "PUNCTUAL_RECORD_TO"
 # functions of those files do not: tests call some of them directly (read_reports).
 ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     ("/functions/api/", "", "api"),
-    ("/punctual/scheduling.py", "ControlPlane.", "api"),
+    ("/punctual/control/plane.py", "ControlPlane.", "api"),
     ("/functions/materializer/", "", "materializer"),
-    ("/punctual/materializer.py", "Materializer.", "materializer"),
+    ("/punctual/pipeline/materializer.py", "Materializer.", "materializer"),
     ("/functions/relay/redrive.py", "", "redrive"),
-    ("/punctual/redrive.py", "StreamRedrive.", "redrive"),
-    ("/functions/relay/drain.py", "", "drain"),
+    ("/punctual/pipeline/redrive.py", "StreamRedrive.", "redrive"),
+    ("/functions/dashboard/drain.py", "", "drain"),
     ("/punctual/integrations/queue_metrics.py", "QueueMetrics.", "drain"),
     ("/functions/relay/", "", "relay"),
-    ("/punctual/relay.py", "Relay.", "relay"),
+    ("/punctual/pipeline/relay.py", "Relay.", "relay"),
     ("/functions/reconciler/", "", "reconciler"),
-    ("/punctual/reconciler.py", "Reconciler.", "reconciler"),
+    ("/punctual/pipeline/reconciler.py", "Reconciler.", "reconciler"),
     # Tenants' workers (the SDK); they run under the tenant's roles, not this stack's.
     ("/punctual_client/worker/", "", "worker"),
     ("/punctual/dal/effects.py", "EffectLedger.", "worker"),

@@ -1,5 +1,5 @@
 """A hostile tenant's worker: the DynamoDB calls its generated IAM policy allows, and only
-those, as IAM would judge them (punctual.access.worker_policy).
+those, as IAM would judge them (punctual.control.access.worker_policy).
 
 A tenant is untrusted, its workers too (docs/security.md): whatever the policy lets its
 credentials write, assume it writes, malformed. IAM cannot require a ConditionExpression,
@@ -15,7 +15,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from punctual.access import worker_policy
+from punctual.control.access import worker_policy
 from punctual.settings import Settings
 
 

@@ -194,7 +194,7 @@ def _local_down(data: Path) -> int:
 
 
 def _drain_line(drain: dict[str, Any]) -> str:
-    from punctual.drain import NOT_DRAINING
+    from punctual.domain.drain import NOT_DRAINING
 
     if not drain["backlog"]:
         return "0"

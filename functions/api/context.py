@@ -16,9 +16,9 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 
 from api.views import saved_out
-from punctual.errors import Forbidden
-from punctual.models import ScheduleDefinition
-from punctual.scheduling import ControlPlane
+from punctual.control.plane import ControlPlane
+from punctual.domain.errors import Forbidden
+from punctual.domain.models import ScheduleDefinition
 from punctual.services import Services, Wiring
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600

@@ -22,7 +22,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 
 from api.views import ErrorBody, ErrorOut
-from punctual.errors import (
+from punctual.domain.errors import (
     Conflict,
     Forbidden,
     InvalidInput,
@@ -33,7 +33,7 @@ from punctual.errors import (
     RateExceeded,
     Retryable,
 )
-from punctual.models import field_errors
+from punctual.domain.models import field_errors
 from punctual.observability import logger
 
 # Request validation names a missing header by its lower-case name.

@@ -41,9 +41,9 @@ from api.views import (
     tenant_out,
     version_out,
 )
-from punctual.access import worker_policy
-from punctual.errors import InvalidInput
-from punctual.models import (
+from punctual.control.access import worker_policy
+from punctual.domain.errors import InvalidInput
+from punctual.domain.models import (
     PAYLOAD_RULES,
     SCHEDULE_NAME_PATTERN,
     TARGET_NAME_PATTERN,
@@ -60,10 +60,10 @@ from punctual.models import (
     WindowSeconds,
     preview_fires,
 )
+from punctual.domain.principals import PRINCIPAL_ARN_PATTERN
+from punctual.domain.tenancy import TENANT_ID_PATTERN, Quotas
 from punctual.observability import logger
-from punctual.principals import PRINCIPAL_ARN_PATTERN
-from punctual.reconciler import default_window, read_reports
-from punctual.tenancy import TENANT_ID_PATTERN, Quotas
+from punctual.pipeline.reconciler import default_window, read_reports
 from punctual.timing import to_epoch, tzdata_version, utc_text
 
 router = Router()

@@ -6,9 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from punctual.control.plane import Affected, NextFires, Saved
 from punctual.dal.schedules import ScheduleVersion
-from punctual.ids import is_manual
-from punctual.models import (
+from punctual.domain.ids import is_manual
+from punctual.domain.models import (
     TARGET_NAME_PATTERN,
     Attempt,
     MisfirePolicy,
@@ -20,8 +21,7 @@ from punctual.models import (
     ScheduleDefinition,
     ScheduleSpec,
 )
-from punctual.scheduling import Affected, NextFires, Saved
-from punctual.tenancy import Quotas, Target, Tenant
+from punctual.domain.tenancy import Quotas, Target, Tenant
 from punctual.timing import Preview, utc_text
 
 

@@ -10,10 +10,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from punctual.drain import walk_drain
-from punctual.ids import minute_of
-from punctual.materializer import Materializer
+from punctual.domain.drain import walk_drain
+from punctual.domain.ids import minute_of
 from punctual.observability import logger, metrics
+from punctual.pipeline.materializer import Materializer
 from punctual.services import COLLECTOR, Wiring
 from punctual.timing import to_epoch
 
@@ -57,7 +57,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     # 0 when the shards are caught up; growing means the materializer falls behind. After
     # an outage: how old the oldest bucket not walked yet is (0 while every walk is at or
     # ahead of the clock), and how long the slowest shard takes to catch up at this tick's
-    # pace (punctual.drain).
+    # pace (punctual.domain.drain).
     walks = [r for r in reports if r.watermark is not None]
     planning = walk_drain(
         [r.watermark for r in walks if r.watermark is not None],

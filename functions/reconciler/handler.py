@@ -9,10 +9,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from punctual.errors import InvalidInput
-from punctual.models import field_errors
+from punctual.domain.errors import InvalidInput
+from punctual.domain.models import field_errors
 from punctual.observability import logger, metrics
-from punctual.reconciler import Reconciler, metric_values
+from punctual.pipeline.reconciler import Reconciler, metric_values
 from punctual.services import Wiring
 from punctual.timing import to_epoch
 

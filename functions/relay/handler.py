@@ -17,7 +17,7 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from punctual.observability import logger, metrics
-from punctual.relay import Relay
+from punctual.pipeline.relay import Relay
 from punctual.services import Wiring
 
 processor = BatchProcessor(event_type=EventType.DynamoDBStreams)

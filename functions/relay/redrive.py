@@ -1,5 +1,5 @@
 """Re-drive Lambda: the relay's on-failure queue (stream batches the mapping discarded) ->
-the records read back from the stream -> the relay again (punctual.redrive)."""
+the records read back from the stream -> the relay again (punctual.pipeline.redrive)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.config import Config
 
 from punctual.observability import logger, metrics
-from punctual.redrive import StreamRedrive, Trimmed
-from punctual.relay import Relay
+from punctual.pipeline.redrive import StreamRedrive, Trimmed
+from punctual.pipeline.relay import Relay
 from punctual.services import Services, Wiring
 
 processor = BatchProcessor(event_type=EventType.SQS)

@@ -212,7 +212,7 @@ def _timed_client(recorder: _Recorder) -> type[Any]:
 def _timed_materializer(recorder: _Recorder) -> type[Any]:
     """The materializer, each invocation timed (the bench's warm-up aside), its calls in the
     "materialize" phase."""
-    from punctual.materializer import Materializer, ShardReport
+    from punctual.pipeline.materializer import Materializer, ShardReport
 
     class TimedMaterializer(Materializer):
         def run(self, tick: int, shards: Sequence[int]) -> list[ShardReport]:
@@ -238,7 +238,7 @@ def _timed_materializer(recorder: _Recorder) -> type[Any]:
 
 def _timed_relay(recorder: _Recorder) -> type[Any]:
     """The relay, each batch timed, its calls in the "relay" phase."""
-    from punctual.relay import Relay, RelayReport
+    from punctual.pipeline.relay import Relay, RelayReport
 
     class TimedRelay(Relay):
         def relay(self, records: Any, *, started_at: int | None = None) -> RelayReport:

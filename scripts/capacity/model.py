@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from punctual.materializer import LEASE_SECONDS
+from punctual.pipeline.materializer import LEASE_SECONDS
 
 MINUTE = 60
 PAGE_BYTES = 1024 * 1024  # a Query page returns at most 1 MB

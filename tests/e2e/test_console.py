@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from punctual.scheduling import PREVIEW_COUNT
+from punctual.control.plane import PREVIEW_COUNT
 from punctual_local.console import next_clock_change
 from tests.e2e.conftest import (
     REPO,

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from punctual.message import Message, message_body
-from punctual.models import Occurrence
+from punctual.domain.message import Message, message_body
+from punctual.domain.models import Occurrence
 from tests.e2e.conftest import (
     REPO,
     Stack,
@@ -99,9 +99,14 @@ CAPACITY_PAYLOADS = (
     'make capacity          # the section "== Payloads" (scripts/capacity/payloads.py)',
 )
 MESSAGE = ("docs/message.md", "{")
-READ_REPORTS = ("docs/operations.md", "punctual.reconciler.read_reports(")
+READ_REPORTS = ("docs/operations.md", "punctual.pipeline.reconciler.read_reports(")
 RERUN_EVENT = ("docs/operations.md", '{"time": "2026-11-18T12:20:00Z", "shards": [3, 4],')
 WORKER = ("docs/worker.md", "import signal")
+WORKER_INSTALL = (
+    "docs/worker.md",
+    "python3 -m venv ~/punctual-client                                        "
+    "# an environment of its own",
+)
 WORKER_LAMBDA = ("docs/worker.md", "from billing import TENANT, charge")
 WORKER_IDEMPOTENT = (
     "docs/worker.md",
@@ -157,6 +162,7 @@ RUN_BY = {
     MESSAGE: "test_message_example_is_what_the_relay_sends",
     READ_REPORTS: "test_operations_examples_are_what_the_code_reads",
     RERUN_EVENT: "test_operations_examples_are_what_the_code_reads",
+    WORKER_INSTALL: "test_worker_install_example_installs_the_client_alone",
     WORKER: "test_worker_examples_run_against_the_local_stack",
     WORKER_LAMBDA: "test_worker_examples_run_against_the_local_stack",
     WORKER_IDEMPOTENT: "test_worker_idempotency_example_sends_once_for_two_deliveries",
@@ -321,12 +327,12 @@ def test_operations_examples_are_what_the_code_reads():
     # GIVEN the signature the operations page shows, and the event it says re-runs a window
     from reconciler.handler import ReconcileRequest
 
-    from punctual import reconciler
+    from punctual.pipeline import reconciler
 
     # (the page's trailing comma; the annotations as written, not as strings)
     shown = re.sub(r"\s+", "", example(*READ_REPORTS).text).replace(",)", ")")
     signature = str(inspect.signature(reconciler.read_reports)).replace("'", "")
-    actual = re.sub(r"\s+", "", f"punctual.reconciler.read_reports{signature}")
+    actual = re.sub(r"\s+", "", f"punctual.pipeline.reconciler.read_reports{signature}")
     # THEN the signature is the function's, annotations included
     assert shown == actual
     # AND the event is one the reconciler's handler accepts as a window to re-run
@@ -335,6 +341,23 @@ def test_operations_examples_are_what_the_code_reads():
 
 
 # --- the worker guide -------------------------------------------------------------------
+
+
+def test_worker_install_example_installs_the_client_alone(tmp_path: Path):
+    # GIVEN a reader's home folder of its own
+    env = shell_environment(None, HOME=str(tmp_path))
+    # WHEN the guide's install block runs as written, from the repository's root
+    done = bash(example(*WORKER_INSTALL).text, env)
+    # THEN it installed the client and the core it pins, and says what they speak
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == (
+        "punctual-client 0.1.0 on punctual-core 0.1.0: message schema 1, run protocol 2"
+    )
+    site = next((tmp_path / "punctual-client" / "lib").glob("python3.*/site-packages"))
+    assert (site / "punctual_client" / "worker" / "core.py").is_file()
+    assert (site / "punctual" / "dal" / "runs.py").is_file()
+    # AND nothing of the server: the control plane, the pipeline, its wiring
+    assert not [p for p in ("control", "pipeline", "services") if (site / "punctual" / p).exists()]
 
 
 def test_worker_examples_run_against_the_local_stack(docs_stack: Stack, tmp_path: Path):
@@ -428,7 +451,7 @@ boto3.client("dynamodb").create_table(
     BillingMode="PAY_PER_REQUEST",
 )
 import example, my_app
-from punctual.message import Message
+from punctual.domain.message import Message
 job = types.SimpleNamespace(message=Message.model_validate_json(open("message.json").read()))
 example.handler(job)
 example.handler(job)

@@ -247,7 +247,7 @@ def test_config_reserves_concurrency_for_planning_and_requests_and_caps_the_rela
         # the unreserved pool: the reconciler's groups, the re-drive, the dashboard's widget
         "reconciler.handler.lambda_handler": None,
         "relay.redrive.lambda_handler": None,
-        "relay.drain.lambda_handler": None,
+        "dashboard.drain.lambda_handler": None,
     }
     # AND the re-drive takes at most two of the unreserved slots
     [redrive] = [

@@ -35,7 +35,7 @@ from .conftest import Synthesized, actions_of, render, resources_of, role_statem
 ROOT = Path(__file__).resolve().parents[2]
 HANDLERS = {function: f"{function}.handler.lambda_handler" for function in FUNCTIONS} | {
     "redrive": "relay.redrive.lambda_handler",
-    "drain": "relay.drain.lambda_handler",
+    "drain": "dashboard.drain.lambda_handler",
 }
 ARN = "arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>:{resource}"
 

@@ -25,7 +25,7 @@ def test_layer_targets_one_python_runtime_on_arm64(service: Template):
 
 
 def test_layer_requirements_come_from_pyproject_with_tzdata_pinned():
-    # GIVEN pyproject.toml; WHEN the layer reads its requirements
+    # GIVEN punctual-core's pyproject.toml (layers/core); WHEN the layer reads its requirements
     requirements = runtime_requirements()
     # THEN the zone rules shipped to Lambda are the exact pinned release
     assert any(r.startswith("tzdata==") for r in requirements)
@@ -95,7 +95,7 @@ def test_layer_build_ships_the_runtime_without_bytecode(tmp_path: Path):
     # THEN modules are kept and compiled Python is not
     assert shipped(tmp_path / "fake") == {"punctual/__init__.py", "punctual/dal/a.py"}
     real = shipped(tmp_path / "real")
-    assert {"punctual/scheduling.py", "punctual/dal/tables.py"} <= real
+    assert {"punctual/control/plane.py", "punctual/dal/tables.py"} <= real
     assert not [p for p in real if p.endswith(".pyc")]
     # AND neither the client (CLI, HTTP client, worker SDK) nor the local stack is in it:
     # they are other packages

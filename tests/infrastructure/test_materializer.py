@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Match, Template
 
-from punctual.ids import shard_groups
+from punctual.domain.ids import shard_groups
 
 from .conftest import (
     Synthesized,
@@ -72,7 +72,7 @@ def test_materializer_function_fits_the_tick(service: Template):
 def test_materializer_writes_occurrences_and_reads_them_only_to_replan(service: Template):
     # THEN the materializer puts occurrence items (in its transactions), and reads them only
     # by the schedule's partition: a schedule planned under older zone rules is re-planned
-    # before its step (punctual.rezone, once per schedule and tzdata release); no item
+    # before its step (punctual.pipeline.rezone, once per schedule and tzdata release); no item
     # read, no scan
     occurrence_actions = {
         action

@@ -147,7 +147,7 @@ def test_observability_dashboard_shows_lag_percentiles_and_the_pipeline(service:
     (function_id,) = [
         logical_id
         for logical_id, function in service.find_resources("AWS::Lambda::Function").items()
-        if function["Properties"]["Handler"] == "relay.drain.lambda_handler"
+        if function["Properties"]["Handler"] == "dashboard.drain.lambda_handler"
     ]
     (custom,) = [w for w in widgets if w["type"] == "custom"]
     assert custom["properties"]["endpoint"] == f"<{function_id}.Arn>"

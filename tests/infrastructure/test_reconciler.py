@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_cdk.assertions import Template
 
-from punctual.ids import shard_groups
+from punctual.domain.ids import shard_groups
 
 from .conftest import machine_definition, rule_input
 

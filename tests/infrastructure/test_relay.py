@@ -11,8 +11,8 @@ from aws_cdk.assertions import Match, Template
 
 from infra.offline import cdk_json_context, synthesize
 from infra.relay import START_CODE
+from punctual.domain.models import Lane
 from punctual.integrations.streams import wanted
-from punctual.models import Lane
 
 from .conftest import actions_of, function_id, render, resources_of, role_statements
 
@@ -299,7 +299,6 @@ def test_relay_lanes_know_when_their_mappings_were_made(service: Template):
         HANDLER: instant,
         CATCHUP_HANDLER: instant,
         "relay.redrive.lambda_handler": None,
-        "relay.drain.lambda_handler": None,
     }
     # AND its properties name both stream mappings (made anew, they make a new instant),
     # which start at the stream's oldest record

@@ -14,8 +14,9 @@ import pytest
 from api import context, handler
 from moto import mock_aws
 
+from punctual.clients import aws_client
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.services import Services, aws_client
+from punctual.services import Services
 from punctual.settings import Settings
 from punctual_local import gateway
 from punctual_local.dynamodb import LocalDynamoDB

@@ -14,8 +14,8 @@ import pytest
 from api import handler
 from api.openapi import DOCUMENT
 
+from punctual.control.plane import ControlPlane
 from punctual.observability import logger
-from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.instants import epoch, iso
 from tests.integration.conftest import (

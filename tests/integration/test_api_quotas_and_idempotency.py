@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from moto.core.botocore_stubber import BotocoreStubber
 
-from punctual.errors import QuotaExceeded
-from punctual.ids import shard_of
-from punctual.materializer import Materializer
-from punctual.models import ScheduleDefinition
-from punctual.scheduling import ControlPlane
+from punctual.control.plane import ControlPlane
+from punctual.domain.errors import QuotaExceeded
+from punctual.domain.ids import shard_of
+from punctual.domain.models import ScheduleDefinition
+from punctual.pipeline.materializer import Materializer
 from punctual.services import Services
 from tests.instants import iso
 from tests.integration.conftest import ALICE, OPERATOR, START, Answer, Api, Clock, bootstrap

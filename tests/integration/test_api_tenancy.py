@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tenants import SCAN_PAGES, TenantStore, tenant_to_item
-from punctual.errors import Conflict, NotFound
-from punctual.models import ScheduleDefinition
-from punctual.scheduling import ControlPlane
+from punctual.domain.errors import Conflict, NotFound
+from punctual.domain.models import ScheduleDefinition
+from punctual.domain.tenancy import Quotas, Tenant
 from punctual.services import Services
-from punctual.tenancy import Quotas, Tenant
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import ALICE, BOB, OPERATOR, Api, Clock, bootstrap
 from tests.integration.helpers import all_pages, assert_error, create, cron, delete, patch

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from punctual.dal.common import ConditionFailed, to_dynamo
+from punctual.control.plane import ControlPlane
+from punctual.dal.common import ConditionFailed, Label, to_dynamo
 from punctual.dal.tables import occurrence_key
-from punctual.errors import Conflict
-from punctual.ids import shard_of
-from punctual.materializer import Materializer
-from punctual.models import OccurrenceState
-from punctual.scheduling import ControlPlane
+from punctual.domain.errors import Conflict
+from punctual.domain.ids import shard_of
+from punctual.domain.models import OccurrenceState
+from punctual.pipeline.materializer import Materializer
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch, iso
@@ -765,6 +765,6 @@ def test_a_change_refused_on_its_version_item_is_a_conflict_to_read_again(
     plane = ControlPlane(aws)
     stored = plane.schedules.current(schedule_id)
     # WHEN the refusal is read; THEN it is a 409 that says to read the schedule again
-    refusal = plane._refusal(ConditionFailed("version", None), stored, None, {})
+    refusal = plane._refusal(ConditionFailed(Label.VERSION, None), stored, None, {})
     assert isinstance(refusal, Conflict)
     assert refusal.message == "a concurrent change won; read the schedule again"

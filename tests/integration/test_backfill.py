@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
-from punctual.ids import backfill_tag, occurrence_id, occurrence_name
-from punctual.models import Finding
-from punctual.reconciler import Reconciler
-from punctual.scheduling import ControlPlane
+from punctual.domain.ids import backfill_tag, occurrence_id, occurrence_name
+from punctual.domain.models import Finding
+from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
@@ -214,8 +214,8 @@ def test_backfill_whose_commit_answer_was_lost_makes_nothing_twice_when_asked_ag
 ):
     from botocore.exceptions import ReadTimeoutError
 
-    from punctual.errors import Retryable
-    from punctual.scheduling import ControlPlane
+    from punctual.control.plane import ControlPlane
+    from punctual.domain.errors import Retryable
 
     # GIVEN a backfill whose transaction commits but whose answer is lost (a timeout)
     sid = running_since_0940(aws, clock, lost={at("10:15")})
@@ -246,7 +246,7 @@ def test_backfill_whose_commit_answer_was_lost_makes_nothing_twice_when_asked_ag
 def test_backfill_asked_again_a_moment_later_on_a_lagging_replica_makes_nothing_twice(
     alice: Api, aws: Services, clock: Clock
 ):
-    from punctual.scheduling import ControlPlane
+    from punctual.control.plane import ControlPlane
 
     # GIVEN a backfill of [09:00, 10:30) made through a replica a minute behind
     sid = running_since_0940(aws, clock, lost={at("10:15")})

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
+from punctual.control.plane import ControlPlane
+from punctual.control.tenant_admin import GRANT
 from punctual.dal.common import UNPROCESSED
-from punctual.errors import Retryable
-from punctual.scheduling import ControlPlane
+from punctual.domain.errors import Retryable
+from punctual.domain.tenancy import Quotas
 from punctual.services import Services
-from punctual.tenancy import Quotas
-from punctual.tenant_admin import GRANT
+from tests.fakes import as_client
 from tests.integration.conftest import Clock
 
 
@@ -64,7 +65,7 @@ def test_a_workers_read_left_unprocessed_every_time_is_retryable_after_bounded_a
 
     from punctual.dal.common import Dynamo
 
-    store = RunStore(Dynamo(Throttled(), paused.append), aws.settings)
+    store = RunStore(Dynamo(as_client(Throttled()), paused.append), aws.settings)
     # WHEN a worker reads an occurrence before its claim; THEN it is Retryable after
     # UNPROCESSED's tries (the message comes back later), each ask after a pause
     with pytest.raises(Retryable):

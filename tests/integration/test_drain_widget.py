@@ -1,4 +1,4 @@
-"""The dashboard's drain widget (functions/relay/drain.py): the tenants' delivery backlog
+"""The dashboard's drain widget (functions/dashboard/drain.py): the tenants' delivery backlog
 and drain time, overall and for the largest tenants, from their queues' SQS metrics: a
 survey of every queue (Metrics Insights), then the largest tenants' queues read by name.
 
@@ -17,9 +17,9 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from relay import drain as widget
+from dashboard import drain as widget
 
-from punctual.drain import QueueFigures
+from punctual.domain.drain import QueueFigures
 from punctual.integrations.queue_metrics import (
     LIMIT,
     QUERIES,

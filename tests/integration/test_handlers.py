@@ -16,10 +16,10 @@ from relay import handler as relay_handler
 from infra import start_handler
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import occurrence_to_item
-from punctual.ids import minute_of, new_schedule_id, occurrence_id
+from punctual.domain.ids import minute_of, new_schedule_id, occurrence_id
+from punctual.domain.models import Occurrence
 from punctual.integrations.streams import wanted
-from punctual.models import Occurrence
-from punctual.reconciler import Reconciler
+from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services
 from tests.instants import iso
 from tests.integration.conftest import OPERATOR, Api, Clock, LambdaContextStub

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from relay import redrive as redrive_handler
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import StoredOccurrence
 from punctual.dal.tables import (
@@ -21,14 +22,13 @@ from punctual.dal.tables import (
     occurrence_key,
     occurrence_sk,
 )
-from punctual.ids import occurrence_id
+from punctual.domain.ids import occurrence_id
+from punctual.domain.message import message_body
+from punctual.domain.models import Finding, ScheduleDefinition
 from punctual.integrations.queues import queue_name
-from punctual.message import message_body
-from punctual.models import Finding, ScheduleDefinition
-from punctual.reconciler import Reconciler
-from punctual.redrive import StreamRedrive
-from punctual.relay import Relay, outbound
-from punctual.scheduling import ControlPlane
+from punctual.pipeline.reconciler import Reconciler
+from punctual.pipeline.redrive import StreamRedrive
+from punctual.pipeline.relay import Relay, outbound
 from punctual.services import Services
 from punctual.settings import Settings
 from punctual.timing import use_zone_source

@@ -18,18 +18,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from punctual.access import worker_policy
+from punctual.control.access import worker_policy
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import ALL_TABLES, occurrence_key
-from punctual.ids import schedule_key_prefix, tenant_of_schedule
+from punctual.domain.ids import schedule_key_prefix, tenant_of_schedule
+from punctual.domain.models import TARGET_NAME_PATTERN, ScheduleDefinition
+from punctual.domain.principals import PrincipalError, normalize_principal
+from punctual.domain.tenancy import TENANT_ID_PATTERN
 from punctual.integrations.queues import DLQ_RETENTION_SECONDS, OWNER_TAG, queue_name, queue_owner
-from punctual.models import TARGET_NAME_PATTERN, ScheduleDefinition
-from punctual.principals import PrincipalError, normalize_principal
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings
-from punctual.tenancy import TENANT_ID_PATTERN
 from tests.aws_calls import read_inventory
 from tests.hostile import allows
 from tests.integration.conftest import OPERATOR, Api, Clock, bootstrap

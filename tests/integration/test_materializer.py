@@ -11,23 +11,23 @@ from typing import Any
 
 import pytest
 
-from punctual.dal.common import Transactions, from_dynamo, to_dynamo
+from punctual.control.plane import ControlPlane
+from punctual.dal.common import Label, Transactions, from_dynamo, to_dynamo
 from punctual.dal.leases import LeaseStore, shard_key
 from punctual.dal.schedules import due_bucket, schedule_from_item
 from punctual.dal.tables import DUE_INDEX, current_key, occurrence_key
-from punctual.ids import available_at, occurrence_id, shard_of
-from punctual.materializer import (
+from punctual.domain.ids import available_at, occurrence_id, shard_of
+from punctual.domain.models import Finding, OccurrenceState, ScheduleDefinition, ScheduleState
+from punctual.domain.planning import CATCHUP_AFTER
+from punctual.pipeline.materializer import (
+    COMMIT_ATTEMPTS,
     LEASE_SECONDS,
-    MAX_RETRIES,
     RENEW_AFTER,
     RETRY,
     STEP_LIMIT,
     Materializer,
 )
-from punctual.models import Finding, OccurrenceState, ScheduleDefinition, ScheduleState
-from punctual.planning import CATCHUP_AFTER
-from punctual.reconciler import Reconciler
-from punctual.scheduling import ControlPlane
+from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services
 from punctual.timing import utc_text
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
@@ -268,12 +268,12 @@ def test_materializer_gives_a_bucket_up_after_its_retries_and_the_next_tick_does
     racing = dataclasses.replace(racing, sleep=paused.append)
     # WHEN the materializer ticks
     report = Materializer(racing, "m1").run_shard(int(clock.now), number)
-    # THEN it tries MAX_RETRIES times after the first attempt, each after a jittered pause
+    # THEN it tries COMMIT_ATTEMPTS - 1 times after the first attempt, each after a jittered pause
     # (not at once: the same hot partition or rival again), then leaves the bucket: nothing
     # written, the watermark still on the bucket (each bucket before it counted once), the
     # lease released (not lost)
-    assert faults.injected["transaction_conflict"] == MAX_RETRIES + 1
-    assert len(paused) == MAX_RETRIES
+    assert faults.injected["transaction_conflict"] == COMMIT_ATTEMPTS
+    assert len(paused) == COMMIT_ATTEMPTS - 1
     assert all(0 <= p <= RETRY.ceiling(n) for n, p in enumerate(paused))
     assert (report.shard, report.occurrences, report.lease_lost) == (number, 0, False)
     assert report.watermark == aws.leases.watermark(number)
@@ -920,8 +920,8 @@ def test_materializer_catchup_larger_than_one_step_fires_all_kept_at_one_pace(
     commit = Transactions.commit
     puts: list[int] = []
 
-    def counting(self: Transactions, actions: list[tuple[str, dict[str, Any]]]) -> None:
-        puts.append(sum("Put" in action and label == "step" for label, action in actions))
+    def counting(self: Transactions, actions: list[tuple[Label, dict[str, Any]]]) -> None:
+        puts.append(sum("Put" in action and label == Label.STEP for label, action in actions))
         commit(self, actions)
 
     monkeypatch.setattr(Transactions, "commit", counting)
@@ -972,10 +972,10 @@ def test_materializer_skips_an_occurrence_that_already_exists_instead_of_stallin
     item = current(aws, sid)
     stored = aws.schedules.current(sid)
     assert stored is not None
-    from punctual.planning import new_occurrence
+    from punctual.domain.planning import new_occurrence
 
     ahead = new_occurrence(stored.schedule, item["next_run_at"], 86400)
-    aws.dynamodb.put_item(**aws.occurrences.put_new(ahead, {})["Put"])
+    aws.dynamodb.put_item(**aws.occurrences.put_new_action(ahead, {})["Put"])
     # WHEN the materializer ticks once that fire is within its lookahead
     clock.now = item["next_run_at"] - 120
     report = tick(aws, clock, sid)

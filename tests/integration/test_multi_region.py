@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import create_tables, occurrence_key
-from punctual.failover import main as failover_main
-from punctual.failover import take_over
-from punctual.ids import occurrence_id, shard_of
-from punctual.materializer import Materializer
-from punctual.reconciler import Reconciler
-from punctual.scheduling import ControlPlane
+from punctual.domain.ids import occurrence_id, shard_of
+from punctual.pipeline.failover import main as failover_main
+from punctual.pipeline.failover import take_over
+from punctual.pipeline.materializer import Materializer
+from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from punctual.control.plane import PROMPT_MARGIN_SECONDS
 from punctual.dal.tenants import TenantStore
-from punctual.ids import occurrence_id
-from punctual.relay import Relay
-from punctual.scheduling import PROMPT_MARGIN_SECONDS
+from punctual.domain.ids import occurrence_id
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings
 from tests.instants import iso

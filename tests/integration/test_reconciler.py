@@ -16,15 +16,15 @@ from zoneinfo import ZoneInfo
 import pytest
 from reconciler import handler
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import OccurrenceStore, Window
 from punctual.dal.reports import ReportStore, report_key
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import current_key, occurrence_key
-from punctual.errors import InvalidInput
-from punctual.ids import available_at, occurrence_id, shard_of
-from punctual.materializer import Materializer
-from punctual.models import (
+from punctual.domain.errors import InvalidInput
+from punctual.domain.ids import available_at, occurrence_id, shard_of
+from punctual.domain.models import (
     CronSpec,
     Finding,
     Occurrence,
@@ -33,7 +33,8 @@ from punctual.models import (
     ScheduleDefinition,
     ScheduleState,
 )
-from punctual.reconciler import (
+from punctual.pipeline.materializer import Materializer
+from punctual.pipeline.reconciler import (
     CATCHUP_WINDOWS,
     HISTORY_MARGIN,
     INDEX_SETTLED,
@@ -46,7 +47,6 @@ from punctual.reconciler import (
     metric_values,
     read_reports,
 )
-from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from punctual.settings import Settings
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, client_error

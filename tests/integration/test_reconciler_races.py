@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from punctual.ids import occurrence_id
-from punctual.materializer import Materializer
-from punctual.models import Finding
-from punctual.reconciler import CATCHUP_WINDOWS, Reconciler, read_reports
-from punctual.scheduling import ControlPlane
+from punctual.control.plane import ControlPlane
+from punctual.domain.ids import occurrence_id
+from punctual.domain.models import Finding
+from punctual.pipeline.materializer import Materializer
+from punctual.pipeline.reconciler import CATCHUP_WINDOWS, Reconciler, read_reports
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock

@@ -13,17 +13,17 @@ import pytest
 from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 from botocore.exceptions import ClientError
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import StoredOccurrence, occurrence_to_item
 from punctual.dal.tables import occurrence_key
-from punctual.ids import MANUAL_MARK, backfill_tag, occurrence_id, shard_of
+from punctual.domain.ids import MANUAL_MARK, backfill_tag, occurrence_id, shard_of
+from punctual.domain.models import Lane, Occurrence, OccurrenceState, ScheduleDefinition
 from punctual.integrations.queues import queue_name
 from punctual.integrations.streams import ANY_LANE
-from punctual.models import Lane, Occurrence, OccurrenceState, ScheduleDefinition
-from punctual.reconciler import Reconciler
-from punctual.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed, failed_lane, overdue
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
+from punctual.pipeline.reconciler import Reconciler
+from punctual.pipeline.redrive import REDRIVE_AFTER, StreamRedrive, Trimmed, failed_lane, overdue
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

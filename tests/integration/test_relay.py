@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from punctual import relay as relay_module
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.dal.tenants import TenantStore
-from punctual.errors import Retryable
+from punctual.domain.errors import Retryable
+from punctual.domain.models import OccurrenceState, ScheduleDefinition
 from punctual.integrations.queues import queue_name
-from punctual.models import OccurrenceState, ScheduleDefinition
-from punctual.relay import (
+from punctual.pipeline import relay as relay_module
+from punctual.pipeline.relay import (
     QUEUE_CACHE_SECONDS,
     SEND,
     DelayTooLong,
@@ -27,7 +28,6 @@ from punctual.relay import (
     Relay,
     delay_seconds,
 )
-from punctual.scheduling import ControlPlane
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS, client_error
 from tests.integration.conftest import BOB, Api, Clock, LambdaContextStub, bootstrap
@@ -610,7 +610,7 @@ def test_relay_handler_holds_back_a_record_due_past_sqss_delay_without_failing_t
     )
     # THEN no record is reported: a retried batch would meet it again and again, holding
     # back every record after it on the stream shard; it is never sent early, stays
-    # SCHEDULED, and the reconciler re-sends it once it is overdue (punctual.redrive)
+    # SCHEDULED, and the reconciler re-sends it once it is overdue (punctual.pipeline.redrive)
     assert answer == {"batchItemFailures": []}
     assert [m["occurrence_id"] for m in messages(aws, "alice")] == [good]
     assert state(aws, occ) == "SCHEDULED"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from punctual.models import AttemptOutcome, OccurrenceState
+from punctual.domain.models import AttemptOutcome, OccurrenceState
+from punctual.domain.tenancy import Quotas
 from punctual.services import Services
-from punctual.tenancy import Quotas
 from punctual_client.worker import Job, Outcome
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock

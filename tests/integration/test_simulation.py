@@ -9,12 +9,12 @@ import os
 
 import pytest
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.schedules import version_to_item
 from punctual.dal.tables import occurrence_key
-from punctual.models import OverlapPolicy
+from punctual.domain.models import OverlapPolicy
 from punctual.observability import logger
-from punctual.scheduling import ControlPlane
 from punctual_local.dynamodb import LocalDynamoDB
 from tests.faults import FaultPlan
 from tests.sim.explain import explain, schedule_of

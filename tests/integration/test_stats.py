@@ -8,7 +8,7 @@ import pytest
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
-from punctual.drain import NOT_DRAINING
+from punctual.domain.drain import NOT_DRAINING
 from punctual.services import Services
 from punctual_local.stats import figures
 from tests.integration.conftest import Api, Clock

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from punctual.dal.common import ConditionFailed, to_dynamo
+from punctual.dal.common import ConditionFailed, Label, to_dynamo
 from punctual.dal.tables import (
     OCCURRENCES,
     SCHEDULES,
@@ -119,8 +119,8 @@ def test_the_repairs_schedule_check_holds_only_while_the_cursor_is_past_the_inst
     schedule, planned = stored.schedule, stored.schedule.planned_until
 
     def commit(stepped_past: int | None) -> None:
-        check = aws.schedules.unchanged(schedule, stepped_past=stepped_past)
-        aws.transactions.commit([("schedule", check)])
+        check = aws.schedules.unchanged_action(schedule, stepped_past=stepped_past)
+        aws.transactions.commit([(Label.SCHEDULE, check)])
 
     # THEN a repair of fires up to the cursor, or of older versions' only, passes the check
     commit(planned)
@@ -129,4 +129,4 @@ def test_the_repairs_schedule_check_holds_only_while_the_cursor_is_past_the_inst
     # yet, and its own put of the same occurrence would fail and stall the shard
     with pytest.raises(ConditionFailed) as refused:
         commit(planned + 60)
-    assert refused.value.label == "schedule"
+    assert refused.value.label == Label.SCHEDULE

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import OCCURRENCES, TRIGGER_PREFIX, occurrence_key
-from punctual.ids import occurrence_parts, shard_of
-from punctual.message import parse_message
-from punctual.models import AttemptOutcome, Finding, OccurrenceState
-from punctual.reconciler import Reconciler
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane
+from punctual.domain.ids import occurrence_parts, shard_of
+from punctual.domain.message import parse_message
+from punctual.domain.models import AttemptOutcome, Finding, OccurrenceState
+from punctual.pipeline.reconciler import Reconciler
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual_client.worker import Outcome
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

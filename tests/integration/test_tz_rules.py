@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from punctual import reconciler as reconciler_module
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import SCHEDULE_CURRENT
-from punctual.errors import Retryable
-from punctual.ids import occurrence_id, shard_of
-from punctual.reconciler import Reconciler
-from punctual.rezone import Replanned, replan
-from punctual.scheduling import ControlPlane
+from punctual.domain.errors import Retryable
+from punctual.domain.ids import occurrence_id, shard_of
+from punctual.pipeline import reconciler as reconciler_module
+from punctual.pipeline.reconciler import Reconciler
+from punctual.pipeline.rezone import Replanned, replan
 from punctual.services import Services
 from punctual.timing import ZoneSource, tzdata_version, use_zone_source
 from tests.instants import epoch

@@ -19,14 +19,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from punctual.dal.common import ConditionFailed, from_dynamo, to_dynamo
-from punctual.dal.runs import OVERLAP, RunLease, run_partition, run_slot_sk, wait_slot_sk
+from punctual.control.plane import ControlPlane, Saved
+from punctual.dal.common import ConditionFailed, Label, from_dynamo, to_dynamo
+from punctual.dal.runs import RunLease, run_partition, run_slot_sk, wait_slot_sk
 from punctual.dal.tables import current_key, occurrence_key
-from punctual.errors import Retryable
-from punctual.ids import occurrence_id, shard_of
-from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
-from punctual.materializer import Materializer
-from punctual.models import (
+from punctual.domain.errors import Retryable
+from punctual.domain.ids import occurrence_id, shard_of
+from punctual.domain.models import (
     Attempt,
     AttemptOutcome,
     Occurrence,
@@ -36,8 +35,9 @@ from punctual.models import (
     ScheduleState,
     can_transition,
 )
-from punctual.relay import Relay
-from punctual.scheduling import ControlPlane, Saved
+from punctual.integrations.queues import MAX_RECEIVE_COUNT, queue_name
+from punctual.pipeline.materializer import Materializer
+from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.timing import utc_text
 from punctual_client.worker import (
@@ -50,11 +50,12 @@ from punctual_client.worker import (
     QueueConsumer,
     Result,
     Worker,
+    WorkerServices,
     backoff_ceiling,
     sqs_lambda_handler,
 )
 from punctual_client.worker.core import (
-    CLAIM_ROUNDS,
+    CLAIM_ATTEMPTS,
     FINISH,
     MAX_VISIBILITY,
     REQUEUE_AFTER_RECEIVES,
@@ -137,7 +138,7 @@ def with_sqs(aws: Services, sqs: Any) -> Services:
     return Services(aws.dynamodb, sqs, aws.settings, aws.now)
 
 
-def url_of(aws: Services, queue: str = QUEUE) -> str:
+def url_of(aws: WorkerServices, queue: str = QUEUE) -> str:
     return str(aws.sqs.get_queue_url(QueueName=queue)["QueueUrl"])
 
 
@@ -462,7 +463,7 @@ def test_effect_ledger_a_failing_business_write_is_not_mistaken_for_a_duplicate(
     # effect is recorded
     with pytest.raises(ConditionFailed) as raised:
         ledger.apply("occ_1", [refused])
-    assert raised.value.label == "write"
+    assert raised.value.label == Label.EFFECT_WRITE
     assert raised.value.failed(0)
     assert not raised.value.failed(1)
     assert not ledger.applied("occ_1")
@@ -473,7 +474,7 @@ def test_effect_ledger_record_in_a_transaction_of_ones_own_is_the_one_apply_chec
 ):
     # GIVEN an effect recorded by ``record`` in a transaction the tenant builds itself
     ledger = effects_table(aws)
-    aws.dynamodb.transact_write_items(TransactItems=[credit(), ledger.record("occ_1")])
+    aws.dynamodb.transact_write_items(TransactItems=[credit(), ledger.record_action("occ_1")])
     # THEN ``applied`` and ``apply`` (same default effect name) see it: nothing twice
     assert ledger.applied("occ_1")
     assert not ledger.apply("occ_1", [credit()])
@@ -2492,7 +2493,7 @@ def test_worker_overlap_refused_without_the_holders_item_still_says_why(
     work = worker(aws, handler)
 
     def refused(lease: Any, **_: Any) -> None:
-        raise ConditionFailed(OVERLAP, None)
+        raise ConditionFailed(Label.RUN_SLOT, None)
 
     work.runs.claim = refused  # type: ignore[method-assign]
     # WHEN the worker processes the message
@@ -2524,14 +2525,14 @@ def test_worker_claim_that_loses_every_round_leaves_the_message_for_a_later_deli
 
     def refused(lease: Any, **_: Any) -> None:
         claims.append(lease.attempt_no)
-        raise ConditionFailed("occurrence", None) if fault == "lost race" else Retryable("slow")
+        raise ConditionFailed(Label.OCCURRENCE, None) if fault == "lost race" else Retryable("slow")
 
     work.runs.claim = refused  # type: ignore[method-assign]
     # WHEN the worker processes the message
     result = work.process(delivery)
-    # THEN it read and tried again CLAIM_ROUNDS times, then kept the message (not deleted,
+    # THEN it read and tried again CLAIM_ATTEMPTS times, then kept the message (not deleted,
     # not in the DLQ) for a later delivery within the throttle back-off; nothing ran
-    assert claims == [1] * CLAIM_ROUNDS
+    assert claims == [1] * CLAIM_ATTEMPTS
     assert (result.outcome, result.detail) == (
         Outcome.IN_PROGRESS,
         "contended; left for a later delivery",
@@ -2559,7 +2560,7 @@ def test_worker_claim_that_loses_one_race_reads_again_and_runs(
     def first_refused(lease: Any, **kwargs: Any) -> None:
         claims.append(lease.attempt_no)
         if len(claims) == 1:
-            raise ConditionFailed("occurrence", None)
+            raise ConditionFailed(Label.OCCURRENCE, None)
         real(lease, **kwargs)
 
     work.runs.claim = first_refused  # type: ignore[method-assign]
@@ -2583,7 +2584,7 @@ def test_worker_heartbeat_under_a_fault_keeps_the_lease_only_if_it_is_still_ours
     seen: dict[str, Any] = {}
 
     def refused(lease: Any, expires_at: int) -> None:
-        raise Retryable("slow") if fault == "throttled" else ConditionFailed("occurrence", None)
+        raise Retryable("slow") if fault == "throttled" else ConditionFailed(Label.OCCURRENCE, None)
 
     def job(job: Job) -> None:
         work.runs.extend = refused  # type: ignore[method-assign]
@@ -2717,8 +2718,8 @@ def test_worker_refusal_that_loses_its_race_reads_again(alice: Api, aws: Service
     # WHEN the worker processes the message
     result = work.process(delivery)
     # THEN each lost refusal is a lost race, read again: no verdict is reported on a write
-    # that did not happen, and after CLAIM_ROUNDS the message is left for a later delivery
-    assert len(refusals) == CLAIM_ROUNDS
+    # that did not happen, and after CLAIM_ATTEMPTS the message is left for a later delivery
+    assert len(refusals) == CLAIM_ATTEMPTS
     assert result.outcome is Outcome.IN_PROGRESS
     assert not result.delete
     assert state(aws, occ) is S.RUNNING
@@ -2798,7 +2799,7 @@ def test_worker_requeue_delays_the_copy_by_what_the_outcome_says_within_sqs_boun
     work = worker(with_sqs(aws, spy), Calls())
 
     def refused(*args: Any, **kwargs: Any) -> None:
-        raise ConditionFailed("occurrence", None)
+        raise ConditionFailed(Label.OCCURRENCE, None)
 
     work.runs.finish = refused  # type: ignore[method-assign]
     seen["lost"] = work.process(replace_receive_count(deliveries[lost], REQUEUE_AFTER_RECEIVES))

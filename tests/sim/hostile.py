@@ -27,7 +27,7 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.runs import concurrency_sk, run_partition, run_slot_sk, wait_slot_sk
 from punctual.dal.tables import BACKFILL_PREFIX, OCCURRENCE_PREFIX, backfill_sk, occurrence_key
 from punctual.dal.tenants import tenant_partition
-from punctual.ids import occurrence_id, schedule_key_prefix
+from punctual.domain.ids import occurrence_id, schedule_key_prefix
 from tests.hostile import HostileWorker
 
 if TYPE_CHECKING:

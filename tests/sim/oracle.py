@@ -60,9 +60,8 @@ from punctual.dal.common import from_dynamo
 from punctual.dal.occurrences import occurrence_from_item
 from punctual.dal.schedules import ScheduleVersion, minute_load_of, missed_ranges_of
 from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT, occurrence_key
-from punctual.failover import REWIND_SECONDS
-from punctual.ids import backfill_tag, occurrence_name, schedule_key_prefix
-from punctual.models import (
+from punctual.domain.ids import backfill_tag, occurrence_name, schedule_key_prefix
+from punctual.domain.models import (
     MisfireAction,
     MissedEpisode,
     Occurrence,
@@ -72,8 +71,9 @@ from punctual.models import (
     ScheduleDefinition,
     ScheduleState,
 )
-from punctual.planning import MAX_CATCHUP_SPREAD
-from punctual.reconciler import Expected, expected_occurrences
+from punctual.domain.planning import MAX_CATCHUP_SPREAD
+from punctual.pipeline.failover import REWIND_SECONDS
+from punctual.pipeline.reconciler import Expected, expected_occurrences
 from punctual.timing import get_zone, local_wall, use_zone_source
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
 from tests.sim.workers import Event, HandlerRun, payload_digest

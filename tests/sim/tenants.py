@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from punctual.control.manual import Backfilled, Triggered
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo, values
 from punctual.dal.schedules import PAYLOAD_MARK, payload_bytes
 from punctual.dal.tables import current_key
-from punctual.errors import PunctualError
-from punctual.manual import Backfilled, Triggered
-from punctual.models import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
-from punctual.scheduling import ControlPlane
-from punctual.tenancy import Quotas
+from punctual.domain.errors import PunctualError
+from punctual.domain.models import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
+from punctual.domain.tenancy import Quotas
 from punctual.timing import get_zone
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from punctual.errors import PunctualError
+from punctual.domain.errors import PunctualError
+from punctual.domain.models import OverlapPolicy
 from punctual.integrations.queues import queue_name
-from punctual.models import OverlapPolicy
 from punctual_client.worker import Job, PermanentError, QueueConsumer, Worker
 from punctual_client.worker.core import Delivery, Outcome, Result
 

@@ -40,17 +40,17 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from punctual import scheduling
+from punctual.control import plane
 from punctual.dal.common import BadItems
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.errors import PunctualError, Retryable
-from punctual.failover import REWIND_SECONDS, take_over
-from punctual.ids import schedule_key_prefix
+from punctual.domain.errors import PunctualError, Retryable
+from punctual.domain.ids import schedule_key_prefix
 from punctual.integrations.streams import event_record, wanted
-from punctual.materializer import Materializer
-from punctual.reconciler import Reconciler
-from punctual.redrive import StreamRedrive, Trimmed
-from punctual.relay import Relay, SendFailed
+from punctual.pipeline.failover import REWIND_SECONDS, take_over
+from punctual.pipeline.materializer import Materializer
+from punctual.pipeline.reconciler import Reconciler
+from punctual.pipeline.redrive import StreamRedrive, Trimmed
+from punctual.pipeline.relay import Relay, SendFailed
 from punctual.services import Services
 from punctual.settings import Settings
 from punctual.timing import ZoneSource, use_zone_source
@@ -125,7 +125,7 @@ class SimConfig:
     rules_change: bool = True  # planned under IANA 2025b, the pinned release deployed mid-run
     failover: bool = True  # another region takes every shard over mid-run
     # The relay's mappings made anew mid-run (the stack deployed again over its tables): the
-    # new one reads the stream from its oldest record (punctual.relay, replay)
+    # new one reads the stream from its oldest record (punctual.pipeline.relay, replay)
     remap: bool = True
     outages: int = 3  # per component over the run
     skew: int = 3  # seconds, each way, between components
@@ -195,11 +195,11 @@ class _Seeded:
 def seeded_ids(rng: random.Random) -> Iterator[None]:
     """Schedule ids, lease tokens, manual tags and request tokens from the seed, for the
     run's length."""
-    from punctual import ids
+    from punctual.domain import ids
 
     seeded = _Seeded(rng)
     patches = [
-        (scheduling, "new_schedule_id", seeded.schedule_id),
+        (plane, "new_schedule_id", seeded.schedule_id),
         (worker_core, "secrets", seeded),
         (ids, "secrets", seeded),
         (uuid, "uuid4", lambda: uuid.UUID(int=rng.getrandbits(128))),
@@ -432,7 +432,7 @@ class Simulation:
         self.second_take_over_at = now + MINUTE
 
     def _take_over(self, rewind: int) -> None:
-        """``python -m punctual.failover`` for every shard, run again while it lists
+        """``python -m punctual.pipeline.failover`` for every shard, run again while it lists
         schedules that changed under it or fails (throttled), as its operator does."""
         services = self.services("failover")
         for shard in range(self.settings.shard_count):

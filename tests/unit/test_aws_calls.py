@@ -15,9 +15,9 @@ from tests import aws_calls
 from tests.aws_calls import function_of, iam_requests
 
 ROOT = Path(aws_calls.__file__).resolve().parent.parent
-RELAY = ROOT / "layers" / "core" / "python" / "punctual" / "relay.py"
-PLANE = ROOT / "layers" / "core" / "python" / "punctual" / "scheduling.py"
-MATERIALIZER = ROOT / "layers" / "core" / "python" / "punctual" / "materializer.py"
+RELAY = ROOT / "layers" / "core" / "python" / "punctual" / "pipeline" / "relay.py"
+PLANE = ROOT / "layers" / "core" / "python" / "punctual" / "control" / "plane.py"
+MATERIALIZER = ROOT / "layers" / "core" / "python" / "punctual" / "pipeline" / "materializer.py"
 
 
 def code_of(path: Path, source: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from punctual.dal.common import UNPROCESSED, Dynamo, batch_get, to_dynamo
-from punctual.errors import Retryable
+from punctual.domain.errors import Retryable
+from tests.fakes import as_client
 
 
 class Table:
@@ -43,7 +44,7 @@ def test_every_key_is_read_in_requests_of_100_at_most_and_in_the_order_asked() -
     items = [{"pk": f"k{n:03d}", "n": n} for n in range(250)]
     table = Table(items)
     keys = [{"pk": f"k{n:03d}"} for n in reversed(range(251))]  # (k250 does not exist)
-    found = batch_get(Dynamo(table), "t", keys)
+    found = batch_get(Dynamo(as_client(table)), "t", keys)
     assert [i["n"] for i in found] == list(reversed(range(250)))
     assert [len(r["Keys"]) for r in table.requests] == [100, 100, 51]
     assert all(r["ConsistentRead"] is True for r in table.requests)
@@ -53,7 +54,10 @@ def test_what_dynamodb_leaves_unprocessed_is_asked_again_after_a_jittered_pause(
     table = Table([{"pk": f"k{n}", "n": n} for n in range(5)], serve=2)
     slept: list[float] = []
     found = batch_get(
-        Dynamo(table, slept.append), "t", [{"pk": f"k{n}"} for n in range(5)], consistent=False
+        Dynamo(as_client(table), slept.append),
+        "t",
+        [{"pk": f"k{n}"} for n in range(5)],
+        consistent=False,
     )
     assert [i["n"] for i in found] == [0, 1, 2, 3, 4]
     assert [len(r["Keys"]) for r in table.requests] == [5, 3, 1]
@@ -70,11 +74,11 @@ def test_keys_left_unprocessed_every_time_are_retryable_after_a_bounded_number_o
     slept: list[float] = []
     # WHEN the keys are read; THEN it gives up after UNPROCESSED's tries, retryable (503)
     with pytest.raises(Retryable):
-        batch_get(Dynamo(table, slept.append), "t", [{"pk": "k0"}])
+        batch_get(Dynamo(as_client(table), slept.append), "t", [{"pk": "k0"}])
     assert len(table.requests) == UNPROCESSED.tries
     assert len(slept) == UNPROCESSED.tries - 1
 
 
 def test_no_item_found_is_an_empty_list() -> None:
     # (DynamoDB's answer then holds no entry for the table)
-    assert batch_get(Dynamo(Table([])), "t", [{"pk": "nothing"}]) == []
+    assert batch_get(Dynamo(as_client(Table([]))), "t", [{"pk": "nothing"}]) == []

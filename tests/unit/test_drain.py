@@ -1,9 +1,9 @@
-"""Drain figures (punctual.drain): the oldest unprocessed due work and the time its backlog
+"""Drain figures (punctual.domain.drain): the oldest unprocessed due work and the time its backlog
 takes to clear, for the materializer's walks and for delivery, overall and per tenant."""
 
 from __future__ import annotations
 
-from punctual.drain import (
+from punctual.domain.drain import (
     NOT_DRAINING,
     Drain,
     QueueFigures,

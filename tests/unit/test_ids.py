@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from punctual.ids import (
+from punctual.domain.ids import (
     MAX_WINDOW_SECONDS,
     available_at,
     is_manual,
@@ -247,7 +247,7 @@ def test_available_at_rejects_bad_window():
 
 _CHILD = """
 import json, sys
-from punctual.ids import occurrence_id, jitter_seconds
+from punctual.domain.ids import occurrence_id, jitter_seconds
 samples = json.loads(sys.argv[1])
 out = []
 for schedule_id, version, scheduled_for in samples:

@@ -8,9 +8,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from punctual.ids import occurrence_id
-from punctual.message import MESSAGE_VERSION, message_body, parse_message
-from punctual.models import Occurrence
+from punctual.domain.ids import occurrence_id
+from punctual.domain.message import MESSAGE_VERSION, message_body, parse_message
+from punctual.domain.models import Occurrence
 
 SCHEDULE = "sch_acme.q7k"
 SCHEDULED_FOR = 1_796_029_200  # 2026-11-30T09:00:00Z

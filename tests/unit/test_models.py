@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from punctual.models import (
+from punctual.domain.models import (
     MAX_PAYLOAD_BYTES,
     TERMINAL,
     TRANSITIONS,

@@ -11,13 +11,13 @@ import pytest
 
 from scripts import mutate
 
-FILE = "punctual/relay.py"
+FILE = "punctual/pipeline/relay.py"
 SEND = "xǁRelayǁ_send_batch"
 RELAY = "xǁRelayǁrelay"
 
 
 def name(function: str, number: int) -> str:
-    return f"punctual.relay.{function}__mutmut_{number}"
+    return f"punctual.pipeline.relay.{function}__mutmut_{number}"
 
 
 @pytest.fixture
@@ -149,8 +149,8 @@ def test_a_record_made_under_other_settings_is_not_restored(records: Path):
 
 def test_a_module_over_part_of_a_file_runs_and_counts_only_its_functions():
     quotas = mutate.MODULES["quotas"]
-    error = "punctual.scheduling.xǁControlPlaneǁ_quota_error__mutmut_3"
-    create = "punctual.scheduling.xǁControlPlaneǁcreate__mutmut_3"
+    error = "punctual.control.plane.xǁControlPlaneǁ_quota_error__mutmut_3"
+    create = "punctual.control.plane.xǁControlPlaneǁcreate__mutmut_3"
     assert mutate.module_of(error) == "quotas"
     assert mutate.module_of(create) is None
     assert any(fnmatch.fnmatch(error, glob) for glob in quotas.selection(()))

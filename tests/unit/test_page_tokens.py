@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import pytest
 
 from punctual.dal.common import decode_token, encode_token
-from punctual.errors import InvalidInput
+from punctual.domain.errors import InvalidInput
 
 
 def _key(rng: random.Random) -> dict[str, dict[str, str]]:

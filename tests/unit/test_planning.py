@@ -1,4 +1,4 @@
-"""punctual.planning: the fires one step makes and the cursor it leaves, checked against the
+"""punctual.domain.planning: the fires one step makes and the cursor it leaves, checked against the
 schedule's fires counted one by one (what the materializer and the API write)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from punctual.models import Schedule
-from punctual.planning import MAX_CATCHUP_SPREAD, Cursor, cursor_after, new_occurrence, plan
+from punctual.domain.models import Schedule
+from punctual.domain.planning import MAX_CATCHUP_SPREAD, Cursor, cursor_after, new_occurrence, plan
 
 CREATED = datetime(2026, 1, 1, 10, 7, 30, tzinfo=UTC)
 START = int(CREATED.timestamp())

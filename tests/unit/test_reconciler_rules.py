@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from punctual.dal.schedules import ScheduleVersion
-from punctual.ids import available_at, occurrence_id
-from punctual.models import Finding, ReconcileReport, Schedule, ScheduleState
-from punctual.reconciler import (
+from punctual.domain.ids import available_at, occurrence_id
+from punctual.domain.models import Finding, ReconcileReport, Schedule, ScheduleState
+from punctual.pipeline.reconciler import (
     METRIC_NAMES,
     Expected,
     Reconciler,

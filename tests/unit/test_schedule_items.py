@@ -23,9 +23,10 @@ from punctual.dal.schedules import (
     version_from_item,
     version_to_item,
 )
-from punctual.errors import Retryable
-from punctual.models import Occurrence, PayloadNotRead
+from punctual.domain.errors import Retryable
+from punctual.domain.models import Occurrence, PayloadNotRead
 from scripts.capacity.payloads import item_bytes, sample
+from tests.fakes import as_client
 
 PAYLOAD = {"report": "daily", "n": 7, "nested": {"list": [1, 2.5, True, None]}}
 
@@ -174,7 +175,7 @@ def test_payloads_are_read_eventually_consistent_and_what_a_replica_missed_again
     items = _versions(150)
     lagging = {items[3]["schedule_id"], items[120]["schedule_id"]}
     table = Replica(items, lagging)
-    store = ScheduleStore(Dynamo(table), "schedules")
+    store = ScheduleStore(Dynamo(as_client(table)), "schedules")
     # WHEN the payloads of their schedules are read (as the CURRENT items left them unread)
     unread = [
         schedule_from_item(current({"n": n}) | {"schedule_id": i["schedule_id"]})
@@ -199,7 +200,7 @@ def test_payloads_are_read_eventually_consistent_and_what_a_replica_missed_again
 def test_a_version_item_not_found_even_consistently_is_retryable_never_an_empty_payload():
     # GIVEN a CURRENT item whose version item is not in the table at all (another region's
     # write not replicated yet)
-    store = ScheduleStore(Dynamo(Replica([], set())), "schedules")
+    store = ScheduleStore(Dynamo(as_client(Replica([], set()))), "schedules")
     unread = schedule_from_item(current(PAYLOAD))
     # WHEN its payload is read
     # THEN the read is refused, to be tried again
@@ -210,7 +211,7 @@ def test_a_version_item_not_found_even_consistently_is_retryable_never_an_empty_
 
 def test_schedules_whose_payloads_are_known_need_no_read():
     table = Replica([], set())
-    store = ScheduleStore(Dynamo(table), "schedules")
+    store = ScheduleStore(Dynamo(as_client(table)), "schedules")
     known = [schedule_from_item(current({})), sample(100)]
     assert store.with_payloads(known) == known
     assert table.requests == []

@@ -112,7 +112,7 @@ def test_seam_check_finds_each_kind_of_violation(source: str) -> None:
 def test_seam_check_lets_stores_and_transactions_be_used() -> None:
     source = (
         "from punctual.dal.common import ConditionFailed, Item\n"
-        "services.transactions.commit([('step', services.schedules.step(item, s, c, []))])\n"
+        "services.transactions.commit([('step', services.schedules.step_action(item, s, c, []))])\n"
     )
     assert seam_violations(source) == []
 
@@ -139,7 +139,7 @@ def test_every_handler_is_wired_by_one_lazily_built_wiring() -> None:
 def test_error_status_is_the_apis_and_agrees_with_whose_fault_it_is() -> None:
     from api.errors import STATUS, status_of
 
-    from punctual import errors
+    from punctual.domain import errors
 
     domain = [
         c
@@ -200,7 +200,7 @@ def test_the_runtime_imports_neither_the_client_nor_the_development_tooling() ->
     # GIVEN every module the functions import, directly or not, and the runtime package,
     # which the layer ships whole
     reached = _reached(sorted(FUNCTIONS.rglob("*.py")) + sorted(PACKAGE.rglob("*.py")))
-    assert PACKAGE / "scheduling.py" in reached
+    assert PACKAGE / "control" / "plane.py" in reached
     # THEN all of them are the runtime's: Lambda runs nothing of the CLI, the HTTP client,
     # the worker SDK or the local stack, and needs none of them
     assert {p for p in reached if PACKAGE not in p.parents} == set()
@@ -211,11 +211,12 @@ def test_the_client_does_not_import_the_server_or_the_development_tooling() -> N
     # own accounts)
     reached = _reached(sorted(CLIENT.rglob("*.py")))
     assert CLIENT / "worker/core.py" in reached
-    # THEN it needs the stores, the models and the message, not the control plane, the
-    # materializer, the relay or the reconciler, nor the local stack
-    server = {"scheduling.py", "materializer.py", "relay.py", "reconciler.py", "redrive.py"}
-    assert {p.name for p in reached if p.parent == PACKAGE} & server == set()
-    assert PACKAGE / "message.py" in reached
+    # THEN it needs the stores, the models and the message (punctual-core), not the control
+    # plane, the materializer, the relay or the reconciler, the server's wiring or its
+    # integrations, nor the local stack
+    server = {PACKAGE / name for name in ("control", "pipeline", "integrations", "services")}
+    assert {p for p in reached if p.parent in server} == set()
+    assert PACKAGE / "domain" / "message.py" in reached
     assert {p for p in reached if DEVTOOLS in p.parents} == set()
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import occurrence_key
-from punctual.ids import backfill_tag, occurrence_id, schedule_key_prefix
-from punctual.models import (
+from punctual.domain.ids import backfill_tag, occurrence_id, schedule_key_prefix
+from punctual.domain.models import (
     Attempt,
     AttemptOutcome,
     MissedEpisode,
@@ -23,7 +23,7 @@ from punctual.models import (
     OverlapPolicy,
     Schedule,
 )
-from punctual.reconciler import Expected
+from punctual.pipeline.reconciler import Expected
 from punctual.settings import Settings
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
 from tests.sim import oracle

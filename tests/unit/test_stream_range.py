@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from punctual.integrations.streams import EMPTY_PAGES, Unfinished, read_range
-from punctual.redrive import StreamRedrive
+from punctual.pipeline.redrive import StreamRedrive
 
 
 def _record(sequence: int) -> dict[str, Any]:

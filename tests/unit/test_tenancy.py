@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from punctual.models import ScheduleDefinition
-from punctual.tenancy import strict_minute_load
+from punctual.domain.models import ScheduleDefinition
+from punctual.domain.tenancy import strict_minute_load
 
 CREATED = datetime(2026, 4, 10, 12, 0, tzinfo=UTC)
 

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from punctual.dal.common import ConditionFailed, Dynamo, Transactions, transact
-from punctual.errors import Retryable
+from punctual.dal.common import ConditionFailed, Dynamo, Label, Transactions, transact
+from punctual.domain.errors import Retryable
+from tests.fakes import as_client
 
-ACTIONS: list[tuple[str, dict[str, Any]]] = [
-    ("fence", {"ConditionCheck": {}}),
-    ("occurrence", {"Put": {}}),
+ACTIONS: list[tuple[Label, dict[str, Any]]] = [
+    (Label.FENCE, {"ConditionCheck": {}}),
+    (Label.OCCURRENCE, {"Put": {}}),
 ]
 
 
@@ -46,8 +47,8 @@ def _cancelled(*reasons: dict[str, Any] | None) -> dict[str, Any]:
 def test_each_transaction_carries_its_own_idempotency_token() -> None:
     # GIVEN two transactions sent one after the other
     client = Client()
-    transact(Dynamo(client), [{"Put": {}}])
-    transact(Dynamo(client), [{"Put": {}}])
+    transact(Dynamo(as_client(client)), [{"Put": {}}])
+    transact(Dynamo(as_client(client)), [{"Put": {}}])
     # THEN each has a token (the SDK's resend of a committed call whose answer was lost is
     # then answered as the success it was, not refused by its own write), and not the same
     # one (a second transaction with the first's token would be taken for its resend)
@@ -65,7 +66,7 @@ def test_a_failed_condition_names_its_action_and_every_actions_code() -> None:
         Transactions(client).commit(ACTIONS)
     # THEN the refusal names the occurrence action, with the item as it was, and the first
     # action counts as not at fault
-    assert refused.value.label == "occurrence"
+    assert refused.value.label == Label.OCCURRENCE
     assert refused.value.old_item == {"v": 2}
     assert refused.value.codes == ("None", "ConditionalCheckFailed")
     assert refused.value.innocent(0)

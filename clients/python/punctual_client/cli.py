@@ -10,12 +10,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, version
 from typing import NoReturn
 
 from pydantic import ValidationError
 
-from punctual.models import AtSpec, CronSpec, RateSpec, field_errors, preview_fires
+from punctual.domain.models import AtSpec, CronSpec, RateSpec, field_errors, preview_fires
 from punctual.timing import (
     ZoneError,
     from_epoch,
@@ -49,11 +49,25 @@ class _Parser(argparse.ArgumentParser):
 ENDPOINT_HELP = "the API (default: $PUNCTUAL_ENDPOINT, else the local stack)"
 
 
+def version_line() -> str:
+    """The client's version and what it speaks: the message schema and the run protocol of
+    the punctual-core it runs on."""
+    from punctual.dal.runs import RUN_PROTOCOL_VERSION
+    from punctual.domain.message import MESSAGE_VERSION
+
+    return (
+        f"punctual-client {version('punctual-client')} on punctual-core"
+        f" {version('punctual-core')}: message schema {MESSAGE_VERSION},"
+        f" run protocol {RUN_PROTOCOL_VERSION}"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     """Global options (--json, --endpoint) go anywhere, as the AWS CLI's do: the top level
     holds their defaults, and a command's copy sets them only when given (SUPPRESS), so
     it never overwrites one given before the command."""
     parser = _Parser(prog="punctual", description="Punctual scheduler tools.")
+    parser.add_argument("--version", action="version", version=version_line())
     parser.add_argument("--endpoint", metavar="URL", help=ENDPOINT_HELP)
     parser.add_argument("--json", action="store_true", help="print JSON")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

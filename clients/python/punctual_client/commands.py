@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from punctual.models import OccurrenceState
+from punctual.domain.models import OccurrenceState
 from punctual.timing import utc_text
 from punctual_client.http import (
     ApiError,
@@ -746,10 +746,10 @@ def _until_broken_pipe(
 
 
 def _worker(client: Client, args: argparse.Namespace) -> int:
-    from punctual.models import field_errors
-    from punctual.services import Services
+    from punctual.domain.models import field_errors
     from punctual_client.logs import plain_logs
     from punctual_client.worker import QueueConsumer, Worker
+    from punctual_client.worker.wiring import WorkerClients
 
     if args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
@@ -761,7 +761,7 @@ def _worker(client: Client, args: argparse.Namespace) -> int:
         raise UsageError(f"--target: no target named {args.target}")
     queue = targets[args.target]["queue_url"]
     try:
-        services = Services.from_environment()
+        services = WorkerClients.from_environment()
     except ValidationError as error:  # a PUNCTUAL_* variable of the environment
         first = field_errors(error)[0]
         raise CommandFailed(f"settings: {first['field']}: {first['reason']}") from None

@@ -2,7 +2,7 @@
 control and idempotent effects (docs/worker.md)."""
 
 from punctual.dal.effects import EffectLedger
-from punctual.message import Message
+from punctual.domain.message import Message
 from punctual_client.worker.consume import QueueConsumer, sqs_lambda_handler
 from punctual_client.worker.core import (
     Delivery,
@@ -14,6 +14,7 @@ from punctual_client.worker.core import (
     Worker,
     backoff_ceiling,
 )
+from punctual_client.worker.wiring import WorkerClients, WorkerServices
 
 __all__ = [
     "Delivery",
@@ -26,6 +27,8 @@ __all__ = [
     "QueueConsumer",
     "Result",
     "Worker",
+    "WorkerClients",
+    "WorkerServices",
     "backoff_ceiling",
     "sqs_lambda_handler",
 ]

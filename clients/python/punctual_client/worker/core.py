@@ -21,20 +21,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from punctual.backoff import Backoff
-from punctual.dal.common import ConditionFailed
+from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.runs import (
-    OVERLAP,
-    WAITING,
     RunLease,
     RunStore,
     ScheduleForRun,
     Seen,
     StoredRun,
 )
-from punctual.errors import NotFound, Retryable
-from punctual.ids import tenant_of_schedule
-from punctual.message import Message, parse_message
-from punctual.models import (
+from punctual.domain.errors import NotFound, Retryable
+from punctual.domain.ids import tenant_of_schedule
+from punctual.domain.message import Message, parse_message
+from punctual.domain.models import (
     OWNS_FIRES,
     TERMINAL,
     AttemptOutcome,
@@ -44,10 +42,10 @@ from punctual.models import (
     ScheduleState,
 )
 from punctual.observability import logger
-from punctual.services import Services
+from punctual_client.worker.wiring import WorkerServices
 
 # Re-reads after a lost race before the message is left for a later delivery.
-CLAIM_ROUNDS = 4
+CLAIM_ATTEMPTS = 4
 # Concurrency slots probed per claim before all of them are read.
 SLOT_PROBES = 8
 TENANT_CACHE_SECONDS = 60
@@ -216,7 +214,7 @@ class Worker:
 
     def __init__(
         self,
-        services: Services,
+        services: WorkerServices,
         tenant_id: str,
         handler: Handler,
         *,
@@ -285,7 +283,7 @@ class Worker:
             # Its key is another tenant's (a forged item's message): whatever its tenant_id
             # field says, this worker neither reads nor runs another tenant's occurrence.
             return self._rejected(delivery, "a message of another tenant's schedule")
-        for _ in range(CLAIM_ROUNDS):
+        for _ in range(CLAIM_ATTEMPTS):
             step = self._claim(delivery, message)
             if isinstance(step, Claimed):
                 return self._run(delivery, message, step.lease, step.policy, step.released)
@@ -409,11 +407,11 @@ class Worker:
         wait for it (QUEUE_ONE) or skip (SKIPPED_OVERLAP); None when the claim failed for
         another reason (the occurrence, the schedule or the slot moved: read again)."""
         holder = (refused.old_item or {}).get("occurrence_id", "another occurrence")
-        if refused.label == OVERLAP and queue_one:
+        if refused.label == Label.RUN_SLOT and queue_one:
             return self._wait(message, seen, holder, now)
-        if refused.label == OVERLAP:
+        if refused.label == Label.RUN_SLOT:
             reason = f"{holder} of this schedule is running"
-        elif refused.label == WAITING:
+        elif refused.label == Label.WAIT_SLOT:
             # QUEUE_ONE: the run slot is free, but an earlier occurrence waits for it
             # (its next try takes it): this one would jump the queue.
             reason = f"{holder} of this schedule waits to run"

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from punctual.principals import normalize_principal
+from punctual.domain.principals import normalize_principal
 
 INDEX_MARGIN_SECONDS = 60
 
@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     # creation and whenever the mappings are made anew): a new mapping reads the stream
     # from its oldest record, up to a day back. An occurrence inserted before this instant
     # and due before it was sent by the mappings before, or (they were gone or behind) is
-    # left to the reconciler's re-send; it is not sent again at once (punctual.relay).
+    # left to the reconciler's re-send; it is not sent again at once (punctual.pipeline.relay).
     # None: no such instant (the local stack's pollers keep their place in files).
     relay_started_at: int | None = Field(default=None, ge=0)
     reconcile_repair: bool = Field(
@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     @field_validator("operator_principals")
     @classmethod
     def _bound_spelling(cls, value: frozenset[str]) -> frozenset[str]:
-        """Operators under the spelling callers are matched in (punctual.principals): a role
+        """Operators under the spelling callers are matched in (punctual.domain.principals): a role
         session or a path in an entry would otherwise never match. A bad entry fails here,
         at start, not at the first admin call."""
         return frozenset(normalize_principal(arn) for arn in value)

@@ -12,15 +12,28 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as NoConnection
 
 from punctual.backoff import Backoff, Sleep
-from punctual.errors import InvalidInput, NotFound, Retryable
+from punctual.domain.errors import InvalidInput, NotFound, Retryable
 from punctual.observability import logger
+
+if TYPE_CHECKING:  # the stubs are a development dependency: Lambda never imports them
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import (
+        BatchGetItemOutputTypeDef,
+        GetItemOutputTypeDef,
+        PutItemOutputTypeDef,
+        QueryOutputTypeDef,
+        ScanOutputTypeDef,
+        TransactWriteItemsOutputTypeDef,
+        UpdateItemOutputTypeDef,
+    )
 
 _SERIALIZER = TypeSerializer()
 _DESERIALIZER = TypeDeserializer()
@@ -141,7 +154,7 @@ def _native(value: Any) -> Any:
 @contextmanager
 def translated() -> Iterator[None]:
     """DynamoDB's errors as the one outcome every call has, here and nowhere else: a failed
-    condition is ConditionFailed (label "item", and the item as it was when the request
+    condition is ConditionFailed (``Label.ITEM``, and the item as it was when the request
     asked for it), throttling, transient faults and no answer at all (a timeout, a lost
     connection: the SDK's own retries spent) are Retryable, a missing table NotFound. A
     cancelled transaction stays a ClientError for ``Transactions`` to read its reasons."""
@@ -153,7 +166,7 @@ def translated() -> Iterator[None]:
         code = error.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
             old = error.response.get("Item")
-            raise ConditionFailed("item", from_dynamo(old) if old else None) from error
+            raise ConditionFailed(Label.ITEM, from_dynamo(old) if old else None) from error
         if code in _RETRYABLE:
             raise Retryable(f"DynamoDB is busy ({code}); retry") from error
         if code == "ResourceNotFoundException":
@@ -232,6 +245,27 @@ def decode_token(
     return to_dynamo(key)
 
 
+class Label(StrEnum):
+    """The name of a write's action, which a refusal reports (``ConditionFailed.label``): in
+    a transaction, the action whose condition failed first; a single write's is ``ITEM``."""
+
+    ITEM = "item"  # a single write (PutItem, UpdateItem, DeleteItem)
+    SCHEDULE = "schedule"  # a schedule's CURRENT item
+    STEP = "step"  # a materializer's step of a schedule: its occurrences and its cursor
+    VERSION = "version"  # a schedule's version item
+    OCCURRENCE = "occurrence"
+    TRIGGER = "trigger"  # a run now's record under its idempotency key
+    TENANT = "tenant"  # the tenant record: its usage against its quotas
+    SHARD = "shard"  # a shard's lease item: its walk's watermark
+    FENCE = "fence"  # the materializer's check that it still holds the shard
+    TALLY = "tally"  # a shard's tally of a tenant's released usage
+    CONCURRENCY_SLOT = "concurrency_slot"  # the tenant's concurrency slots (workers)
+    RUN_SLOT = "run_slot"  # a schedule's one running run (overlap SKIP, QUEUE_ONE)
+    WAIT_SLOT = "wait_slot"  # a schedule's next in line (QUEUE_ONE)
+    EFFECT = "record"  # a worker's effect record (the effect ledger)
+    EFFECT_WRITE = "write"  # a tenant's own write in the effect's transaction
+
+
 class ConditionFailed(Exception):
     """A write refused because a condition failed. ``label`` names the action whose
     condition failed (the first one, in a transaction), ``old_item`` is that item as it was
@@ -239,7 +273,7 @@ class ConditionFailed(Exception):
     ("None": not at fault; empty for a single write). Not an HTTP error: the caller decides
     what a lost race means (a retry, a False, a 409 from the API)."""
 
-    def __init__(self, label: str, old_item: Item | None, codes: Sequence[str] = ()) -> None:
+    def __init__(self, label: Label, old_item: Item | None, codes: Sequence[str] = ()) -> None:
         super().__init__(label)
         self.label = label
         self.old_item = old_item
@@ -270,27 +304,27 @@ class Dynamo:
 
     __slots__ = ("raw", "sleep")
 
-    def __init__(self, raw: Any, sleep: Sleep = time.sleep) -> None:
+    def __init__(self, raw: DynamoDBClient, sleep: Sleep = time.sleep) -> None:
         self.raw = raw
         self.sleep = sleep
 
-    def get_item(self, **request: Any) -> Any:
+    def get_item(self, **request: Any) -> GetItemOutputTypeDef:
         with translated():
             return self.raw.get_item(**request)
 
-    def batch_get_item(self, **request: Any) -> Any:
+    def batch_get_item(self, **request: Any) -> BatchGetItemOutputTypeDef:
         with translated():
             return self.raw.batch_get_item(**request)
 
-    def query(self, **request: Any) -> Any:
+    def query(self, **request: Any) -> QueryOutputTypeDef:
         with translated():
             return self.raw.query(**request)
 
-    def scan(self, **request: Any) -> Any:
+    def scan(self, **request: Any) -> ScanOutputTypeDef:
         with translated():
             return self.raw.scan(**request)
 
-    def query_pages(self, **request: Any) -> Iterator[dict[str, Any]]:
+    def query_pages(self, **request: Any) -> Iterator[QueryOutputTypeDef]:
         """Every page of a Query, each read translated."""
         pages = iter(self.raw.get_paginator("query").paginate(**request))
         while True:
@@ -300,15 +334,15 @@ class Dynamo:
                 return
             yield page
 
-    def put_item(self, **request: Any) -> Any:
+    def put_item(self, **request: Any) -> PutItemOutputTypeDef:
         with translated():
             return self.raw.put_item(**request)
 
-    def update_item(self, **request: Any) -> Any:
+    def update_item(self, **request: Any) -> UpdateItemOutputTypeDef:
         with translated():
             return self.raw.update_item(**request)
 
-    def transact_write_items(self, **request: Any) -> Any:
+    def transact_write_items(self, **request: Any) -> TransactWriteItemsOutputTypeDef:
         with translated():
             return self.raw.transact_write_items(**request)
 
@@ -341,7 +375,7 @@ class Transactions:
     def __init__(self, client: Any) -> None:
         self._client = dynamo(client)
 
-    def commit(self, actions: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    def commit(self, actions: Sequence[tuple[Label, dict[str, Any]]]) -> None:
         try:
             transact(self._client, [action for _, action in actions])
         except ClientError as error:
@@ -393,7 +427,7 @@ def batch_get(
     return [found[text] for key in keys if (text := _key_text(key, keys[0])) in found]
 
 
-def batch_get_all(client: Dynamo, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def batch_get_all(client: Dynamo, request: dict[str, Any]) -> Iterator[BatchGetItemOutputTypeDef]:
     """The answers of a BatchGetItem (``request``: its RequestItems) and of its asks again
     for the keys each answer left unprocessed (throttled ones: DynamoDB hands them back at
     once, and asking again at once hammers the partition that throttled them), apart by

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from punctual.dal.common import ConditionFailed, Transactions, dynamo, to_dynamo
+from punctual.dal.common import ConditionFailed, Label, Transactions, dynamo, to_dynamo
 
 
 class EffectLedger:
@@ -32,7 +32,7 @@ class EffectLedger:
     def key(self, occurrence_id: str, effect: str) -> str:
         return f"effect#{effect}#{occurrence_id}"
 
-    def record(self, occurrence_id: str, effect: str = "default") -> dict[str, Any]:
+    def record_action(self, occurrence_id: str, effect: str = "default") -> dict[str, Any]:
         """The TransactWriteItems action that records the effect, once."""
         now = int(self._now())
         item: dict[str, Any] = {
@@ -62,7 +62,10 @@ class EffectLedger:
         conflicting transaction or throttling Retryable."""
         try:
             Transactions(self._client).commit(
-                [*(("write", w) for w in writes), ("record", self.record(occurrence_id, effect))]
+                [
+                    *((Label.EFFECT_WRITE, w) for w in writes),
+                    (Label.EFFECT, self.record_action(occurrence_id, effect)),
+                ]
             )
         except ConditionFailed as refused:
             if refused.failed(len(writes)):

@@ -74,7 +74,7 @@ class LeaseStore:
 
     def open(self, shard: int, *, now: int) -> None:
         """Give the shard a watermark if it has none, an hour before ``now``. A schedule is
-        placed in a shard's due index only once the shard has one (``not_walked``): a first
+        placed in a shard's due index only once the shard has one (``not_walked_action``): a first
         claim starts its walk near its own tick, and would never read a bucket placed before
         it while the materializer was down."""
         with suppress(ConditionFailed):
@@ -100,7 +100,7 @@ class LeaseStore:
         ).get("Item")
         return watermark_of(from_dynamo(found) if found else None)
 
-    def not_walked(self, shard: int, minute: int) -> dict[str, Any]:
+    def not_walked_action(self, shard: int, minute: int) -> dict[str, Any]:
         """A transaction action that fails once the shard's walk has reached ``minute``."""
         return {
             "ConditionCheck": {
@@ -118,7 +118,9 @@ class LeaseStore:
             }
         }
 
-    def still_mine(self, lease: Lease, pending: frozenset[str] = frozenset()) -> dict[str, Any]:
+    def still_mine_action(
+        self, lease: Lease, pending: frozenset[str] = frozenset()
+    ) -> dict[str, Any]:
         """A transaction action that fails once another materializer has claimed the shard;
         with ``pending``, it also records those tenants' releases as waiting on the shard."""
         # Race: a holder that stalled past its lease (GC pause, slow network) and was taken
@@ -135,10 +137,12 @@ class LeaseStore:
         fenced["ExpressionAttributeValues"][":p"] = {"SS": sorted(pending)}
         return {"Update": fenced}
 
-    def tally_release(self, lease: Lease, tenant_id: str, adds: dict[str, int]) -> dict[str, Any]:
+    def tally_release_action(
+        self, lease: Lease, tenant_id: str, adds: dict[str, int]
+    ) -> dict[str, Any]:
         """A transaction action adding to the shard's tally of one tenant's released usage
         (usage attribute -> amount). Only the fenced holder writes it, in the transaction
-        that completes the schedules; ``hand_over`` moves it to the tenant."""
+        that completes the schedules; ``hand_over_actions`` moves it to the tenant."""
         return {
             "Update": {
                 "TableName": self.table,
@@ -156,7 +160,7 @@ class LeaseStore:
         item = from_dynamo(found) if found else {}
         return {k: int(v) for k, v in item.items() if k != "pk" and int(v) != 0}
 
-    def hand_over(
+    def hand_over_actions(
         self, lease: Lease, tenant_id: str, tally: dict[str, int]
     ) -> list[dict[str, Any]]:
         """Transaction actions emptying the tenant's tally (the caller adds the same amounts to
@@ -175,7 +179,10 @@ class LeaseStore:
         }
         if not tally:
             return [done]
-        return [done, self.tally_release(lease, tenant_id, {k: -v for k, v in tally.items()})]
+        return [
+            done,
+            self.tally_release_action(lease, tenant_id, {k: -v for k, v in tally.items()}),
+        ]
 
     def advance(self, lease: Lease, watermark: int, *, expires_at: int) -> bool:
         """Move the watermark forward and renew the lease; False when the lease was lost."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from punctual.dal.common import (
     UNPARSABLE,
@@ -27,9 +27,12 @@ from punctual.dal.tables import (
     occurrence_key,
     occurrence_sk,
 )
-from punctual.errors import Conflict
-from punctual.ids import occurrence_id
-from punctual.models import Attempt, Occurrence, OccurrenceState, PayloadNotRead
+from punctual.domain.errors import Conflict
+from punctual.domain.ids import occurrence_id
+from punctual.domain.models import Attempt, Occurrence, OccurrenceState, PayloadNotRead
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.type_defs import QueryOutputTypeDef
 
 _OPEN = (
     OccurrenceState.SCHEDULED,
@@ -190,10 +193,12 @@ class OccurrenceStore:
                     unreadable.append(named)
         return found
 
-    def _page(self, page: dict[str, Any], unreadable: list[str] | None = None) -> list[Occurrence]:
+    def _page(
+        self, page: QueryOutputTypeDef, unreadable: list[str] | None = None
+    ) -> list[Occurrence]:
         return self._parsed([from_dynamo(item) for item in page["Items"]], unreadable)
 
-    def put_new(self, occurrence: Occurrence, payload: dict[str, Any]) -> dict[str, Any]:
+    def put_new_action(self, occurrence: Occurrence, payload: dict[str, Any]) -> dict[str, Any]:
         """Transaction action; fails if the occurrence exists (then someone made it already)."""
         return {
             "Put": {
@@ -205,7 +210,7 @@ class OccurrenceStore:
             }
         }
 
-    def put_trigger(
+    def put_trigger_action(
         self, schedule_id: str, tag: str, occurrence_id: str, expires_at: int
     ) -> dict[str, Any]:
         """Transaction action recording which occurrence a run-now request (its tag) made."""
@@ -226,7 +231,7 @@ class OccurrenceStore:
             }
         }
 
-    def put_backfill(
+    def put_backfill_action(
         self, schedule_id: str, *, made_at: int, since: int, until: int, expires_at: int
     ) -> dict[str, Any]:
         """Transaction action recording that a backfill made at ``made_at`` made occurrences
@@ -435,7 +440,7 @@ class OccurrenceStore:
             return False
         return True
 
-    def cancel_scheduled(self, occurrence_id: str, reason: str) -> dict[str, Any]:
+    def cancel_scheduled_action(self, occurrence_id: str, reason: str) -> dict[str, Any]:
         """Transaction action: SCHEDULED -> CANCELED with ``reason``."""
         return {
             "Update": {

@@ -24,6 +24,7 @@ from punctual.dal.common import (
     BadItems,
     ConditionFailed,
     Item,
+    Label,
     Transactions,
     batch_get,
     batch_get_all,
@@ -33,8 +34,8 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import current_key, occurrence_key
-from punctual.errors import Retryable
-from punctual.models import (
+from punctual.domain.errors import Retryable
+from punctual.domain.models import (
     AttemptOutcome,
     OccurrenceState,
     OverlapPolicy,
@@ -43,11 +44,13 @@ from punctual.models import (
 )
 from punctual.settings import Settings
 
-# Labels of transaction actions: a refused claim says which condition failed.
-OCCURRENCE = "occurrence"
-CONCURRENCY = "concurrency_slot"
-OVERLAP = "run_slot"
-WAITING = "wait_slot"
+# The run protocol this module speaks: which items a claim, a heartbeat and a completion
+# read and write, under which conditions. Workers of one tenant must all speak the one the
+# tables hold; a change is a new version, and a new punctual-core release (docs/worker.md,
+# *Versions*). 1: each attempt an item of its own; 2 (2026-12-03): attempts on the
+# occurrence item.
+RUN_PROTOCOL_VERSION = 2
+
 # The wait slot is free, its wait expired (the waiter gave up or died), or it is ours.
 WAIT_FREE_OR_MINE = (
     "attribute_not_exists(occurrence_id) OR expires_at <= :now OR occurrence_id = :occ"
@@ -321,9 +324,9 @@ class RunStore:
             }
         )
         names = {"#state": "state"}
-        actions: list[tuple[str, dict[str, Any]]] = [
+        actions: list[tuple[Label, dict[str, Any]]] = [
             (
-                OCCURRENCE,
+                Label.OCCURRENCE,
                 {
                     "Update": {
                         "TableName": self._occurrences,
@@ -363,7 +366,7 @@ class RunStore:
                 },
             ),
             (
-                CONCURRENCY,
+                Label.CONCURRENCY_SLOT,
                 self._take_slot(
                     self._tenants,
                     self._concurrency_key(lease.tenant_id, lease.concurrency_slot),
@@ -375,7 +378,7 @@ class RunStore:
         if lease.overlap:
             actions.append(
                 (
-                    OVERLAP,
+                    Label.RUN_SLOT,
                     self._take_slot(
                         self._tenants,
                         self._run_slot_key(lease.tenant_id, lease.schedule_id),
@@ -387,7 +390,7 @@ class RunStore:
         if lease.queue_one:
             actions.append(
                 (
-                    WAITING,
+                    Label.WAIT_SLOT,
                     {
                         # (an Update that empties it, not a Delete: a worker's role may
                         # update its slots and nothing more, docs/security.md)
@@ -495,9 +498,9 @@ class RunStore:
             # The abandoned run's attempt is LOST (the conditions say it is the last one).
             expression += f", attempts[{len(seen.attempts) - 1}].outcome = :lost"
             extra["lost"] = AttemptOutcome.LOST.value
-        actions: list[tuple[str, dict[str, Any]]] = [
+        actions: list[tuple[Label, dict[str, Any]]] = [
             (
-                OCCURRENCE,
+                Label.OCCURRENCE,
                 {
                     "Update": {
                         "TableName": self._occurrences,
@@ -535,22 +538,26 @@ class RunStore:
     def extend(self, lease: RunLease, expires_at: int) -> None:
         """Heartbeat: the occurrence's lease and both slots move together, or not at all."""
         held = [
-            (OCCURRENCE, self._occurrences, self._occurrence_key(lease.occurrence_id)),
+            (Label.OCCURRENCE, self._occurrences, self._occurrence_key(lease.occurrence_id)),
             (
-                CONCURRENCY,
+                Label.CONCURRENCY_SLOT,
                 self._tenants,
                 self._concurrency_key(lease.tenant_id, lease.concurrency_slot),
             ),
         ]
         if lease.overlap:
             held.append(
-                (OVERLAP, self._tenants, self._run_slot_key(lease.tenant_id, lease.schedule_id))
+                (
+                    Label.RUN_SLOT,
+                    self._tenants,
+                    self._run_slot_key(lease.tenant_id, lease.schedule_id),
+                )
             )
         Transactions(self._client).commit(
             [
                 (
                     label,
-                    self._fenced(key, table, lease, expires_at, running=label == OCCURRENCE),
+                    self._fenced(key, table, lease, expires_at, running=label == Label.OCCURRENCE),
                 )
                 for label, table, key in held
             ],
@@ -589,7 +596,7 @@ class RunStore:
         retry_at: int | None = None,
     ) -> None:
         """RUNNING -> SUCCEEDED / RETRY_WAIT / DEAD with the attempt's outcome, fenced by the
-        lease token: one write of one item. Raises ConditionFailed(OCCURRENCE) when the lease
+        lease token: one write of one item. Raises ConditionFailed(Label.OCCURRENCE) when the lease
         was lost."""
         attempt = f"attempts[{lease.attempt_index}]"
         sets: dict[str, Any] = {"to": state.value, "now": now, "outcome": outcome.value}
@@ -625,12 +632,12 @@ class RunStore:
             )
         except ConditionFailed as refused:
             if not _finished_by(refused.old_item, lease, state, outcome, now):
-                raise ConditionFailed(OCCURRENCE, refused.old_item) from refused
+                raise ConditionFailed(Label.OCCURRENCE, refused.old_item) from refused
 
     def withdraw(self, lease: RunLease, *, reason: str, now: int) -> None:
         """Undo a claim whose schedule changed before its handler ran: CANCELED with the
         reason, the attempt taken out of the history and the count back, as if the claim
-        had been refused. Raises ConditionFailed(OCCURRENCE) when the lease was lost."""
+        had been refused. Raises ConditionFailed(Label.OCCURRENCE) when the lease was lost."""
         self._undo_claim(
             lease,
             "SET #state = :canceled, reason = :why, finished_at = :now, attempt_count = :before "
@@ -647,7 +654,7 @@ class RunStore:
         (the worker could not check the schedule after it). A claim from those states only
         appended its entry to the history, so taking that entry out restores it. (A
         QUEUE_ONE wait the claim ended stays ended: the next delivery waits again if it
-        must.) Raises ConditionFailed (OCCURRENCE) when the lease was lost."""
+        must.) Raises ConditionFailed (Label.OCCURRENCE) when the lease was lost."""
         assert seen.state is not OccurrenceState.RUNNING, "a takeover's lease is not restored"
         self._undo_claim(
             lease,

@@ -19,8 +19,8 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
-from punctual.errors import Retryable
-from punctual.models import (
+from punctual.domain.errors import Retryable
+from punctual.domain.models import (
     OWNS_FIRES,
     SCHEDULE_MOVES,
     MissedEpisode,
@@ -28,7 +28,7 @@ from punctual.models import (
     ScheduleDefinition,
     ScheduleState,
 )
-from punctual.planning import Cursor
+from punctual.domain.planning import Cursor
 from punctual.timing import to_epoch, tzdata_version
 
 _DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)
@@ -263,12 +263,12 @@ class StoredSchedule:
     due_bucket: str | None
     minute_load: dict[int, int]
     # The latest instant a run now was made for, a re-plan's old cursor, or when a backfill
-    # was made (``ScheduleStore.manual_run``, ``replanned``, ``backfill_made``): the
-    # reconciler reads the occurrences of a schedule that owns no fire in an hour, and its
-    # backfill records, only when the hour is not after it. None: none of them since the
-    # item was last written whole.
+    # was made (``ScheduleStore.manual_run_action``, ``replanned_action``,
+    # ``backfill_made_action``): the reconciler reads the occurrences of a schedule that owns
+    # no fire in an hour, and its backfill records, only when the hour is not after it. None:
+    # none of them since the item was last written whole.
     manual_through: int | None = None
-    # When the latest backfill's paced occurrences become receivable (``backfill_made``):
+    # When the latest backfill's paced occurrences become receivable (``backfill_made_action``):
     # a later backfill of the schedule is paced on from there. None: none since the item
     # was last written whole.
     paced_until: int | None = None
@@ -579,7 +579,7 @@ class ScheduleStore:
 
     # --- transaction actions ----------------------------------------------------------
 
-    def put_new(self, item: Item) -> dict[str, Any]:
+    def put_new_action(self, item: Item) -> dict[str, Any]:
         return {
             "Put": {
                 "TableName": self.table,
@@ -589,7 +589,7 @@ class ScheduleStore:
             }
         }
 
-    def move_due(self, stored: StoredSchedule, minute: int) -> dict[str, Any]:
+    def move_due_action(self, stored: StoredSchedule, minute: int) -> dict[str, Any]:
         """A transaction action moving a schedule to another due bucket, cursor unchanged."""
         return {
             "Update": {
@@ -607,7 +607,7 @@ class ScheduleStore:
             }
         }
 
-    def step(
+    def step_action(
         self, stored: StoredSchedule, cursor: Cursor | None, missed: list[int]
     ) -> dict[str, Any]:
         """A transaction action: the materializer's step of a schedule from the cursor it
@@ -634,7 +634,7 @@ class ScheduleStore:
             named |= written
             if schedule.zone_name is not None:
                 # The caller plans a schedule only under the rules it was planned with
-                # (punctual.rezone re-plans it first): the release stays, or is recorded.
+                # (punctual.pipeline.rezone re-plans it first): the release stays, or is recorded.
                 sets.append("tzdata = if_not_exists(tzdata, :tz)")
                 named["tz"] = tzdata_version()
         if missed:
@@ -663,7 +663,7 @@ class ScheduleStore:
             }
         }
 
-    def take_over(
+    def take_over_action(
         self,
         stored: StoredSchedule,
         region: str,
@@ -673,9 +673,9 @@ class ScheduleStore:
         placed: int | None = None,
     ) -> dict[str, Any]:
         """A transaction action homing the schedule in ``region`` at the next generation
-        (punctual.failover), its fires due after ``since`` this region's (None: all of them,
-        a schedule homed nowhere until now); with ``cursor``, its cursor set to it and its
-        due bucket to the minute of ``placed``."""
+        (punctual.pipeline.failover), its fires due after ``since`` this region's (None: all
+        of them, a schedule homed nowhere until now); with ``cursor``, its cursor set to it
+        and its due bucket to the minute of ``placed``."""
         schedule = stored.schedule
         fenced, named = fence(schedule, schedule.home_region)
         cursor_unchanged, was = _cursor_unchanged(schedule)
@@ -718,11 +718,11 @@ class ScheduleStore:
             }
         }
 
-    def replanned(
+    def replanned_action(
         self, stored: StoredSchedule, cursor: Cursor | None, placed: int | None, version: str
     ) -> dict[str, Any]:
         """A transaction action recording a re-plan under tzdata ``version``
-        (punctual.rezone): the new cursor (its due bucket at the minute of ``placed``), or
+        (punctual.pipeline.rezone): the new cursor (its due bucket at the minute of ``placed``), or
         only the version for a schedule with no cursor to move."""
         schedule = stored.schedule
         fenced, named = fence(schedule, schedule.home_region)
@@ -763,7 +763,7 @@ class ScheduleStore:
             }
         }
 
-    def unchanged(self, schedule: Schedule, *, stepped_past: int | None) -> dict[str, Any]:
+    def unchanged_action(self, schedule: Schedule, *, stepped_past: int | None) -> dict[str, Any]:
         """A transaction action that fails unless the schedule is still at ``schedule``'s
         version; with ``stepped_past``, also owning its fires (ACTIVE or COMPLETED) with
         the materializer's cursor past that instant."""
@@ -788,34 +788,34 @@ class ScheduleStore:
         check["ExpressionAttributeValues"] = values(**named)
         return {"ConditionCheck": check}
 
-    def manual_run(self, stored: StoredSchedule, *, through: int) -> dict[str, Any]:
-        """A transaction action for a run now scheduled for ``through``: ``unchanged`` (no
+    def manual_run_action(self, stored: StoredSchedule, *, through: int) -> dict[str, Any]:
+        """A transaction action for a run now scheduled for ``through``: ``unchanged_action`` (no
         cursor condition) that also raises the item's ``manual_through`` to ``through``,
         never lowering it. The reconciler skips the occurrence query of a schedule that owns
         no fire in an hour only when this mark is before the hour (``reconciler._idle``). A
         change that writes the item whole drops the mark: the reconciler then reads every
         hour near the change anyway (a new ``effective_from``)."""
-        check = self.unchanged(stored.schedule, stepped_past=None)["ConditionCheck"]
+        check = self.unchanged_action(stored.schedule, stepped_past=None)["ConditionCheck"]
         mark, raised = _raised_mark(stored, through)
         return {
             "Update": check
             | {
                 "UpdateExpression": "SET manual_through = :mark",
-                # Races: ``unchanged``'s, and the mark's (``_raised_mark``).
+                # Races: ``unchanged_action``'s, and the mark's (``_raised_mark``).
                 "ConditionExpression": f"{check['ConditionExpression']} AND {raised}",
                 "ExpressionAttributeValues": check["ExpressionAttributeValues"] | values(mark=mark),
             }
         }
 
-    def backfill_made(
+    def backfill_made_action(
         self, stored: StoredSchedule, *, at: int, paced_until: int | None
     ) -> dict[str, Any]:
-        """A transaction action for a backfill made at ``at``: ``manual_run``'s (the mark
+        """A transaction action for a backfill made at ``at``: ``manual_run_action``'s (the mark
         raised to ``at``: the reconciler reads the schedule's backfill records in the hours
         up to it, ``OccurrenceStore.backfilled``) that, when some of its occurrences are
         paced, also records when the last becomes receivable (``backfill_until``): a later
         backfill is paced on from there. Conditional on the pace end it was paced from."""
-        action = self.manual_run(stored, through=at)
+        action = self.manual_run_action(stored, through=at)
         if paced_until is None:
             return action
         update = action["Update"]
@@ -827,7 +827,7 @@ class ScheduleStore:
             "Update": update
             | {
                 "UpdateExpression": f"{update['UpdateExpression']}, backfill_until = :until",
-                # Races: ``manual_run``'s, and a concurrent backfill of the schedule paced
+                # Races: ``manual_run_action``'s, and a concurrent backfill of the schedule paced
                 # from the same start: the second reads again and is paced after the first.
                 "ConditionExpression": f"{update['ConditionExpression']} AND {seen}",
                 "ExpressionAttributeValues": update["ExpressionAttributeValues"]
@@ -835,7 +835,7 @@ class ScheduleStore:
             }
         }
 
-    def put_version(self, item: Item) -> dict[str, Any]:
+    def put_version_action(self, item: Item) -> dict[str, Any]:
         return {
             "Put": {
                 "TableName": self.table,
@@ -845,7 +845,7 @@ class ScheduleStore:
             }
         }
 
-    def rename(self, stored: StoredSchedule, renamed: Schedule) -> dict[str, Any]:
+    def rename_action(self, stored: StoredSchedule, renamed: Schedule) -> dict[str, Any]:
         """A transaction action: ``renamed``'s name, version and run version on the CURRENT
         item, its cursor and everything else left as they are (``ControlPlane._rename``)."""
         expected = stored.schedule
@@ -880,7 +880,7 @@ class ScheduleStore:
             }
         }
 
-    def replace_current(self, item: Item, *, expected: StoredSchedule) -> dict[str, Any]:
+    def replace_current_action(self, item: Item, *, expected: StoredSchedule) -> dict[str, Any]:
         fenced, named = fence(expected.schedule, expected.schedule.home_region)
         return {
             "Put": {

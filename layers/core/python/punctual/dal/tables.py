@@ -6,16 +6,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from punctual.ids import MANUAL_MARK, occurrence_name
+from punctual.domain.ids import MANUAL_MARK, occurrence_name
 from punctual.settings import Settings
 
 SCHEDULE_CURRENT = "CURRENT"
 OCCURRENCE_PREFIX = "OCC#"  # sk of an occurrence item: OCC#<scheduled_for>#<version>
-# A manual occurrence (run now) has ".m<tag>" after the version in both (punctual.ids);
+# A manual occurrence (run now) has ".m<tag>" after the version in both (punctual.domain.ids);
 # TRG#<tag> records which occurrence a run-now request made (its Idempotency-Key's tag).
 TRIGGER_PREFIX = "TRG#"
 # BKF#<made_at>#<since>#<until>: a backfill made at ``made_at`` occurrences of fires in
-# [since, until) (punctual.scheduling): the reconciler's check of the hour it was made in
+# [since, until) (punctual.control.plane): the reconciler's check of the hour it was made in
 # reads them, whatever hours their instants are in (``OccurrenceStore.backfilled``).
 BACKFILL_PREFIX = "BKF#"
 

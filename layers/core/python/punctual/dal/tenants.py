@@ -16,8 +16,8 @@ from punctual.dal.common import (
     values,
 )
 from punctual.dal.tables import TENANTS
-from punctual.errors import Conflict, NotFound
-from punctual.tenancy import Quotas, Target, Tenant
+from punctual.domain.errors import Conflict, NotFound
+from punctual.domain.tenancy import Quotas, Target, Tenant
 
 TENANT_SK = "TENANT"
 # A tenant listing's Scan: items read a page (tenants and the rest), and pages a call.

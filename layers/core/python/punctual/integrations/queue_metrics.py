@@ -1,5 +1,5 @@
 """The tenants' queues as CloudWatch measures them, for the dashboard's drain widget
-(functions/relay/drain.py, docs/operations.md *Backlog and drain*).
+(functions/dashboard/drain.py, docs/operations.md *Backlog and drain*).
 
 Two reads over a window of whole minutes:
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from punctual.drain import QueueFigures
+from punctual.domain.drain import QueueFigures
 from punctual.integrations.queues import queue_owner
 
 MINUTE = 60

@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 from botocore.exceptions import ClientError
 
 from punctual.backoff import Backoff
-from punctual.errors import Conflict
-from punctual.models import TARGET_NAME_PATTERN
-from punctual.principals import principal_patterns
-from punctual.tenancy import TENANT_ID_PATTERN
+from punctual.domain.errors import Conflict
+from punctual.domain.models import TARGET_NAME_PATTERN
+from punctual.domain.principals import principal_patterns
+from punctual.domain.tenancy import TENANT_ID_PATTERN
 
 # Receives before SQS moves a message to the DLQ: above the largest retry policy
 # (max_attempts <= 20), so only poison messages and crash loops end there early.

@@ -34,7 +34,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from punctual.ids import MAX_WINDOW_SECONDS
+from punctual.domain.ids import MAX_WINDOW_SECONDS
 from punctual.timing import (
     Bounds,
     CronRule,
@@ -544,7 +544,7 @@ class Schedule(ScheduleDefinition):
     state: ScheduleState = ScheduleState.ACTIVE
     created_at: AwareDatetime
     updated_at: AwareDatetime
-    # The cursor (punctual.planning): every fire due (available) by planned_until is
+    # The cursor (punctual.domain.planning): every fire due (available) by planned_until is
     # handled; the next fire not handled yet, and the soonest one of them to be due.
     planned_until: int | None = None
     next_run_at: int | None = None

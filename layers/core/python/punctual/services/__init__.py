@@ -1,6 +1,10 @@
-"""What every component talks to (the AWS clients, the settings, the clock), and how a
-Lambda handler gets it: built once per process from the environment, or handed in by a
-test or the local stack."""
+"""What every server component talks to (the AWS clients, the settings, the clock), and how
+a Lambda handler gets it: built once per process from the environment, or handed in by a
+test or the local stack.
+
+A package of its own, as ``control``, ``pipeline`` and ``integrations`` are: what only the
+server runs is outside the modules of ``punctual`` itself, which the punctual-core
+distribution ships to the server and the client alike (docs/decisions.md, 2026-12-07)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from punctual.backoff import Sleep
+from punctual.clients import aws_client
 from punctual.dal.common import BadItems, Dynamo, Transactions
 from punctual.dal.leases import LeaseStore
 from punctual.dal.occurrences import OccurrenceStore
@@ -66,25 +71,6 @@ class Collector:
 
 
 COLLECTOR = Collector()
-
-
-def aws_client(service: str, *, checked: bool = False, **options: Any) -> Any:
-    """A boto3 client as the functions use it: botocore's own check of every request's
-    parameters is off (a fifth of the materializer's CPU per step under a profile, 2026-12-03;
-    DynamoDB and SQS validate each request themselves, and the tests' clients keep it:
-    ``checked``), and DynamoDB's items are parsed as sent (``dal.responses``). ``options``:
-    boto3's (region_name, endpoint_url...)."""
-    import boto3  # only here: the domain never builds clients at import time
-    import botocore.session
-    from botocore.config import Config
-
-    from punctual.dal.responses import ValuesAsSent
-
-    session = botocore.session.get_session()
-    session.register_component("response_parser_factory", ValuesAsSent())
-    return boto3.Session(botocore_session=session).client(
-        service, config=Config(parameter_validation=checked), **options
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Tenant administration: who a caller is (an operator, a tenant's principal), a tenant's
 targets (its SQS queues, granted to its principals), its principals and the tenant itself.
-The control plane (punctual.scheduling) delegates these to it."""
+The control plane (punctual.control.plane) delegates these to it."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 
 from punctual.backoff import Backoff
 from punctual.dal.tenants import TenantStore
-from punctual.errors import Conflict, Forbidden, InvalidInput, Retryable
+from punctual.domain.errors import Conflict, Forbidden, InvalidInput, Retryable
+from punctual.domain.principals import PrincipalError, normalize_principal
+from punctual.domain.tenancy import Quotas, Target, Tenant
 from punctual.integrations.queues import QueueAdmin, TargetQueues
-from punctual.principals import PrincipalError, normalize_principal
 from punctual.services import Services
-from punctual.tenancy import Quotas, Target, Tenant
 
 # Rounds of granting a tenant's principals on its queues until a read finds no new one.
 GRANT = Backoff(tries=5, base=0.1, cap=1.0)

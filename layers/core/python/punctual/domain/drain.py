@@ -9,7 +9,7 @@ is being processed. Two stages have a backlog of their own:
 
 Pure arithmetic over what the callers count: the materializer handler (its shard reports),
 `punctual stats` (the local tables), and on AWS the dashboard's drain widget
-(functions/relay/drain.py) over each tenant queue's SQS metrics (``queue_drain``: the
+(functions/dashboard/drain.py) over each tenant queue's SQS metrics (``queue_drain``: the
 messages waiting over the rate workers delete them less the rate the relay sends them).
 """
 

@@ -29,12 +29,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from punctual.backoff import Backoff
-from punctual.dal.common import ConditionFailed
+from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.occurrences import Window
 from punctual.dal.schedules import ScheduleVersion, homed_in
-from punctual.errors import InvalidInput, Retryable
-from punctual.ids import available_at, is_manual, minute_of, occurrence_id
-from punctual.models import (
+from punctual.domain.errors import InvalidInput, Retryable
+from punctual.domain.ids import available_at, is_manual, minute_of, occurrence_id
+from punctual.domain.models import (
     OWNS_FIRES,
     Finding,
     Lane,
@@ -45,11 +45,11 @@ from punctual.models import (
     Schedule,
     ScheduleState,
 )
+from punctual.domain.planning import MAX_CATCHUP_SPREAD, new_occurrence, wall_text
 from punctual.observability import logger
-from punctual.planning import MAX_CATCHUP_SPREAD, new_occurrence, wall_text
-from punctual.redrive import REDRIVE_AFTER, overdue
-from punctual.relay import Relay, outbound
-from punctual.rezone import Replanned, replan, rezoned, stale
+from punctual.pipeline.redrive import REDRIVE_AFTER, overdue
+from punctual.pipeline.relay import Relay, outbound
+from punctual.pipeline.rezone import Replanned, replan, rezoned, stale
 from punctual.services import Services
 from punctual.timing.zones import offset_changes
 
@@ -69,7 +69,7 @@ CATCHUP_WINDOWS = 48
 WINDOW = Backoff(tries=3, base=1.0, cap=4.0)
 EXAMPLES = 20  # ids kept per class in a report
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
-REPAIR_ROUNDS = 2
+REPAIR_ATTEMPTS = 2
 WORKERS = 16  # schedules examined concurrently (one history and one occurrence query each)
 FOLLOWER_PAGE = 100  # stored occurrences read past the window to find a late-fired follower
 # A window is checked this long after it closed before the shard index's ``manual_through``
@@ -194,8 +194,8 @@ def _idle(version: ScheduleVersion, start: int, end: int, since: int) -> bool:
     its version has been in effect since ``since`` (no earlier version's fire trails into
     the window), it was planned under the zone rules in use (``rezone.stale``), no run now
     was made for ``start`` or later and no re-plan left older rules' occurrences there
-    (``manual_through``: ``ScheduleStore.manual_run``, ``ScheduleStore.replanned``, and
-    ``backfill_made``, whose records the window may hold), and its zone's offset does not
+    (``manual_through``: ``ScheduleStore.manual_run_action``, ``replanned_action`` and
+    ``backfill_made_action``, whose records the window may hold), and its zone's offset does not
     change within a day of the window (where a planner's mistake would put a fire the rules
     do not give: such a stray stays UNEXPECTED). What this gives up (docs/operations.md): a
     stray at another wrong hour is not reported there; the fire it should have been is
@@ -559,7 +559,7 @@ class Reconciler:
         )
 
     def _replan_stale(self, page: Sequence[ScheduleVersion], replanned: list[Replanned]) -> bool:
-        """Re-plan the page's schedules planned under older zone rules (punctual.rezone);
+        """Re-plan the page's schedules planned under older zone rules (punctual.pipeline.rezone);
         False if one kept losing races (the report is then incomplete: checked again)."""
         ok = True
         for current in page:
@@ -607,8 +607,8 @@ class Reconciler:
                 try:
                     self._s.transactions.commit(
                         [
-                            ("schedule", self.schedules.move_due(stored, ahead)),
-                            ("shard", self.leases.not_walked(shard, ahead)),
+                            (Label.SCHEDULE, self.schedules.move_due_action(stored, ahead)),
+                            (Label.SHARD, self.leases.not_walked_action(shard, ahead)),
                         ]
                     )
                 except (ConditionFailed, Retryable):
@@ -721,7 +721,7 @@ class Reconciler:
         """Stored occurrences by their state; returns the required instants with no record."""
         by_id = {e.occurrence_id: e for e in expected}
         # A zone-based fire is its local wall time: one planned under older zone rules (an
-        # instant the rules in use no longer give it) is still that fire (punctual.rezone).
+        # instant the rules in use no longer give it) is still that fire (punctual.pipeline.rezone).
         by_wall = {
             (e.version, wall): e
             for e in expected
@@ -830,8 +830,9 @@ class Reconciler:
 
     def _redrive(self, outcome: _ScheduleOutcome) -> None:
         """Re-send the schedule's open occurrences that no worker took long after they were
-        due (punctual.redrive). Read again, consistently: the decision needs the state as it
-        is now (a worker may have just taken one), and the message needs the payload."""
+        due (punctual.pipeline.redrive). Read again, consistently: the decision needs the
+        state as it is now (a worker may have just taken one), and the message needs the
+        payload."""
         now = self._now()
         ids = [o.occurrence_id for o in outcome.stalled if _may_be_overdue(o, now)]
         found = self.occurrences.stored(ids)
@@ -863,7 +864,7 @@ class Reconciler:
         later for these instants.)"""
         pending = list(outcome.missing)
         start, end = outcome.window
-        for _ in range(REPAIR_ROUNDS):
+        for _ in range(REPAIR_ATTEMPTS):
             stored = self.schedules.current(outcome.schedule_id)
             if stored is None or not homed_in(stored.schedule, self.settings.region):
                 return  # gone, or taken over by another region since the index said otherwise
@@ -964,10 +965,10 @@ class Reconciler:
             own = [
                 d.expected.available_at for d in chunk if d.expected.version == current.run_version
             ]
-            check = self.schedules.unchanged(current, stepped_past=max(own, default=None))
-            actions = [("schedule", check)] + [
+            check = self.schedules.unchanged_action(current, stepped_past=max(own, default=None))
+            actions = [(Label.SCHEDULE, check)] + [
                 (
-                    "occurrence",
+                    Label.OCCURRENCE,
                     self._put(
                         current
                         if d.expected.version == current.run_version
@@ -992,12 +993,12 @@ class Reconciler:
             occurrence = occurrence.model_copy(
                 update={"available_at": decision.available_at, "lane": Lane.CATCHUP}
             )
-            return self.occurrences.put_new(occurrence, schedule.known_payload)
+            return self.occurrences.put_new_action(occurrence, schedule.known_payload)
         missed = occurrence.model_copy(
             update={"state": OccurrenceState.MISSED, "reason": f"reconciler: {decision.reason}"}
         )
         # A MISSED record is never sent (the relay sends only SCHEDULED), so no payload.
-        return self.occurrences.put_new(missed, {})
+        return self.occurrences.put_new_action(missed, {})
 
 
 def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str, int]:

@@ -10,7 +10,7 @@ reach), so those fires are planned again here, under the schedule's misfire poli
 the failed region did deliver can then be delivered twice, with the same occurrence id
 (at least once: the consumer's dedupe on the id is the last line).
 
-    python -m punctual.failover --from us-east-1 [--shards 0-7] [--rewind 900]
+    python -m punctual.pipeline.failover --from us-east-1 [--shards 0-7] [--rewind 900]
 
 runs with this region's settings (PUNCTUAL_REGION or AWS_REGION, the tables' names).
 """
@@ -22,16 +22,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from punctual.dal.common import ConditionFailed
+from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.schedules import StoredSchedule
-from punctual.errors import Retryable
-from punctual.ids import minute_of
-from punctual.models import ScheduleState
-from punctual.planning import Cursor, cursor_after
+from punctual.domain.errors import Retryable
+from punctual.domain.ids import minute_of
+from punctual.domain.models import ScheduleState
+from punctual.domain.planning import Cursor, cursor_after
 from punctual.services import Services
 
 REWIND_SECONDS = 900  # the relay sends a due occurrence within seconds; 15 minutes to spare
-TAKE_RETRIES = 3  # a schedule changed under the take-over is read again this many times
+TAKE_OVER_ATTEMPTS = 3  # a schedule changed under the take-over is read again this many times
 
 
 @dataclass
@@ -60,7 +60,7 @@ def take_over(
     for page in services.schedules.list_for_shard(shard, created_before="\uffff"):
         for listed in page:
             schedule_id = listed.schedule.schedule_id
-            for _ in range(TAKE_RETRIES):
+            for _ in range(TAKE_OVER_ATTEMPTS):
                 # Consistent: the generation read is the one the condition names.
                 stored = services.schedules.current(schedule_id)
                 home = stored.schedule.home_region if stored else region
@@ -73,7 +73,12 @@ def take_over(
                     services.leases.open(shard, now=int(services.now()))
                     continue
                 actions = (
-                    [("schedule", services.schedules.take_over(stored, region, since=None))]
+                    [
+                        (
+                            Label.SCHEDULE,
+                            services.schedules.take_over_action(stored, region, since=None),
+                        )
+                    ]
                     if failed_region is None
                     else _moved(services, stored, walked, rewind)
                 )
@@ -90,7 +95,7 @@ def take_over(
 
 def _moved(
     services: Services, stored: StoredSchedule, walked: int, rewind: int
-) -> list[tuple[str, dict[str, Any]]]:
+) -> list[tuple[Label, dict[str, Any]]]:
     """The actions homing ``stored`` here at the next generation, its cursor rewound and
     placed in a due bucket ahead of this region's walk of the shard (``walked``)."""
     schedule = stored.schedule
@@ -98,7 +103,7 @@ def _moved(
     # Fires due by then are the failed region's: their records are in its table.
     back = int(services.now()) - rewind
     if schedule.state is not ScheduleState.ACTIVE or schedule.next_available_at is None:
-        return [("schedule", services.schedules.take_over(stored, region, since=back))]
+        return [(Label.SCHEDULE, services.schedules.take_over_action(stored, region, since=back))]
     cursor = Cursor(schedule.planned_until or 0, schedule.next_run_at, schedule.next_available_at)
     if schedule.planned_until is not None and schedule.planned_until > back:
         rewound = cursor_after(schedule, back)
@@ -109,10 +114,12 @@ def _moved(
     placed = max(cursor.next_available_at, walked + 2 * 60)
     return [
         (
-            "schedule",
-            services.schedules.take_over(stored, region, since=back, cursor=cursor, placed=placed),
+            Label.SCHEDULE,
+            services.schedules.take_over_action(
+                stored, region, since=back, cursor=cursor, placed=placed
+            ),
         ),
-        ("shard", services.leases.not_walked(stored.shard, minute_of(placed))),
+        (Label.SHARD, services.leases.not_walked_action(stored.shard, minute_of(placed))),
     ]
 
 
@@ -125,7 +132,9 @@ def _shards(text: str, count: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m punctual.failover", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m punctual.pipeline.failover", description=__doc__
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--from", dest="failed", metavar="REGION", help="the failed region")
     source.add_argument(
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--rewind is seconds, 0 or more")
         reports = [take_over(services, s, args.failed, rewind=args.rewind) for s in shards]
     except ValueError as error:
-        print(f"punctual.failover: {error}", file=sys.stderr)
+        print(f"punctual.pipeline.failover: {error}", file=sys.stderr)
         return 2
     taken = sum(len(r.taken) for r in reports)
     left = [sid for r in reports for sid in r.conflicts]

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from punctual.ids import available_at, occurrence_id
-from punctual.models import Lane, Occurrence, OccurrenceState, Schedule
+from punctual.domain.ids import available_at, occurrence_id
+from punctual.domain.models import Lane, Occurrence, OccurrenceState, Schedule
 from punctual.timing import get_zone, local_wall
 
 # A direct (API-side) materialization stays far below DynamoDB's 100 actions per
@@ -215,7 +215,7 @@ def _occurrence(
 
 
 def handled_until(schedule: Schedule) -> int:
-    """Every fire due (available) by this instant has been made (punctual.planning)."""
+    """Every fire due (available) by this instant has been made (punctual.domain.planning)."""
     if schedule.planned_until is not None:
         return schedule.planned_until
     # A cursor written before planned_until existed: every fire before next_run_at.

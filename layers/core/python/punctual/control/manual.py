@@ -1,18 +1,18 @@
 """Manual runs: run now (one occurrence, receivable at once, idempotent under its key) and
 backfill (an occurrence for every fire of a range that has none, paced at the tenant's
-catch-up pace). The control plane (punctual.scheduling) delegates both here."""
+catch-up pace). The control plane (punctual.control.plane) delegates both here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from punctual.dal.common import ConditionFailed
+from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.occurrences import Window
 from punctual.dal.schedules import StoredSchedule
 from punctual.dal.tenants import manual_run_update
-from punctual.errors import Conflict, InvalidInput, RateExceeded, Retryable
-from punctual.ids import (
+from punctual.domain.errors import Conflict, InvalidInput, RateExceeded, Retryable
+from punctual.domain.ids import (
     available_at,
     backfill_tag,
     is_manual,
@@ -21,18 +21,18 @@ from punctual.ids import (
     occurrence_id,
     occurrence_name,
 )
-from punctual.models import Lane, Occurrence, OccurrenceState, Schedule, ScheduleState
-from punctual.planning import MAX_CATCHUP_SPREAD, handled_until, wall_text
-from punctual.rezone import SPAN as REZONE_SPAN
-from punctual.tenancy import Tenant
+from punctual.domain.models import Lane, Occurrence, OccurrenceState, Schedule, ScheduleState
+from punctual.domain.planning import MAX_CATCHUP_SPREAD, handled_until, wall_text
+from punctual.domain.tenancy import Tenant
+from punctual.pipeline.rezone import SPAN as REZONE_SPAN
 from punctual.timing import utc_text
 
 if TYPE_CHECKING:
-    from punctual.scheduling import ControlPlane
+    from punctual.control.plane import ControlPlane
 
 # A run now read again after its transaction was refused (the key's first request won, the
 # schedule or the minute's count moved); more refusals in a row answer "retry".
-TRIGGER_RETRIES = 4
+TRIGGER_ATTEMPTS = 4
 # A backfill's puts per transaction, next to the schedule's version check and the backfill's
 # record (100 actions).
 BACKFILL_CHUNK = 98
@@ -113,11 +113,11 @@ class ManualRuns:
 
     def trigger(self, tenant_id: str, schedule_id: str, idempotency_key: str | None) -> Triggered:
         """Run now: one manual occurrence of the current version, receivable at once, with
-        an id of its own (punctual.ids.manual_tag): the same Idempotency-Key answers with the
+        an id of its own (punctual.domain.ids.manual_tag): the same Idempotency-Key answers with the
         same occurrence instead of a second run. Counts against the tenant's
         max_manual_runs_per_minute; refused unless the schedule is ACTIVE."""
         tag = manual_tag(schedule_id, idempotency_key)
-        for _ in range(TRIGGER_RETRIES):
+        for _ in range(TRIGGER_ATTEMPTS):
             stored = self._owned(tenant_id, schedule_id, payload=False)
             schedule = stored.schedule
             made = (
@@ -161,18 +161,18 @@ class ManualRuns:
                 target=schedule.target,
                 expires_at=expires_at,
             )
-            record = self.occurrences.put_trigger(
+            record = self.occurrences.put_trigger_action(
                 schedule_id, tag, occurrence.occurrence_id, expires_at
             )
             try:
                 self._s.transactions.commit(
                     [
-                        ("trigger", record),
-                        ("schedule", self.schedules.manual_run(stored, through=now)),
-                        ("tenant", manual_run_update(tenant, self.tenants.table, minute)),
+                        (Label.TRIGGER, record),
+                        (Label.SCHEDULE, self.schedules.manual_run_action(stored, through=now)),
+                        (Label.TENANT, manual_run_update(tenant, self.tenants.table, minute)),
                         (
-                            "occurrence",
-                            self.occurrences.put_new(occurrence, schedule.known_payload),
+                            Label.OCCURRENCE,
+                            self.occurrences.put_new_action(occurrence, schedule.known_payload),
                         ),
                     ]
                 )
@@ -203,7 +203,7 @@ class ManualRuns:
                 "whether those fires ran is no longer recorded",
                 [{"field": "from", "reason": f"before {utc_text(oldest)}"}],
             )
-        for _ in range(TRIGGER_RETRIES):
+        for _ in range(TRIGGER_ATTEMPTS):
             stored = self._owned(tenant_id, schedule_id, payload=False)
             schedule = stored.schedule
             if schedule.state is not ScheduleState.ACTIVE:
@@ -225,8 +225,8 @@ class ManualRuns:
                 for _, _, instant, _ in map(occurrence_name, near.unreadable)
             }
             # A zone-based fire is its wall time: one that ran under older zone rules ran at
-            # another instant (punctual.rezone), and must not run again at the one the rules
-            # in use give its wall time.
+            # another instant (punctual.pipeline.rezone), and must not run again at the one
+            # the rules in use give its wall time.
             zones = self._zones(schedule, since) if schedule.zone_name else {}
             ran_walls = {
                 o.local
@@ -347,7 +347,7 @@ class ManualRuns:
                     # A fire past its time is relayed apart from the fires due now.
                     lane=Lane.CATCHUP if own < now else None,
                     # Its wall time, as every fire records it: what a change of the zone's
-                    # rules keeps (punctual.rezone; a later backfill matches it too).
+                    # rules keeps (punctual.pipeline.rezone; a later backfill matches it too).
                     local=wall_text(schedule, fire),
                 )
             )
@@ -357,8 +357,8 @@ class ManualRuns:
         """Chunks of puts, each with the version check: a change of the schedule refuses the
         rest (the caller reads again); what committed stays, and is found on the next read.
 
-        The first also records the backfill (``put_backfill``: the range of its fires, keyed
-        by now) and raises the schedule's mark to now (``backfill_made``): the reconciler
+        The first also records the backfill (``put_backfill_action``: the range of its fires, keyed
+        by now) and raises the schedule's mark to now (``backfill_made_action``): the reconciler
         re-sends an occurrence no worker took only in an hour it checks, and its fires' hours
         may have been checked and settled long ago, or never (before the schedule existed);
         the check of this hour reads the record, and checks this hour again until every one
@@ -368,7 +368,7 @@ class ManualRuns:
         schedule = stored.schedule
         now = self._now()
         paced = [o.available_at for o in made if o.lane is Lane.CATCHUP]
-        record = self.occurrences.put_backfill(
+        record = self.occurrences.put_backfill_action(
             schedule.schedule_id,
             made_at=now,
             since=min(o.scheduled_for for o in made),
@@ -377,21 +377,25 @@ class ManualRuns:
         )
         first_actions = [
             (
-                "schedule",
-                self.schedules.backfill_made(stored, at=now, paced_until=max(paced, default=None)),
+                Label.SCHEDULE,
+                self.schedules.backfill_made_action(
+                    stored, at=now, paced_until=max(paced, default=None)
+                ),
             ),
-            ("occurrence", record),
+            (Label.OCCURRENCE, record),
         ]
         for first in range(0, len(made), BACKFILL_CHUNK):
             checks = (
                 first_actions
                 if first == 0
-                else [("schedule", self.schedules.unchanged(schedule, stepped_past=None))]
+                else [
+                    (Label.SCHEDULE, self.schedules.unchanged_action(schedule, stepped_past=None))
+                ]
             )
             self._s.transactions.commit(
                 checks
                 + [
-                    ("occurrence", self.occurrences.put_new(o, schedule.known_payload))
+                    (Label.OCCURRENCE, self.occurrences.put_new_action(o, schedule.known_payload))
                     for o in made[first : first + BACKFILL_CHUNK]
                 ]
             )

@@ -5,7 +5,7 @@ tenant is untrusted: its workers' role must not reach another tenant's items wha
 calls it makes. The key design makes that expressible in IAM (docs/security.md):
 
 - every item of a tenant's schedules and occurrences has a partition key beginning
-  ``sch_<tenant>.`` (punctual.ids.schedule_key_prefix);
+  ``sch_<tenant>.`` (punctual.domain.ids.schedule_key_prefix);
 - its run slots live under ``R#<tenant>`` in the tenants table, apart from its record
   ``T#<tenant>`` (quotas and usage), which workers may read but not write;
 - its queues are named ``<prefix>-<tenant>_<target>`` and ``...__<target>`` (DLQ).
@@ -21,7 +21,7 @@ from typing import Any
 
 from punctual.dal.runs import run_partition
 from punctual.dal.tenants import tenant_partition
-from punctual.ids import schedule_key_prefix
+from punctual.domain.ids import schedule_key_prefix
 from punctual.settings import Settings
 
 # Exactly what the worker SDK calls (tests/infrastructure/inventory.txt, "call worker"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from punctual.backoff import Backoff
-from punctual.dal.common import ConditionFailed
+from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.leases import BOOTSTRAP_SECONDS, Lease
 from punctual.dal.schedules import (
     StoredSchedule,
@@ -31,14 +31,14 @@ from punctual.dal.schedules import (
     homed_in,
 )
 from punctual.dal.tenants import released_usage
-from punctual.errors import Retryable
-from punctual.ids import minute_of
-from punctual.models import MisfireAction, Occurrence, Schedule, ScheduleState
+from punctual.domain.errors import Retryable
+from punctual.domain.ids import minute_of
+from punctual.domain.models import MisfireAction, Occurrence, Schedule, ScheduleState
+from punctual.domain.planning import Catchup, Plan, plan
+from punctual.domain.tenancy import Quotas
 from punctual.observability import logger
-from punctual.planning import Catchup, Plan, plan
-from punctual.rezone import replan, stale
+from punctual.pipeline.rezone import replan, stale
 from punctual.services import Services
-from punctual.tenancy import Quotas
 
 MAX_ACTIONS = 100  # DynamoDB's limit per transaction
 STEP_LIMIT = 20  # occurrences one schedule step may create
@@ -47,10 +47,11 @@ STEP_LIMIT = 20  # occurrences one schedule step may create
 # fence stops the old holder's next commit).
 LEASE_SECONDS = 20
 RENEW_AFTER = LEASE_SECONDS // 3
-MAX_RETRIES = 5
-# The pause before each of those retries: a throttled or contended transaction tried again at
-# once would meet the same hot partition (or the same rival) again.
-RETRY = Backoff(tries=MAX_RETRIES + 1, base=0.05, cap=1.0)
+# A bucket's transaction is tried this many times in a tick; then the watermark stays and
+# the next tick runs the bucket again. The pause before each retry: a throttled or contended
+# transaction tried again at once would meet the same hot partition (or the same rival).
+COMMIT_ATTEMPTS = 6
+RETRY = Backoff(tries=COMMIT_ATTEMPTS, base=0.05, cap=1.0)
 
 CrashHook = Callable[[str], None]
 # Fault injection for the reconciler's tests: (schedule_id, scheduled_for) -> drop it silently.
@@ -211,7 +212,7 @@ class Materializer:
 
     def _under_rules_in_use(self, stored: StoredSchedule) -> StoredSchedule | None:
         """``stored``, re-planned first if it was planned under older zone rules
-        (punctual.rezone): a step from its old cursor would fire a moved wall time twice or
+        (punctual.pipeline.rezone): a step from its old cursor would fire a moved wall time twice or
         not at all. None when the re-plan kept losing races (the reconciler re-plans it)."""
         schedule = stored.schedule
         if not stale(schedule) or not homed_in(schedule, self.settings.region):
@@ -284,8 +285,8 @@ class Materializer:
     def _actions(self, step: _Step) -> list[dict[str, Any]]:
         cursor = None if step.completes or step.plan is None else step.plan.cursor
         payload = step.schedule.known_payload if step.occurrences else {}
-        return [self._s.occurrences.put_new(o, payload) for o in step.occurrences] + [
-            self._s.schedules.step(step.stored, cursor, step.missed)
+        return [self._s.occurrences.put_new_action(o, payload) for o in step.occurrences] + [
+            self._s.schedules.step_action(step.stored, cursor, step.missed)
         ]
 
     def _catchup_pace(self, schedule: Schedule) -> int:
@@ -317,16 +318,17 @@ class Materializer:
                 return False, lease
             batch, releases = self._next_batch(pending)
             self._crash("before_commit")
-            actions = [("fence", self.leases.still_mine(lease, frozenset(releases)))]
+            actions = [(Label.FENCE, self.leases.still_mine_action(lease, frozenset(releases)))]
             actions += [
-                ("tally", self.leases.tally_release(lease, t, a)) for t, a in releases.items()
+                (Label.TALLY, self.leases.tally_release_action(lease, t, a))
+                for t, a in releases.items()
             ]
             fixed = len(actions)
-            actions += [("step", a) for s in batch for a in s.actions]
+            actions += [(Label.STEP, a) for s in batch for a in s.actions]
             try:
                 self._s.transactions.commit(actions)
             except ConditionFailed as refused:
-                if refused.label == "fence":  # (the first action: its failure comes first)
+                if refused.label == Label.FENCE:  # (the first action: its failure comes first)
                     report.lease_lost = True
                     return False, lease
                 again = self._sort_out(batch, refused, fixed, now, until, report)
@@ -338,7 +340,7 @@ class Materializer:
                 self._crash("after_commit")
                 continue
             retries += 1
-            if retries > MAX_RETRIES:
+            if retries >= COMMIT_ATTEMPTS:
                 return False, lease  # the watermark stays; the next tick re-runs this bucket
             self._s.sleep(RETRY.pause(retries - 1))
             pending[:0] = again
@@ -389,14 +391,14 @@ class Materializer:
         one transaction per tenant; False when the lease was lost."""
         for tenant in sorted(lease.pending):
             tally = self.leases.release_tally(lease, tenant)
-            fenced, *emptied = self.leases.hand_over(lease, tenant, tally)
-            actions = [("fence", fenced), *[("tally", a) for a in emptied]]
+            fenced, *emptied = self.leases.hand_over_actions(lease, tenant, tally)
+            actions = [(Label.FENCE, fenced), *[(Label.TALLY, a) for a in emptied]]
             if tally:
-                actions.append(("tenant", self._s.tenants.release_action(tenant, tally)))
+                actions.append((Label.TENANT, self._s.tenants.release_action(tenant, tally)))
             try:
                 self._s.transactions.commit(actions)
             except ConditionFailed as refused:
-                if refused.label == "fence":
+                if refused.label == Label.FENCE:
                     return False
             except Retryable:
                 pass

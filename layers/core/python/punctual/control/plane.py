@@ -15,7 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from punctual.dal.common import ConditionFailed
+from punctual.control.manual import Backfilled, ManualRuns, Triggered
+from punctual.control.tenant_admin import TenantAdmin
+from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.leases import watermark_of
 from punctual.dal.occurrences import StoredOccurrence
 from punctual.dal.schedules import (
@@ -26,14 +28,14 @@ from punctual.dal.schedules import (
     version_to_item,
 )
 from punctual.dal.tenants import tenant_from_item, usage_update
-from punctual.errors import (
+from punctual.domain.errors import (
     Conflict,
     InvalidInput,
     NotFound,
     QuotaExceeded,
     Retryable,
 )
-from punctual.ids import (
+from punctual.domain.ids import (
     available_at,
     minute_of,
     new_schedule_id,
@@ -41,9 +43,7 @@ from punctual.ids import (
     shard_of,
     tenant_of_schedule,
 )
-from punctual.integrations.queues import QueueAdmin
-from punctual.manual import Backfilled, ManualRuns, Triggered
-from punctual.models import (
+from punctual.domain.models import (
     HOLDS_QUOTA,
     SCHEDULE_MOVES,
     AtSpec,
@@ -57,18 +57,18 @@ from punctual.models import (
     ScheduleState,
     field_errors,
 )
+from punctual.domain.planning import handled_until, plan
+from punctual.domain.tenancy import Quotas, Target, Tenant, strict_minute_load
+from punctual.integrations.queues import QueueAdmin
 from punctual.observability import logger
-from punctual.planning import handled_until, plan
-from punctual.relay import Relay, outbound
+from punctual.pipeline.relay import Relay, outbound
 from punctual.services import Services
-from punctual.tenancy import Quotas, Target, Tenant, strict_minute_load
-from punctual.tenant_admin import TenantAdmin
 from punctual.timing import Fire, get_zone, preview, tzdata_version, utc_text
 
 PREVIEW_COUNT = 5
 # Plans re-made when the materializer's walk overtakes a change before it commits (or the
 # change is the first in its shard, which it opens first).
-WALK_RETRIES = 4
+WALK_ATTEMPTS = 4
 # Beyond the relay's batching window: the mapping's poll (4 a second), the relay's start and
 # send, and clocks apart. An occurrence receivable later than now + window + this reaches
 # its queue before its time through the outbox alone.
@@ -171,7 +171,7 @@ class ControlPlane:
     def _now(self) -> int:
         return int(self._s.now())
 
-    # --- callers, targets and tenants: punctual.tenant_admin ---------------------------
+    # --- callers, targets and tenants: punctual.control.tenant_admin ---------------------------
 
     def is_operator(self, principal_arn: str) -> bool:
         return self.admin.is_operator(principal_arn)
@@ -307,10 +307,12 @@ class ControlPlane:
         try:
             self._s.transactions.commit(
                 [
-                    ("schedule", self.schedules.rename(stored, renamed)),
+                    (Label.SCHEDULE, self.schedules.rename_action(stored, renamed)),
                     (
-                        "version",
-                        self.schedules.put_version(version_to_item(renamed, effective_from=now)),
+                        Label.VERSION,
+                        self.schedules.put_version_action(
+                            version_to_item(renamed, effective_from=now)
+                        ),
                     ),
                 ]
             )
@@ -327,7 +329,7 @@ class ControlPlane:
     def cancel(self, tenant_id: str, schedule_id: str) -> Saved:
         return self._transition(tenant_id, schedule_id, SCHEDULE_MOVES["cancel"])
 
-    # --- manual runs: punctual.manual -------------------------------------------------
+    # --- manual runs: punctual.control.manual -------------------------------------------------
 
     def trigger(self, tenant_id: str, schedule_id: str, idempotency_key: str | None) -> Triggered:
         return self.manual.trigger(tenant_id, schedule_id, idempotency_key)
@@ -396,16 +398,16 @@ class ControlPlane:
     ) -> Saved:
         shard = shard_of(schedule.schedule_id, self.settings.shard_count)
         until = now + self.settings.planned_horizon_seconds
-        # Planned now, under the rules in use: the release is recorded (punctual.rezone).
+        # Planned now, under the rules in use: the release is recorded (punctual.pipeline.rezone).
         release = tzdata_version() if schedule.zone_name is not None else None
         schedule = schedule.model_copy(update={"tzdata_version": release})
-        for _ in range(WALK_RETRIES):
+        for _ in range(WALK_ATTEMPTS):
             try:
                 return self._write(
                     old, schedule, shard=shard, until=until, now=now, require_fire=require_fire
                 )
             except ConditionFailed as refused:
-                if refused.label != "shard":
+                if refused.label != Label.SHARD:
                     raise
                 walked = watermark_of(refused.old_item)
                 if walked is None:
@@ -428,7 +430,7 @@ class ControlPlane:
         now: int,
         require_fire: bool,
     ) -> Saved:
-        """Plan, then commit the change in one transaction; ConditionFailed("shard") when the
+        """Plan, then commit the change in one transaction; ConditionFailed(Label.SHARD) when the
         materializer's walk has already passed the bucket the cursor would go to."""
         materialized: list[Occurrence] = []
         if schedule.state is ScheduleState.ACTIVE:
@@ -468,31 +470,34 @@ class ControlPlane:
         # (The schedule carries the materializer's MISSED summary from the version it
         # replaces: the summary belongs to the schedule, not to one version.)
         current_item = schedule_to_item(schedule, shard=shard, minute_load=load)
-        actions: list[tuple[str, dict[str, Any]]] = [
+        actions: list[tuple[Label, dict[str, Any]]] = [
             (
-                "schedule",
-                self.schedules.put_new(current_item)
+                Label.SCHEDULE,
+                self.schedules.put_new_action(current_item)
                 if old is None
-                else self.schedules.replace_current(current_item, expected=old),
+                else self.schedules.replace_current_action(current_item, expected=old),
             ),
-            ("version", self.schedules.put_version(version_to_item(schedule, effective_from=now))),
+            (
+                Label.VERSION,
+                self.schedules.put_version_action(version_to_item(schedule, effective_from=now)),
+            ),
         ]
         if schedule.state is ScheduleState.ACTIVE and schedule.next_available_at is not None:
             # It waits in the due index: in a bucket the walk has not passed.
             due = minute_of(schedule.next_available_at)
-            actions.append(("shard", self.leases.not_walked(shard, due)))
+            actions.append((Label.SHARD, self.leases.not_walked_action(shard, due)))
         tenant = self.tenants.get(schedule.tenant_id)
         usage = self._usage_action(tenant, old, schedule, load)
         if usage:
-            actions.append(("tenant", usage))
+            actions.append((Label.TENANT, usage))
         actions += [
-            ("occurrence", self.occurrences.put_new(o, schedule.known_payload))
+            (Label.OCCURRENCE, self.occurrences.put_new_action(o, schedule.known_payload))
             for o in materialized
         ]
         try:
             self._s.transactions.commit(actions)
         except ConditionFailed as refused:
-            if refused.label == "shard":
+            if refused.label == Label.SHARD:
                 raise
             raise self._refusal(refused, old, tenant, load) from None
         self.send_promptly(materialized, schedule.known_payload)
@@ -550,11 +555,11 @@ class ControlPlane:
         tenant: Tenant | None,
         load: dict[int, int],
     ) -> Exception:
-        if refused.label == "tenant" and tenant is not None:
+        if refused.label == Label.TENANT and tenant is not None:
             # The tenant's item as the refusal found it (ALL_OLD): its usage, not ours.
             found = tenant_from_item(refused.old_item) if refused.old_item else tenant
             return self._quota_error(tenant.quotas, found, load)
-        if refused.label == "schedule" and refused.old_item:
+        if refused.label == Label.SCHEDULE and refused.old_item:
             current = stored_schedule(refused.old_item).schedule
             if old is not None and current.version == old.schedule.version:
                 # Same version, changed meanwhile: the materializer completed it.

@@ -1,6 +1,6 @@
 """The dashboard's drain widget, a CloudWatch custom widget: the delivery backlog (messages
 waiting in the tenants' queues) overall and for the largest tenants, each with its oldest
-due time and its drain time (punctual.drain.queue_drain over the queues' SQS metrics,
+due time and its drain time (punctual.domain.drain.queue_drain over the queues' SQS metrics,
 punctual.integrations.queue_metrics). CloudWatch invokes it as the dashboard renders and
 shows the HTML it answers."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from punctual.drain import NOT_DRAINING, Drain, largest, queue_drain
+from punctual.domain.drain import NOT_DRAINING, Drain, largest, queue_drain
 from punctual.integrations.queue_metrics import MINUTE, QueueMetrics
 from punctual.observability import logger
 from punctual.services import Services, Wiring

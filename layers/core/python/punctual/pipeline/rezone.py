@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from punctual.dal.common import ConditionFailed
+from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.schedules import StoredSchedule
-from punctual.errors import Retryable
-from punctual.ids import is_manual, minute_of, occurrence_name
-from punctual.models import Occurrence, OccurrenceState, Schedule, ScheduleState
-from punctual.planning import Cursor, cursor_after, new_occurrence, wall_text
+from punctual.domain.errors import Retryable
+from punctual.domain.ids import is_manual, minute_of, occurrence_name
+from punctual.domain.models import Occurrence, OccurrenceState, Schedule, ScheduleState
+from punctual.domain.planning import Cursor, cursor_after, new_occurrence, wall_text
 from punctual.services import Services
 from punctual.timing import get_zone, resolve_wall, tzdata_version, utc_text
 
@@ -43,7 +43,7 @@ DAY = 86_400
 # Zone offsets differ by at most 26 hours (and a dateline jump moved Samoa 24): a wall time
 # planned under old rules lies within two days of its instant under new ones.
 SPAN = 2 * DAY
-REPLAN_RETRIES = 3
+REPLAN_ATTEMPTS = 3
 MAX_ACTIONS = 100
 
 
@@ -80,7 +80,7 @@ def stale(schedule: Schedule) -> bool:
 def replan(services: Services, schedule_id: str) -> Replanned | None:
     """Re-plan the schedule if it is stale (None when it is not, or is gone), reading it
     again after a lost race; Retryable when it kept changing."""
-    for _ in range(REPLAN_RETRIES):
+    for _ in range(REPLAN_ATTEMPTS):
         stored = services.schedules.current(schedule_id)  # consistent: the conditions name it
         if stored is None or not stale(stored.schedule):
             return None
@@ -107,7 +107,7 @@ def _instant(schedule: Schedule, wall: str) -> int | None:
 
 def _plan(
     services: Services, stored: StoredSchedule, walked: int
-) -> tuple[list[tuple[str, dict[str, Any]]], Replanned]:
+) -> tuple[list[tuple[Label, dict[str, Any]]], Replanned]:
     schedule = stored.schedule
     now = int(services.now())
     version = tzdata_version()
@@ -115,7 +115,9 @@ def _plan(
     handled = schedule.planned_until
     if schedule.state is not ScheduleState.ACTIVE or handled is None:
         # Nothing planned ahead (paused, canceled, completed): only the release is new.
-        return [("schedule", services.schedules.replanned(stored, None, None, version))], done
+        return [
+            (Label.SCHEDULE, services.schedules.replanned_action(stored, None, None, version))
+        ], done
     # The occurrences it makes carry the version's payload: read from its version item (the
     # CURRENT item has only a mark of it), never taken for an empty one.
     schedule = services.schedules.with_payload(stored).schedule
@@ -136,7 +138,7 @@ def _plan(
         if version == schedule.run_version and manual is None
     }
     walls = {o.local for o in found if o.local is not None}  # each wall time fires once
-    actions: list[tuple[str, dict[str, Any]]] = []
+    actions: list[tuple[Label, dict[str, Any]]] = []
     retention = services.settings.retention_days * DAY
     reason = f"{REASON} (tzdata {schedule.tzdata_version} -> {version})"
 
@@ -147,7 +149,10 @@ def _plan(
         at.add(instant)
         walls.add(occurrence.local or "")
         actions.append(
-            ("occurrence", services.occurrences.put_new(occurrence, schedule.known_payload))
+            (
+                Label.OCCURRENCE,
+                services.occurrences.put_new_action(occurrence, schedule.known_payload),
+            )
         )
         done.made.append(occurrence.occurrence_id)
 
@@ -162,7 +167,10 @@ def _plan(
             "no longer a time of its zone" if moved is None else f"now at {utc_text(moved)}"
         )
         actions.append(
-            ("occurrence", services.occurrences.cancel_scheduled(occurrence.occurrence_id, note))
+            (
+                Label.OCCURRENCE,
+                services.occurrences.cancel_scheduled_action(occurrence.occurrence_id, note),
+            )
         )
         done.canceled.append(occurrence.occurrence_id)
         at.discard(occurrence.scheduled_for)
@@ -186,8 +194,12 @@ def _plan(
         cursor = Cursor(cursor.planned_until, None, cursor.planned_until)
     assert cursor.next_available_at is not None
     placed = max(cursor.next_available_at, walked + 2 * 60)
-    actions.append(("schedule", services.schedules.replanned(stored, cursor, placed, version)))
-    actions.append(("shard", services.leases.not_walked(stored.shard, minute_of(placed))))
+    actions.append(
+        (Label.SCHEDULE, services.schedules.replanned_action(stored, cursor, placed, version))
+    )
+    actions.append(
+        (Label.SHARD, services.leases.not_walked_action(stored.shard, minute_of(placed)))
+    )
     if len(actions) > MAX_ACTIONS:
         raise Retryable(f"schedule {schedule.schedule_id}: too much to re-plan in one go")
     return actions, done

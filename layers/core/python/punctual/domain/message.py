@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from punctual.ids import occurrence_parts
-from punctual.models import Occurrence
+from punctual.domain.ids import occurrence_parts
+from punctual.domain.models import Occurrence
 from punctual.timing import utc_text
 
 MESSAGE_VERSION = 1

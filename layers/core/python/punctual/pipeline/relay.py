@@ -27,10 +27,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from punctual.backoff import Backoff, Sleep
 from punctual.dal.occurrences import StoredOccurrence, inserted_occurrence
-from punctual.errors import Retryable
-from punctual.ids import tenant_of_schedule
-from punctual.message import MESSAGE_VERSION, message_body
-from punctual.models import Lane, Occurrence, OccurrenceState
+from punctual.domain.errors import Retryable
+from punctual.domain.ids import tenant_of_schedule
+from punctual.domain.message import MESSAGE_VERSION, message_body
+from punctual.domain.models import Lane, Occurrence, OccurrenceState
 from punctual.observability import logger
 from punctual.services import Services
 
@@ -88,7 +88,7 @@ class RelayReport:
     refused: int = 0  # an item naming a tenant its key does not (forged): never sent
     malformed: int = 0  # an inserted item that is not an occurrence Punctual wrote: skipped
     # Due more than SQS's 900 s away: not sent now (a forged or mis-planned available_at);
-    # the reconciler re-sends it once it is overdue (punctual.redrive), never early.
+    # the reconciler re-sends it once it is overdue (punctual.pipeline.redrive), never early.
     too_early: int = 0
     # Inserted and due before the mappings were made (Settings.relay_started_at): a new
     # mapping's replay of the stream, not sent again (the reconciler re-sends what no

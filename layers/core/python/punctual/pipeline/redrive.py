@@ -23,9 +23,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from punctual.dal.occurrences import StoredOccurrence
+from punctual.domain.models import Lane, OccurrenceState
 from punctual.integrations.streams import ANY_LANE, read_range, wanted
-from punctual.models import Lane, OccurrenceState
-from punctual.relay import Relay, RelayReport, SendFailed
+from punctual.pipeline.relay import Relay, RelayReport, SendFailed
 
 # An open occurrence this long past when a worker should have taken it is re-sent. Far
 # above a healthy consumer's delay; the reconciler checks an hour only after it ended.
