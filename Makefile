@@ -92,7 +92,7 @@ WITH_E2E := tests/integration/test_simulation.py
 # The console's browser tests (a stack of their own) run in the first half, not beside the
 # other end-to-end tests, which are the longest chain.
 CONSOLE := tests/e2e/test_console.py
-FIRST_HALF := tests/unit tests/integration/test_reconciler.py tests/integration/test_materializer.py \
+FIRST_HALF := tests/unit tests/integration/reconciler tests/integration/materializer \
 	$(CONSOLE)
 INTEGRATION_REST := $(addprefix --ignore=,$(WITH_E2E) $(filter tests/integration/%,$(FIRST_HALF)))
 test: browser-background lint typecheck cfn-lint tools ## lint, type checks, the CloudFormation lint and every test (end-to-end included)

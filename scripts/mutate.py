@@ -79,7 +79,14 @@ class Module:
 
 
 def _tests(folder: str, *names: str) -> tuple[str, ...]:
-    return tuple(f"tests/{folder}/test_{name}.py" for name in names)
+    """Each name's tests: the folder of that name (``tests/integration/worker``), else its
+    ``test_<name>.py``."""
+    return tuple(
+        f"tests/{folder}/{name}"
+        if (REPO / "tests" / folder / name).is_dir()
+        else f"tests/{folder}/test_{name}.py"
+        for name in names
+    )
 
 
 MODULES = {
@@ -178,7 +185,8 @@ MODULES = {
     "reconciler": Module(
         ("punctual/pipeline/reconciler.py",),
         ("punctual.pipeline.reconciler.",),
-        # (test_materializer holds how a cursor left behind the walk is moved ahead)
+        # (tests/integration/materializer holds how a cursor left behind the walk is moved
+        # ahead)
         _tests(
             "integration",
             "reconciler",

@@ -327,7 +327,7 @@ def whole_integration_suite(
         return directory in Path(item.path).parents
 
     return (
-        {Path(item.path) for item in items if inside(item)} == set(directory.glob("test_*.py"))
+        {Path(item.path) for item in items if inside(item)} == set(directory.rglob("test_*.py"))
         and not any(inside(item) for item in deselected)
         # (a single test named on the command line narrows the suite; one outside it does not)
         and not any(

@@ -30,7 +30,7 @@ from tests.integration.helpers import (
     patch,
     set_occurrence_state,
 )
-from tests.integration.test_reconciler import materialize_until, shards_of
+from tests.integration.reconciler.helpers import materialize_until, shards_of
 from tests.integration.test_reconciler_races import lagging
 from tests.integration.test_redrive import _window_of
 from tests.integration.test_relay import messages

@@ -44,11 +44,11 @@ from tests.integration.conftest import (
     bootstrap,
 )
 from tests.integration.helpers import cron_spec, make, set_occurrence_state, wire
-from tests.integration.test_reconciler import _emitted_metrics, at, materialize_until, stored
+from tests.integration.reconciler.helpers import _emitted_metrics, at, materialize_until, stored
 from tests.integration.test_redrive import _on_failure_event
 from tests.integration.test_relay import messages, one_shot, record
 from tests.integration.test_tz_rules import OLD
-from tests.integration.test_worker import receive
+from tests.integration.worker.helpers import receive
 
 BOBS_QUEUE = queue_name("punctual", "bob", "default")
 # The unreadable item of the issue: an occurrence's sort key, only ``state`` set.

@@ -25,7 +25,7 @@ from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, current_item, make, set_occurrence_state
-from tests.integration.test_reconciler import at, materialize_until, stored
+from tests.integration.reconciler.helpers import at, materialize_until, stored
 
 WEST = "us-west-2"
 

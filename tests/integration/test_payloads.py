@@ -30,7 +30,7 @@ from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, current_item, make, occurrence_items
-from tests.integration.test_reconciler import materialize_until, shards_of
+from tests.integration.reconciler.helpers import materialize_until, shards_of
 
 
 def _near_the_limit() -> dict[str, Any]:

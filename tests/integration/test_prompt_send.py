@@ -21,8 +21,8 @@ from punctual.settings import Settings
 from tests.instants import iso
 from tests.integration.conftest import OPERATOR, START, Api, Clock
 from tests.integration.helpers import create, cron, make, one_shot
+from tests.integration.reconciler.helpers import materialize_until, shards_of
 from tests.integration.test_backfill import at, backfill, running_since_0940
-from tests.integration.test_reconciler import materialize_until, shards_of
 from tests.integration.test_relay import messages, record
 from tests.integration.test_trigger import trigger
 

@@ -19,7 +19,7 @@ from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, make, set_occurrence_state
-from tests.integration.test_reconciler import (
+from tests.integration.reconciler.helpers import (
     at,
     forget_missed_episodes,
     ids,

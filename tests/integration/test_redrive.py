@@ -29,7 +29,7 @@ from punctual.settings import Settings
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock, LambdaContextStub
 from tests.integration.helpers import set_occurrence_state, wire
-from tests.integration.test_reconciler import _emitted_metrics
+from tests.integration.reconciler.helpers import _emitted_metrics
 from tests.integration.test_reconciler_races import lagging
 from tests.integration.test_relay import messages
 

@@ -1,6 +1,6 @@
 """What a worker's run costs in write units, counted on the worker's real calls and held to
-the cost model `make capacity` prices (issue 21). Apart from test_worker.py, which `make
-mutate` runs in a workspace without scripts/."""
+the cost model `make capacity` prices (issue 21). Apart from the tests in worker/, which
+`make mutate` runs in a workspace without scripts/."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from punctual_client.worker import Outcome
 from scripts.capacity.cost import worker_ops
 from tests.integration.conftest import ALICE, Clock, bootstrap
 from tests.integration.helpers import CountedWrites
-from tests.integration.test_worker import rate_schedule, receive, relay, worker
+from tests.integration.worker.helpers import rate_schedule, receive, relay, worker
 
 
 def test_worker_a_successful_run_writes_the_units_the_cost_model_prices(

@@ -17,7 +17,7 @@ from punctual.services import Services
 from punctual_client.worker import Job, Outcome
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock
-from tests.integration.test_worker import (
+from tests.integration.worker.helpers import (
     Calls,
     WorkerDied,
     by_occurrence,

@@ -13,7 +13,7 @@ from punctual.services import Services
 from punctual_local.stats import figures
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, make, set_occurrence_state
-from tests.integration.test_reconciler import at, materialize_until, shards_of, stored
+from tests.integration.reconciler.helpers import at, materialize_until, shards_of, stored
 
 
 def test_stats_report_the_backlog_its_oldest_due_time_and_drain_time_per_tenant(

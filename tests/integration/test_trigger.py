@@ -25,7 +25,7 @@ from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Api, Clock, bootstrap
 from tests.integration.helpers import assert_error, create, cron, current_item, table_items
 from tests.integration.test_relay import messages, record
-from tests.integration.test_worker import Calls, consumer, stored, worker
+from tests.integration.worker.helpers import Calls, consumer, stored, worker
 
 HOURLY = cron("0 * * * *")
 

@@ -26,8 +26,8 @@ from punctual.timing import ZoneSource, tzdata_version, use_zone_source
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, current_item, make, set_occurrence_state
+from tests.integration.reconciler.helpers import materialize_until, stored
 from tests.integration.test_multi_region import WEST, region
-from tests.integration.test_reconciler import materialize_until, stored
 
 OLD = ZoneSource("2025b", Path(__file__).parent.parent / "tzdata_2025b")
 NEW = tzdata_version()
