@@ -3,8 +3,8 @@
 The modules live in three source roots (layers/, clients/, devtools/) and are installed in
 editable mode, which mutmut's copy-and-import scheme cannot see through. So the script
 mirrors what the tests need into a flat workspace per module (``.mutate/relay/``...:
-``punctual/``, ``punctual_client/``, ``functions/``, ``tests/``, a ``pyproject.toml`` with
-mutmut's settings: the module's files and the tests aimed at it), runs mutmut there, and
+``punctual/``, ``punctual_client/``, ``functions/``, ``infra/``, ``tests/``, a
+``pyproject.toml`` with mutmut's settings: the module's files and the tests aimed at it), runs mutmut there, and
 prints the kill rate per module and each survivor.
 
 The workspaces are kept between runs: mutmut remembers each mutant's result and re-tests only
@@ -53,6 +53,8 @@ MIRRORED = {
     "punctual": REPO / "layers/core/python/punctual",
     "punctual_client": REPO / "clients/python/punctual_client",
     "functions": REPO / "functions",
+    # (the relay's start handler, which tests/integration/test_handlers.py runs)
+    "infra": REPO / "infra",
     "tests": REPO / "tests",
 }
 
@@ -280,7 +282,7 @@ def settings(module: Module) -> str:
         "[tool.mutmut]",
         'source_paths = ["punctual", "punctual_client"]',
         f"only_mutate = {_toml(module.files)}",
-        'also_copy = ["functions", "tests"]',
+        'also_copy = ["functions", "infra", "tests"]',
         f"pytest_add_cli_args_test_selection = {_toml([*module.tests, '-m', 'not slow'])}",
         # A mutant's tests run fastest first (tests/mutation/fastest_first.py).
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "tests.mutation.fastest_first"]',
