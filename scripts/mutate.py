@@ -4,8 +4,8 @@ The modules live in three source roots (layers/, clients/, devtools/) and are in
 editable mode, which mutmut's copy-and-import scheme cannot see through. So the script
 mirrors what the tests need into a flat workspace per module (``.mutate/relay/``...:
 ``punctual/``, ``punctual_client/``, ``functions/``, ``infra/``, ``tests/``, a
-``pyproject.toml`` with mutmut's settings: the module's files and the tests aimed at it), runs mutmut there, and
-prints the kill rate per module and each survivor.
+``pyproject.toml`` with mutmut's settings: the module's files and the tests aimed at it),
+runs mutmut there, and prints the kill rate per module and each survivor.
 
 The workspaces are kept between runs: mutmut remembers each mutant's result and re-tests only
 the functions that changed (and their callers), so a rerun after a fix is quick. Every
@@ -185,8 +185,8 @@ MODULES = {
         _tests("integration", "worker", "run_protocol", "hostile_items"),
     ),
     "reconciler": Module(
-        ("punctual/pipeline/reconciler.py",),
-        ("punctual.pipeline.reconciler.",),
+        ("punctual/pipeline/reconciler.py", "punctual/pipeline/ownership.py"),
+        ("punctual.pipeline.reconciler.", "punctual.pipeline.ownership."),
         # (tests/integration/materializer holds how a cursor left behind the walk is moved
         # ahead)
         _tests(

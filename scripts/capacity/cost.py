@@ -154,7 +154,7 @@ def worker_ops(
 # The hourly reconciler per schedule-hour, measured by `make bench-reconciler` on this 2-core
 # machine, loaded: 0.61 read units and 3.6 ms on 2026-12-03 (1.0 and 2 ms were assumed
 # before); 0.31 and 1.0 ms since the occurrences of a schedule owning no fire in the hour
-# are not read (2026-12-03, reconciler._idle); 0.56 ms since items are parsed as sent
+# are not read (2026-12-03, ownership.idle); 0.56 ms since items are parsed as sent
 # (punctual.dal.responses, the same day).
 RECONCILE_READS = 0.31  # by_shard pages + occurrence queries
 RECONCILE_CPU = 0.0006  # s at 1,769 MB (one vCPU)

@@ -73,7 +73,7 @@ from punctual.domain.models import (
 )
 from punctual.domain.planning import MAX_CATCHUP_SPREAD
 from punctual.pipeline.failover import REWIND_SECONDS
-from punctual.pipeline.reconciler import Expected, expected_occurrences
+from punctual.pipeline.ownership import Expected, expected_occurrences
 from punctual.timing import get_zone, local_wall, use_zone_source
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
 from tests.sim.workers import Event, HandlerRun, payload_digest

@@ -1,8 +1,8 @@
-"""The reconciler's pure rules: which schedules it may leave unread (_dormant), which gaps it
-leaves to the materializer (_not_handled_yet), and the metric totals it emits. A dormant rule
-too wide hides strays and missing fires; one too narrow reads every dead schedule each hour.
-A deferral too wide leaves a lost fire unrepaired; too narrow, the repair races the
-materializer's own misfire handling."""
+"""The reconciler's pure rules (punctual.pipeline.ownership): which schedules it may leave
+unread (dormant), which gaps it leaves to the materializer (not_handled_yet), and the
+metric totals it emits. A dormant rule too wide hides strays and missing fires; one too
+narrow reads every dead schedule each hour. A deferral too wide leaves a lost fire
+unrepaired; too narrow, the repair races the materializer's own misfire handling."""
 
 from __future__ import annotations
 
@@ -15,18 +15,9 @@ import pytest
 from punctual.dal.schedules import ScheduleVersion
 from punctual.domain.ids import available_at, occurrence_id
 from punctual.domain.models import Finding, ReconcileReport, Schedule, ScheduleState
-from punctual.pipeline.reconciler import (
-    METRIC_NAMES,
-    Expected,
-    Reconciler,
-    ShardResult,
-    _dormant,
-    _idle,
-    _merged,
-    _not_handled_yet,
-    expected_occurrences,
-    metric_values,
-)
+from punctual.pipeline import ownership
+from punctual.pipeline.ownership import Expected, expected_occurrences
+from punctual.pipeline.reconciler import METRIC_NAMES, Reconciler, ShardResult, metric_values
 from tests.instants import epoch
 
 CREATED = datetime(2026, 11, 1, tzinfo=UTC)
@@ -55,43 +46,43 @@ def one_shot(at: str) -> dict[str, Any]:
     return {"kind": "at", "at": at}
 
 
-# --- _dormant ------------------------------------------------------------------------------
+# --- ownership.dormant ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("state", [ScheduleState.PAUSED, ScheduleState.CANCELED])
 def test_a_schedule_stopped_by_the_margin_is_dormant_from_that_very_instant(state: ScheduleState):
     stopped = schedule(HOURLY, state=state)
-    assert _dormant(ScheduleVersion(stopped, effective_from=SINCE), SINCE)
-    assert _dormant(ScheduleVersion(stopped, effective_from=SINCE - 3600), SINCE)
+    assert ownership.dormant(ScheduleVersion(stopped, effective_from=SINCE), SINCE)
+    assert ownership.dormant(ScheduleVersion(stopped, effective_from=SINCE - 3600), SINCE)
 
 
 @pytest.mark.parametrize("state", [ScheduleState.PAUSED, ScheduleState.CANCELED])
 def test_a_schedule_stopped_after_the_margin_began_is_read(state: ScheduleState):
     # its version may have owned (or been planned with) fires inside the history margin
     stopped = schedule(HOURLY, state=state)
-    assert not _dormant(ScheduleVersion(stopped, effective_from=SINCE + 1), SINCE)
+    assert not ownership.dormant(ScheduleVersion(stopped, effective_from=SINCE + 1), SINCE)
 
 
 def test_an_active_schedule_is_read_even_in_an_hour_where_it_owns_no_fire():
     # (a stray, e.g. a nonexistent wall time fired anyway, is found only by reading it)
     daily = schedule({"kind": "cron", "expression": "0 3 * * *", "timezone": "UTC"})
-    assert not _dormant(ScheduleVersion(daily, effective_from=SINCE - 86400), SINCE)
+    assert not ownership.dormant(ScheduleVersion(daily, effective_from=SINCE - 86400), SINCE)
 
 
 def test_a_completed_schedule_is_dormant_once_its_last_fire_is_before_the_margin():
     done = schedule(one_shot("2026-11-19T08:30:00Z"), state=ScheduleState.COMPLETED)
-    assert _dormant(ScheduleVersion(done, effective_from=SINCE - 600), SINCE)
+    assert ownership.dormant(ScheduleVersion(done, effective_from=SINCE - 600), SINCE)
 
 
 def test_a_completed_schedule_whose_last_fire_is_inside_the_margin_is_read():
     done = schedule(one_shot("2026-11-19T09:30:00Z"), state=ScheduleState.COMPLETED)
-    assert not _dormant(ScheduleVersion(done, effective_from=SINCE - 600), SINCE)
+    assert not ownership.dormant(ScheduleVersion(done, effective_from=SINCE - 600), SINCE)
 
 
 def test_an_active_schedule_with_no_fire_left_is_still_read():
     # ACTIVE until the materializer completes it: its last fire may still be in flight
     ending = schedule(one_shot("2026-11-19T08:30:00Z"))
-    assert not _dormant(ScheduleVersion(ending, effective_from=SINCE - 600), SINCE)
+    assert not ownership.dormant(ScheduleVersion(ending, effective_from=SINCE - 600), SINCE)
 
 
 # --- _idle: a schedule owning no fire in the window, whose occurrences are not read ----------
@@ -101,7 +92,7 @@ DAILY = {"kind": "cron", "expression": "0 3 * * *", "timezone": "UTC"}
 
 
 def idle(version: ScheduleVersion, start: int = START) -> bool:
-    return _idle(version, start, start + 3600, start - 3600)
+    return ownership.idle(version, start, start + 3600, start - 3600)
 
 
 def test_a_schedule_unchanged_since_the_margin_with_no_run_now_is_idle():
@@ -154,7 +145,7 @@ def test_a_rate_or_utc_schedule_has_no_transition_to_read_around():
         assert idle(version, SPRING_FORWARD - 3600)
 
 
-# --- _not_handled_yet ------------------------------------------------------------------------
+# --- ownership.not_handled_yet --------------------------------------------------------------------
 
 
 def gap(scheduled_for: int, available: int, version: int = 1) -> Expected:
@@ -170,12 +161,12 @@ def cursor(**fields: Any) -> Schedule:
 
 def test_a_fire_due_after_the_planned_until_is_left_to_the_materializer():
     current = cursor(planned_until=T + 100, next_run_at=T + 60)
-    assert _not_handled_yet(current, gap(T + 60, T + 101))
+    assert ownership.not_handled_yet(current, gap(T + 60, T + 101))
 
 
 def test_a_fire_due_exactly_at_planned_until_is_handled():
     current = cursor(planned_until=T + 100, next_run_at=T + 120)
-    assert not _not_handled_yet(current, gap(T + 60, T + 100))
+    assert not ownership.not_handled_yet(current, gap(T + 60, T + 100))
 
 
 def test_the_cursor_judges_by_due_time_not_by_fire_time_under_a_flexible_window():
@@ -183,26 +174,26 @@ def test_the_cursor_judges_by_due_time_not_by_fire_time_under_a_flexible_window(
     # the fire at T+60 is handled, the one at T is not, so the cursor's next fire is T
     current = cursor(planned_until=T + 100, next_run_at=T)
     # THEN the handled later fire is not deferred, the unhandled earlier one is
-    assert not _not_handled_yet(current, gap(T + 60, T + 70))
-    assert _not_handled_yet(current, gap(T, T + 250))
+    assert not ownership.not_handled_yet(current, gap(T + 60, T + 70))
+    assert ownership.not_handled_yet(current, gap(T, T + 250))
 
 
 def test_a_cursor_from_before_planned_until_defers_from_its_next_fire_on():
     current = cursor(planned_until=None, next_run_at=T + 60)
-    assert _not_handled_yet(current, gap(T + 60, T + 90))
-    assert _not_handled_yet(current, gap(T + 120, T + 120))
-    assert not _not_handled_yet(current, gap(T, T + 30))
+    assert ownership.not_handled_yet(current, gap(T + 60, T + 90))
+    assert ownership.not_handled_yet(current, gap(T + 120, T + 120))
+    assert not ownership.not_handled_yet(current, gap(T, T + 30))
 
 
 def test_a_cursor_with_nothing_left_to_fire_defers_nothing():
     current = cursor(planned_until=T - 3600, next_run_at=None)
-    assert not _not_handled_yet(current, gap(T, T))
+    assert not ownership.not_handled_yet(current, gap(T, T))
 
 
 def test_a_superseded_versions_gap_is_never_left_to_the_materializer():
     # the materializer plans only the current version: it would never handle it
     current = cursor(version=2, planned_until=T - 3600, next_run_at=T - 60)
-    assert not _not_handled_yet(current, gap(T, T, version=1))
+    assert not ownership.not_handled_yet(current, gap(T, T, version=1))
 
 
 # --- metric_values ----------------------------------------------------------------------------
@@ -375,4 +366,4 @@ def test_backfill_ranges_are_read_clipped_and_joined(
 ):
     # (A backfill's record names [from, to) of its fires; the reconciler reads each stretch
     # once, within what a backfill can make.)
-    assert _merged(ranges, 0, 20) == merged
+    assert ownership.merged(ranges, 0, 20) == merged

@@ -23,7 +23,7 @@ from punctual.domain.models import (
     OverlapPolicy,
     Schedule,
 )
-from punctual.pipeline.reconciler import Expected
+from punctual.pipeline.ownership import Expected
 from punctual.settings import Settings
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
 from tests.sim import oracle

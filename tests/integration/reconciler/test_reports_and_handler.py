@@ -18,10 +18,10 @@ from punctual.dal.reports import ReportStore, report_key
 from punctual.domain.errors import InvalidInput
 from punctual.domain.ids import available_at, occurrence_id, shard_of
 from punctual.domain.models import Finding, Occurrence, OccurrenceState, ReconcileReport
+from punctual.pipeline.ownership import fired_late
 from punctual.pipeline.reconciler import (
     CATCHUP_WINDOWS,
     Reconciler,
-    fired_late,
     metric_values,
     read_reports,
 )

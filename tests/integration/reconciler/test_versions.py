@@ -14,7 +14,8 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.schedules import ScheduleVersion
 from punctual.domain.ids import available_at, occurrence_id
 from punctual.domain.models import CronSpec, Finding, ScheduleDefinition, ScheduleState
-from punctual.pipeline.reconciler import HISTORY_MARGIN, expected_occurrences
+from punctual.pipeline.ownership import expected_occurrences
+from punctual.pipeline.reconciler import HISTORY_MARGIN
 from punctual.services import Services
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, make

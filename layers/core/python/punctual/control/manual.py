@@ -136,7 +136,7 @@ class ManualRuns:
                 return Triggered(occurrence, replayed=True)
             if schedule.state is not ScheduleState.ACTIVE:
                 # Not a PAUSED, CANCELED or COMPLETED one: the reconciler reads nothing of
-                # those after they stopped (reconciler._dormant), so a run there would go
+                # those after they stopped (ownership.dormant), so a run there would go
                 # unwatched; resume it, or create a one-shot.
                 raise Conflict(
                     f"the schedule is {schedule.state.value}; only an ACTIVE schedule runs now",

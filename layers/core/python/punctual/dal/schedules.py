@@ -744,7 +744,7 @@ class ScheduleStore:
         if schedule.planned_until is not None:
             # Occurrences made under the old rules stay where those put them (the receivable
             # ones), up to the old cursor: hours the rules in use may give no fire of. The
-            # mark has the reconciler read them (reconciler._idle), as for a run now.
+            # mark has the reconciler read them (ownership.idle), as for a run now.
             named["mark"], raised = _raised_mark(stored, schedule.planned_until)
             sets.append("manual_through = :mark")
             marked = f" AND {raised}"
@@ -792,7 +792,7 @@ class ScheduleStore:
         """A transaction action for a run now scheduled for ``through``: ``unchanged_action`` (no
         cursor condition) that also raises the item's ``manual_through`` to ``through``,
         never lowering it. The reconciler skips the occurrence query of a schedule that owns
-        no fire in an hour only when this mark is before the hour (``reconciler._idle``). A
+        no fire in an hour only when this mark is before the hour (``ownership.idle``). A
         change that writes the item whole drops the mark: the reconciler then reads every
         hour near the change anyway (a new ``effective_from``)."""
         check = self.unchanged_action(stored.schedule, stepped_past=None)["ConditionCheck"]

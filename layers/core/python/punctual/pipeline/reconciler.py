@@ -7,17 +7,7 @@ and classifies every instant. What has no record at all is MISSING and, unless r
 off, is materialized now through the same conditional put as every occurrence, under the
 schedule's misfire policy. One report per (shard, window) is stored in the leases table.
 
-Which version owns an instant follows from how versions are written and materialized:
-
-- version N applies from its ``effective_from`` (the instant of the change); version 1 owns
-  a fire at its creation instant, later versions only fires strictly after theirs;
-- an instant of version N that was due (``available_at``) by the time version N+1 took
-  over must exist as N's occurrence, whatever became of it (an update CANCELs the ones not
-  yet sent);
-- instants of N due after that *may* exist: the API and the materializer plan up to the
-  lookahead ahead, and the change then CANCELed them (or the worker refuses them). Found,
-  they are SUPERSEDED; absent, nothing is wrong;
-- a PAUSED or CANCELED version owns nothing.
+Which version owns which instant, and what may be left unread: ``punctual.pipeline.ownership``.
 """
 
 from __future__ import annotations
@@ -33,9 +23,8 @@ from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.occurrences import Window
 from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.domain.errors import InvalidInput, Retryable
-from punctual.domain.ids import available_at, is_manual, minute_of, occurrence_id
+from punctual.domain.ids import is_manual, minute_of
 from punctual.domain.models import (
-    OWNS_FIRES,
     Finding,
     Lane,
     MisfireAction,
@@ -47,11 +36,22 @@ from punctual.domain.models import (
 )
 from punctual.domain.planning import MAX_CATCHUP_SPREAD, new_occurrence, wall_text
 from punctual.observability import logger
-from punctual.pipeline.redrive import REDRIVE_AFTER, overdue
+from punctual.pipeline.ownership import (
+    Expected,
+    by_version,
+    dormant,
+    expected_occurrences,
+    fired_late,
+    idle,
+    may_be_overdue,
+    may_have_backfilled,
+    merged,
+    not_handled_yet,
+)
+from punctual.pipeline.redrive import overdue
 from punctual.pipeline.relay import Relay, outbound
 from punctual.pipeline.rezone import Replanned, replan, rezoned, stale
 from punctual.services import Services
-from punctual.timing.zones import offset_changes
 
 HOUR = 3600
 DAY = 24 * HOUR
@@ -108,158 +108,6 @@ def default_window(at: int) -> tuple[int, int]:
     """The hour that ended an hour ago: [floor_hour(at) - 2 h, floor_hour(at) - 1 h)."""
     hour = at - at % HOUR
     return hour - 2 * HOUR, hour - HOUR
-
-
-# --- what should exist (pure) -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Expected:
-    """One fire of one version inside the window, and whether its occurrence must exist."""
-
-    schedule_id: str
-    version: int
-    scheduled_for: int
-    occurrence_id: str
-    available_at: int
-    required: bool  # False: it may exist (planned ahead, then superseded)
-
-
-def expected_occurrences(
-    versions: Sequence[ScheduleVersion], start: int, end: int, *, horizon: int
-) -> list[Expected]:
-    """Every fire of ``versions`` (consecutive, oldest first) in [start, end).
-
-    ``horizon``: how far past a version change its predecessor may have been planned (the
-    API's and the materializer's lookahead); fires due later than that are not expected at
-    all.
-    """
-    found: list[Expected] = []
-    # A version that kept its predecessor's run version (a rename) changed nothing that runs:
-    # its fires are the run version's, owned from that version's change on.
-    runs = [v for i, v in enumerate(versions) if i == 0 or not _same_run(versions[i - 1], v)]
-    for index, version in enumerate(runs):
-        schedule = version.schedule
-        if schedule.state not in OWNS_FIRES:
-            continue
-        # Version 1 owns a fire at its creation instant (a rate anchored there fires at
-        # once); a later version plans strictly after its change (a renamed one's run
-        # version's change, read from the history before it).
-        began = version.effective_from if schedule.run_version == schedule.version else None
-        after = (began or schedule.run_from) - (1 if schedule.run_version == 1 else 0)
-        successor = runs[index + 1].effective_from if index + 1 < len(runs) else None
-        runs_as = schedule.run_version
-        for fire in schedule.rule().fires(start - 1, end - 1):
-            if fire <= after:
-                continue
-            oid = occurrence_id(schedule.schedule_id, runs_as, fire)
-            due = available_at(oid, fire, schedule.flexible_window_seconds)
-            required = successor is None or due <= successor
-            if not required and successor is not None and due > successor + horizon:
-                continue
-            found.append(Expected(schedule.schedule_id, runs_as, fire, oid, due, required))
-    return found
-
-
-def _same_run(before: ScheduleVersion, after: ScheduleVersion) -> bool:
-    return after.schedule.run_version == before.schedule.run_version
-
-
-def by_version(versions: Sequence[ScheduleVersion]) -> dict[int, Schedule]:
-    """Each version's schedule, by its version and by its run version (the version its
-    occurrences carry): a rename's run version may be older than the history read."""
-    found: dict[int, Schedule] = {}
-    for version in versions:
-        found[version.schedule.version] = version.schedule
-        found.setdefault(version.schedule.run_version, version.schedule)
-    return found
-
-
-def _dormant(version: ScheduleVersion, since: int) -> bool:
-    """True when nothing of the schedule can be stored after ``since``: paused, canceled or
-    completed before it, it left the due index, and the materializer's version condition
-    refuses any late step. Every other schedule is read, to find strays (UNEXPECTED) even in
-    an hour where it owns nothing, e.g. a nonexistent wall time fired anyway."""
-    schedule = version.schedule
-    if version.effective_from > since:
-        return False
-    if schedule.state not in OWNS_FIRES:  # paused or canceled
-        return True
-    return schedule.state is ScheduleState.COMPLETED and schedule.rule().next_after(since) is None
-
-
-def _idle(version: ScheduleVersion, start: int, end: int, since: int) -> bool:
-    """True when nothing can be stored in [start, end) for a schedule that owns no fire in
-    it, so its occurrences are not read (the reconciler's largest cost: docs/capacity.md):
-    its version has been in effect since ``since`` (no earlier version's fire trails into
-    the window), it was planned under the zone rules in use (``rezone.stale``), no run now
-    was made for ``start`` or later and no re-plan left older rules' occurrences there
-    (``manual_through``: ``ScheduleStore.manual_run_action``, ``replanned_action`` and
-    ``backfill_made_action``, whose records the window may hold), and its zone's offset does not
-    change within a day of the window (where a planner's mistake would put a fire the rules
-    do not give: such a stray stays UNEXPECTED). What this gives up (docs/operations.md): a
-    stray at another wrong hour is not reported there; the fire it should have been is
-    still MISSING in its own hour."""
-    zone = version.schedule.zone_name
-    return (
-        version.effective_from <= since
-        and (version.manual_through is None or version.manual_through < start)
-        and not stale(version.schedule)
-        and (zone is None or not offset_changes(zone, start - DAY, end + DAY))
-    )
-
-
-def _may_have_backfilled(version: ScheduleVersion, start: int, index_settled: bool) -> bool:
-    """Whether a backfill of the schedule may have been made in or after the window that
-    starts at ``start``: every backfill raises ``manual_through`` to when it was made, so it
-    is not before the window; or the index may not show that yet (the window closed a
-    moment ago); or a version that began after the window opened wrote the item whole,
-    which drops the mark."""
-    return (
-        not index_settled
-        or version.effective_from > start
-        or (version.manual_through is not None and version.manual_through >= start)
-    )
-
-
-def _merged(ranges: Iterable[tuple[int, int]], low: int, high: int) -> list[tuple[int, int]]:
-    """``ranges`` ([from, to) each) clipped to [low, high), overlapping ones joined."""
-    merged: list[tuple[int, int]] = []
-    for since, until in sorted((max(a, low), min(b, high)) for a, b in ranges):
-        if since >= until:
-            continue
-        if merged and since <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], until))
-        else:
-            merged.append((since, until))
-    return merged
-
-
-def _may_be_overdue(occurrence: Occurrence, now: int) -> bool:
-    """What the stored model already rules out (RETRY_WAIT's retry time is read anew)."""
-    if occurrence.state is OccurrenceState.SCHEDULED:
-        return occurrence.available_at + REDRIVE_AFTER < now
-    if occurrence.state is OccurrenceState.RUNNING:
-        return (occurrence.lease_expires_at or 0) + REDRIVE_AFTER < now
-    return True
-
-
-def _not_handled_yet(current: Schedule, gap: Expected) -> bool:
-    """True while the materializer's cursor has not passed the fire: it will apply the misfire
-    policy itself, and an occurrence put first would block its step."""
-    if current.next_run_at is None or gap.version != current.run_version:
-        return False
-    handled = current.planned_until
-    if handled is None:  # a cursor written before planned_until existed
-        return gap.scheduled_for >= current.next_run_at
-    return gap.available_at > handled
-
-
-def fired_late(occurrence: Occurrence, window_seconds: int) -> bool:
-    """True for an occurrence fired by a misfire policy: the materializer (and the repair)
-    make a late fire receivable from the moment it is handled, not at its jittered instant."""
-    due = available_at(occurrence.occurrence_id, occurrence.scheduled_for, window_seconds)
-    return occurrence.available_at != due
 
 
 # --- one schedule -------------------------------------------------------------------------
@@ -638,9 +486,9 @@ class Reconciler:
             return False
         # (A run now made before the schedule completed is read, dormant or not.)
         marked = current.manual_through is not None and current.manual_through >= start
-        if _dormant(current, since) and not marked:
+        if dormant(current, since) and not marked:
             return True
-        return skip_idle and _idle(current, start, end, since)
+        return skip_idle and idle(current, start, end, since)
 
     def _schedule(
         self, current: ScheduleVersion, start: int, end: int, index_settled: bool
@@ -679,7 +527,7 @@ class Reconciler:
             else:
                 outcome.findings.append((Finding.MISSING, gap.occurrence_id))
                 outcome.missing.append(gap)
-        if _may_have_backfilled(current, start, index_settled):
+        if may_have_backfilled(current, start, index_settled):
             self._backfilled(outcome, stored, start, end)
         return outcome
 
@@ -701,7 +549,7 @@ class Reconciler:
         # schedule's occurrences, at most once per range.)
         low, high = start - self.settings.retention_days * DAY - DAY, end + DAY
         known = {o.occurrence_id for o in seen}
-        for since, until in _merged(ranges, low, high):
+        for since, until in merged(ranges, low, high):
             # Consistent: the window settles on what this read shows, and a lagging replica
             # may not show what a backfill made in its last seconds (a check run right after
             # the window closed).
@@ -834,7 +682,7 @@ class Reconciler:
         state as it is now (a worker may have just taken one), and the message needs the
         payload."""
         now = self._now()
-        ids = [o.occurrence_id for o in outcome.stalled if _may_be_overdue(o, now)]
+        ids = [o.occurrence_id for o in outcome.stalled if may_be_overdue(o, now)]
         found = self.occurrences.stored(ids)
         late = [outbound(s.occurrence.occurrence_id, s) for s in found if overdue(s, now)]
         if not late:
@@ -919,7 +767,7 @@ class Reconciler:
                 # The worker refuses a superseded version's occurrence: it can only be missed.
                 reason = f"missing; version {gap.version} was superseded by {current.run_version}"
                 decisions.append(_Decision(gap, fire=False, reason=reason))
-            elif current.state is ScheduleState.ACTIVE and _not_handled_yet(current, gap):
+            elif current.state is ScheduleState.ACTIVE and not_handled_yet(current, gap):
                 # The materializer has not got here yet: it will apply the misfire policy
                 # itself, and an occurrence put here first would block its step.
                 deferred.append(gap)
