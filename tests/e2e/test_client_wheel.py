@@ -82,15 +82,18 @@ def test_the_client_wheel_installs_without_the_server(tenant_env: Path):
 def worker_process(
     stack: Stack, tenant_env: Path
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """`punctual worker` from the tenant's environment on target ``wheel``, with the
-    credentials and endpoints `punctual local env` gives a shell."""
+    """`punctual worker` from the tenant's environment on its target ``wheel`` (made first:
+    the worker reads its targets as it starts), with the credentials and endpoints
+    `punctual local env` gives a shell."""
+    env = stack.environment("demo") | {"PYTHONUNBUFFERED": "1"}
+    _run(tenant_env / "punctual", "--endpoint", stack.url, "targets", "create", "wheel", env=env)
     log = stack.data / f"wheel-worker-{time.monotonic_ns()}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [tenant_env / "punctual", "worker", "--target", "wheel", "--endpoint", stack.url],
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env=stack.environment("demo") | {"PYTHONUNBUFFERED": "1"},
+            env=env,
             cwd=stack.data,  # not the repository: nothing of this tree on its path
         )
     try:
@@ -107,11 +110,11 @@ def worker_process(
 def test_a_worker_from_the_client_wheel_runs_an_occurrence(
     stack: Stack, tenant_env: Path, worker_process: tuple[subprocess.Popen[bytes], Path]
 ):
-    # GIVEN a target and a one-shot due in a few seconds, made with the tenant's own CLI
+    # GIVEN a one-shot on the worker's target due in a few seconds, made with the tenant's
+    # own CLI
     env = stack.environment("demo") | {"PYTHONUNBUFFERED": "1"}
     cli = (tenant_env / "punctual", "--endpoint", stack.url, "--json")
-    _run(*cli, "targets", "create", "wheel", env=env)
-    due = int(time.time()) + 5
+    due = int(time.time()) + 15
     created = json.loads(
         _run(
             *cli, "create", "--at", iso(due), "--target", "wheel", "--payload", '{"w": 1}', env=env
@@ -126,7 +129,7 @@ def test_a_worker_from_the_client_wheel_runs_an_occurrence(
         return str(found["state"])
 
     # THEN the occurrence SUCCEEDED, run by that worker
-    finished = eventually(lambda: state() == "SUCCEEDED", 60, every=1)
+    finished = eventually(lambda: state() == "SUCCEEDED", 90, every=1)
     output = log.read_text(errors="replace")
     assert finished, f"{state()}; worker exit {process.poll()}:\n{output[-3000:]}"
     assert made["occurrence_id"] in output
