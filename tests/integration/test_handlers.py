@@ -284,12 +284,13 @@ def test_relay_handler_of_a_new_mapping_does_not_send_the_streams_past_again(
         return occurrence.occurrence_id, {"eventName": "INSERT", "dynamodb": dynamodb}
 
     # ... whose records hold: fires inserted and due before the start (the mappings before
-    # sent them, or the reconciler re-sends them), a fire inserted before the start but due
-    # after it, a late fire inserted after the start for an instant before it (a
+    # sent them, or the reconciler re-sends them), fires inserted before the start but due
+    # at it or after it, a late fire inserted after the start for an instant before it (a
     # materializer catching up), and a record without its creation time
     replayed = [inserted(start - 86_000, start - 85_000), inserted(start - 200, start - 1)]
     sent = [
         inserted(start - 100, start + 300),
+        inserted(start - 100, start),
         inserted(start, start - 3600),
         inserted(None, start - 60),
     ]
@@ -306,7 +307,7 @@ def test_relay_handler_of_a_new_mapping_does_not_send_the_streams_past_again(
     assert answer == {"batchItemFailures": []}
     assert sorted(m["occurrence_id"] for m in messages(aws, "alice")) == sorted(o for o, _ in sent)
     metrics = emitted(capsys.readouterr().out)
-    assert (metrics["RelayReplaySkipped"], metrics["Relayed"]) == (2, 3)
+    assert (metrics["RelayReplaySkipped"], metrics["Relayed"]) == (2, 4)
 
 
 def test_relay_start_answers_a_new_instant_when_the_mappings_are_made(
