@@ -16,7 +16,6 @@ tenants an operator can switch to; the reconciler's report.
 
 from __future__ import annotations
 
-import html
 import json
 import re
 import time
@@ -24,15 +23,16 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from functools import cached_property
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 from zoneinfo import ZoneInfo
 
 from punctual.timing import utc_text
 from punctual_client.http import ApiError, Client, Unreachable
+from punctual_local.charts import fires_svg, histogram_svg, timeline_svg
 from punctual_local.engines import ACCOUNT
+from punctual_local.lives import KINDS, Life, epoch, esc, utc_offset, waited_too_long
 from punctual_local.stats import percentile
 from punctual_local.words import rule_in_words
 
@@ -58,19 +58,6 @@ class Api(Protocol):
     def post(self, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any: ...
 
     def pages(self, path: str, key: str, **query: Any) -> list[Any]: ...
-
-
-def _esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def epoch(text: str | None) -> int | None:
-    return None if text is None else int(datetime.fromisoformat(text).timestamp())
-
-
-def _offset(local: str) -> str:
-    """The UTC offset an ISO local time carries (``+05:30``)."""
-    return datetime.fromisoformat(local).strftime("%z")
 
 
 def _clock(instant: int | None, zone: str = "UTC") -> str:
@@ -112,62 +99,11 @@ def _rule(spec: dict[str, Any]) -> str:
 def _rule_cell(spec: dict[str, Any]) -> str:
     """The rule as written, and in words beneath."""
     words = rule_in_words(spec)
-    said = f"<div class=words>{_esc(words)}</div>" if words else ""
-    return f"<code>{_esc(_rule(spec))}</code>{said}"
+    said = f"<div class=words>{esc(words)}</div>" if words else ""
+    return f"<code>{esc(_rule(spec))}</code>{said}"
 
 
 # --- what the pages show ----------------------------------------------------------------
-
-
-@dataclass
-class Life:
-    """One occurrence as the timeline and the lag figures see it (its instants parsed once:
-    the last hour's pages ask them of 10,000 occurrences several times)."""
-
-    occurrence: dict[str, Any]
-    schedule_name: str
-    claimed_at: int | None = None
-    flexible: bool = False  # its schedule has a flexible window (> 0 s)
-
-    @cached_property
-    def scheduled(self) -> int:
-        return epoch(self.occurrence["scheduled_for"]) or 0
-
-    @cached_property
-    def due(self) -> int:
-        return epoch(self.occurrence["available_at"]) or 0
-
-    @cached_property
-    def receivable(self) -> int | None:
-        """When its message could first be received: sent ahead with a delay, at its due
-        time; sent late, when sent (SQS's SentTimestamp, recorded by the worker's claim)."""
-        sent = epoch(self.occurrence.get("enqueued_at"))
-        return None if sent is None else max(sent, self.due)
-
-    @cached_property
-    def lag(self) -> int | None:
-        """How late its message became receivable (the relay's lateness)."""
-        return None if self.receivable is None else self.receivable - self.due
-
-    @cached_property
-    def waited(self) -> int | None:
-        """How long it waited for a worker once due (claimed - due: schedule-to-start)."""
-        return None if self.claimed_at is None else max(0, self.claimed_at - self.due)
-
-    @property
-    def kind(self) -> str:
-        """Which of the lag page's groups it is in (see KINDS)."""
-        if self.occurrence.get("manual"):
-            return "manual"
-        return "flexible" if self.flexible else "strict"
-
-
-# The lag page's groups: (kind, how it is labelled).
-KINDS = (
-    ("strict", "strict (flexible window 0 s)"),
-    ("flexible", "flexible (a window > 0 s)"),
-    ("manual", "manual (run now, backfill)"),
-)
 
 
 @dataclass(frozen=True)
@@ -240,14 +176,14 @@ class Console:
             self._tenant_of(view.key)
             title, body = render()
         except _BadRequest as bad:
-            return _html(400, self._page("Bad request", f"<p>{_esc(bad)}</p>", view, here))
+            return _html(400, self._page("Bad request", f"<p>{esc(bad)}</p>", view, here))
         except _NotFound as missing:
-            return _html(404, self._page("Not found", f"<p>{_esc(missing)}</p>", view, here))
+            return _html(404, self._page("Not found", f"<p>{esc(missing)}</p>", view, here))
         except ApiError as error:
-            text = f"<p class=error>The API answered {_esc(error)}</p>"
+            text = f"<p class=error>The API answered {esc(error)}</p>"
             return _html(error.status, self._page("The API refused", text, view, here))
         except Unreachable as error:
-            text = f"<p class=error>{_esc(error)}</p>"
+            text = f"<p class=error>{esc(error)}</p>"
             return _html(502, self._page("Unreachable", text, view, here))
         return _html(200, self._page(title, body, view, here))
 
@@ -299,7 +235,7 @@ class Console:
         """Every schedule in one listing (its next fire included): no read per schedule."""
         every = client.pages("/v1/schedules", "schedules", limit=PAGE_SIZE)
         if not every:
-            return f"<p>No schedules yet for <code>{_esc(view.key)}</code>.</p>"
+            return f"<p>No schedules yet for <code>{esc(view.key)}</code>.</p>"
         chosen = [s for s in every if view.matches(s)]
         now = int(self.now())
         changes: dict[str, tuple[int, str, str] | None] = {}  # per zone: one search each
@@ -347,31 +283,31 @@ class Console:
             [
                 ("state", _state(schedule["state"])),
                 ("rule", _rule_cell(schedule["spec"])),
-                ("zone", _esc(zone)),
-                ("version", _esc(_version(schedule))),
-                ("target", _esc(schedule["target"])),
+                ("zone", esc(zone)),
+                ("version", esc(_version(schedule))),
+                ("target", esc(schedule["target"])),
                 ("flexible window", f"{schedule['flexible_window_seconds']} s"),
-                ("misfire", _esc(schedule["misfire"]["action"])),
-                ("overlap", _esc(schedule["overlap"])),
-                ("retry", _esc(_retry(schedule["retry"]))),
-                ("payload", f"<code>{_esc(json.dumps(schedule['payload']))}</code>"),
-                ("created", _esc(schedule["created_at"])),
-                ("updated", _esc(schedule["updated_at"])),
+                ("misfire", esc(schedule["misfire"]["action"])),
+                ("overlap", esc(schedule["overlap"])),
+                ("retry", esc(_retry(schedule["retry"]))),
+                ("payload", f"<code>{esc(json.dumps(schedule['payload']))}</code>"),
+                ("created", esc(schedule["created_at"])),
+                ("updated", esc(schedule["updated_at"])),
                 ("MISSED", _missed_summary(schedule)),
             ]
         )
         version_rows = "".join(
-            f"<tr><td>v{v['version']}</td><td>{_esc(v['effective_from'])}</td>"
+            f"<tr><td>v{v['version']}</td><td>{esc(v['effective_from'])}</td>"
             f"<td>{_state(v['state'])}</td><td>{_rule_cell(v['spec'])}</td>"
-            f"<td>{_esc(_zone(v))}</td><td>{_esc(v['name'] or '')}</td></tr>"
+            f"<td>{esc(_zone(v))}</td><td>{esc(v['name'] or '')}</td></tr>"
             for v in versions
         )
         fires = detail["next_fires"]
-        notes = "".join(f"<li>{_esc(n)}</li>" for n in detail["notes"])
+        notes = "".join(f"<li>{esc(n)}</li>" for n in detail["notes"])
         title = f"Schedule {schedule['name'] or schedule_id}"
         past = runs[::-1]  # newest first
         if fires:
-            upcoming = _fires_svg(fires) + _next_fires_table(fires, view)
+            upcoming = fires_svg(fires) + _next_fires_table(fires, view)
         elif schedule["state"] == "ACTIVE":
             upcoming = "<p>None: no fire left.</p>"
         else:
@@ -403,7 +339,7 @@ class Console:
         zone = _zone(schedule)
         change = next_clock_change(zone, now)
         if change is None:
-            return f"<p>{_esc(zone)} has no clock change in the coming year.</p>"
+            return f"<p>{esc(zone)} has no clock change in the coming year.</p>"
         instant, before, after = change
         gap = 2 * max(120, _spacing(fires))
         preview = client.post(
@@ -411,9 +347,9 @@ class Console:
             {"spec": schedule["spec"], "after": utc_text(instant - gap), "count": 5},
         )
         around = _marked_fires(preview["fires"])
-        notes = "".join(f"<li>{_esc(n)}</li>" for n in preview["notes"])
+        notes = "".join(f"<li>{esc(n)}</li>" for n in preview["notes"])
         return (
-            f"<p class=dst>Next clock change in {_esc(zone)}: {_esc(_clock(instant, zone))}"
+            f"<p class=dst>Next clock change in {esc(zone)}: {esc(_clock(instant, zone))}"
             f" (UTC{before[:3]}:{before[3:]} → UTC{after[:3]}:{after[3:]}). The fires"
             f" around it: {around}</p>" + (f"<ul class=notes>{notes}</ul>" if notes else "")
         )
@@ -427,9 +363,9 @@ class Console:
         schedule = _link(f"schedules/{found['schedule_id']}", view, found["schedule_id"])
         made_by = " (run now or backfill)" if found.get("manual") else ""
         rows = "".join(
-            f"<tr><td>{a['attempt_no']}</td><td>{_esc(a['started_at'])}</td>"
-            f"<td>{_esc(a['finished_at'] or '—')}</td><td>{_state(a['outcome'])}</td>"
-            f"<td>{_esc(a['error'] or '')}</td></tr>"
+            f"<tr><td>{a['attempt_no']}</td><td>{esc(a['started_at'])}</td>"
+            f"<td>{esc(a['finished_at'] or '—')}</td><td>{_state(a['outcome'])}</td>"
+            f"<td>{esc(a['error'] or '')}</td></tr>"
             for a in attempts
         )
         lag = "—" if life.lag is None else f"{life.lag} s"
@@ -437,17 +373,17 @@ class Console:
             _definition_list(
                 [
                     ("schedule", schedule + f" (v{found['schedule_version']}){made_by}"),
-                    ("scheduled for", _esc(found["scheduled_for"])),
-                    ("due (receivable from)", _esc(found["available_at"])),
-                    ("sent", _esc(found["enqueued_at"] or "not yet claimed")),
-                    ("receivable", _esc(utc_text(life.receivable) if life.receivable else "—")),
+                    ("scheduled for", esc(found["scheduled_for"])),
+                    ("due (receivable from)", esc(found["available_at"])),
+                    ("sent", esc(found["enqueued_at"] or "not yet claimed")),
+                    ("receivable", esc(utc_text(life.receivable) if life.receivable else "—")),
                     ("delivery lag (receivable - due)", lag),
-                    ("claimed", _esc(utc_text(life.claimed_at) if life.claimed_at else "—")),
+                    ("claimed", esc(utc_text(life.claimed_at) if life.claimed_at else "—")),
                     ("waited for a worker (claimed - due)", waited),
-                    ("result", _state(found["state"]) + f" {_esc(found['reason'] or '')}"),
+                    ("result", _state(found["state"]) + f" {esc(found['reason'] or '')}"),
                 ]
             )
-            + _timeline_svg([life], int(life.scheduled) - 30, int(self.now()))
+            + timeline_svg([life], int(life.scheduled) - 30, int(self.now()))
             + "<h2>Attempts</h2>"
             + (
                 "<table><tr><th>#</th><th>started</th><th>finished</th><th>outcome</th>"
@@ -487,7 +423,7 @@ class Console:
         names = {life.occurrence["schedule_id"]: life.schedule_name for life in lives}
         return (
             f"<p>{len(lives):,} occurrences of {len(names)} schedules.</p>"
-            + _timeline_svg(lives, start, now)
+            + timeline_svg(lives, start, now)
             + "<h2>The latest 30</h2>"
             + _occurrence_table([life.occurrence for life in latest], view, "UTC", names, now)
         )
@@ -501,22 +437,18 @@ class Console:
         oldest = min((life.due for life in backlog), default=None)
         backlog_text = (
             f"<p class=backlog>Due and not yet taken by a worker: <b>{len(backlog)}</b>"
-            + (
-                f", the oldest due {_esc(utc_text(oldest))} ({now - oldest} s ago)"
-                if oldest
-                else ""
-            )
+            + (f", the oldest due {esc(utc_text(oldest))} ({now - oldest} s ago)" if oldest else "")
             + f"; waiting for a retry: <b>{waiting}</b>.</p>"
         )
         lags = [(float(life.lag), life.kind) for life in lives if life.lag is not None]
         waits = [(float(life.waited), life.kind) for life in lives if life.waited is not None]
         charts = ""
         if lags:
-            charts += "<h2>Delivery lag (receivable - due)</h2>" + _histogram_svg(
+            charts += "<h2>Delivery lag (receivable - due)</h2>" + histogram_svg(
                 lags, "lag histogram", "delivery lag (s), receivable - due"
             )
         if waits:
-            charts += "<h2>Waited for a worker (claimed - due)</h2>" + _histogram_svg(
+            charts += "<h2>Waited for a worker (claimed - due)</h2>" + histogram_svg(
                 waits, "wait histogram", "waited for a worker (s), claimed - due"
             )
         return (
@@ -540,21 +472,21 @@ class Console:
         if tenant:
             record = operator.get(f"/v1/admin/tenants/{quote(tenant, safe='')}")
             key = self._key_of(record["tenant_id"])
-            found = "<h2>Tenant " + _esc(record["tenant_id"]) + "</h2>" + _tenant_figures(record)
+            found = "<h2>Tenant " + esc(record["tenant_id"]) + "</h2>" + _tenant_figures(record)
             if key is None:
                 arn = f"arn:aws:iam::{ACCOUNT}:user/{record['tenant_id']}"
                 found += (
-                    f"<p class=note>No access key known to act as {_esc(record['tenant_id'])}:"
+                    f"<p class=note>No access key known to act as {esc(record['tenant_id'])}:"
                     f" locally, key K signs as arn:aws:iam::{ACCOUNT}:user/K."
                     " Bind one (<code>POST /v1/admin/tenants/"
-                    f'{_esc(record["tenant_id"])}/principals {{"principal_arn": '
-                    f'"{_esc(arn)}"}}</code>) and look again, or type its key in the'
+                    f'{esc(record["tenant_id"])}/principals {{"principal_arn": '
+                    f'"{esc(arn)}"}}</code>) and look again, or type its key in the'
                     " header.</p>"
                 )
             else:
                 switched = View(key)
                 link = _link("", switched, f"Open {record['tenant_id']}'s console")
-                found += f"<p class=open>{link} (as key <code>{_esc(key)}</code>)</p>"
+                found += f"<p class=open>{link} (as key <code>{esc(key)}</code>)</p>"
         listed = operator.pages("/v1/admin/tenants", "tenants", limit=PAGE_SIZE)[:MAX_TENANTS]
         rows = "".join(_tenant_row(record, self._key_of(record["tenant_id"])) for record in listed)
         return (
@@ -562,8 +494,8 @@ class Console:
             " access keys act as a tenant: the key shown is one this console has read as, or"
             " the key named after the tenant when it acts as it (the local habit).</p>"
             f"<form method=get action='{PREFIX}/tenants' class=lookup>"
-            f"<input type=hidden name=as value='{_esc(view.key)}'>"
-            f"<label>tenant id <input name=tenant value='{_esc(tenant)}' size=20></label>"
+            f"<input type=hidden name=as value='{esc(view.key)}'>"
+            f"<label>tenant id <input name=tenant value='{esc(tenant)}' size=20></label>"
             " <button>look up</button></form>"
             + found
             + "<h2>Tenants</h2>"
@@ -590,15 +522,15 @@ class Console:
     def _reconciler(self, operator: Api) -> str:
         found = operator.get("/v1/admin/reconcile")
         rows = "".join(
-            f"<tr><td>{r['shard']}</td><td>{_esc(_clock(r['run_at']))}</td>"
+            f"<tr><td>{r['shard']}</td><td>{esc(_clock(r['run_at']))}</td>"
             f"<td>{'yes' if r['complete'] else 'no'}</td><td>{r['schedules']}</td>"
-            f"<td>{_esc(_findings(r['counts']))}</td>"
+            f"<td>{esc(_findings(r['counts']))}</td>"
             f"<td>{r['repaired_fired']}</td><td>{r['repaired_missed']}</td><td>{r['deferred']}</td>"
             f"<td>{r['cursors_moved']}</td><td>{r['redriven']}</td></tr>"
             for r in found["reports"]
         )
         head = (
-            f"<p>Window {_esc(found['window_start'])} .. {_esc(found['window_end'])}: "
+            f"<p>Window {esc(found['window_start'])} .. {esc(found['window_end'])}: "
             f"{len(found['reports'])} shard reports, MISSING <b>{found['missing']}</b>, "
             f"UNEXPECTED <b>{found['unexpected']}</b>.</p>"
         )
@@ -630,18 +562,18 @@ class Console:
         )
         now = int(self.now())
         tenant = self._tenants.get(view.key)
-        acting = f"tenant <code>{_esc(tenant)}</code>" if tenant else "no tenant"
+        acting = f"tenant <code>{esc(tenant)}</code>" if tenant else "no tenant"
         return f"""<!doctype html>
-<html lang=en><head><meta charset=utf-8><title>{_esc(title)} · Punctual</title>
+<html lang=en><head><meta charset=utf-8><title>{esc(title)} · Punctual</title>
 <link rel=icon href="data:,"><style>{_STYLE}</style></head>
 <body><header><b>Punctual</b> local console <nav>{nav}</nav>
-<form method=get action="{_esc(f"{PREFIX}/{here}".rstrip("/"))}" class=picker>
+<form method=get action="{esc(f"{PREFIX}/{here}".rstrip("/"))}" class=picker>
 <label>tenant <select name=as>{self._choices(view.key)}</select></label>
 <label>or key <input name=key size=10 placeholder="access key id"></label>
 <button>switch</button></form></header>
-<main><h1>{_esc(title)}</h1>{body}</main>
-<footer>Read through the API as <code>{_esc(view.key)}</code> ({acting}) at
-{_esc(utc_text(now))}.</footer>
+<main><h1>{esc(title)}</h1>{body}</main>
+<footer>Read through the API as <code>{esc(view.key)}</code> ({acting}) at
+{esc(utc_text(now))}.</footer>
 </body></html>"""
 
     def _choices(self, key: str) -> str:
@@ -651,8 +583,8 @@ class Console:
         for unknown in {key, self.default_key} - set(known):
             choices.insert(0, (unknown, ""))
         return "".join(
-            f"<option value='{_esc(k)}'{' selected' if k == key else ''}>"
-            + (f"{_esc(t)} (key {_esc(k)})" if t else f"key {_esc(k)} (no tenant)")
+            f"<option value='{esc(k)}'{' selected' if k == key else ''}>"
+            + (f"{esc(t)} (key {esc(k)})" if t else f"key {esc(k)} (no tenant)")
             + "</option>"
             for k, t in choices
         )
@@ -680,11 +612,11 @@ def _html(status: int, page: str) -> dict[str, Any]:
 
 def _link(path: str, view: View, label: object) -> str:
     url = f"{PREFIX}/{path}".rstrip("/") + "?" + view.query()
-    return f'<a href="{_esc(url)}">{_esc(label)}</a>'
+    return f'<a href="{esc(url)}">{esc(label)}</a>'
 
 
 def _state(state: str) -> str:
-    return f"<span class='state {_esc(state.lower())}'>{_esc(state)}</span>"
+    return f"<span class='state {esc(state.lower())}'>{esc(state)}</span>"
 
 
 def _zone(schedule: dict[str, Any]) -> str:
@@ -701,14 +633,14 @@ def _filter_form(view: View, counts: Counter[str], total: int) -> str:
     """The search and the state filter, as GET parameters (``q``, ``state``)."""
     options = [("", f"all ({total})")] + [(s, f"{s} ({counts.get(s, 0)})") for s in STATES]
     choices = "".join(
-        f"<option value='{s}'{' selected' if s == view.state else ''}>{_esc(label)}</option>"
+        f"<option value='{s}'{' selected' if s == view.state else ''}>{esc(label)}</option>"
         for s, label in options
     )
     clear = " " + _link("", View(view.key), "clear") if view.search or view.state else ""
     return (
         f"<form method=get action='{PREFIX}' class=filter>"
-        f"<input type=hidden name=as value='{_esc(view.key)}'>"
-        f"<label>name contains <input name=q value='{_esc(view.search)}' size=24></label> "
+        f"<input type=hidden name=as value='{esc(view.key)}'>"
+        f"<label>name contains <input name=q value='{esc(view.search)}' size=24></label> "
         f"<label>state <select name=state>{choices}</select></label> "
         f"<button>filter</button>{clear}</form>"
     )
@@ -737,16 +669,16 @@ def _schedule_row(
             when = "in its flexible window now"
         else:
             when = "due now"
-        text = f"{_esc(local)} <span class=in>({_esc(when)})</span>"
+        text = f"{esc(local)} <span class=in>({esc(when)})</span>"
         if change is not None and change[0] <= fire:
             shown = f"<span class=dst title='after a clock change'>{text} ⚑ DST</span>"
         else:
             shown = f"<span>{text}</span>"
         shown = f"<div class=fires>{shown}</div>"
     return (
-        f"<tr><td>{name}<div class=id>{_esc(schedule_id)}</div></td>"
+        f"<tr><td>{name}<div class=id>{esc(schedule_id)}</div></td>"
         f"<td>{_state(schedule['state'])}</td><td>{_rule_cell(schedule['spec'])}</td>"
-        f"<td>{_esc(zone)}</td><td>{shown}{notes}</td><td>{_missed_summary(schedule)}</td></tr>"
+        f"<td>{esc(zone)}</td><td>{shown}{notes}</td><td>{_missed_summary(schedule)}</td></tr>"
     )
 
 
@@ -772,8 +704,8 @@ def _marked_fires(fires: Iterable[dict[str, Any]]) -> str:
     out = []
     previous = None
     for fire in fires:
-        offset = _offset(fire["local"])
-        text = _esc(fire["local"].replace("T", " "))
+        offset = utc_offset(fire["local"])
+        text = esc(fire["local"].replace("T", " "))
         if previous is not None and offset != previous:
             out.append(f"<span class=dst title='clock change from {previous}'>{text} ⚑ DST</span>")
         else:
@@ -788,8 +720,8 @@ def _next_fires_table(fires: list[dict[str, Any]], view: View) -> str:
     rows = []
     previous = None
     for fire in fires:
-        offset = _offset(fire["local"])
-        local = _esc(fire["local"].replace("T", " "))
+        offset = utc_offset(fire["local"])
+        local = esc(fire["local"].replace("T", " "))
         if previous is not None and offset != previous:
             local = f"<span class=dst>{local} ⚑ DST</span>"
         previous = offset
@@ -797,8 +729,8 @@ def _next_fires_table(fires: list[dict[str, Any]], view: View) -> str:
         occurrence = _link(f"occurrences/{made}", view, "made") if made else "planned"
         receivable = fire.get("available_at") or fire["utc"]
         rows.append(
-            f"<tr><td>{local}</td><td>{_esc(fire['utc'])}</td>"
-            f"<td>{_esc(receivable if receivable != fire['utc'] else 'at its time')}</td>"
+            f"<tr><td>{local}</td><td>{esc(fire['utc'])}</td>"
+            f"<td>{esc(receivable if receivable != fire['utc'] else 'at its time')}</td>"
             f"<td>{occurrence}</td></tr>"
         )
     return (
@@ -818,8 +750,8 @@ def _results_summary(runs: list[dict[str, Any]], zone: str) -> str:
     when = _clock(epoch(latest["scheduled_for"]), zone)
     return (
         f"<p class=results>{_count(len(runs), 'occurrence')}{made}: {said}. The latest, "
-        f"{_esc(when)}: "
-        f"{_state(latest['state'])} {_esc(latest['reason'] or '')}</p>"
+        f"{esc(when)}: "
+        f"{_state(latest['state'])} {esc(latest['reason'] or '')}</p>"
     )
 
 
@@ -828,7 +760,7 @@ def _missed_summary(schedule: dict[str, Any]) -> str:
     if not total:
         return "none"
     episodes = "".join(
-        f"<div>{e['count']} from {_esc(e['first'])} to {_esc(e['last'])} (v{e['version']})</div>"
+        f"<div>{e['count']} from {esc(e['first'])} to {esc(e['last'])} (v{e['version']})</div>"
         for e in schedule["missed"][-3:]
     )
     return f"<b class=missed>{total}</b>{episodes}"
@@ -839,18 +771,18 @@ def _findings(counts: dict[str, int]) -> str:
 
 
 def _definition_list(items: list[tuple[str, str]]) -> str:
-    return "<dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+    return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
 def _tenant_row(record: dict[str, Any], key: str | None) -> str:
     """A tenant's row: its usage, and the key that reads as it with a link, if one is known."""
     opened = (
-        f"<td><code>{_esc(key)}</code></td><td>{_link('', View(key), 'open its console')}</td>"
+        f"<td><code>{esc(key)}</code></td><td>{_link('', View(key), 'open its console')}</td>"
         if key
         else "<td colspan=2>no key known: look it up below</td>"
     )
     return (
-        f"<tr><td>{_esc(record['tenant_id'])}</td><td>{record['schedule_count']}</td>"
+        f"<tr><td>{esc(record['tenant_id'])}</td><td>{record['schedule_count']}</td>"
         f"<td>{record['strict_fires_per_minute_peak']}</td>{opened}</tr>"
     )
 
@@ -859,9 +791,9 @@ def _tenant_figures(record: dict[str, Any]) -> str:
     quotas = ", ".join(f"{k} {v}" for k, v in sorted(record["quotas"].items()))
     return _definition_list(
         [
-            ("schedules", _esc(record["schedule_count"])),
+            ("schedules", esc(record["schedule_count"])),
             ("busiest minute", _count(record["strict_fires_per_minute_peak"], "strict fire")),
-            ("quotas", _esc(quotas)),
+            ("quotas", esc(quotas)),
         ]
     )
 
@@ -882,7 +814,7 @@ def _lag_table(lives: list[Life]) -> str:
         lags = [float(life.lag) for life in members if life.lag is not None]
         waits = [float(life.waited) for life in members if life.waited is not None]
         rows.append(
-            f"<tr class='k-{kind}'><th>{_esc(label)}</th><td>{len(members)}</td>"
+            f"<tr class='k-{kind}'><th>{esc(label)}</th><td>{len(members)}</td>"
             f"{figures(lags)}{figures(waits)}</tr>"
         )
     return (
@@ -892,18 +824,6 @@ def _lag_table(lives: list[Life]) -> str:
         "<tr><th>measured</th><th>p50</th><th>p95</th><th>p99</th>"
         "<th>measured</th><th>p50</th><th>p95</th><th>p99</th></tr>" + "".join(rows) + "</table>"
     )
-
-
-# A wait for a worker past this stands out in a table (a backlog, or workers too few).
-LATE_SECONDS = 60
-
-
-def _late(life: Life, now: float) -> bool:
-    """Waited for a worker longer than LATE_SECONDS, or due that long ago and not taken."""
-    if life.waited is not None:
-        return life.waited > LATE_SECONDS
-    open_ = life.occurrence["state"] in ("SCHEDULED", "RETRY_WAIT")
-    return open_ and now - life.due > LATE_SECONDS
 
 
 def _occurrence_table(
@@ -931,12 +851,12 @@ def _occurrence_table(
             schedule_id = o["schedule_id"]
             label = names.get(schedule_id) or schedule_id
             owner = f"<td>{_link(f'schedules/{schedule_id}', view, label)}</td>"
-        late = " class=late" if _late(life, now) else ""
+        late = " class=late" if waited_too_long(life, now) else ""
         rows.append(
             f"<tr{late}><td>{when}</td>{owner}"
-            f"<td>{_state(o['state'])}{manual}</td><td>{_esc(o['available_at'])}</td>"
-            f"<td>{_esc(o['enqueued_at'] or '—')}</td><td>{lag}</td><td>{waited}</td>"
-            f"<td>{o['attempt_count']}</td><td>{_esc(o['reason'] or '')}</td></tr>"
+            f"<td>{_state(o['state'])}{manual}</td><td>{esc(o['available_at'])}</td>"
+            f"<td>{esc(o['enqueued_at'] or '—')}</td><td>{lag}</td><td>{waited}</td>"
+            f"<td>{o['attempt_count']}</td><td>{esc(o['reason'] or '')}</td></tr>"
         )
     schedule_head = "<th>schedule</th>" if names is not None else ""
     more = len(occurrences) - 100
@@ -954,174 +874,6 @@ def _retry(policy: dict[str, Any]) -> str:
         f"doubling to {policy['backoff_max_seconds']} s, within "
         f"{policy['deadline_seconds']} s of the fire"
     )
-
-
-# --- SVG ------------------------------------------------------------------------------
-
-_W, _LEFT, _RIGHT = 940, 170, 50
-
-
-def _x(instant: float, start: float, end: float) -> float:
-    span = max(end - start, 1)
-    return _LEFT + (instant - start) / span * (_W - _LEFT - _RIGHT)
-
-
-def _axis(start: int, end: int, y: int, ticks: int = 6) -> str:
-    parts = [f"<line x1={_LEFT} y1={y} x2={_W - _RIGHT} y2={y} class=axis />"]
-    for i in range(ticks + 1):
-        instant = start + (end - start) * i // ticks
-        x = _x(instant, start, end)
-        shape = "%m-%d %H:%M" if end - start > 86400 else "%H:%M:%S"
-        label = datetime.fromtimestamp(instant, UTC).strftime(shape)
-        parts.append(f"<line x1={x:.1f} y1={y} x2={x:.1f} y2={y + 4} class=axis />")
-        parts.append(f"<text x={x:.1f} y={y + 16} class=tick>{label}</text>")
-    return "".join(parts)
-
-
-def _fires_svg(fires: list[dict[str, Any]]) -> str:
-    instants = [epoch(f["utc"]) or 0 for f in fires]
-    start, end = instants[0], max(instants[-1], instants[0] + 60)
-    marks: list[str] = []
-    previous = None
-    for fire, instant in zip(fires, instants, strict=True):
-        x = _x(instant, start, end)
-        offset = _offset(fire["local"])
-        changed = previous is not None and offset != previous
-        previous = offset
-        local = fire["local"].replace("T", " ")
-        label = _esc(local[5:16] if end - start > 86400 else local[11:19])
-        label += " DST" if changed else ""
-        marks.append(
-            f"<circle cx={x:.1f} cy=30 r=5 class='{'dst' if changed else 'fire'}'>"
-            f"<title>{_esc(fire['local'])} ({_esc(fire['utc'])})</title></circle>"
-            f"<text x={x:.1f} y={18 if len(marks) % 2 else 52} class=tick>{label}</text>"
-        )
-    return (
-        f"<svg width={_W} height=90 role=img aria-label='next fires'>"
-        f"<text x=0 y=34>next {len(fires)} fires (UTC axis)</text>"
-        + "".join(marks)
-        + _axis(start, end, 66)
-        + "</svg>"
-    )
-
-
-# Past this many occurrences the timeline draws each as one mark at its scheduled time,
-# colored by its state (late ones apart), without the spans: 10,000 occurrences stay a
-# page the browser draws at once (about 80 bytes each instead of 400).
-DENSE = 600
-
-
-def _timeline_svg(lives: list[Life], start: int, end: int) -> str:
-    """One row per schedule: each occurrence's scheduled time (circle), when it became
-    receivable (square) and when a worker claimed it (triangle), joined by a line."""
-    names = sorted({life.schedule_name for life in lives})
-    dense = len(lives) > DENSE
-    pitch = 12 if dense and len(names) > 30 else 24
-    row = {name: 30 + pitch * index for index, name in enumerate(names)}
-    height = 40 + pitch * len(names)
-    parts = [f"<svg width={_W} height={height + 30} role=img aria-label='occurrences timeline'>"]
-    counts = Counter(life.schedule_name for life in lives)
-    for name, y in row.items():
-        label = f"<title>{_esc(name)}: {counts[name]} occurrences</title>"
-        parts.append(f"<text x=0 y={y + 4}>{_esc(name[:22])}{label}</text>")
-        parts.append(f"<line x1={_LEFT} y1={y} x2={_W - _RIGHT} y2={y} class=row />")
-    for life in lives:
-        y = row[life.schedule_name]
-        state = life.occurrence["state"].lower()
-        if dense:
-            late = " late" if _late(life, end) else ""
-            x = _x(life.scheduled, start, end)
-            parts.append(
-                f"<rect x={x - 1:.1f} y={y - 4} width=3 height=8 class='m {state}{late}' />"
-            )
-            continue
-        points = [life.scheduled, life.receivable, life.claimed_at]
-        known = [p for p in points if p is not None]
-        x0, x1 = _x(min(known), start, end), _x(max(known), start, end)
-        title = f"<title>{_esc(life.occurrence['occurrence_id'])}: {_esc(state)}</title>"
-        parts.append(f"<line x1={x0:.1f} y1={y} x2={x1:.1f} y2={y} class='span {state}' />")
-        x = _x(life.scheduled, start, end)
-        parts.append(f"<circle cx={x:.1f} cy={y} r=4 class=scheduled>{title}</circle>")
-        if life.receivable is not None:
-            x = _x(life.receivable, start, end)
-            parts.append(
-                f"<rect x={x - 3:.1f} y={y - 3} width=6 height=6 class=receivable>{title}</rect>"
-            )
-        if life.claimed_at is not None:
-            x = _x(life.claimed_at, start, end)
-            parts.append(
-                f"<polygon points='{x:.1f},{y - 5} {x - 4:.1f},{y + 3} {x + 4:.1f},{y + 3}' "
-                f"class='claimed {state}'>{title}</polygon>"
-            )
-    parts.append(_axis(start, end, height))
-    parts.append("</svg>")
-    if dense:
-        legend = (
-            "<p class=legend>One mark per occurrence at its scheduled time: "
-            "<span class=l-succeeded>▮</span> succeeded <span class=l-open>▮</span> open "
-            "<span class=l-dead>▮</span> dead, missed or canceled "
-            f"<span class=l-late>▮</span> waited over {LATE_SECONDS} s for a worker</p>"
-        )
-    else:
-        legend = (
-            "<p class=legend><span class=l-scheduled>●</span> scheduled "
-            "<span class=l-receivable>■</span> receivable <span class=l-claimed>▲</span> "
-            "claimed by a worker</p>"
-        )
-    return "".join(parts) + legend
-
-
-_LABEL_Y = {50: 16, 95: 30, 99: 44}  # the percentiles' labels, apart when their lines meet
-
-
-def _histogram_svg(values: list[tuple[float, str]], label: str, axis: str) -> str:
-    """Seconds as bars of whole seconds, each bar's occurrences stacked by group (KINDS)
-    with its count above it, and the p50/p95/p99 of them all."""
-    seconds = [v for v, _ in values]
-    top = max(int(max(seconds)), 9)  # at least ten bins
-    width = max(1, -(-(top + 1) // 30))  # at most 30 bins of whole seconds
-    bins: list[Counter[str]] = [Counter() for _ in range(top // width + 1)]
-    for value, kind in values:
-        bins[int(max(0, value)) // width][kind] += 1
-    height, tallest = 180, max(sum(b.values()) for b in bins)
-    bar = (_W - _LEFT - _RIGHT) / len(bins)
-    parts = [f"<svg width={_W} height={height + 80} role=img aria-label='{_esc(label)}'>"]
-    for index, counted in enumerate(bins):
-        x = _LEFT + index * bar
-        base = height + 10.0
-        for kind, _ in KINDS:
-            count = counted[kind]
-            if not count:
-                continue
-            h = count / tallest * (height - 60)  # (the percentiles' labels above)
-            base -= h
-            parts.append(
-                f"<rect x={x:.1f} y={base:.1f} width={bar - 2:.1f} height={h:.1f} "
-                f"class='bar {kind}'><title>{index * width} to {(index + 1) * width} s, "
-                f"{kind}: {count}</title></rect>"
-            )
-        total = sum(counted.values())
-        if total:
-            parts.append(
-                f"<text x={x + bar / 2 - 1:.1f} y={base - 3:.1f} class='tick count'>{total}</text>"
-            )
-        parts.append(f"<text x={x:.1f} y={height + 26} class=tick>{index * width}</text>")
-    for p in (50, 95, 99):
-        value = percentile(seconds, p)
-        x = _LEFT + value / width * bar
-        parts.append(
-            f"<line x1={x:.1f} y1=4 x2={x:.1f} y2={height + 10} class='p p{p}' />"
-            f"<text x={x + 3:.1f} y={_LABEL_Y[p]} class='plabel'>p{p} {value:g} s</text>"
-        )
-    legend = "".join(
-        f"<rect x={_LEFT + 240 * i} y={height + 56} width=10 height=10 class='bar {kind}' />"
-        f"<text x={_LEFT + 240 * i + 14} y={height + 65}>{_esc(name)}: "
-        f"{sum(b[kind] for b in bins)}</text>"
-        for i, (kind, name) in enumerate(KINDS)
-    )
-    parts.append(f"<text x=0 y={height // 2}>occurrences</text>")
-    parts.append(f"<text x={_LEFT} y={height + 44}>{_esc(axis)}</text>{legend}</svg>")
-    return "".join(parts)
 
 
 _STYLE = """tr.late td{background:#fff3e0} tr.late td:first-child{border-left:3px solid #e08a00}

@@ -8,12 +8,12 @@ import re
 
 from punctual_local.console import (
     Console,
-    Life,
     View,
     _marked_fires,
     _occurrence_table,
     next_clock_change,
 )
+from punctual_local.lives import Life
 from tests.instants import epoch
 
 
