@@ -177,8 +177,8 @@ simulate: install tools ## seeded fault-injecting simulations (SEED= TRIALS= DAY
 
 .PHONY: mutate
 MUTATE_STAMP := $(VENV)/.mutate-stamp
-$(MUTATE_STAMP): pyproject.toml $(STAMP)
-	$(PIP) -e '.[local,dev,mutate]'
+$(MUTATE_STAMP): $(PYPROJECTS) $(STAMP)
+	$(PIP) $(DISTRIBUTIONS) -e '.[local,dev,mutate]'
 	touch $(MUTATE_STAMP)
 mutate: $(MUTATE_STAMP) tools ## mutation testing (mutmut) per module, kill rates and survivors (MODULES='relay worker'); results kept in .mutate/
 	$(BIN)/python -m scripts.mutate $(MODULES)
