@@ -471,11 +471,27 @@ class _Scenarios(schema.as_state_machine()):  # type: ignore[misc]
         _record(case, response)
 
     def validate_response(self, response: schemathesis.Response, case: Case, **kwargs: Any) -> None:
-        case.validate_response(response, checks=CHECKS)
+        checks = CHECKS
+        if _over_the_backfill_quota(case, response):
+            # How many fires a range holds is the schedule's rule's, and how many a backfill
+            # may make is the tenant's quota, which the scenario may have set a step before:
+            # state no schema can say. The refusal must still be the documented 400.
+            checks = [check for check in CHECKS if check is not positive_data_acceptance]
+        case.validate_response(response, checks=checks)
 
     def teardown(self) -> None:
         type(self).completed += 1
         super().teardown()
+
+
+def _over_the_backfill_quota(case: Case, response: schemathesis.Response) -> bool:
+    """A backfill refused because its range holds more fires than the tenant's
+    max_backfill_occurrences (the error names that field and the quota)."""
+    if not case.operation.path.endswith("/backfill") or response.status_code != 400:
+        return False
+    error = response.json().get("error", {})
+    fields = [f.get("field") for f in error.get("fields", [])]
+    return fields == ["to"] and "(max_backfill_occurrences)" in str(error.get("message"))
 
 
 def test_api_contract_stateful_scenarios(gateway: Gateway, session: requests.Session) -> None:
