@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from punctual.domain.models import Schedule
-from punctual.domain.planning import MAX_CATCHUP_SPREAD, Cursor, cursor_after, new_occurrence, plan
+from punctual.domain.planning import (
+    MAX_CATCHUP_SPREAD,
+    Cursor,
+    cursor_after,
+    handled_until,
+    new_occurrence,
+    plan,
+)
 
 CREATED = datetime(2026, 1, 1, 10, 7, 30, tzinfo=UTC)
 START = int(CREATED.timestamp())
@@ -159,3 +166,12 @@ def test_a_large_catch_up_is_paced_in_whole_seconds_within_the_spread():
     pace = MAX_CATCHUP_SPREAD // 29
     assert late == [i * pace for i in range(30)]
     assert all(isinstance(o.available_at, int) for o in step.occurrences)
+
+
+def test_handled_until_is_the_recorded_instant_or_the_second_before_a_legacy_cursor():
+    # GIVEN a cursor that records how far planning went, and one written before it did
+    recorded = _schedule("rate(1 minute)", next_run_at=1_800_000_060, planned_until=1_800_000_030)
+    legacy = _schedule("rate(1 minute)", next_run_at=1_800_000_060)
+    # THEN the first says it; the second has made every fire before its next run
+    assert handled_until(recorded) == 1_800_000_030
+    assert handled_until(legacy) == 1_800_000_059
