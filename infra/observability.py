@@ -490,6 +490,23 @@ class Observability(Construct):
             "An hourly reconciliation run failed or timed out (some shard groups unchecked).",
             **LATE_FAILURES,
         )
+        self._alarm(
+            "ReconcilerStopped",
+            # (Filled with 0: an hour without a run is a breach at once, not only once the
+            # readback of CloudWatch's evaluation range, two more hours, has no datapoint.)
+            filled_sum(
+                {"succeeded": w.reconciler_machine.metric_succeeded(period=Duration.hours(1))},
+                "reconciliation runs succeeded",
+                Duration.hours(1),
+            ),
+            1,
+            "No hourly reconciliation run succeeded in 2 hours (none ran: the rule is "
+            "disabled or failing to start it, the state machine is throttled or gone): no "
+            "lost fire is found or repaired, and ReconcilerFailures has nothing to fire on.",
+            evaluation_periods=2,
+            datapoints=2,
+            heartbeat=True,
+        )
 
     def _throttle_alarms(self, settings: Settings, t: AlarmThresholds) -> None:
         """One per table, its indexes included."""

@@ -22,7 +22,7 @@ from infra.functions import FunctionDefaults, inline_function, python_function
 from infra.layer import ROOT
 from infra.queues import TargetQueueAccess
 from punctual.dal.tables import OCCURRENCE_PREFIX
-from punctual.domain.models import Lane
+from punctual.domain.occurrence import Lane
 from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS
 
 # A new mapping reads the stream from its oldest record (LATEST would skip what was
@@ -46,7 +46,7 @@ SENDING: TableGrants = {
 
 class Relaying(Construct):
     """The relay's two lanes and the re-drive of the batches either lane's mapping gives up
-    on. The catch-up lane (punctual.domain.models.Lane) has the on-time lane's code and grants, and
+    on. The catch-up lane (domain.occurrence.Lane) has the on-time lane's code and grants, and
     its own function, role and mapping. Both mappings read every shard of the stream, each
     at its own position, so a catch-up of any size never sits ahead of fires due now; its
     few batches at once bound the Lambda concurrency it takes."""

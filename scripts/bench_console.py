@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from punctual.domain.ids import manual_tag, occurrence_id
-from punctual.domain.models import Occurrence, OccurrenceState, ScheduleDefinition
+from punctual.domain.occurrence import Occurrence, OccurrenceState
+from punctual.domain.schedule import ScheduleDefinition
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import (
     REPO,

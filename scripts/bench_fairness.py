@@ -50,7 +50,7 @@ from punctual.dal.occurrences import occurrence_to_item
 from punctual.dal.tables import create_tables
 from punctual.dal.tenants import tenant_to_item
 from punctual.domain.ids import new_schedule_id, occurrence_id
-from punctual.domain.models import Lane, Occurrence
+from punctual.domain.occurrence import Lane, Occurrence
 from punctual.domain.planning import MAX_CATCHUP_SPREAD
 from punctual.domain.tenancy import Quotas, Tenant
 from punctual.integrations.streams import ANY_LANE

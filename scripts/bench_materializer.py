@@ -21,7 +21,7 @@ from punctual.dal.schedules import schedule_to_item, version_to_item
 from punctual.dal.tables import SCHEDULE_CURRENT, create_tables, occurrence_key
 from punctual.dal.tenants import tenant_to_item
 from punctual.domain.ids import new_schedule_id, shard_of
-from punctual.domain.models import Schedule
+from punctual.domain.schedule import Schedule
 from punctual.domain.tenancy import Quotas, Tenant
 from punctual.pipeline.materializer import Materializer
 from punctual.services import COLLECTOR, Services

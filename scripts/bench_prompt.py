@@ -76,7 +76,7 @@ def measure(window: int, runs: int, gap: float) -> dict[str, list[float]]:
     plane = ControlPlane(services)
     plane.create_tenant(TENANT, Quotas(max_manual_runs_per_minute=100_000))
     url = plane.create_target(TENANT, f"prompt{window}").queue_url
-    from punctual.domain.models import ScheduleDefinition
+    from punctual.domain.schedule import ScheduleDefinition
 
     schedule = plane.create(
         TENANT,

@@ -22,8 +22,8 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import occurrence_to_item
 from punctual.dal.tables import create_tables
 from punctual.dal.tenants import target_to_item
-from punctual.domain.models import Schedule
 from punctual.domain.planning import new_occurrence
+from punctual.domain.schedule import Schedule
 from punctual.domain.tenancy import Target
 from punctual.integrations.queues import QueueAdmin
 from punctual.pipeline.relay import Relay

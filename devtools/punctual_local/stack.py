@@ -29,7 +29,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from punctual.domain.ids import shard_groups
-from punctual.domain.models import Lane
+from punctual.domain.occurrence import Lane
 from punctual.integrations.streams import CATCHUP_WINDOW_SECONDS, ON_TIME_WINDOW_SECONDS
 from punctual.observability import logger
 from punctual.timing import utc_text

@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.idempotency import (
 from api.views import saved_out
 from punctual.control.plane import ControlPlane
 from punctual.domain.errors import Forbidden
-from punctual.domain.models import ScheduleDefinition
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.services import Services, Wiring
 
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600

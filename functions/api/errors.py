@@ -33,7 +33,7 @@ from punctual.domain.errors import (
     RateExceeded,
     Retryable,
 )
-from punctual.domain.models import field_errors
+from punctual.domain.validation import field_errors
 from punctual.observability import logger
 
 # Request validation names a missing header by its lower-case name.

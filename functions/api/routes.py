@@ -43,24 +43,20 @@ from api.views import (
 )
 from punctual.control.access import worker_policy
 from punctual.domain.errors import InvalidInput
-from punctual.domain.models import (
+from punctual.domain.fields import Instant, StrictCount
+from punctual.domain.findings import ReconcileReport
+from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
+from punctual.domain.principals import PRINCIPAL_ARN_PATTERN
+from punctual.domain.schedule import (
     PAYLOAD_RULES,
     SCHEDULE_NAME_PATTERN,
     TARGET_NAME_PATTERN,
-    Instant,
-    MisfirePolicy,
-    OverlapPolicy,
     Payload,
-    ReconcileReport,
-    RetryPolicy,
     ScheduleDefinition,
-    ScheduleSpec,
     ScheduleState,
-    StrictCount,
     WindowSeconds,
-    preview_fires,
 )
-from punctual.domain.principals import PRINCIPAL_ARN_PATTERN
+from punctual.domain.specs import ScheduleSpec, preview_fires
 from punctual.domain.tenancy import TENANT_ID_PATTERN, Quotas
 from punctual.observability import logger
 from punctual.pipeline.reconciler import default_window, read_reports

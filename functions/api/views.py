@@ -9,18 +9,15 @@ from pydantic import BaseModel, Field
 from punctual.control.plane import Affected, NextFires, Saved
 from punctual.dal.schedules import ScheduleVersion
 from punctual.domain.ids import is_manual
-from punctual.domain.models import (
+from punctual.domain.occurrence import Attempt, Occurrence
+from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
+from punctual.domain.schedule import (
     TARGET_NAME_PATTERN,
-    Attempt,
-    MisfirePolicy,
     MissedEpisode,
-    Occurrence,
-    OverlapPolicy,
-    RetryPolicy,
     Schedule,
     ScheduleDefinition,
-    ScheduleSpec,
 )
+from punctual.domain.specs import ScheduleSpec
 from punctual.domain.tenancy import Quotas, Target, Tenant
 from punctual.timing import Preview, utc_text
 

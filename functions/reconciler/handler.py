@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from punctual.domain.errors import InvalidInput
-from punctual.domain.models import field_errors
+from punctual.domain.validation import field_errors
 from punctual.observability import logger, metrics
 from punctual.pipeline.reconciler import Reconciler, metric_values
 from punctual.services import Wiring

@@ -18,7 +18,7 @@ from typing import Any
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.schedules import PAYLOAD_MARK, schedule_to_item, version_to_item
 from punctual.dal.tables import SHARD_INDEX_ATTRIBUTES
-from punctual.domain.models import MAX_PAYLOAD_BYTES, Schedule
+from punctual.domain.schedule import MAX_PAYLOAD_BYTES, Schedule
 from punctual.domain.tenancy import strict_minute_load
 from scripts.bench_materializer import item_size
 from scripts.capacity.model import KB, RCU_BYTES, units

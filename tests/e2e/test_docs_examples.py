@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from punctual.domain.message import Message, message_body
-from punctual.domain.models import Occurrence
+from punctual.domain.occurrence import Occurrence
 from tests.e2e.conftest import (
     REPO,
     Stack,

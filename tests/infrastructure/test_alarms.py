@@ -155,6 +155,28 @@ def test_alarms_materializer_stopped_fires_when_ticks_stop_not_on_one_missed_min
     assert after(None, None, 1.0) == "OK"
 
 
+def test_alarms_reconciler_stopped_fires_after_two_hours_without_a_run(service: Template):
+    # GIVEN the reconciler's heartbeat: its state machine's successful runs per hour
+    [alarm] = [a for name, a in _alarms(service).items() if "ReconcilerStopped" in name]
+    assert _heartbeat(alarm)
+    [metric] = [q["MetricStat"] for q in alarm["Metrics"] if "MetricStat" in q]
+    assert (metric["Metric"]["MetricName"], metric["Period"]) == ("ExecutionsSucceeded", 3600)
+    [runs] = inputs(alarm)
+
+    def after(*latest: float | None) -> str:
+        series: Series = [1.0] * (alarm["EvaluationPeriods"] + 2 - len(latest))
+        return alarm_state(alarm, {runs: [*series, *latest]})
+
+    # THEN runs that all fail, or no run at all (the rule disabled: nothing published),
+    # fire it after two hours
+    assert after(0.0, 0.0) == "ALARM"
+    assert after(None, None) == "ALARM"
+    # AND one run an hour is healthy; so is an hour whose run ended in the next one
+    assert after(1.0, 1.0) == "OK"
+    assert after(None, 2.0) == "OK"
+    assert after(1.0, None) == "OK"
+
+
 def test_alarms_a_rule_that_cannot_start_its_state_machine_fires(service: Template):
     # GIVEN the alarm on the schedule rules' failed invocations
     [alarm] = [a for name, a in _alarms(service).items() if "ScheduleRuleFailures" in name]

@@ -31,12 +31,15 @@ def test_observability_every_alarm_notifies_the_topic_both_ways(service: Templat
     )
     # AND every alarm tells it when it fires and when it recovers
     alarms = service.find_resources("AWS::CloudWatch::Alarm")
-    assert len(alarms) == 20 + len(ALL_TABLES)
+    assert len(alarms) == 21 + len(ALL_TABLES)
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
         assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
-        # (no data is healthy, but for the heartbeat: no tick is what it exists for)
-        heartbeat = alarm["Properties"]["AlarmName"].endswith("MaterializerStopped")
+        # (no data is healthy, but for the heartbeats: no tick, no hourly run is what
+        # they exist for)
+        heartbeat = alarm["Properties"]["AlarmName"].endswith(
+            ("MaterializerStopped", "ReconcilerStopped")
+        )
         assert alarm["Properties"]["TreatMissingData"] == (
             "breaching" if heartbeat else "notBreaching"
         )

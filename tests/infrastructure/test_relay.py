@@ -11,7 +11,7 @@ from aws_cdk.assertions import Match, Template
 
 from infra.offline import cdk_json_context, synthesize
 from infra.relay import START_CODE
-from punctual.domain.models import Lane
+from punctual.domain.occurrence import Lane
 from punctual.integrations.streams import wanted
 
 from .conftest import actions_of, function_id, render, resources_of, role_statements

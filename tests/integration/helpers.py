@@ -10,7 +10,7 @@ from typing import Any
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import occurrence_key
-from punctual.domain.models import ScheduleDefinition
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.services import Services, Wiring
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.integration.conftest import Answer, Api, Clock

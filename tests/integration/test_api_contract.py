@@ -60,7 +60,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from punctual.dal.tables import ALL_TABLES, create_tables
-from punctual.domain.models import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, ScheduleDefinition
+from punctual.domain.schedule import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, ScheduleDefinition
 from punctual.services import Services
 from punctual.settings import Settings
 from punctual_local.dynamodb import LocalDynamoDB
@@ -275,7 +275,7 @@ def filter_case(context: Any, case: Case) -> bool:
     return not positive or _breaks_a_stated_rule(case) is None
 
 
-# The grammars the document names as a string's format (punctual.domain.models): values drawn from
+# The grammars the document names as a string's format (punctual.domain.specs): values drawn from
 # them as docs/time.md defines them, written here, not taken from the API's parser. A
 # day of the month up to 28 fires in every month (one that never fires is refused).
 def _cron_field(low: int, high: int) -> st.SearchStrategy[str]:

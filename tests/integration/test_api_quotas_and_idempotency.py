@@ -14,7 +14,7 @@ from moto.core.botocore_stubber import BotocoreStubber
 from punctual.control.plane import ControlPlane
 from punctual.domain.errors import QuotaExceeded
 from punctual.domain.ids import shard_of
-from punctual.domain.models import ScheduleDefinition
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.pipeline.materializer import Materializer
 from punctual.services import Services
 from tests.instants import iso

@@ -15,7 +15,7 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tenants import SCAN_PAGES, TenantStore, tenant_to_item
 from punctual.domain.errors import Conflict, NotFound
-from punctual.domain.models import ScheduleDefinition
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.domain.tenancy import Quotas, Tenant
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

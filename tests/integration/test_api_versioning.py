@@ -16,7 +16,7 @@ from punctual.dal.common import ConditionFailed, Label, to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.domain.errors import Conflict
 from punctual.domain.ids import shard_of
-from punctual.domain.models import OccurrenceState
+from punctual.domain.occurrence import OccurrenceState
 from punctual.pipeline.materializer import Materializer
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

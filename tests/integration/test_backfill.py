@@ -13,8 +13,8 @@ import pytest
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
+from punctual.domain.findings import Finding
 from punctual.domain.ids import backfill_tag, occurrence_id, occurrence_name
-from punctual.domain.models import Finding
 from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

@@ -17,7 +17,7 @@ from infra import start_handler
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import occurrence_to_item
 from punctual.domain.ids import minute_of, new_schedule_id, occurrence_id
-from punctual.domain.models import Occurrence
+from punctual.domain.occurrence import Occurrence
 from punctual.integrations.streams import wanted
 from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services

@@ -22,9 +22,10 @@ from punctual.dal.tables import (
     occurrence_key,
     occurrence_sk,
 )
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
 from punctual.domain.message import message_body
-from punctual.domain.models import Finding, ScheduleDefinition
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.integrations.queues import queue_name
 from punctual.pipeline.reconciler import Reconciler
 from punctual.pipeline.redrive import StreamRedrive

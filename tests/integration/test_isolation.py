@@ -23,8 +23,8 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import ALL_TABLES, occurrence_key
 from punctual.domain.ids import schedule_key_prefix, tenant_of_schedule
-from punctual.domain.models import TARGET_NAME_PATTERN, ScheduleDefinition
 from punctual.domain.principals import PrincipalError, normalize_principal
+from punctual.domain.schedule import TARGET_NAME_PATTERN, ScheduleDefinition
 from punctual.domain.tenancy import TENANT_ID_PATTERN
 from punctual.integrations.queues import DLQ_RETENTION_SECONDS, OWNER_TAG, queue_name, queue_owner
 from punctual.pipeline.relay import Relay

@@ -19,7 +19,7 @@ from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.schedules import PAYLOAD_MARK, due_bucket, payload_bytes, version_sk
 from punctual.dal.tables import DUE_INDEX, SHARD_INDEX, current_key
 from punctual.domain.ids import occurrence_id, shard_of
-from punctual.domain.models import MAX_PAYLOAD_BYTES, ScheduleDefinition
+from punctual.domain.schedule import MAX_PAYLOAD_BYTES, ScheduleDefinition
 from punctual.pipeline.materializer import Materializer
 from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from punctual.control.plane import ControlPlane
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import Finding
 from punctual.pipeline.materializer import Materializer
 from punctual.pipeline.reconciler import CATCHUP_WINDOWS, Reconciler, read_reports
 from punctual.services import Services

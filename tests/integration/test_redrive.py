@@ -18,7 +18,8 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import StoredOccurrence, occurrence_to_item
 from punctual.dal.tables import occurrence_key
 from punctual.domain.ids import MANUAL_MARK, backfill_tag, occurrence_id, shard_of
-from punctual.domain.models import Lane, Occurrence, OccurrenceState, ScheduleDefinition
+from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.integrations.queues import queue_name
 from punctual.integrations.streams import ANY_LANE
 from punctual.pipeline.reconciler import Reconciler

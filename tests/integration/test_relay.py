@@ -17,7 +17,8 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
 from punctual.dal.tenants import TenantStore
 from punctual.domain.errors import Retryable
-from punctual.domain.models import OccurrenceState, ScheduleDefinition
+from punctual.domain.occurrence import OccurrenceState
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.integrations.queues import queue_name
 from punctual.pipeline import relay as relay_module
 from punctual.pipeline.relay import (

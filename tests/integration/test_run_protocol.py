@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from punctual.domain.models import AttemptOutcome, OccurrenceState
+from punctual.domain.occurrence import AttemptOutcome, OccurrenceState
 from punctual.domain.tenancy import Quotas
 from punctual.services import Services
 from punctual_client.worker import Job, Outcome

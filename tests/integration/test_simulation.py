@@ -13,7 +13,7 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.schedules import version_to_item
 from punctual.dal.tables import occurrence_key
-from punctual.domain.models import OverlapPolicy
+from punctual.domain.policies import OverlapPolicy
 from punctual.observability import logger
 from punctual_local.dynamodb import LocalDynamoDB
 from tests.faults import FaultPlan

@@ -13,7 +13,7 @@ import pytest
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import occurrence_to_item
 from punctual.domain.ids import new_schedule_id, occurrence_id
-from punctual.domain.models import Lane, Occurrence
+from punctual.domain.occurrence import Lane, Occurrence
 from punctual.services import Services
 from punctual_local import streams as local_streams
 from punctual_local.stack import lane_checkpoints

@@ -14,9 +14,10 @@ import pytest
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import OCCURRENCES, TRIGGER_PREFIX, occurrence_key
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_parts, shard_of
 from punctual.domain.message import parse_message
-from punctual.domain.models import AttemptOutcome, Finding, OccurrenceState
+from punctual.domain.occurrence import AttemptOutcome, OccurrenceState
 from punctual.pipeline.reconciler import Reconciler
 from punctual.pipeline.relay import Relay
 from punctual.services import Services

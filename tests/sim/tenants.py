@@ -24,7 +24,7 @@ from punctual.dal.common import to_dynamo, values
 from punctual.dal.schedules import PAYLOAD_MARK, payload_bytes
 from punctual.dal.tables import current_key
 from punctual.domain.errors import PunctualError
-from punctual.domain.models import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
+from punctual.domain.schedule import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
 from punctual.domain.tenancy import Quotas
 from punctual.timing import get_zone
 

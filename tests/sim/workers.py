@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from punctual.domain.errors import PunctualError
-from punctual.domain.models import OverlapPolicy
+from punctual.domain.policies import OverlapPolicy
 from punctual.integrations.queues import queue_name
 from punctual_client.worker import Job, PermanentError, QueueConsumer, Worker
 from punctual_client.worker.core import Delivery, Outcome, Result

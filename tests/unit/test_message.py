@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from punctual.domain.ids import occurrence_id
 from punctual.domain.message import MESSAGE_VERSION, message_body, parse_message
-from punctual.domain.models import Occurrence
+from punctual.domain.occurrence import Occurrence
 
 SCHEDULE = "sch_acme.q7k"
 SCHEDULED_FOR = 1_796_029_200  # 2026-11-30T09:00:00Z

@@ -12,20 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from punctual.domain.models import (
-    MAX_PAYLOAD_BYTES,
-    TERMINAL,
-    TRANSITIONS,
-    AtSpec,
-    CronSpec,
-    MisfireAction,
-    OccurrenceState,
-    RateSpec,
-    Schedule,
-    ScheduleDefinition,
-    can_transition,
-    field_errors,
-)
+from punctual.domain.occurrence import TERMINAL, TRANSITIONS, OccurrenceState, can_transition
+from punctual.domain.policies import MisfireAction
+from punctual.domain.schedule import MAX_PAYLOAD_BYTES, Schedule, ScheduleDefinition
+from punctual.domain.specs import AtSpec, CronSpec, RateSpec
+from punctual.domain.validation import field_errors
 from punctual.timing import MAX_INSTANT, CronRule, OneShotRule, RateRule, utc_text
 
 CRON: dict[str, Any] = {

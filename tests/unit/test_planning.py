@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from punctual.domain.models import Schedule
 from punctual.domain.planning import (
     MAX_CATCHUP_SPREAD,
     Cursor,
@@ -17,6 +16,7 @@ from punctual.domain.planning import (
     new_occurrence,
     plan,
 )
+from punctual.domain.schedule import Schedule
 
 CREATED = datetime(2026, 1, 1, 10, 7, 30, tzinfo=UTC)
 START = int(CREATED.timestamp())

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from punctual.dal.schedules import ScheduleVersion
+from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.ids import available_at, occurrence_id
-from punctual.domain.models import Finding, ReconcileReport, Schedule, ScheduleState
+from punctual.domain.schedule import Schedule, ScheduleState
 from punctual.pipeline import ownership
 from punctual.pipeline.ownership import Expected, expected_occurrences
 from punctual.pipeline.reconciler import METRIC_NAMES, Reconciler, ShardResult, metric_values

@@ -11,7 +11,7 @@ import pytest
 from punctual.dal.common import from_dynamo
 from punctual.dal.reports import ReportStore, report_key, report_to_item
 from punctual.dal.tables import LEASES
-from punctual.domain.models import ReconcileReport
+from punctual.domain.findings import ReconcileReport
 from tests.instants import epoch
 
 WINDOW = (epoch("2026-11-18T10:00:00Z"), epoch("2026-11-18T11:00:00Z"))

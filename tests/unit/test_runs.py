@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.runs import RunLease, RunStore, Seen, _abandoned, _finished_by
-from punctual.domain.models import AttemptOutcome, OccurrenceState
+from punctual.domain.occurrence import AttemptOutcome, OccurrenceState
 from punctual.settings import Settings
 
 NOW = 1_795_000_100

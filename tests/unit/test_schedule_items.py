@@ -24,7 +24,8 @@ from punctual.dal.schedules import (
     version_to_item,
 )
 from punctual.domain.errors import Retryable
-from punctual.domain.models import Occurrence, PayloadNotRead
+from punctual.domain.occurrence import Occurrence
+from punctual.domain.schedule import PayloadNotRead
 from scripts.capacity.payloads import item_bytes, sample
 from tests.fakes import as_client
 

@@ -14,15 +14,9 @@ import pytest
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import occurrence_key
 from punctual.domain.ids import backfill_tag, occurrence_id, schedule_key_prefix
-from punctual.domain.models import (
-    Attempt,
-    AttemptOutcome,
-    MissedEpisode,
-    Occurrence,
-    OccurrenceState,
-    OverlapPolicy,
-    Schedule,
-)
+from punctual.domain.occurrence import Attempt, AttemptOutcome, Occurrence, OccurrenceState
+from punctual.domain.policies import OverlapPolicy
+from punctual.domain.schedule import MissedEpisode, Schedule
 from punctual.pipeline.ownership import Expected
 from punctual.settings import Settings
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
@@ -34,7 +28,8 @@ from tests.sim.world import Run
 
 SID = "sch_t0.abc"
 OTHER = "sch_t0.def"
-T = 1_800_000_000
+T = 1_800_000_000  # (a whole hour)
+DAY = 86400
 
 
 def run_of(**fields: Any) -> Run:
@@ -269,9 +264,42 @@ def test_oracle_names_an_open_occurrence_once(manual: str | None):
     # WHEN its schedule is checked; THEN it is unsettled, named once (by its fire, or as
     # an occurrence no fire owes)
     oracle._check_schedule(
-        verdict, {"schedule_id": SID}, versions, fires(T), stored, run_of(), T + 3600, 0
+        verdict, {"schedule_id": SID}, versions, fires(T), stored, run_of(), home(), T + 3600, 0
     )
     assert verdict.violations["unsettled"] == 1
+
+
+def home(*settled: int) -> oracle._Settled:
+    """The failed (home) region's reconcile reports: the hours it settled."""
+    return cast(oracle._Settled, SimpleNamespace(hours=lambda shard: set(settled)))
+
+
+@pytest.mark.parametrize(
+    ("due", "settled", "expected"),
+    [
+        # lost in an hour the failed region's reconciler never settled (down, or its walk
+        # behind), long before the take-over: neither region repairs it, a known limit
+        (T + 600, [], set()),
+        # the failed region settled that hour: its check let a fire go missing
+        (T + 600, [T], {"missing"}),
+        # due after the take-over's rewound instant: the new region's to repair
+        (T + 10 * 3600, [], {"missing"}),
+    ],
+)
+def test_oracle_a_fire_the_failed_region_lost_is_known_only_in_an_hour_it_never_settled(
+    due: int, settled: list[int], expected: set[str]
+):
+    # GIVEN a fail-over at T+8h whose take-over rewound the schedule to T+8h-15min, and a
+    # required fire with no occurrence
+    run = run_of(failed_over_at=T + 8 * 3600)
+    item = {"schedule_id": SID, "shard": 1, "homed_since": T + 8 * 3600 - 900}
+    versions = [ScheduleVersion(schedule(), T - 3600)]
+    verdict = Verdict()
+    # WHEN the oracle checks it
+    oracle._check_fires(verdict, item, versions, fires(due), {}, [], run, home(*settled), T + DAY)
+    # THEN it is a violation unless the failed region never settled its hour
+    assert set(verdict.violations) == expected
+    assert verdict.left_by_failover == (0 if expected else 1)
 
 
 def test_oracle_an_instant_recorded_missed_that_fired_too():

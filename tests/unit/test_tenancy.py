@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from punctual.domain.models import ScheduleDefinition
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.domain.tenancy import strict_minute_load
 
 CREATED = datetime(2026, 4, 10, 12, 0, tzinfo=UTC)

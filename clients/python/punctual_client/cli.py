@@ -15,7 +15,8 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from punctual.domain.models import AtSpec, CronSpec, RateSpec, field_errors, preview_fires
+from punctual.domain.specs import AtSpec, CronSpec, RateSpec, preview_fires
+from punctual.domain.validation import field_errors
 from punctual.timing import (
     ZoneError,
     from_epoch,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from punctual.domain.models import OccurrenceState
+from punctual.domain.occurrence import OccurrenceState
 from punctual.timing import utc_text
 from punctual_client.http import (
     ApiError,
@@ -746,7 +746,7 @@ def _until_broken_pipe(
 
 
 def _worker(client: Client, args: argparse.Namespace) -> int:
-    from punctual.domain.models import field_errors
+    from punctual.domain.validation import field_errors
     from punctual_client.logs import plain_logs
     from punctual_client.worker import QueueConsumer, Worker
     from punctual_client.worker.wiring import WorkerClients

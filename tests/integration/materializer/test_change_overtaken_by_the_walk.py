@@ -18,8 +18,9 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.leases import LeaseStore
 from punctual.dal.schedules import due_bucket
 from punctual.dal.tables import current_key
+from punctual.domain.findings import Finding
 from punctual.domain.ids import shard_of
-from punctual.domain.models import Finding, ScheduleDefinition, ScheduleState
+from punctual.domain.schedule import ScheduleDefinition, ScheduleState
 from punctual.pipeline.materializer import LEASE_SECONDS, Materializer
 from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services

@@ -17,7 +17,7 @@ from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.leases import LeaseStore
 from punctual.dal.tables import occurrence_key
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import OccurrenceState
+from punctual.domain.occurrence import OccurrenceState
 from punctual.pipeline.materializer import COMMIT_ATTEMPTS, LEASE_SECONDS, RETRY, Materializer
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

@@ -18,7 +18,8 @@ from punctual.dal.common import to_dynamo
 from punctual.dal.leases import shard_key
 from punctual.dal.tables import DUE_INDEX, occurrence_key
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import OccurrenceState, ScheduleState
+from punctual.domain.occurrence import OccurrenceState
+from punctual.domain.schedule import ScheduleState
 from punctual.pipeline.materializer import LEASE_SECONDS, RENEW_AFTER, Materializer
 from punctual.services import Services
 from punctual.timing import utc_text

@@ -16,7 +16,8 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import current_key, occurrence_key
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import OccurrenceState, ScheduleState
+from punctual.domain.occurrence import OccurrenceState
+from punctual.domain.schedule import ScheduleState
 from punctual.pipeline.materializer import STEP_LIMIT, Materializer
 from punctual.services import Services
 from punctual.timing import utc_text

@@ -12,8 +12,8 @@ from typing import Any
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import current_key, occurrence_key
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id, shard_of
-from punctual.domain.models import Finding
 from punctual.pipeline.materializer import Materializer
 from punctual.pipeline.reconciler import Reconciler, ShardResult
 from punctual.services import Services

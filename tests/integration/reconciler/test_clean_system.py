@@ -13,8 +13,9 @@ import pytest
 
 from punctual.control.plane import ControlPlane
 from punctual.dal.occurrences import OccurrenceStore, Window
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import Finding, ScheduleState
+from punctual.domain.schedule import ScheduleState
 from punctual.pipeline.reconciler import INDEX_SETTLED
 from punctual.services import Services
 from tests.integration.conftest import Api, Clock

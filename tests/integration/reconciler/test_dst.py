@@ -12,8 +12,8 @@ import pytest
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import Finding
 from punctual.services import Services
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, make

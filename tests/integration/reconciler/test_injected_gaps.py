@@ -17,8 +17,8 @@ import pytest
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import current_key, occurrence_key
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import Finding
 from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

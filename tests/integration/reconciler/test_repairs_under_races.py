@@ -16,8 +16,8 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.reports import ReportStore
 from punctual.dal.tables import occurrence_key
+from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import Finding
 from punctual.pipeline.reconciler import (
     CATCHUP_WINDOWS,
     Reconciler,

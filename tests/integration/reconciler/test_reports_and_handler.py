@@ -16,8 +16,9 @@ from reconciler import handler
 
 from punctual.dal.reports import ReportStore, report_key
 from punctual.domain.errors import InvalidInput
+from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.ids import available_at, occurrence_id, shard_of
-from punctual.domain.models import Finding, Occurrence, OccurrenceState, ReconcileReport
+from punctual.domain.occurrence import Occurrence, OccurrenceState
 from punctual.pipeline.ownership import fired_late
 from punctual.pipeline.reconciler import (
     CATCHUP_WINDOWS,

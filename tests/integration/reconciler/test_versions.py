@@ -12,8 +12,10 @@ import pytest
 
 from punctual.control.plane import ControlPlane
 from punctual.dal.schedules import ScheduleVersion
+from punctual.domain.findings import Finding
 from punctual.domain.ids import available_at, occurrence_id
-from punctual.domain.models import CronSpec, Finding, ScheduleDefinition, ScheduleState
+from punctual.domain.schedule import ScheduleDefinition, ScheduleState
+from punctual.domain.specs import CronSpec
 from punctual.pipeline.ownership import expected_occurrences
 from punctual.pipeline.reconciler import HISTORY_MARGIN
 from punctual.services import Services

@@ -21,13 +21,8 @@ import pytest
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.runs import run_partition, run_slot_sk, wait_slot_sk
-from punctual.domain.models import (
-    Attempt,
-    AttemptOutcome,
-    Occurrence,
-    OccurrenceState,
-    ScheduleDefinition,
-)
+from punctual.domain.occurrence import Attempt, AttemptOutcome, Occurrence, OccurrenceState
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.integrations.queues import queue_name
 from punctual.pipeline.relay import Relay
 from punctual.services import Services

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import ConditionFailed
-from punctual.domain.models import AttemptOutcome
+from punctual.domain.occurrence import AttemptOutcome
 from punctual.services import Services
 from punctual.timing import utc_text
 from punctual_client.worker import Job, Outcome, PermanentError, Result

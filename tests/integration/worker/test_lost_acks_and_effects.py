@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from punctual.dal.common import ConditionFailed, Label, from_dynamo
-from punctual.domain.models import AttemptOutcome
+from punctual.domain.occurrence import AttemptOutcome
 from punctual.services import Services
 from punctual_client.worker import Delivery, EffectLedger, Job, Outcome, Result
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB

@@ -18,7 +18,7 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.runs import RunLease
 from punctual.domain.errors import Retryable
-from punctual.domain.models import AttemptOutcome
+from punctual.domain.occurrence import AttemptOutcome
 from punctual.services import Services
 from punctual_client.worker import Job, Outcome, Worker
 from punctual_client.worker.core import (

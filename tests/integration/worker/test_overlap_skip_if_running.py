@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from punctual.domain.models import can_transition
+from punctual.domain.occurrence import can_transition
 from punctual.services import Services
 from punctual_client.worker import Job, Outcome, Result
 from tests.integration.conftest import ALICE, Api, Clock, bootstrap

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from punctual.dal.common import to_dynamo
 from punctual.dal.tables import occurrence_key
-from punctual.domain.models import AttemptOutcome
+from punctual.domain.occurrence import AttemptOutcome
 from punctual.services import Services
 from punctual.timing import utc_text
 from punctual_client.worker import Outcome

@@ -17,7 +17,9 @@ import pytest
 
 from punctual.control.plane import ControlPlane
 from punctual.domain.ids import occurrence_id, shard_of
-from punctual.domain.models import AttemptOutcome, RetryPolicy, ScheduleDefinition
+from punctual.domain.occurrence import AttemptOutcome
+from punctual.domain.policies import RetryPolicy
+from punctual.domain.schedule import ScheduleDefinition
 from punctual.pipeline.materializer import Materializer
 from punctual.services import Services
 from punctual_client.worker import (

@@ -22,7 +22,8 @@ from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.tables import current_key, occurrence_key
 from punctual.domain.errors import Retryable
 from punctual.domain.ids import shard_of
-from punctual.domain.models import AttemptOutcome, Occurrence, ScheduleDefinition, ScheduleState
+from punctual.domain.occurrence import AttemptOutcome, Occurrence
+from punctual.domain.schedule import ScheduleDefinition, ScheduleState
 from punctual.pipeline.materializer import Materializer
 from punctual.services import Services
 from punctual_client.worker import Job, Outcome, Worker

@@ -32,15 +32,9 @@ from punctual.dal.runs import (
 from punctual.domain.errors import NotFound, Retryable
 from punctual.domain.ids import tenant_of_schedule
 from punctual.domain.message import Message, parse_message
-from punctual.domain.models import (
-    OWNS_FIRES,
-    TERMINAL,
-    AttemptOutcome,
-    OccurrenceState,
-    OverlapPolicy,
-    RetryPolicy,
-    ScheduleState,
-)
+from punctual.domain.occurrence import TERMINAL, AttemptOutcome, OccurrenceState
+from punctual.domain.policies import OverlapPolicy, RetryPolicy
+from punctual.domain.schedule import OWNS_FIRES, ScheduleState
 from punctual.observability import logger
 from punctual_client.worker.wiring import WorkerServices
 

@@ -21,8 +21,9 @@ from punctual.domain.ids import (
     occurrence_id,
     occurrence_name,
 )
-from punctual.domain.models import Lane, Occurrence, OccurrenceState, Schedule, ScheduleState
+from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
 from punctual.domain.planning import MAX_CATCHUP_SPREAD, handled_until, wall_text
+from punctual.domain.schedule import Schedule, ScheduleState
 from punctual.domain.tenancy import Tenant
 from punctual.pipeline.rezone import SPAN as REZONE_SPAN
 from punctual.timing import utc_text

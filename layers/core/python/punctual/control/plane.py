@@ -43,22 +43,20 @@ from punctual.domain.ids import (
     shard_of,
     tenant_of_schedule,
 )
-from punctual.domain.models import (
+from punctual.domain.occurrence import Attempt, Occurrence, OccurrenceState
+from punctual.domain.planning import handled_until, plan
+from punctual.domain.schedule import (
     HOLDS_QUOTA,
     SCHEDULE_MOVES,
-    AtSpec,
-    Attempt,
     MissedEpisode,
-    Occurrence,
-    OccurrenceState,
     Schedule,
     ScheduleDefinition,
     ScheduleMove,
     ScheduleState,
-    field_errors,
 )
-from punctual.domain.planning import handled_until, plan
+from punctual.domain.specs import AtSpec
 from punctual.domain.tenancy import Quotas, Target, Tenant, strict_minute_load
+from punctual.domain.validation import field_errors
 from punctual.integrations.queues import QueueAdmin
 from punctual.observability import logger
 from punctual.pipeline.relay import Relay, outbound

@@ -29,7 +29,8 @@ from punctual.dal.tables import (
 )
 from punctual.domain.errors import Conflict
 from punctual.domain.ids import occurrence_id
-from punctual.domain.models import Attempt, Occurrence, OccurrenceState, PayloadNotRead
+from punctual.domain.occurrence import Attempt, Occurrence, OccurrenceState
+from punctual.domain.schedule import PayloadNotRead
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.type_defs import QueryOutputTypeDef

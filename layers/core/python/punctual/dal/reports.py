@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from punctual.dal.common import ConditionFailed, Item, batch_get, dynamo, to_dynamo, values
-from punctual.domain.models import ReconcileReport
+from punctual.domain.findings import ReconcileReport
 
 REPORT_PREFIX = "RECONCILE#"
 

@@ -35,13 +35,9 @@ from punctual.dal.common import (
 )
 from punctual.dal.tables import current_key, occurrence_key
 from punctual.domain.errors import Retryable
-from punctual.domain.models import (
-    AttemptOutcome,
-    OccurrenceState,
-    OverlapPolicy,
-    RetryPolicy,
-    ScheduleState,
-)
+from punctual.domain.occurrence import AttemptOutcome, OccurrenceState
+from punctual.domain.policies import OverlapPolicy, RetryPolicy
+from punctual.domain.schedule import ScheduleState
 from punctual.settings import Settings
 
 # The run protocol this module speaks: which items a claim, a heartbeat and a completion

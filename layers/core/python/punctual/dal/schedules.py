@@ -20,7 +20,8 @@ from punctual.dal.common import (
 )
 from punctual.dal.tables import DUE_INDEX, SCHEDULE_CURRENT, SCHEDULES, SHARD_INDEX, TENANT_INDEX
 from punctual.domain.errors import Retryable
-from punctual.domain.models import (
+from punctual.domain.planning import Cursor
+from punctual.domain.schedule import (
     OWNS_FIRES,
     SCHEDULE_MOVES,
     MissedEpisode,
@@ -28,7 +29,6 @@ from punctual.domain.models import (
     ScheduleDefinition,
     ScheduleState,
 )
-from punctual.domain.planning import Cursor
 from punctual.timing import to_epoch, tzdata_version
 
 _DEFINITION_FIELDS = set(ScheduleDefinition.model_fields)

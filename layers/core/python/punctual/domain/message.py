@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from punctual.domain.ids import occurrence_parts
-from punctual.domain.models import Occurrence
+from punctual.domain.occurrence import Occurrence
 from punctual.timing import utc_text
 
 MESSAGE_VERSION = 1

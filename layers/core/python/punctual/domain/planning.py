@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from punctual.domain.ids import available_at, occurrence_id
-from punctual.domain.models import Lane, Occurrence, OccurrenceState, Schedule
+from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
+from punctual.domain.schedule import Schedule
 from punctual.timing import get_zone, local_wall
 
 # A direct (API-side) materialization stays far below DynamoDB's 100 actions per

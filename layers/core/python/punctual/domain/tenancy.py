@@ -7,7 +7,8 @@ from math import gcd
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from punctual.domain.models import AtSpec, CronSpec, RateSpec, ScheduleDefinition
+from punctual.domain.schedule import ScheduleDefinition
+from punctual.domain.specs import AtSpec, CronSpec, RateSpec
 from punctual.timing import get_zone, parse_cron_cached, parse_rate
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{1,31}$"

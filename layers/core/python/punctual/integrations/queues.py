@@ -22,8 +22,8 @@ from botocore.exceptions import ClientError
 
 from punctual.backoff import Backoff
 from punctual.domain.errors import Conflict
-from punctual.domain.models import TARGET_NAME_PATTERN
 from punctual.domain.principals import principal_patterns
+from punctual.domain.schedule import TARGET_NAME_PATTERN
 from punctual.domain.tenancy import TENANT_ID_PATTERN
 
 # Receives before SQS moves a message to the DLQ: above the largest retry policy

@@ -26,8 +26,8 @@ from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.schedules import StoredSchedule
 from punctual.domain.errors import Retryable
 from punctual.domain.ids import minute_of
-from punctual.domain.models import ScheduleState
 from punctual.domain.planning import Cursor, cursor_after
+from punctual.domain.schedule import ScheduleState
 from punctual.services import Services
 
 REWIND_SECONDS = 900  # the relay sends a due occurrence within seconds; 15 minutes to spare

@@ -33,8 +33,10 @@ from punctual.dal.schedules import (
 from punctual.dal.tenants import released_usage
 from punctual.domain.errors import Retryable
 from punctual.domain.ids import minute_of
-from punctual.domain.models import MisfireAction, Occurrence, Schedule, ScheduleState
+from punctual.domain.occurrence import Occurrence
 from punctual.domain.planning import Catchup, Plan, plan
+from punctual.domain.policies import MisfireAction
+from punctual.domain.schedule import Schedule, ScheduleState
 from punctual.domain.tenancy import Quotas
 from punctual.observability import logger
 from punctual.pipeline.rezone import replan, stale

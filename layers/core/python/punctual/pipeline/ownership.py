@@ -24,13 +24,8 @@ from dataclasses import dataclass
 
 from punctual.dal.schedules import ScheduleVersion
 from punctual.domain.ids import available_at, occurrence_id
-from punctual.domain.models import (
-    OWNS_FIRES,
-    Occurrence,
-    OccurrenceState,
-    Schedule,
-    ScheduleState,
-)
+from punctual.domain.occurrence import Occurrence, OccurrenceState
+from punctual.domain.schedule import OWNS_FIRES, Schedule, ScheduleState
 from punctual.pipeline.redrive import REDRIVE_AFTER
 from punctual.pipeline.rezone import stale
 from punctual.timing.zones import offset_changes

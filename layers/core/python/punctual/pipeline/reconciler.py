@@ -23,18 +23,12 @@ from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.occurrences import Window
 from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.domain.errors import InvalidInput, Retryable
+from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.ids import is_manual, minute_of
-from punctual.domain.models import (
-    Finding,
-    Lane,
-    MisfireAction,
-    Occurrence,
-    OccurrenceState,
-    ReconcileReport,
-    Schedule,
-    ScheduleState,
-)
+from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
 from punctual.domain.planning import MAX_CATCHUP_SPREAD, new_occurrence, wall_text
+from punctual.domain.policies import MisfireAction
+from punctual.domain.schedule import Schedule, ScheduleState
 from punctual.observability import logger
 from punctual.pipeline.ownership import (
     Expected,

@@ -23,7 +23,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from punctual.dal.occurrences import StoredOccurrence
-from punctual.domain.models import Lane, OccurrenceState
+from punctual.domain.occurrence import Lane, OccurrenceState
 from punctual.integrations.streams import ANY_LANE, read_range, wanted
 from punctual.pipeline.relay import Relay, RelayReport, SendFailed
 

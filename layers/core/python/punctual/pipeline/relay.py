@@ -30,7 +30,7 @@ from punctual.dal.occurrences import StoredOccurrence, inserted_occurrence
 from punctual.domain.errors import Retryable
 from punctual.domain.ids import tenant_of_schedule
 from punctual.domain.message import MESSAGE_VERSION, message_body
-from punctual.domain.models import Lane, Occurrence, OccurrenceState
+from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
 from punctual.observability import logger
 from punctual.services import Services
 

@@ -34,8 +34,9 @@ from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.schedules import StoredSchedule
 from punctual.domain.errors import Retryable
 from punctual.domain.ids import is_manual, minute_of, occurrence_name
-from punctual.domain.models import Occurrence, OccurrenceState, Schedule, ScheduleState
+from punctual.domain.occurrence import Occurrence, OccurrenceState
 from punctual.domain.planning import Cursor, cursor_after, new_occurrence, wall_text
+from punctual.domain.schedule import Schedule, ScheduleState
 from punctual.services import Services
 from punctual.timing import get_zone, resolve_wall, tzdata_version, utc_text
 

@@ -1,0 +1,203 @@
+"""A schedule's timing: cron, rate and one-shot specs, and the preview of their fires."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    JsonValue,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+from punctual.domain.fields import Instant, Record
+from punctual.timing import (
+    Bounds,
+    CronRule,
+    OneShotRule,
+    Preview,
+    RateRule,
+    ResolvedAt,
+    Rule,
+    get_zone,
+    parse_cron_cached,
+    parse_rate,
+    preview,
+    resolve_at,
+    to_epoch,
+)
+
+
+class _SpecBase(Record):
+    start_at: Instant | None = Field(
+        default=None, description="No fire before this instant (inclusive)."
+    )
+    end_at: Instant | None = Field(
+        default=None, description="No fire after this instant (inclusive)."
+    )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        # ``kind`` tells the specs apart (the discriminator): an input must carry it, so
+        # the schema says it is required, though a spec built in code has it by default.
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        schema["required"] = ["kind", *(r for r in schema.get("required", []) if r != "kind")]
+        return schema
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> Self:
+        if self.start_at and self.end_at and self.end_at <= self.start_at:
+            raise ValueError("end_at must be later than start_at")
+        return self
+
+    def bounds(self) -> Bounds:
+        return Bounds(
+            start=to_epoch(self.start_at) if self.start_at else None,
+            end=to_epoch(self.end_at) if self.end_at else None,
+        )
+
+
+# The grammars JSON Schema cannot say, named as a string's "format" (an annotation: a
+# client that knows the name can generate or check values; tests/integration/
+# test_api_contract.py generates them).
+CRON_FORMAT: dict[str, JsonValue] = {"format": "cron"}
+RATE_FORMAT: dict[str, JsonValue] = {"format": "rate"}
+ZONE_FORMAT: dict[str, JsonValue] = {"format": "iana-time-zone"}
+
+
+def _check_zone(name: str) -> str:
+    get_zone(name)  # ZoneError is a ValueError: pydantic reports it on the field
+    return name
+
+
+class CronSpec(_SpecBase):
+    """Five-field cron (or a macro) evaluated on local wall time in an IANA zone."""
+
+    kind: Literal["cron"] = "cron"
+    expression: str = Field(
+        examples=["30 9 * * mon-fri"],
+        max_length=256,
+        description="Five fields or a macro, as docs/time.md defines them.",
+        json_schema_extra=CRON_FORMAT,
+    )
+    timezone: str = Field(examples=["Europe/Berlin"], max_length=64, json_schema_extra=ZONE_FORMAT)
+
+    @field_validator("expression")
+    @classmethod
+    def _valid_expression(cls, value: str) -> str:
+        parse_cron_cached(value)  # every schedule read validates it: parsed once
+        return value
+
+    _valid_zone = field_validator("timezone")(_check_zone)
+
+    def rule(self) -> CronRule:
+        return CronRule(parse_cron_cached(self.expression), get_zone(self.timezone), self.bounds())
+
+
+class RateSpec(_SpecBase):
+    """A fixed elapsed interval from an anchor instant, unaffected by DST."""
+
+    kind: Literal["rate"] = "rate"
+    expression: str = Field(
+        examples=["rate(15 minutes)"],
+        max_length=64,
+        description="rate(N minute|minutes|hour|hours|day|days), N from 1 up to 366 days.",
+        json_schema_extra=RATE_FORMAT,
+    )
+    anchor: Instant | None = Field(
+        default=None,
+        description="Fires are anchor + k * interval; defaults to start_at, else creation time.",
+    )
+    timezone: str = Field(
+        default="UTC", description="Only for showing local times.", json_schema_extra=ZONE_FORMAT
+    )
+
+    @field_validator("expression")
+    @classmethod
+    def _valid_expression(cls, value: str) -> str:
+        parse_rate(value)
+        return value
+
+    _valid_zone = field_validator("timezone")(_check_zone)
+
+    def rule(self, created_at: datetime | None = None) -> RateRule:
+        anchor = self.anchor or self.start_at or created_at
+        if anchor is None:
+            raise ValueError("a rate schedule needs an anchor, a start_at or a creation time")
+        return RateRule(parse_rate(self.expression), to_epoch(anchor), self.bounds())
+
+
+# A date-time that names its offset (Z, +01:00, -0530): one an `at` without a zone needs.
+_WITH_OFFSET = r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)\s*$"
+
+
+class AtSpec(_SpecBase):
+    """One instant: ISO-8601 with an offset, or a local date-time read in ``timezone``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            # What the validator below holds, said in the schema: a local date-time needs
+            # a zone (schema-valid requests are then all accepted: issue 46).
+            "anyOf": [
+                {"required": ["timezone"], "properties": {"timezone": {"type": "string"}}},
+                {"properties": {"at": {"pattern": _WITH_OFFSET}}},
+            ],
+            "examples": [
+                {"kind": "at", "at": "2030-12-24T18:00:00", "timezone": "Europe/Berlin"},
+                {"kind": "at", "at": "2030-12-24T17:00:00Z"},
+            ],
+        }
+    )
+
+    kind: Literal["at"] = "at"
+    # Declared before ``at`` so that the ``at`` validator can read it.
+    timezone: str | None = Field(default=None, max_length=64, json_schema_extra=ZONE_FORMAT)
+    at: str = Field(
+        description="An ISO-8601 date-time with its offset, or a local one read in timezone",
+        examples=["2030-12-24T17:00:00Z", "2030-12-24T18:00:00+01:00"],
+        max_length=64,
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_zone(cls, value: str | None) -> str | None:
+        return None if value is None else _check_zone(value)
+
+    @field_validator("at")
+    @classmethod
+    def _resolvable(cls, value: str, info: ValidationInfo) -> str:
+        if "timezone" in info.data:  # else the zone already failed and is reported
+            resolve_at(value, info.data["timezone"])
+        return value
+
+    def resolved(self) -> ResolvedAt:
+        return resolve_at(self.at, self.timezone)
+
+    def rule(self) -> OneShotRule:
+        return OneShotRule(self.resolved().instant, self.bounds())
+
+
+ScheduleSpec = Annotated[CronSpec | RateSpec | AtSpec, Field(discriminator="kind")]
+
+
+def preview_fires(spec: CronSpec | RateSpec | AtSpec, after: int, count: int) -> Preview:
+    """A spec's first ``count`` fires after ``after``, shown in its zone, with what a reader
+    should know (an ambiguous one-shot's resolution, DST dates); a rate without an anchor or
+    start_at counts from ``after``. The API's and the CLI's preview."""
+    if isinstance(spec, RateSpec):
+        rule: Rule = spec.rule(datetime.fromtimestamp(after, UTC))
+    else:
+        rule = spec.rule()
+    resolution = spec.resolved().note if isinstance(spec, AtSpec) else None
+    result = preview(rule, after, count, get_zone(spec.timezone or "UTC"))
+    result.notes[:0] = [resolution] if resolution else []
+    return result
