@@ -202,7 +202,7 @@ MODULES = {
             # (the backfill's records: the reconciler's check of the hour it was made in)
             "backfill",
         )
-        + _tests("unit", "reconciler_rules"),
+        + _tests("unit", "reconciler_rules", "transactions"),
     ),
     "tenancy": Module(
         ("punctual/domain/tenancy.py",),

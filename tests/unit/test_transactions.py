@@ -100,3 +100,18 @@ def test_a_transaction_cancelled_for_any_other_reason_is_the_error_itself(
         Transactions(client).commit(ACTIONS)
     assert raised.value.response["Error"]["Code"] == "TransactionCanceledException"
     assert len(client.requests) == 1
+
+
+def test_a_refusal_tells_an_action_that_met_another_transaction_from_a_failed_one() -> None:
+    # GIVEN a transaction whose first action met another transaction on its item and whose
+    # second action's condition failed
+    client = Client(_cancelled({"Code": "TransactionConflict"}, {"Code": "ConditionalCheckFailed"}))
+    # WHEN it is committed
+    with pytest.raises(ConditionFailed) as refused:
+        Transactions(client).commit(ACTIONS)
+    # THEN the first action is the one that conflicted (the materializer retries its step as
+    # it was, catch-up pace kept, instead of re-reading it), neither failed nor innocent
+    assert refused.value.conflicted(0)
+    assert not refused.value.failed(0)
+    assert not refused.value.innocent(0)
+    assert not refused.value.conflicted(1)

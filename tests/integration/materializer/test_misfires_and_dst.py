@@ -8,6 +8,7 @@ judged by."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -21,6 +22,7 @@ from punctual.domain.planning import CATCHUP_AFTER
 from punctual.pipeline.materializer import STEP_LIMIT, Materializer
 from punctual.services import Services
 from punctual.timing import utc_text
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB
 from tests.instants import epoch
 from tests.integration.conftest import Api, Clock
 from tests.integration.helpers import cron_spec, make
@@ -70,6 +72,33 @@ def test_materializer_ten_minute_outage_applies_the_misfire_policy(
     recent = [f for f in fired if f >= now - 60]
     assert recent == list(range(recent[0], recent[-1] + 1, 60))
     assert recent[0] == now - 60
+
+
+def test_materializer_a_missed_only_step_reads_no_payload_and_commits(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a daily schedule with a payload whose fire an outage made late: its misfire
+    # policy (SKIP) records it MISSED, and its next fire is a day away
+    sid = make(
+        aws,
+        spec=cron_spec("0 9 * * *"),
+        payload={"report": "daily"},
+        misfire={"action": "SKIP", "max_lateness_seconds": 60},
+    )
+    first = current(aws, sid)["next_run_at"]
+    reads: list[str] = []
+    faults = Faults(FaultPlan.none(), clock)
+    faults.before["batch_get_item"] = lambda operation, _: reads.append(operation)
+    watched = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN the materializer walks its minute ten minutes late
+    clock.now = first + 600
+    report = tick(watched, clock, sid)
+    # THEN the step (the MISSED record and the cursor, no occurrence) committed without
+    # reading the payload, which nothing it writes carries
+    assert (report.missed, report.occurrences) == (1, 0)
+    assert occurrences(aws, sid) == []
+    assert current(aws, sid)["next_run_at"] == first + 86400
+    assert reads == []
 
 
 def test_materializer_fires_long_due_within_max_lateness_go_by_the_catchup_lane(

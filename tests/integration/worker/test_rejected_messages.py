@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
+from punctual.dal.runs import RunStore
 from punctual.domain.ids import occurrence_id
 from punctual.integrations.queues import queue_name
 from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.timing import utc_text
 from punctual_client.worker import Outcome
-from tests.integration.conftest import Api, Clock
+from tests.integration.conftest import START, Api, Clock
+from tests.integration.helpers import table_items
 from tests.integration.test_relay import one_shot, record
 from tests.integration.worker.helpers import (
     Calls,
@@ -116,3 +118,13 @@ def test_worker_rejects_what_is_not_an_occurrence_message_of_this_tenant(
         bobs = json.loads(body)["occurrence_id"]
         assert stored(aws, bobs)[0].state is S.SCHEDULED
         assert stored(aws, bobs)[0].attempt_count == 0
+
+
+def test_dlq_sent_for_an_occurrence_whose_item_is_gone_makes_no_item(aws: Services) -> None:
+    # GIVEN an occurrence whose item is gone (its retention ended) before its DLQ copy was sent
+    gone = occurrence_id("sch_alice.gone", 1, START)
+    # WHEN the worker SDK clears its dlq_pending flag
+    RunStore(aws.dynamodb, aws.settings).dlq_sent(gone)
+    # THEN no item is made: an update without its condition would create a key-only
+    # occurrence item, which every reader would then count as a tenant's bad data
+    assert table_items(aws, aws.settings.occurrences_table) == []

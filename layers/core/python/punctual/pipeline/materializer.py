@@ -200,7 +200,7 @@ class Materializer:
     ) -> tuple[bool, Lease]:
         """Materialize every schedule in one (minute, shard) bucket; False if not all done."""
         # The due index may lag: a schedule moved into this bucket a moment ago can be missing
-        # from this read. Writers keep a margin ahead of the walk (scheduling.py), and the
+        # from this read. Writers keep a margin ahead of the walk (control/plane.py), and the
         # reconciler moves a schedule left behind the watermark to a bucket still ahead.
         now = self._now()
         steps = [
