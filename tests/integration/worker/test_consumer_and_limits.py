@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import threading
 from typing import Any
@@ -353,3 +354,86 @@ def test_worker_message_visibility_stays_within_the_12_hours_sqs_allows(
     assert result.outcome is Outcome.SUCCEEDED
     assert spy.visibility == [(delivery.receipt_handle, MAX_VISIBILITY)]
     assert MAX_VISIBILITY == 43_200 - 60
+
+
+def test_consumer_run_whose_polls_all_work_logs_nothing(
+    alice: Api, aws: Services, clock: Clock, caplog: pytest.LogCaptureFixture
+):
+    # GIVEN an empty queue, and a consumer told to stop at its third poll
+    stop = threading.Event()
+
+    class ThreePolls(EmptyReceives):
+        def receive_message(self, **kwargs: Any) -> Any:
+            if len(self.receives) == 2:
+                stop.set()
+            return super().receive_message(**kwargs)
+
+    spy = ThreePolls(aws.sqs)
+    work = worker(with_sqs(aws, spy), Calls())
+    # WHEN the consumer runs until stopped
+    with caplog.at_level(logging.WARNING, logger="punctual"):
+        QueueConsumer(work, url_of(aws), wait_seconds=0, threads=1).run(stop)
+    # THEN it polled three times and said nothing: "polling works again" is said only after
+    # polls failed, not at a consumer's first poll
+    assert len(spy.receives) == 3
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+class AtOnce:
+    """A handler that counts the jobs running at once: each waits (up to ``patience`` s) for
+    ``enough`` of them to run together, so the pool's size is what limits the count."""
+
+    def __init__(self, enough: int, patience: float) -> None:
+        self.enough = enough
+        self.patience = patience
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.ran = 0
+        self.reached = threading.Event()
+
+    def __call__(self, job: Job) -> None:
+        with self.lock:
+            self.running += 1
+            self.ran += 1
+            self.most = max(self.most, self.running)
+            if self.running >= self.enough:
+                self.reached.set()
+        self.reached.wait(self.patience)
+        with self.lock:
+            self.running -= 1
+
+
+@pytest.mark.parametrize(
+    ("threads", "most", "enough", "patience"),
+    [(1, 1, 2, 0.2), (None, 4, 4, 60.0)],
+    ids=["threads=1", "default"],
+)
+def test_consumer_runs_at_most_threads_handlers_at_once(
+    alice: Api,
+    aws: Services,
+    clock: Clock,
+    threads: int | None,
+    most: int,
+    enough: int,
+    patience: float,
+):
+    # GIVEN six occurrences in alice's queue, and a handler that holds each job until
+    # ``enough`` run together, or ``patience`` seconds passed. (The default pool: the first
+    # four wait for each other, so exactly four run at once however slow the machine; one
+    # thread: each waits for a second job that never comes, so one runs at a time, and a
+    # larger pool would show in that time.)
+    due(aws, clock, 6)
+    handler = AtOnce(enough=enough, patience=patience)
+    # WHEN a consumer with ``threads`` (or its default) polls once
+    work = worker(aws, handler)
+    consumer = (
+        QueueConsumer(work, url_of(aws), wait_seconds=0)
+        if threads is None
+        else QueueConsumer(work, url_of(aws), wait_seconds=0, threads=threads)
+    )
+    consumer.poll_once()
+    # THEN every job ran, never more than ``threads`` at once (4 by default; a handler that
+    # is not thread-safe asks for 1), and that many did run together
+    assert handler.ran == 6
+    assert handler.most == most

@@ -509,3 +509,31 @@ def test_worker_cooperative_cancel_is_seen_once_the_cache_expires(
     # expired, and stopped on its own
     assert checks == [False, False, True, True]
     assert result.outcome is Outcome.SUCCEEDED
+
+
+@pytest.mark.parametrize("claim", ["first", "takeover"])
+def test_worker_claim_whose_schedule_cannot_be_read_after_it_says_what_became_of_the_claim(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch, claim: str
+):
+    # GIVEN an occurrence's first claim, or a takeover of an expired lease, and DynamoDB
+    # throttling the strongly consistent read of the schedule that must follow the claim
+    if claim == "first":
+        due(aws, clock)
+        [delivery] = receive(aws)
+    else:
+        _, delivery = abandoned(aws, clock)
+        clock.advance(61)
+        delivery = redeliver(aws, delivery)
+    throttled_schedule_reads(aws, monkeypatch, consistent=True)
+    # WHEN the worker processes it
+    result = worker(aws, Calls()).process(delivery)
+    # THEN the result says whether the claim was undone or is kept until its lease runs out,
+    # in the words the simulation's oracle reads (tests/sim/oracle.py, _UNDONE: such an
+    # occurrence was claimed, so it no longer waits)
+    assert (result.outcome, result.detail) == {
+        "first": (Outcome.IN_PROGRESS, "the schedule could not be read"),
+        "takeover": (
+            Outcome.IN_PROGRESS,
+            "the schedule could not be read after the claim; the lease runs out",
+        ),
+    }[claim]
