@@ -500,9 +500,11 @@ class Observability(Construct):
                 Duration.hours(1),
             ),
             1,
-            "No hourly reconciliation run succeeded in 2 hours (none ran: the rule is "
-            "disabled or failing to start it, the state machine is throttled or gone): no "
-            "lost fire is found or repaired, and ReconcilerFailures has nothing to fire on.",
+            "No hourly reconciliation run succeeded in 2 hours: runs failing "
+            "(ReconcilerFailures says so too), or none running (the rule disabled or failing "
+            "to start it, the state machine throttled or gone, which nothing else says): no "
+            "lost fire is found or repaired. In ALARM after a first deploy until the first "
+            "run succeeds, and in a passive region whose rules are disabled.",
             evaluation_periods=2,
             datapoints=2,
             heartbeat=True,

@@ -334,7 +334,7 @@ def _check_fires(
         if not found:
             if covered:
                 verdict.missed_by_policy += 1
-            elif _failed_regions(e, item, run, home):
+            elif _failed_regions(fire.alternatives, item, run, home):
                 verdict.left_by_failover += 1
             else:
                 verdict.flag("missing", f"{e.occurrence_id} (due {e.available_at})")
@@ -400,24 +400,32 @@ def _check_occurrences(
             _check_superseded_run(verdict, o, versions, run.skew)
 
 
-def _failed_regions(e: Expected, item: dict[str, Any], run: Run, home: _Settled) -> bool:
+def _failed_regions(
+    alternatives: list[Expected], item: dict[str, Any], run: Run, home: _Settled
+) -> bool:
     """Due before a take-over moved the schedule, in an hour the failed region's reconciler
-    never settled (it had not come to it yet, or it was down, or the shard's walk stood
-    behind): a fire that region lost there is repaired by neither (docs/multi-region.md,
-    *What a fail-over cannot repair*: the new region leaves what was due before
-    ``homed_since`` to the failed region's table; the failed region's reconciler no longer
-    checks a schedule homed elsewhere). Counted, not a violation: a known limit. A fire
-    missing from an hour the failed region did settle is a violation: its check failed."""
+    left unaccounted for (it had not come to it yet, or it was down, or it deferred a gap to
+    a walk that stood behind, or lost a repair's race): a fire that region lost there is
+    repaired by neither (docs/multi-region.md, *What a fail-over cannot repair*: the new
+    region leaves what was due before ``homed_since`` to the failed region's table; the
+    failed region's reconciler no longer checks a schedule homed elsewhere). Counted, not a
+    violation: a known limit. A fire missing from an hour the failed region checked to the
+    end (every gap repaired) is a violation: its check or its repair failed. (Around a
+    change of the zone rules a fire has two instants, maybe in two hours: the reconciler
+    looked for it at the one its rules gave, so either hour left unchecked excuses it.)"""
     since = item.get("homed_since")
+    e = alternatives[0]
     if run.failed_over_at is None or since is None or e.available_at > int(since):
         return False
-    hour = e.scheduled_for - e.scheduled_for % HOUR
-    return hour not in home.hours(int(item["shard"]))
+    accounted = home.accounted(int(item["shard"]))
+    return any(a.scheduled_for - a.scheduled_for % HOUR not in accounted for a in alternatives)
 
 
 class _Settled:
-    """The hours the home region's reconciler settled, per shard (read once per shard, from
-    the home region's leases table: the new region keeps its reports in its own)."""
+    """The hours whose every gap the home region's reconciler accounted for, per shard: a
+    complete, repairing check that deferred nothing and lost no repair's race (what is in
+    flight may still be open: the gaps were filled). Read once per shard from the home
+    region's leases table; the new region keeps its reports in its own."""
 
     def __init__(self, run: Run) -> None:
         self._run = run
@@ -426,10 +434,14 @@ class _Settled:
         self._windows = [(h, h + HOUR) for h in range(first, last, HOUR)]
         self._by_shard: dict[int, set[int]] = {}
 
-    def hours(self, shard: int) -> set[int]:
+    def accounted(self, shard: int) -> set[int]:
         if shard not in self._by_shard:
-            settled = self._run.services.reports.settled_windows(shard, self._windows)
-            self._by_shard[shard] = {start for start, _ in settled}
+            found = self._run.services.reports.in_windows(shard, self._windows)
+            self._by_shard[shard] = {
+                start
+                for (start, _), r in found.items()
+                if r.complete and r.repair and r.deferred == 0 and r.repair_conflicts == 0
+            }
         return self._by_shard[shard]
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import occurrence_key
+from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.ids import backfill_tag, occurrence_id, schedule_key_prefix
 from punctual.domain.occurrence import Attempt, AttemptOutcome, Occurrence, OccurrenceState
 from punctual.domain.policies import OverlapPolicy
@@ -269,25 +270,25 @@ def test_oracle_names_an_open_occurrence_once(manual: str | None):
     assert verdict.violations["unsettled"] == 1
 
 
-def home(*settled: int) -> oracle._Settled:
-    """The failed (home) region's reconcile reports: the hours it settled."""
-    return cast(oracle._Settled, SimpleNamespace(hours=lambda shard: set(settled)))
+def home(*accounted: int) -> oracle._Settled:
+    """The failed (home) region's reconcile reports: the hours it accounted for."""
+    return cast(oracle._Settled, SimpleNamespace(accounted=lambda shard: set(accounted)))
 
 
 @pytest.mark.parametrize(
-    ("due", "settled", "expected"),
+    ("due", "accounted", "expected"),
     [
-        # lost in an hour the failed region's reconciler never settled (down, or its walk
-        # behind), long before the take-over: neither region repairs it, a known limit
+        # lost in an hour the failed region's reconciler left unaccounted for (down, or its
+        # walk behind), long before the take-over: neither region repairs it, a known limit
         (T + 600, [], set()),
-        # the failed region settled that hour: its check let a fire go missing
+        # the failed region checked that hour to the end: its check let a fire go missing
         (T + 600, [T], {"missing"}),
         # due after the take-over's rewound instant: the new region's to repair
         (T + 10 * 3600, [], {"missing"}),
     ],
 )
-def test_oracle_a_fire_the_failed_region_lost_is_known_only_in_an_hour_it_never_settled(
-    due: int, settled: list[int], expected: set[str]
+def test_oracle_a_fire_the_failed_region_lost_is_known_only_in_an_hour_it_left_unchecked(
+    due: int, accounted: list[int], expected: set[str]
 ):
     # GIVEN a fail-over at T+8h whose take-over rewound the schedule to T+8h-15min, and a
     # required fire with no occurrence
@@ -296,10 +297,53 @@ def test_oracle_a_fire_the_failed_region_lost_is_known_only_in_an_hour_it_never_
     versions = [ScheduleVersion(schedule(), T - 3600)]
     verdict = Verdict()
     # WHEN the oracle checks it
-    oracle._check_fires(verdict, item, versions, fires(due), {}, [], run, home(*settled), T + DAY)
-    # THEN it is a violation unless the failed region never settled its hour
+    oracle._check_fires(verdict, item, versions, fires(due), {}, [], run, home(*accounted), T + DAY)
+    # THEN it is a violation unless the failed region left its hour unaccounted for
     assert set(verdict.violations) == expected
     assert verdict.left_by_failover == (0 if expected else 1)
+
+
+def test_oracle_reads_which_hours_the_failed_region_accounted_for():
+    # GIVEN the home region's reports of four hours of shard 1: checked to the end (with
+    # something still in flight), cut short, with a gap left to a walk that stood behind,
+    # and report-only; the fifth hour has none
+    def report(hour: int, **fields: Any) -> ReconcileReport:
+        values: dict[str, Any] = {
+            "shard": 1,
+            "window_start": T + hour * 3600,
+            "window_end": T + (hour + 1) * 3600,
+            "run_at": T + (hour + 2) * 3600,
+            "complete": True,
+            "repair": True,
+            "schedules": 3,
+            "counts": {Finding.IN_FLIGHT: 1},
+            "examples": {},
+            "repaired_fired": 0,
+            "repaired_missed": 0,
+            "deferred": 0,
+            "repair_conflicts": 0,
+        }
+        return ReconcileReport.model_validate(values | fields)
+
+    reports = [report(0), report(1, complete=False), report(2, deferred=1), report(3, repair=False)]
+    asked: list[list[tuple[int, int]]] = []
+
+    def in_windows(shard: int, windows: list[tuple[int, int]]) -> dict[Any, ReconcileReport]:
+        asked.append(windows)
+        return {(r.window_start, r.window_end): r for r in reports if r.shard == shard}
+
+    run = run_of(failed_over_at=T + 5 * 3600 + 600)
+    run.services = cast(Any, SimpleNamespace(reports=SimpleNamespace(in_windows=in_windows)))
+    # WHEN the oracle asks which hours the failed region accounted for
+    settled = oracle._Settled(run)
+    # THEN only the first: the others left a gap unrepaired, or were never checked
+    assert settled.accounted(1) == {T}
+    assert settled.accounted(2) == set()
+    # AND it asked every hour from before the run's start to the take-over's, each once
+    assert (T - 3600, T) in asked[0]
+    assert (T + 5 * 3600, T + 6 * 3600) in asked[0]
+    settled.accounted(1)
+    assert len(asked) == 2
 
 
 def test_oracle_an_instant_recorded_missed_that_fired_too():

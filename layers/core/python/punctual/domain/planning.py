@@ -32,7 +32,7 @@ MAX_DIRECT = 25
 # SQS delays a message at most 900 s: a catch-up paced slower than that is compressed.
 MAX_CATCHUP_SPREAD = 840  # seconds, with a tick to spare
 # A fire made this long after it was due (within max_lateness, so not a misfire) is
-# recovery work, not a fire due now: it goes by the catch-up lane (models.Lane). A tick a
+# recovery work, not a fire due now: it goes by the catch-up lane (occurrence.Lane). A tick a
 # little late stays on time.
 CATCHUP_AFTER = 300  # seconds
 
