@@ -70,7 +70,7 @@ from punctual.pipeline.ownership import Expected, expected_occurrences
 from punctual.timing import get_zone, local_wall, use_zone_source
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
 from tests.sim.workers import Event, HandlerRun, payload_digest
-from tests.sim.world import DAY, DRAIN_SECONDS, OLD_RULES, Run
+from tests.sim.world import DAY, DRAIN_SECONDS, HOUR, OLD_RULES, Run
 
 S = OccurrenceState
 _OPEN = (S.SCHEDULED, S.RUNNING, S.RETRY_WAIT)
@@ -80,7 +80,6 @@ _ONE_AT_A_TIME = (OverlapPolicy.SKIP_IF_RUNNING, OverlapPolicy.QUEUE_ONE)
 # Around a change of the zone rules, a wall time may hold its old or its new instant: one
 # planned ahead under the old rules stays if it became receivable before the re-plan.
 _CHANGE_MARGIN = 15 * 60
-HOUR = 3600
 EXAMPLES = 5
 
 
@@ -163,7 +162,7 @@ def check(run: Run) -> Verdict:
             else:
                 verdict.flag("unreadable", f"{item['schedule_id']} {item['sk']}")
     histories = {sid: services.schedules.versions_since(sid, 0) for sid in current}
-    home = _Settled(run)
+    home = _Accounted(run)
     honest = [sid for sid in current if not _hostile(run, sid)]
     verdict.schedules = len(honest)
     for sid in honest:
@@ -275,7 +274,7 @@ def _check_schedule(
     fires: list[_Fire],
     occurrences: list[Occurrence],
     run: Run,
-    home: _Settled,
+    home: _Accounted,
     until: int,
     horizon: int,
 ) -> None:
@@ -312,7 +311,7 @@ def _check_fires(
     by_id: dict[str, Occurrence],
     ranges: list[MissedEpisode],
     run: Run,
-    home: _Settled,
+    home: _Accounted,
     until: int,
 ) -> set[str]:
     """Each required fire due by ``until`` has its occurrence (else the misfire policy
@@ -401,7 +400,7 @@ def _check_occurrences(
 
 
 def _failed_regions(
-    alternatives: list[Expected], item: dict[str, Any], run: Run, home: _Settled
+    alternatives: list[Expected], item: dict[str, Any], run: Run, home: _Accounted
 ) -> bool:
     """Due before a take-over moved the schedule, in an hour the failed region's reconciler
     left unaccounted for (it had not come to it yet, or it was down, or it deferred a gap to
@@ -421,7 +420,7 @@ def _failed_regions(
     return any(a.scheduled_for - a.scheduled_for % HOUR not in accounted for a in alternatives)
 
 
-class _Settled:
+class _Accounted:
     """The hours whose every gap the home region's reconciler accounted for, per shard: a
     complete, repairing check that deferred nothing and lost no repair's race (what is in
     flight may still be open: the gaps were filled). Read once per shard from the home

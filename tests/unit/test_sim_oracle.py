@@ -270,9 +270,9 @@ def test_oracle_names_an_open_occurrence_once(manual: str | None):
     assert verdict.violations["unsettled"] == 1
 
 
-def home(*accounted: int) -> oracle._Settled:
+def home(*accounted: int) -> oracle._Accounted:
     """The failed (home) region's reconcile reports: the hours it accounted for."""
-    return cast(oracle._Settled, SimpleNamespace(accounted=lambda shard: set(accounted)))
+    return cast(oracle._Accounted, SimpleNamespace(accounted=lambda shard: set(accounted)))
 
 
 @pytest.mark.parametrize(
@@ -335,7 +335,7 @@ def test_oracle_reads_which_hours_the_failed_region_accounted_for():
     run = run_of(failed_over_at=T + 5 * 3600 + 600)
     run.services = cast(Any, SimpleNamespace(reports=SimpleNamespace(in_windows=in_windows)))
     # WHEN the oracle asks which hours the failed region accounted for
-    settled = oracle._Settled(run)
+    settled = oracle._Accounted(run)
     # THEN only the first: the others left a gap unrepaired, or were never checked
     assert settled.accounted(1) == {T}
     assert settled.accounted(2) == set()
