@@ -308,9 +308,13 @@ def test_console_searches_the_schedules_by_name_and_filters_them_by_state(page: 
     assert NEW_YORK in rows.last.inner_text()
     assert "1 of 4 schedules" in page.text()
     # AND the links keep it: the schedule, then the Schedules link, lead back to it
+    # (Each link's page read once it has loaded: a busy machine may not have its title yet
+    # when the click returns.)
     rows.last.get_by_role("link", name=NEW_YORK).click()
+    page.tab.wait_for_load_state()
     assert page.tab.title().startswith(f"Schedule {NEW_YORK}")
     page.tab.locator("header nav").get_by_role("link", name="Schedules").click()
+    page.tab.wait_for_load_state()
     assert page.tab.locator("table.schedules tr").count() == 2
     assert page.tab.input_value("input[name=q]") == "new_YORK"
     # AND a state no schedule is in lists none
