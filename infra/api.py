@@ -190,6 +190,8 @@ class Api(Construct):
                 # that the materializer's walk has not passed the bucket its cursor goes to,
                 # and gives a shard its first watermark (a conditional put, once per shard).
                 ("leases_table", None): ("BatchGetItem", "ConditionCheckItem", "PutItem"),
+                # GET /v1/occurrences reads the tenant's ledger pages and the hours' marks.
+                ("ledger_table", None): ("Query",),
             },
         )
 

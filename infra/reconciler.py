@@ -92,6 +92,8 @@ class Reconciliation(Construct):
                     "PutItem",
                     "ConditionCheckItem",
                 ),
+                # Each tenant's ledger page of an hour checked, and the hour's mark.
+                ("ledger_table", None): ("PutItem",),
             },
         )
         queues.grant(self.function, "SendMessage")

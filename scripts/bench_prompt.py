@@ -68,6 +68,7 @@ def measure(window: int, runs: int, gap: float) -> dict[str, list[float]]:
                 "tenants_table",
                 "leases_table",
                 "idempotency_table",
+                "ledger_table",
             )
         }
     )

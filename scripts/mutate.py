@@ -182,7 +182,9 @@ MODULES = {
     "worker": Module(
         ("punctual_client/worker/*.py",),
         ("punctual_client.worker.",),
-        _tests("integration", "worker", "run_protocol", "hostile_items"),
+        # (the consumer's polls, back-off and log lines: tests/unit/test_queue_consumer.py)
+        _tests("integration", "worker", "run_protocol", "hostile_items")
+        + _tests("unit", "queue_consumer"),
     ),
     "reconciler": Module(
         ("punctual/pipeline/reconciler.py", "punctual/pipeline/ownership.py"),
@@ -203,6 +205,13 @@ MODULES = {
             "backfill",
         )
         + _tests("unit", "reconciler_rules", "transactions"),
+    ),
+    # The tenant-wide ledger: the reconciler's pages (its ``_enter`` and ``_write_ledger``
+    # are the reconciler module's, the table's store dal's) and the API's reading of them.
+    "ledger": Module(
+        ("punctual/domain/ledger.py", "punctual/control/ledger.py"),
+        ("punctual.domain.ledger.", "punctual.control.ledger."),
+        ("tests/integration/reconciler/test_ledger.py", *_tests("unit", "ledger")),
     ),
     "tenancy": Module(
         ("punctual/domain/tenancy.py",),

@@ -37,6 +37,8 @@ from punctual_local.stats import percentile
 from punctual_local.words import rule_in_words
 
 PREFIX = "/console"
+LEDGER_PAGES = 5  # pages of the ledger one console page reads (100 items each)
+LEDGER_UPCOMING = 20  # next fires shown
 HOUR = 3600
 MAX_SCHEDULES = 100  # rows on the schedules page; the CLI lists every one
 MAX_TENANTS = 200  # rows on the tenants page (each asks which key acts as it)
@@ -161,7 +163,8 @@ class Console:
         """The answer to a request under ``/console``, in the Lambda proxy answer's shape."""
         view = _view(query, self.default_key)
         parts = [p for p in path[len(PREFIX) :].split("/") if p]
-        here = "/".join(parts) if parts in (["timeline"], ["lag"], ["tenants"]) else ""
+        listing = (["timeline"], ["lag"], ["tenants"], ["ledger"])
+        here = "/".join(parts) if parts in listing else ""
         if method not in ("GET", "HEAD"):
             body = "<p>The console only reads.</p>"
             return _html(405, self._page("Not allowed", body, view, here))
@@ -227,6 +230,7 @@ class Console:
             "lag": lambda: ("Lag and backlog", self._lag(client)),
             "tenants": lambda: ("Tenants", self._tenants_page(view, tenant)),
             "reconciler": lambda: ("Reconciler", self._reconciler(self._api(self.operator_key))),
+            "ledger": lambda: ("Ledger", self._ledger(client, view)),
         }
 
     # --- the pages ----------------------------------------------------------------------
@@ -519,6 +523,37 @@ class Console:
             return tenant
         return None
 
+    def _ledger(self, client: Api, view: View) -> str:
+        """The tenant's last day across its schedules (GET /v1/occurrences): each ended
+        hour's counts, the exceptions the reconciler listed, then the next hour's fires."""
+        items: list[dict[str, Any]] = []
+        hours: list[dict[str, Any]] = []
+        token = None
+        for _ in range(LEDGER_PAGES):
+            page = client.get("/v1/occurrences", next_token=token)
+            items += page["occurrences"]
+            hours += page["hours"]
+            token = page["next_token"]
+            if token is None:
+                break
+        checked = "".join(
+            f"<tr><td>{esc(h['hour'])}</td><td>{h['shards_checked']} of {h['shards']}</td>"
+            f"<td>{esc(_findings(h['counts']) or '—')}</td><td>{h['retried']}</td></tr>"
+            for h in reversed(hours)
+        )
+        recorded = [i for i in items if i["state"] != "UPCOMING"]
+        upcoming = [i for i in items if i["state"] == "UPCOMING"]
+        more = "<p>More than the console reads: the CLI's <code>punctual ledger</code>.</p>"
+        return (
+            "<p>The reconciler checks an hour about two hours after it ends; until then the "
+            "hour shows 0 shards checked (a schedule's own page lists its occurrences at "
+            "once).</p><h2>Hours</h2><table class=hours><tr><th>hour</th><th>checked</th>"
+            f"<th>findings</th><th>retried</th></tr>{checked}</table>"
+            f"<h2>Exceptions</h2>{_ledger_table(recorded[::-1], view, 'exceptions')}"
+            f"<h2>Next fires</h2>{_ledger_table(upcoming[:LEDGER_UPCOMING], view, 'upcoming')}"
+            + (more if token is not None else "")
+        )
+
     def _reconciler(self, operator: Api) -> str:
         found = operator.get("/v1/admin/reconcile")
         rows = "".join(
@@ -555,6 +590,7 @@ class Console:
             for path, label in (
                 ("", "Schedules"),
                 ("timeline", "Last hour"),
+                ("ledger", "Ledger"),
                 ("lag", "Lag"),
                 ("tenants", "Tenants"),
                 ("reconciler", "Reconciler"),
@@ -865,6 +901,25 @@ def _occurrence_table(
         f"<table class={css}><tr><th>scheduled for</th>{schedule_head}<th>result</th>"
         "<th>due</th><th>sent</th><th>delivery lag</th><th>waited for a worker</th>"
         "<th>attempts</th><th>reason</th></tr>" + "".join(rows) + "</table>" + tail
+    )
+
+
+def _ledger_table(items: list[dict[str, Any]], view: View, css: str) -> str:
+    if not items:
+        return "<p>None.</p>"
+    rows = []
+    for item in items:
+        occurrence = "occurrences/" + item["occurrence_id"]
+        schedule = "schedules/" + item["schedule_id"]
+        rows.append(
+            f"<tr><td>{_link(occurrence, view, item['scheduled_for'])}</td>"
+            f"<td>{_link(schedule, view, item['schedule_id'])}</td>"
+            f"<td>{_state(item['state'])}</td><td>{esc(item['finding'] or '—')}</td>"
+            f"<td>{item['attempts']}</td><td>{esc(item['target'] or '')}</td></tr>"
+        )
+    return (
+        f"<table class={css}><tr><th>scheduled for</th><th>schedule</th><th>state</th>"
+        "<th>finding</th><th>attempts</th><th>target</th></tr>" + "".join(rows) + "</table>"
     )
 
 

@@ -14,6 +14,7 @@ from api import context
 from api.views import (
     BackfillOut,
     ErrorOut,
+    LedgerOut,
     MetaOut,
     OccurrenceDetailOut,
     OccurrenceListOut,
@@ -31,6 +32,7 @@ from api.views import (
     VersionListOut,
     WorkerPolicyOut,
     fires_out,
+    ledger_out,
     missed_out,
     next_fires_out,
     occurrence_detail_out,
@@ -42,9 +44,11 @@ from api.views import (
     version_out,
 )
 from punctual.control.access import worker_policy
+from punctual.control.ledger import MISSING, UPCOMING, LedgerFilter
 from punctual.domain.errors import InvalidInput
 from punctual.domain.fields import Instant, StrictCount
-from punctual.domain.findings import ReconcileReport
+from punctual.domain.findings import Finding, ReconcileReport
+from punctual.domain.occurrence import OccurrenceState
 from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
 from punctual.domain.principals import PRINCIPAL_ARN_PATTERN
 from punctual.domain.schedule import (
@@ -489,6 +493,84 @@ def list_occurrences(
         missed=missed_out(missed),
         next_token=token,
     )
+
+
+LEDGER_STATES = frozenset({*(s.value for s in OccurrenceState), MISSING, UPCOMING})
+LEDGER_FINDINGS = frozenset(f.value for f in Finding)
+
+
+def _list_of(values: frozenset[str]) -> str:
+    """A comma-separated list of ``values`` (the filters' grammar, in the schema too)."""
+    one = "|".join(sorted(values))
+    return f"^({one})(,({one}))*$"
+
+
+def _choices(field: str, text: str | None, allowed: frozenset[str]) -> frozenset[str]:
+    """A comma-separated filter's values, each one of ``allowed`` (400 naming the field)."""
+    if text is None:
+        return frozenset()
+    chosen = frozenset(part.strip() for part in text.split(","))
+    unknown = sorted(chosen - allowed)
+    if unknown:
+        reason = f"not one of {', '.join(sorted(allowed))}: {', '.join(unknown)}"
+        raise InvalidInput(f"{field} is not valid", [{"field": field, "reason": reason}])
+    return chosen
+
+
+@router.get(
+    "/v1/occurrences",
+    summary="The tenant's occurrences across its schedules (the ledger)",
+    description="The exceptions of the hours the reconciler has checked (every occurrence "
+    "that did not succeed at its first attempt, and fires never made), each hour's counts "
+    "by finding, and the upcoming fires of the active schedules, in one time order "
+    "(docs/data-model.md, *ledger*). from..to: at most 7 days, from no older than the "
+    "retention; default the last day and the next hour (after the first page, the "
+    "token's).",
+    responses=answers(
+        errors={
+            400: "Invalid from, to (later than from, at most 7 days, within the "
+            "retention), state, finding, target, limit or next_token"
+        }
+    ),
+)
+def list_ledger(
+    since: Annotated[Instant | None, Query(alias="from")] = None,
+    until: Annotated[Instant | None, Query(alias="to")] = None,
+    state: Annotated[
+        str | None,
+        Query(
+            max_length=256,
+            pattern=_list_of(LEDGER_STATES),
+            description="Only these states, comma-separated: an occurrence's, MISSING (no "
+            "occurrence was made) or UPCOMING (a fire to come).",
+        ),
+    ] = None,
+    finding: Annotated[
+        str | None,
+        Query(
+            max_length=256,
+            pattern=_list_of(LEDGER_FINDINGS),
+            description="Only these reconciler findings, comma-separated.",
+        ),
+    ] = None,
+    target: Annotated[str | None, Query(pattern=TARGET_NAME_PATTERN)] = None,
+    limit: Limit = 100,
+    next_token: Token = None,
+) -> LedgerOut:
+    wanted = LedgerFilter(
+        states=_choices("state", state, LEDGER_STATES),
+        findings=frozenset(Finding(f) for f in _choices("finding", finding, LEDGER_FINDINGS)),
+        target=target,
+    )
+    answer = context.plane().ledger(
+        _tenant(),
+        since=None if since is None else to_epoch(since),
+        until=None if until is None else to_epoch(until),
+        wanted=wanted,
+        limit=limit,
+        token=next_token,
+    )
+    return ledger_out(answer)
 
 
 @router.get(

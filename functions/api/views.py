@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from punctual.control.ledger import UPCOMING, LedgerAnswer, Upcoming, shown_state
 from punctual.control.plane import Affected, NextFires, Saved
 from punctual.dal.schedules import ScheduleVersion
 from punctual.domain.ids import is_manual
@@ -246,6 +247,62 @@ class OccurrenceListOut(BaseModel):
     next_token: str | None
 
 
+class LedgerItemOut(BaseModel):
+    occurrence_id: str
+    schedule_id: str
+    scheduled_for: str
+    state: str = Field(
+        description="The occurrence's state when its hour was checked (DEAD, MISSED, "
+        "CANCELED, SKIPPED_OVERLAP, SUCCEEDED after a retry, or SCHEDULED, RUNNING, "
+        "RETRY_WAIT: still open); MISSING: no occurrence was ever made for the fire; "
+        "UPCOMING: a fire to come, computed from the schedule's definition."
+    )
+    finding: str | None = Field(
+        description="The reconciler's finding (docs/operations.md, *Reconciler*); null for "
+        "an upcoming fire."
+    )
+    attempts: int
+    target: str | None
+    available_at: str | None = Field(
+        default=None, description="An upcoming fire's receivable time (its jitter included)."
+    )
+
+
+class LedgerHourOut(BaseModel):
+    hour: str
+    shards: int
+    shards_checked: int = Field(
+        description="Shards whose reconciler check of the hour is recorded: the hour's "
+        "figures are complete when it equals shards (0: not checked yet)."
+    )
+    checked_at: str | None
+    counts: dict[str, int] = Field(
+        description="The tenant's fires and occurrences of the hour by finding, in the "
+        "shards checked."
+    )
+    retried: int = Field(description="Occurrences with more than one attempt (listed).")
+    unlisted: int = Field(
+        description="Exceptions counted but not listed (past 1,000 in one shard): read them "
+        "by schedule."
+    )
+    unreadable: int = Field(description="Items at the tenant's keys that are not Punctual's.")
+
+
+class LedgerOut(BaseModel):
+    occurrences: list[LedgerItemOut] = Field(
+        description="By scheduled_for, then id: the exceptions of the checked hours (every "
+        "occurrence that did not succeed at its first attempt), then the upcoming fires."
+    )
+    hours: list[LedgerHourOut] = Field(
+        description="Each ended hour whose listing this page began, with its counts."
+    )
+    upcoming_complete: bool | None = Field(
+        description="false: the tenant has more active schedules than the ledger computes "
+        "fires for (2,000), and none is listed; null: this page ended before them."
+    )
+    next_token: str | None
+
+
 class TargetIn(BaseModel):
     name: str = Field(pattern=TARGET_NAME_PATTERN)
 
@@ -418,4 +475,52 @@ def tenant_out(tenant: Tenant) -> TenantOut:
         quotas=tenant.quotas,
         schedule_count=tenant.schedule_count,
         strict_fires_per_minute_peak=max(tenant.minute_load),
+    )
+
+
+def ledger_out(answer: LedgerAnswer) -> LedgerOut:
+    items = []
+    for item in answer.items:
+        if isinstance(item, Upcoming):
+            items.append(
+                LedgerItemOut(
+                    occurrence_id=item.occurrence_id,
+                    schedule_id=item.schedule_id,
+                    scheduled_for=utc_text(item.scheduled_for),
+                    state=UPCOMING,
+                    finding=None,
+                    attempts=0,
+                    target=item.target,
+                    available_at=utc_text(item.available_at),
+                )
+            )
+        else:
+            items.append(
+                LedgerItemOut(
+                    occurrence_id=item.occurrence_id,
+                    schedule_id=item.schedule_id,
+                    scheduled_for=utc_text(item.scheduled_for),
+                    state=shown_state(item),
+                    finding=item.finding.value,
+                    attempts=item.attempts,
+                    target=item.target,
+                )
+            )
+    return LedgerOut(
+        occurrences=items,
+        hours=[
+            LedgerHourOut(
+                hour=utc_text(h.hour),
+                shards=h.shards,
+                shards_checked=h.shards_checked,
+                checked_at=None if h.checked_at is None else utc_text(h.checked_at),
+                counts={finding.value: n for finding, n in sorted(h.counts.items())},
+                retried=h.retried,
+                unlisted=h.unlisted,
+                unreadable=h.unreadable,
+            )
+            for h in answer.hours
+        ],
+        upcoming_complete=answer.upcoming_complete,
+        next_token=answer.next_token,
     )

@@ -27,6 +27,7 @@ from scripts.capacity.cost import (
     worker_ops,
     write_lines,
 )
+from scripts.capacity.ledger import print_ledger
 from scripts.capacity.model import (
     INF,
     LIMIT_SOURCES,
@@ -384,6 +385,7 @@ def report(args: argparse.Namespace) -> None:
     )
     total_before, totals = print_scheduler_costs(inputs, before, after, prices)
     print_worker_costs(prices)
+    print_ledger(workload, chosen_design)
     print(
         f"== Summary: strict p99 at 500k {fmt(healthy.strict[2])} (one group failed: "
         f"{fmt(failed.strict[2])}), N {chosen_design.shards}, L {chosen_design.lookahead} s, "

@@ -907,3 +907,38 @@ def test_the_stack_runs_the_reconciler_and_operators_read_its_reports(stack: Sta
     # AND a tenant may not read them
     denied = stack.cli("reconcile", "report")
     assert denied.code == 2
+
+
+def test_cli_ledger_lists_the_upcoming_fires_across_schedules_and_refuses_a_bad_state(
+    stack: Stack,
+):
+    # GIVEN a minutely cron of the tenant's on a target of its own
+    queue_of(stack, "ledger")
+    created = create(stack, "--cron", "* * * * *", "--tz", "UTC", "--target", "ledger")
+    sid = created["schedule_id"]
+    now = int(time.time())
+    until = iso(now - now % 60 + 300)
+    # WHEN the ledger of the next five minutes is read for that target
+    ledger = stack.cli_json("ledger", "--to", until, "--target", "ledger", "--state", "UPCOMING")
+    # THEN it lists the schedule's fires to come, in time order, each with its id
+    upcoming = ledger["occurrences"]
+    assert {o["schedule_id"] for o in upcoming} == {sid}
+    assert [o["scheduled_for"] for o in upcoming] == sorted(o["scheduled_for"] for o in upcoming)
+    assert 4 <= len(upcoming) <= 5
+    assert all(o["state"] == "UPCOMING" for o in upcoming)
+    # AND for people, a table with a line per fire
+    table = stack.cli("ledger", "--to", until, "--target", "ledger", "--state", "UPCOMING")
+    assert table.code == 0
+    assert table.out.splitlines()[0].split() == [
+        "SCHEDULED_FOR",
+        "STATE",
+        "FINDING",
+        "ATTEMPTS",
+        "OCCURRENCE",
+    ]
+    assert sum(sid in line for line in table.out.splitlines()) == len(upcoming)
+    # AND a state that is not one exits 2 naming the field, on one line
+    bad = stack.cli("ledger", "--state", "LOST")
+    assert bad.code == 2
+    assert "state" in bad.err
+    assert len(bad.err.strip().splitlines()) == 1

@@ -142,6 +142,24 @@ def _backfill_retained(path: str, body: dict[str, Any], query: dict[str, Any]) -
     return None
 
 
+def _ledger_range(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
+    """GET /v1/occurrences: from..to (defaults: the last day and the next hour) at most 7
+    days, from within the retention (the operation's description)."""
+    if path != "/v1/occurrences":
+        return None
+    since = _instant(query.get("from"))
+    until = _instant(query.get("to"))
+    since = START - 86400 if since is None else since
+    until = START + 3600 if until is None else until
+    if until <= since:
+        return "to is not after from (with the defaults)"
+    if until - since > 7 * 86400:
+        return "from..to: more than 7 days"
+    if since < _RETAINED:
+        return "from: older than the retention"
+    return None
+
+
 def _storable_payload(path: str, body: dict[str, Any], query: dict[str, Any]) -> str | None:
     if "payload" in body and _unstorable(body["payload"]):
         return "payload: not one DynamoDB can store (the field's description)"
@@ -198,6 +216,7 @@ _STATED_RULES: tuple[_Rule, ...] = (
     _window_order,
     _foreign_token,
     _backfill_retained,
+    _ledger_range,
     _storable_payload,
     _on_calendar,
     _known_target,

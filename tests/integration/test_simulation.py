@@ -13,6 +13,9 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.schedules import version_to_item
 from punctual.dal.tables import occurrence_key
+from punctual.domain.findings import Finding
+from punctual.domain.ids import occurrence_id
+from punctual.domain.ledger import LedgerEntry, LedgerPage
 from punctual.domain.policies import OverlapPolicy
 from punctual.observability import logger
 from punctual_local.dynamodb import LocalDynamoDB
@@ -59,7 +62,9 @@ EVERY_ACTION = {
     "hostile_forge",
     "hostile_tamper",
     "hostile_refused_AccessDeniedException",
+    "hostile_ledger",
     "reconcile_replanned",
+    "ledger_read",
 }
 EVERY_KIND = {
     "throttled",
@@ -148,6 +153,10 @@ def test_simulation_short_run_under_every_fault_keeps_the_contract(
     # schedules written now and as before the payload left the CURRENT item
     assert run.counts["written_before"] > 0
     assert verdict.payloads > verdict.runs
+    # ... and the tenants' ledger was written by the checks and read back through the API
+    assert verdict.ledger_pages > 0
+    assert verdict.ledger_items > 0
+    assert verdict.ledger_checked > 0
     # AND no invariant is violated
     assert not verdict.violations, "\n".join(stories(run, verdict))
 
@@ -265,6 +274,36 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
         UpdateExpression="ADD schedule_count :one",
         ExpressionAttributeValues={":one": {"N": "1"}},
     )
+    # ... and the tenants' ledger pages lose their listings (a reconciler that counted but did
+    # not list), one page of t0's lists t1's occurrence
+    assert clean.ledger_checked > 0
+    for ledger in (run.settings.ledger_table, run.other.ledger_table if run.other else None):
+        for page in dynamodb.get_paginator("scan").paginate(TableName=ledger or ""):
+            for item in page["Items"]:
+                if "entries" in item:
+                    dynamodb.update_item(
+                        TableName=ledger,
+                        Key={"pk": item["pk"], "sk": item["sk"]},
+                        UpdateExpression="SET entries = :none",
+                        ExpressionAttributeValues={":none": {"S": "[]"}},
+                    )
+    theirs = LedgerEntry(
+        occurrence_id=occurrence_id("sch_t1.planted", 1, run.start),
+        schedule_id="sch_t1.planted",
+        scheduled_for=run.start,
+        finding=Finding.DEAD,
+    )
+    run.services.ledger.put(
+        LedgerPage(
+            tenant_id="t0",
+            hour=run.start - run.start % 3600,
+            shard=99,
+            checked_at=run.end,
+            counts={Finding.DEAD: 1},
+            entries=[theirs],
+        ),
+        purge_at=run.end + 86400,
+    )
     verdict = check(run)
     # THEN the oracle names each one
     assert {"missing", "unowned", "early", "quota_count"} <= set(verdict.violations), dict(
@@ -272,5 +311,7 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
     )
     assert verdict.violations["wrong_payload"] == 2, dict(verdict.violations)
     assert verdict.violations["version_without_change"] == 1, dict(verdict.violations)
+    assert verdict.violations["ledger_dead_unlisted"] == clean.ledger_checked
+    assert verdict.violations["ledger_other_tenant"] == 1
     canceled = verdict.examples["canceled_without_change"]
     assert any(renamed["occurrence_id"]["S"] in e for e in canceled), canceled

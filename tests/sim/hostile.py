@@ -8,7 +8,10 @@ its generated IAM policy allows (tests/hostile.py judges each call as IAM would)
 - its run slots (the tenants table's ``R#<tenant>`` partition) filled with garbage;
 - backfill records under its own schedules' keys: unreadable keys, and ranges of every
   instant there is (the reconciler reads them in the hour they name);
-- and, denied by IAM, the same under another tenant's keys and its own quota record.
+- DEAD occurrences of its own schedules naming another tenant's occurrence id and tenant
+  (what would reach that tenant's ledger, if the ledger trusted an item's word);
+- and, denied by IAM, the same under another tenant's keys, its own quota record and the
+  ledger table (no tenant is granted it).
 
 Its draws come from an RNG of its own, and its calls go to DynamoDB without faults: what it
 does leaves the other tenants' draws as they were. The oracle (tests/sim/oracle.py) checks
@@ -50,6 +53,7 @@ class Hostile:
             self._slots,
             self._backfill_records,
             self._trespass,
+            self._ledger,
         )
 
     def act(self) -> None:
@@ -165,6 +169,32 @@ class Hostile:
         )
         self.worker.write(
             self._table, to_dynamo({"schedule_id": self._own(), "sk": sk}), {"x": {"S": "y"}}
+        )
+
+    def _ledger(self) -> None:
+        """Into another tenant's ledger: a page written straight into the ledger table (IAM
+        denies it), or a DEAD occurrence under its own schedule's key that names the victim's
+        occurrence and tenant (the reconciler files it under the schedule's tenant)."""
+        victim = self.rng.choice(self.sim.tenants)
+        instant = self._instant()
+        if self.rng.random() < 0.3:
+            key = {"pk": {"S": f"{victim}#20261207"}, "sk": {"S": f"{instant:012d}#00000"}}
+            self.worker.write(self.sim.settings.ledger_table, key, {"counts": {"M": {}}})
+            return
+        theirs = occurrence_id(schedule_key_prefix(victim) + "x", 1, instant)
+        self.worker.write(
+            self._table,
+            to_dynamo(occurrence_key(occurrence_id(self._own(), 1, instant))),
+            {
+                "occurrence_id": {"S": theirs},
+                "tenant_id": {"S": victim},
+                "schedule_version": {"N": "1"},
+                "scheduled_for": {"N": str(instant)},
+                "available_at": {"N": str(instant)},
+                "target": {"S": "default"},
+                "state": {"S": "DEAD"},
+                "attempt_count": {"N": "3"},
+            },
         )
 
     def _trespass(self) -> None:

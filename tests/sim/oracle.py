@@ -40,6 +40,11 @@ Payloads: every message a worker received, and every occurrence stored to be sen
 MISSED record), carries exactly the payload of the schedule version that owns it (its
 version item's: the CURRENT item and its index entries hold only a mark of its size).
 
+The ledger (each region's own table): a tenant's page lists only its own schedules'
+occurrences, a state it lists as ended is the occurrence's, and an occurrence DEAD before a
+check of its hour is listed DEAD; a tenant's read of it lists its own only, once each, in
+time order, in the range it asked.
+
 Requests: a run now asked again with its Idempotency-Key names the same occurrence, and
 each one made is stored (its item exists: the hostile tenant may have made its own
 unreadable since). Quotas: each tenant's usage equals a recount of its live
@@ -57,11 +62,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from punctual.dal.common import from_dynamo
+from punctual.dal.ledger import CHECKED, page_from_item
 from punctual.dal.occurrences import occurrence_from_item
 from punctual.dal.schedules import ScheduleVersion, minute_load_of, missed_ranges_of
 from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT, occurrence_key
 from punctual.domain.ids import backfill_tag, occurrence_name, schedule_key_prefix
-from punctual.domain.occurrence import Occurrence, OccurrenceState
+from punctual.domain.ledger import LedgerEntry
+from punctual.domain.occurrence import TERMINAL, Occurrence, OccurrenceState
 from punctual.domain.planning import MAX_CATCHUP_SPREAD
 from punctual.domain.policies import MisfireAction, OverlapPolicy
 from punctual.domain.schedule import MissedEpisode, Schedule, ScheduleDefinition, ScheduleState
@@ -96,6 +103,9 @@ class Verdict:
     payloads: int = 0  # messages received and occurrences stored whose payload was checked
     left_by_failover: int = 0  # due before a take-over, lost by the failed region (known)
     hostile_items: int = 0  # the hostile tenant's items no reader could parse
+    ledger_pages: int = 0  # tenants' ledger pages read (both regions)
+    ledger_checked: int = 0  # DEAD occurrences looked for on their ledger page, and found
+    ledger_items: int = 0  # items tenants' ledger reads listed
     # The required fires the oracle checked and found stored (what a deletion must break).
     found: set[str] = field(default_factory=set)
     violations: Counter[str] = field(default_factory=Counter)
@@ -147,6 +157,7 @@ def check(run: Run) -> Verdict:
     stored: dict[str, list[Occurrence]] = defaultdict(list)
     keys: set[tuple[str, str]] = set()  # every occurrence item's key, readable or not
     payloads: dict[str, Any] = {}  # the payload of each occurrence stored to be sent
+    ended: dict[str, int] = {}  # when each occurrence's last attempt finished, if it did
     for item in _scan(run, settings.occurrences_table):
         if not str(item["sk"]).startswith(OCCURRENCE_PREFIX):
             continue
@@ -156,6 +167,9 @@ def check(run: Run) -> Verdict:
             stored[item["schedule_id"]].append(occurrence)
             if occurrence.state is not S.MISSED:  # (a MISSED record is never sent)
                 payloads[occurrence.occurrence_id] = item.get("payload")
+            finished = [a.get("finished_at") for a in item.get("attempts") or ()]
+            if finished and None not in finished:
+                ended[occurrence.occurrence_id] = int(max(finished))
         except (ValidationError, KeyError, ValueError, TypeError):
             if _hostile(run, str(item["schedule_id"])):
                 verdict.hostile_items += 1
@@ -183,6 +197,8 @@ def check(run: Run) -> Verdict:
     _check_requests(verdict, run, keys)
     _check_payloads(verdict, run, {sid: histories[sid] for sid in honest}, payloads)
     _check_quota(verdict, run, current)
+    _check_ledger(verdict, run, current, {sid: stored[sid] for sid in honest}, ended)
+    _check_ledger_reads(verdict, run)
     for failure in run.hostile_failures:
         verdict.flag("hostile_failed_a_batch", failure)
     return verdict
@@ -789,3 +805,98 @@ def _check_quota(verdict: Verdict, run: Run, current: dict[str, dict[str, Any]])
 
 
 __all__ = ["Event", "Verdict", "check"]
+
+
+def _check_ledger(
+    verdict: Verdict,
+    run: Run,
+    current: dict[str, dict[str, Any]],
+    stored: dict[str, list[Occurrence]],
+    ended: dict[str, int],
+) -> None:
+    """Each region's ledger pages (its own table): a tenant's page lists only its own
+    schedules' occurrences (never another's, whatever the hostile tenant's items say); a
+    state it lists as ended is the occurrence's state; and every honest occurrence that ended
+    DEAD before a check of its hour and shard (its last attempt finished a margin before) is
+    listed DEAD on its tenant's page of that check, when its schedule was homed there."""
+    margin = 10 * 60 + 2 * run.skew  # (clocks apart, and a stale read of a DEAD a moment old)
+    by_id = {o.occurrence_id: o for found in stored.values() for o in found}
+    for settings in (run.settings, *([run.other] if run.other else [])):
+        checked: dict[tuple[int, int], int] = {}
+        listed: dict[tuple[str, int, int], dict[str, LedgerEntry]] = {}
+        for item in _scan(run, settings.ledger_table):
+            if str(item["pk"]).startswith(CHECKED + "#"):
+                hour, shard = (int(part) for part in str(item["sk"]).split("#"))
+                checked[(hour, shard)] = int(item["checked_at"])
+                continue
+            try:
+                page = page_from_item(item)
+            except (ValidationError, ValueError, TypeError, KeyError):
+                verdict.flag("ledger_unreadable", f"{item['pk']} {item['sk']}")
+                continue
+            verdict.ledger_pages += 1
+            if page.tenant_id == run.hostile:
+                continue
+            for entry in page.entries:
+                _check_entry(verdict, page.tenant_id, entry, by_id)
+            if not page.unlisted:
+                listed[(page.tenant_id, page.hour, page.shard)] = {
+                    e.occurrence_id: e for e in page.entries
+                }
+        for sid, found in stored.items():
+            tenant, shard = str(current[sid]["tenant_id"]), int(current[sid]["shard"])
+            for o in found:
+                if o.state is not S.DEAD or o.occurrence_id not in ended:
+                    continue
+                hour = o.scheduled_for - o.scheduled_for % HOUR
+                at = checked.get((hour, shard))
+                if at is None or ended[o.occurrence_id] + margin > at:
+                    continue
+                if not _homed(current[sid], settings.region, at, run.settings.region):
+                    continue
+                verdict.ledger_checked += 1
+                shown = listed.get((tenant, hour, shard), {}).get(o.occurrence_id)
+                if shown is None or shown.state is not S.DEAD:
+                    verdict.flag("ledger_dead_unlisted", f"{o.occurrence_id} on {settings.region}")
+
+
+def _check_entry(
+    verdict: Verdict, tenant: str, entry: LedgerEntry, by_id: dict[str, Occurrence]
+) -> None:
+    if not entry.schedule_id.startswith(schedule_key_prefix(tenant)):
+        verdict.flag("ledger_other_tenant", f"{entry.occurrence_id} on {tenant}'s page")
+        return
+    found = by_id.get(entry.occurrence_id)
+    if entry.state is not None and found is None:
+        verdict.flag("ledger_unknown", f"{entry.occurrence_id} listed {entry.state}")
+    elif entry.state in TERMINAL and found is not None and found.state is not entry.state:
+        verdict.flag("ledger_wrong_state", f"{entry.occurrence_id} {entry.state} is {found.state}")
+
+
+def _homed(item: dict[str, Any], region: str, at: int, home: str) -> bool:
+    """Whether the schedule was planned (and checked) in ``region`` at ``at``: its home now
+    since ``homed_since``, or before that its first home (one take-over in a run)."""
+    since = item.get("homed_since")
+    now_home = str(item.get("home_region") or home)
+    if since is None or at >= int(since):
+        return now_home == region
+    return region == home and now_home != home
+
+
+def _check_ledger_reads(verdict: Verdict, run: Run) -> None:
+    """What tenants' reads of their ledger listed: their own schedules only, in one strict
+    time order across pages (none twice), inside the range asked; each hour summarized once,
+    in order."""
+    for read in run.ledger_reads:
+        keys = [(at, oid) for at, oid, _, _ in read.items]
+        what = f"{read.tenant} at {read.at}"
+        if keys != sorted(set(keys)):
+            verdict.flag("ledger_read_order", what)
+        if any(not sid.startswith(schedule_key_prefix(read.tenant)) for _, _, sid, _ in read.items):
+            verdict.flag("ledger_read_other_tenant", what)
+        if any(not read.since <= at < read.until for at, _ in keys):
+            verdict.flag("ledger_read_out_of_range", what)
+        hours = [hour for hour, _ in read.hours]
+        if hours != sorted(set(hours)):
+            verdict.flag("ledger_read_hours", what)
+        verdict.ledger_items += len(read.items)

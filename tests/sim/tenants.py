@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from punctual.control.ledger import UPCOMING, LedgerAnswer, LedgerFilter, Upcoming, shown_state
 from punctual.control.manual import Backfilled, Triggered
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo, values
 from punctual.dal.schedules import PAYLOAD_MARK, payload_bytes
 from punctual.dal.tables import current_key
 from punctual.domain.errors import PunctualError
+from punctual.domain.ledger import LedgerEntry
 from punctual.domain.schedule import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
 from punctual.domain.tenancy import Quotas
 from punctual.timing import get_zone
@@ -88,6 +90,19 @@ class Backfill:
     until: int
     made: tuple[str, ...]
     dry_run: bool
+
+
+@dataclass(frozen=True)
+class LedgerRead:
+    """A tenant's read of its ledger to the end (GET /v1/occurrences, every page): what it
+    listed, in the order given, and each hour's summary."""
+
+    tenant: str
+    at: int
+    since: int
+    until: int
+    items: tuple[tuple[int, str, str, str], ...]  # (scheduled_for, id, schedule, state)
+    hours: tuple[tuple[int, int], ...]  # (hour, shards checked)
 
 
 class Tenants:
@@ -335,3 +350,44 @@ class Tenants:
             self.sim.run_record.backfills.append(Backfill(sid, since, until, made, dry))
             self.sim.run_record.counts["backfill"] += 1
             self.sim.run_record.counts["backfilled"] += 0 if dry else len(made)
+
+    def read_ledger(self, rng: random.Random) -> None:
+        """A tenant reads its ledger of the last hours and the next one, page by page (a
+        small page now and then), as a client follows next_token; logged for the oracle."""
+        tenant = rng.choice(self.sim.tenants)
+        plane = ControlPlane(self.sim.services("api"))
+        now = int(self.sim.clock.now)
+        since, until = max(self.sim.start, now - rng.randint(1, 30) * HOUR), now + HOUR
+        limit = rng.choice([3, 20, 100])
+        items: list[tuple[int, str, str, str]] = []
+        hours: list[tuple[int, int]] = []
+        token = None
+        while True:
+
+            def read(token: str | None = token) -> LedgerAnswer:
+                return plane.ledger(
+                    tenant,
+                    since=since,
+                    until=until,
+                    wanted=LedgerFilter(),
+                    limit=limit,
+                    token=token,
+                )
+
+            page: LedgerAnswer | None = self.call("ledger", read)
+            if page is None:
+                return  # (given up: a read changes nothing)
+            items += [
+                (i.scheduled_for, i.occurrence_id, i.schedule_id, _shown(i)) for i in page.items
+            ]
+            hours += [(h.hour, h.shards_checked) for h in page.hours]
+            token = page.next_token
+            if token is None:
+                break
+        done = LedgerRead(tenant, now, since, until, tuple(items), tuple(hours))
+        self.sim.run_record.ledger_reads.append(done)
+        self.sim.run_record.counts["ledger_read"] += 1
+
+
+def _shown(item: LedgerEntry | Upcoming) -> str:
+    return UPCOMING if isinstance(item, Upcoming) else shown_state(item)

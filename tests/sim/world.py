@@ -58,7 +58,7 @@ from punctual_client.worker import core as worker_core
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS
 from tests.sim.hostile import Hostile
 from tests.sim.sqs import SimSQS
-from tests.sim.tenants import Backfill, Tenants, Trigger
+from tests.sim.tenants import Backfill, LedgerRead, Tenants, Trigger
 from tests.sim.workers import Delivered, Event, HandlerRun, Workers
 
 MINUTE = 60
@@ -78,6 +78,7 @@ MAPPING_RETRIES = 3  # the relay's event source mapping: attempts before it disc
 DRAIN_SECONDS = 3 * HOUR  # after the faults stop: the reconciler covers every hour
 STEP_BUDGET = 55  # seconds of its minute a step may take (long runs): the next starts at 60
 HOME, OTHER = "us-east-1", "us-west-2"
+LEDGER_READS_PER_HOUR = 6  # tenants reading their ledger (GET /v1/occurrences)
 ZOMBIE_SECONDS = 10 * MINUTE  # the failed region's materializer ticks on this long
 HOSTILE = "evil"
 TAKE_OVER_TRIES = 30
@@ -166,6 +167,8 @@ class Run:
     failed_over_at: int | None = None
     rewind: int = 0  # how far back the fail-over planned again
     remapped_at: int | None = None  # when the relay's mappings were made anew
+    other: Settings | None = None  # the region that takes over (its own ledger table)
+    ledger_reads: list[LedgerRead] = field(default_factory=list)  # what tenants' reads listed
 
     @property
     def backfilled_ids(self) -> set[str]:
@@ -237,9 +240,14 @@ class Simulation:
             region=HOME,
             operator_principals=frozenset({"arn:aws:iam::000000000000:user/operator"}),
         ).model_copy(update={spec.setting: f"{prefix}-{spec.setting}" for spec in ALL_TABLES})
-        # The region that takes over: the same (global) tables, a leases table of its own.
+        # The region that takes over: the same (global) tables, a leases table and a
+        # ledger table of its own (regional ones, docs/multi-region.md).
         self.other = self.settings.model_copy(
-            update={"region": OTHER, "leases_table": f"{prefix}-{OTHER}-leases_table"}
+            update={
+                "region": OTHER,
+                "leases_table": f"{prefix}-{OTHER}-leases_table",
+                "ledger_table": f"{prefix}-{OTHER}-ledger_table",
+            }
         )
         self.region = self.settings  # where the system runs now
         self.real = dynamodb
@@ -257,7 +265,10 @@ class Simulation:
             self.sqs,
             skew=config.skew,
             hostile=self.hostile,
+            other=self.other,
         )
+        # (Its own generator: the run's draws, and so every earlier seed's world, unchanged.)
+        self.ledger_rng = random.Random(config.seed * 7919 + 11)
         self._skews: dict[str, int] = {}
         self.outages = self._outages()
         span = self.end - self.start
@@ -395,6 +406,8 @@ class Simulation:
             self._lose_messages()
             if self.rng.random() < self.config.changes_per_hour / 60:
                 self.requests.change()
+            if self.ledger_rng.random() < LEDGER_READS_PER_HOUR / 60:
+                self.requests.read_ledger(self.ledger_rng)
             if self.evil is not None:
                 self.evil.act()
         if now % HOUR == 5 * MINUTE and (draining or self.up("reconciler")):

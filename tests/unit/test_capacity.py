@@ -21,6 +21,7 @@ from scripts.capacity.cost import (
     without,
     write_lines,
 )
+from scripts.capacity.ledger import BUDGET, costs, page_units
 from scripts.capacity.model import (
     INF,
     MEASURED,
@@ -352,3 +353,17 @@ def test_the_due_entry_no_longer_grows_with_the_payload_and_the_version_read_doe
     assert smallest.payload_read_units == 0
     assert largest.payload_read_units == math.ceil(largest.version / 4096) / 2 == 4.5
     assert rows[1].payload_read_units == 0.5
+
+
+def test_ledger_costs_a_page_per_tenant_and_shard_an_hour_within_the_budget() -> None:
+    # A page of a few occurrences is one unit; one listing them all grows with them.
+    assert page_units(5, 0.0) == 1
+    assert page_units(65, 1.0) > page_units(65, 0.1) >= 1
+    found = costs(Workload(), Design(shards=128))
+    assert [round(c.per_occurrence, 4) for c in found][:1] == [
+        round((1000 * 128 + 128) / (200e6 / 24), 4)
+    ]
+    assert all(c.per_occurrence <= BUDGET for c in found)
+    # (more tenants than the budget allows with fires on every shard: over it)
+    crowded = costs(Workload(tenants=40_000), Design(shards=128))
+    assert crowded[0].per_occurrence > BUDGET

@@ -82,6 +82,7 @@ class FakeApi:
         self.schedules: list[dict[str, Any]] = []
         self.occurrences: list[dict[str, Any]] = []
         self.next_fires: dict[str, list[dict[str, Any]]] = {}
+        self.ledger: list[dict[str, Any]] = []  # GET /v1/occurrences's pages, in order
         self.reads: list[tuple[str, str, dict[str, Any]]] = []
 
     def as_key(self, key: str) -> Reader:
@@ -107,6 +108,10 @@ class Reader:
             if tenant not in self.api.tenants:
                 raise ApiError(404, {"error": {"message": f"no tenant {tenant}"}})
             return self._tenant_record(tenant)
+        if path == "/v1/occurrences":
+            self._tenant()
+            at = int(query.get("next_token") or 0)
+            return self.api.ledger[at]
         if path.startswith("/v1/schedules/"):
             self._tenant()
             schedule_id = path.rsplit("/", 1)[1]
@@ -451,3 +456,82 @@ def test_a_key_bound_to_no_tenant_is_offered_as_itself(console: Console, api: Fa
     assert status == 403
     assert "<option value='stranger' selected>key stranger (no tenant)</option>" in body
     assert "<option value='demo'>key demo (no tenant)</option>" in body  # (not read yet)
+
+
+# --- the ledger -------------------------------------------------------------------------
+
+
+def ledger_item(n: int, at: int, state: str, finding: str | None) -> dict[str, Any]:
+    return {
+        "occurrence_id": f"occ_sch_demo.s{n:04d}_{at}_1",
+        "schedule_id": f"sch_demo.s{n:04d}",
+        "scheduled_for": utc_text(at),
+        "state": state,
+        "finding": finding,
+        "attempts": 3 if state == "DEAD" else 0,
+        "target": "default",
+    }
+
+
+def ledger_page(items: list[dict[str, Any]], hours: list[int], token: str | None) -> dict[str, Any]:
+    return {
+        "occurrences": items,
+        "hours": [
+            {
+                "hour": utc_text(h),
+                "shards": 4,
+                "shards_checked": 4 if h < NOW - 2 * HOUR else 0,
+                "checked_at": None,
+                "counts": {"SUCCEEDED": 10, "DEAD": 1} if h < NOW - 2 * HOUR else {},
+                "retried": 1,
+                "unlisted": 0,
+                "unreadable": 0,
+            }
+            for h in hours
+        ],
+        "upcoming_complete": True,
+        "next_token": token,
+    }
+
+
+def test_ledger_page_shows_each_hours_counts_the_exceptions_and_the_next_fires(
+    console: Console, api: FakeApi
+):
+    # GIVEN a ledger of two pages: a checked hour with a DEAD one, an unchecked hour, and
+    # then two upcoming fires
+    dead = ledger_item(1, NOW - 3 * HOUR + 60, "DEAD", "DEAD")
+    later = [ledger_item(2, NOW + 60 * k, "UPCOMING", None) for k in (1, 2)]
+    api.ledger = [
+        ledger_page([dead], [NOW - 3 * HOUR, NOW - 2 * HOUR], "1"),
+        ledger_page(later, [], None),
+    ]
+    # WHEN the ledger page is opened
+    status, body = page(console, "/console/ledger")
+    # THEN both pages were read, following the token
+    assert [q.get("next_token") for _, p, q in api.reads if p == "/v1/occurrences"] == [None, "1"]
+    assert status == 200
+    # AND each hour is a row, newest first, with how many shards checked it and its findings
+    hours = rows(body, "hours")
+    assert len(hours) == 2
+    assert "0 of 4" in hours[0]
+    assert "4 of 4" in hours[1]
+    assert "DEAD 1" in hours[1]
+    # AND the DEAD one is listed, linked to its occurrence and its schedule
+    [listed] = rows(body, "exceptions")
+    assert "DEAD" in listed
+    assert "occurrences/occ_sch_demo.s0001" in listed
+    assert "schedules/sch_demo.s0001" in listed
+    # AND the upcoming fires are listed in order
+    assert len(rows(body, "upcoming")) == 2
+
+
+def test_ledger_page_stops_after_its_pages_and_says_there_is_more(console: Console, api: FakeApi):
+    many = [
+        ledger_page([ledger_item(1, NOW - 3 * HOUR, "DEAD", "DEAD")], [], str(k + 1))
+        for k in range(9)
+    ]
+    api.ledger = many
+    status, body = page(console, "/console/ledger")
+    assert status == 200
+    assert len([r for r in api.reads if r[1] == "/v1/occurrences"]) == 5
+    assert "punctual ledger" in body

@@ -15,6 +15,7 @@ from punctual.dal.schedules import ScheduleVersion
 from punctual.dal.tables import occurrence_key
 from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.ids import backfill_tag, occurrence_id, schedule_key_prefix
+from punctual.domain.ledger import LedgerEntry
 from punctual.domain.occurrence import Attempt, AttemptOutcome, Occurrence, OccurrenceState
 from punctual.domain.policies import OverlapPolicy
 from punctual.domain.schedule import MissedEpisode, Schedule
@@ -23,7 +24,7 @@ from punctual.settings import Settings
 from punctual_client.worker.core import QUEUE_WAIT_SECONDS, Outcome
 from tests.sim import oracle
 from tests.sim.oracle import Verdict, _Fire
-from tests.sim.tenants import Backfill, Trigger
+from tests.sim.tenants import Backfill, LedgerRead, Trigger
 from tests.sim.workers import Event, HandlerRun
 from tests.sim.world import Run
 
@@ -458,3 +459,86 @@ def test_oracle_names_a_hostile_record_that_failed_a_batch(monkeypatch: pytest.M
     run.services = cast(Any, SimpleNamespace(schedules=None))
     # WHEN checked; THEN it is named
     assert set(oracle.check(run).violations) == {"hostile_failed_a_batch"}
+
+
+# --- the ledger ----------------------------------------------------------------------------
+
+
+def _read(items: list[tuple[int, str, str, str]], hours: list[int], **fields: Any) -> LedgerRead:
+    values: dict[str, Any] = {"tenant": "t0", "at": T + 7200, "since": T, "until": T + 10800}
+    return LedgerRead(**(values | fields), items=tuple(items), hours=tuple((h, 2) for h in hours))
+
+
+def _item(at: int, schedule_id: str = SID) -> tuple[int, str, str, str]:
+    return at, occurrence_id(schedule_id, 1, at), schedule_id, "DEAD"
+
+
+@pytest.mark.parametrize(
+    ("read", "kind"),
+    [
+        (_read([_item(T + 60), _item(T + 120, OTHER)], [T]), None),
+        (_read([_item(T + 120), _item(T + 60)], [T]), "ledger_read_order"),
+        (_read([_item(T + 60), _item(T + 60)], [T]), "ledger_read_order"),
+        (_read([_item(T + 60, "sch_t1.xyz")], [T]), "ledger_read_other_tenant"),
+        (_read([_item(T - 60)], [T]), "ledger_read_out_of_range"),
+        (_read([_item(T + 10800)], []), "ledger_read_out_of_range"),
+        (_read([], [T, T]), "ledger_read_hours"),
+        (_read([], [T + 3600, T]), "ledger_read_hours"),
+    ],
+)
+def test_oracle_a_ledger_read_lists_its_own_once_in_order_and_in_range(
+    read: LedgerRead, kind: str | None
+):
+    verdict = Verdict()
+    oracle._check_ledger_reads(verdict, run_of(ledger_reads=[read]))
+    assert set(verdict.violations) == ({kind} if kind else set())
+
+
+def _entry(o: Occurrence, state: OccurrenceState | None) -> LedgerEntry:
+    return LedgerEntry(
+        occurrence_id=o.occurrence_id,
+        schedule_id=o.schedule_id,
+        scheduled_for=o.scheduled_for,
+        finding=Finding.DEAD,
+        state=state,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tenant", "state", "final", "kind"),
+    [
+        ("t0", OccurrenceState.DEAD, OccurrenceState.DEAD, None),
+        ("t0", OccurrenceState.RUNNING, OccurrenceState.DEAD, None),  # (open when checked)
+        ("t0", None, None, None),  # (a fire never made: MISSING, MISSED by a policy)
+        ("t1", OccurrenceState.DEAD, OccurrenceState.DEAD, "ledger_other_tenant"),
+        ("t0", OccurrenceState.DEAD, OccurrenceState.SUCCEEDED, "ledger_wrong_state"),
+        ("t0", OccurrenceState.DEAD, None, "ledger_unknown"),
+    ],
+)
+def test_oracle_a_ledger_entry_is_its_tenants_and_tells_an_ended_state_true(
+    tenant: str,
+    state: OccurrenceState | None,
+    final: OccurrenceState | None,
+    kind: str | None,
+):
+    o = occurrence(T + 60, final or OccurrenceState.DEAD)
+    verdict = Verdict()
+    oracle._check_entry(verdict, tenant, _entry(o, state), {o.occurrence_id: o} if final else {})
+    assert set(verdict.violations) == ({kind} if kind else set())
+
+
+@pytest.mark.parametrize(
+    ("item", "region", "at", "homed"),
+    [
+        ({}, "us-east-1", T, True),  # (never moved: its first home)
+        ({}, "eu-west-1", T, False),
+        ({"home_region": "eu-west-1", "homed_since": T}, "us-east-1", T - 1, True),
+        ({"home_region": "eu-west-1", "homed_since": T}, "us-east-1", T, False),
+        ({"home_region": "eu-west-1", "homed_since": T}, "eu-west-1", T, True),
+        ({"home_region": "eu-west-1", "homed_since": T}, "eu-west-1", T - 1, False),
+    ],
+)
+def test_oracle_knows_where_a_schedule_was_checked(
+    item: dict[str, Any], region: str, at: int, homed: bool
+):
+    assert oracle._homed(item, region, at, "us-east-1") is homed

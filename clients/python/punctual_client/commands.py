@@ -179,6 +179,18 @@ def _add_run_commands(add: _AddCommand) -> None:
     backfill.add_argument(
         "--dry-run", action="store_true", help="count and show the first ones; make nothing"
     )
+    ledger = add(
+        "ledger",
+        "your occurrences across all schedules: each checked hour's exceptions and counts, "
+        "then the upcoming fires",
+    )
+    ledger.add_argument("--from", dest="since", metavar="ISO", help="default: a day ago")
+    ledger.add_argument("--to", dest="until", metavar="ISO", help="default: in an hour")
+    ledger.add_argument(
+        "--state", metavar="S[,S]", help="DEAD, MISSED, ..., MISSING (never made), UPCOMING"
+    )
+    ledger.add_argument("--finding", metavar="F[,F]", help="the reconciler's: MISSING, DEAD, ...")
+    ledger.add_argument("--target", metavar="NAME")
     listing = add("list", "your schedules")
     listing.add_argument("--state", choices=["ACTIVE", "PAUSED", "CANCELED", "COMPLETED"])
     add("occurrence", "one occurrence with its attempts").add_argument(
@@ -577,6 +589,34 @@ def _occurrences(client: Client, args: argparse.Namespace) -> None:
             )
 
 
+def _ledger(client: Client, args: argparse.Namespace) -> None:
+    """Every page of the tenant's ledger for the range and filters given."""
+    query = {"from": args.since, "to": args.until, "state": args.state}
+    query |= {"finding": args.finding, "target": args.target}
+    rows: list[dict[str, Any]] = []
+    hours: list[dict[str, Any]] = []
+    complete = True
+    for page in client.each_page("/v1/occurrences", **query):
+        rows += page["occurrences"]
+        hours += page["hours"]
+        complete = complete and page["upcoming_complete"] is not False
+    if args.json:
+        print(json.dumps({"occurrences": rows, "hours": hours}, indent=2))
+        return
+    print(f"{'SCHEDULED_FOR':<21} {'STATE':<16} {'FINDING':<16} {'ATTEMPTS':<9} OCCURRENCE")
+    for row in rows:
+        print(
+            f"{row['scheduled_for']:<21} {row['state']:<16} {row['finding'] or '-':<16} "
+            f"{row['attempts']:<9} {row['occurrence_id']}"
+        )
+    for hour in hours:
+        counts = ", ".join(f"{k} {v}" for k, v in hour["counts"].items()) or "nothing"
+        checked = f"{hour['shards_checked']}/{hour['shards']} shards checked"
+        print(f"  hour {hour['hour']}: {counts} ({checked})")
+    if not complete:
+        print("  upcoming fires not listed: more active schedules than the ledger computes")
+
+
 # What each command does, by its name (``worker`` aside: it runs until stopped).
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], None]] = {
     "tenants": _tenants,
@@ -592,6 +632,7 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], None]] = {
     "cancel": _cancel,
     "list": _list,
     "occurrences": _occurrences,
+    "ledger": _ledger,
     "versions": _versions,
     "occurrence": _occurrence,
     "reconcile": _reconcile,

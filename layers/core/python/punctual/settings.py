@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     tenants_table: str = "punctual-tenants"
     leases_table: str = "punctual-leases"
     idempotency_table: str = "punctual-idempotency"
+    ledger_table: str = "punctual-ledger"
     shard_count: int = Field(default=64, ge=1, le=4096)
     lookahead_seconds: int = Field(
         default=180, ge=0, le=600, description="How far ahead of due the materializer plans."

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from punctual.control.ledger import Ledger, LedgerAnswer, LedgerFilter
 from punctual.control.manual import Backfilled, ManualRuns, Triggered
 from punctual.control.tenant_admin import TenantAdmin
 from punctual.dal.common import ConditionFailed, Label
@@ -220,6 +221,21 @@ class ControlPlane:
         self, tenant_id: str, *, state: ScheduleState | None, limit: int, token: str | None
     ) -> tuple[list[Schedule], str | None]:
         return self.schedules.list_for_tenant(tenant_id, state=state, limit=limit, token=token)
+
+    def ledger(
+        self,
+        tenant_id: str,
+        *,
+        since: int | None,
+        until: int | None,
+        wanted: LedgerFilter,
+        limit: int,
+        token: str | None,
+    ) -> LedgerAnswer:
+        """A page of the tenant's occurrences across its schedules (punctual.control.ledger)."""
+        return Ledger(self._s).read(
+            tenant_id, since=since, until=until, wanted=wanted, limit=limit, token=token
+        )
 
     def next_fires(self, schedule: Schedule, count: int = PREVIEW_COUNT) -> NextFires:
         """What will happen next: the version's fires not yet receivable, in order, those

@@ -389,9 +389,16 @@ class ScheduleStore:
         return stored_schedule(from_dynamo(found)) if found else None
 
     def list_for_tenant(
-        self, tenant_id: str, *, state: ScheduleState | None, limit: int, token: str | None
+        self,
+        tenant_id: str,
+        *,
+        state: ScheduleState | None,
+        limit: int,
+        token: str | None,
+        payloads: bool = True,
     ) -> tuple[list[Schedule], str | None]:
-        """One page, newest last. A state filter reads on until the page is full."""
+        """One page, newest last. A state filter reads on until the page is full. Without
+        ``payloads``, a schedule's payload kept in its version item is left unread (None)."""
         request: dict[str, Any] = {
             "TableName": self.table,
             "IndexName": TENANT_INDEX,
@@ -418,7 +425,8 @@ class ScheduleStore:
             ]
             items = batch_get(self._client, self.table, keys)
             # (As the API shows them: with their payloads, from their version items.)
-            found += self.with_payloads([schedule_from_item(i) for i in items])
+            schedules = [schedule_from_item(i) for i in items]
+            found += self.with_payloads(schedules) if payloads else schedules
             start = page.get("LastEvaluatedKey")
             if not start or len(found) >= limit:
                 return found, encode_token(start)

@@ -180,8 +180,11 @@ TENANTS = TableSpec(setting="tenants_table", pk=("pk", "S"), sk=("sk", "S"))
 # Shard leases and watermarks (never expire), and reconciler reports (expire at purge_at).
 LEASES = TableSpec(setting="leases_table", pk=("pk", "S"), ttl_attribute="purge_at")
 IDEMPOTENCY = TableSpec(setting="idempotency_table", pk=("id", "S"), ttl_attribute="expiration")
+# The reconciler's pages of each tenant's hours (punctual.dal.ledger), kept for the occurrence
+# retention. Regional, as the occurrences it describes (docs/multi-region.md).
+LEDGER = TableSpec(setting="ledger_table", pk=("pk", "S"), sk=("sk", "S"), ttl_attribute="purge_at")
 
-ALL_TABLES = (SCHEDULES, OCCURRENCES, TENANTS, LEASES, IDEMPOTENCY)
+ALL_TABLES = (SCHEDULES, OCCURRENCES, TENANTS, LEASES, IDEMPOTENCY, LEDGER)
 
 
 class SchemaMismatch(ValueError):

@@ -30,7 +30,9 @@ class ReconcileReport(BaseModel):
     window_start: int
     window_end: int
     run_at: int
-    complete: bool  # False: the run ran out of time before the last schedule
+    # False: the run ran out of time before the last schedule, or could not write the
+    # tenants' ledger pages of the hour (punctual.domain.ledger): checked again either way.
+    complete: bool
     repair: bool
     schedules: int  # schedules whose occurrences were read (not dormant or idle)
     counts: dict[Finding, int]

@@ -25,6 +25,7 @@ from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.domain.errors import InvalidInput, Retryable
 from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.ids import is_manual, minute_of
+from punctual.domain.ledger import LedgerBook, LedgerEntry
 from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
 from punctual.domain.planning import MAX_CATCHUP_SPREAD, new_occurrence, wall_text
 from punctual.domain.policies import MisfireAction
@@ -121,12 +122,16 @@ class _ScheduleOutcome:
     stalled: list[Occurrence] = field(default_factory=list)  # open, and may be overdue
     redriven: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)  # ids whose items are a tenant's bad data
+    tenant_id: str = ""
+    seen: dict[str, Occurrence] = field(default_factory=dict)  # the stored ones read, by id
+    gaps: dict[str, Expected] = field(default_factory=dict)  # required fires with no record
 
     def found_after_all(self, gaps: list[Expected], window: Window) -> set[str]:
         """Those of ``gaps`` that exist after all (a consistent read found them): judged by
         their state, as the first read would have (not at all where the item is a tenant's
         unreadable one), no longer MISSING. Their ids."""
         asked = {g.occurrence_id for g in gaps}
+        self.seen |= {o.occurrence_id: o for o in window.occurrences if o.occurrence_id in asked}
         states = {
             o.occurrence_id: _BY_STATE[o.state]
             for o in window.occurrences
@@ -347,6 +352,9 @@ class Reconciler:
         complete = True
         replanned: list[Replanned] = []
         moved = self._unstick(shard, start, end) if self.repair else []
+        # The tenants' ledger pages of an hour checked as a whole (not of an operator's
+        # window of another length): what each tenant's occurrences came to.
+        book = LedgerBook(start, shard) if start % HOUR == 0 and end - start == HOUR else None
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             for page in self.schedules.list_for_shard(shard, created_before=_iso(end)):
                 if self._out_of_time():
@@ -368,6 +376,12 @@ class Reconciler:
                     if outcome.stalled and self.repair:
                         self._redrive(outcome)
                     tally.add(outcome)
+                    if book is not None:
+                        _enter(book, outcome)
+        if book is not None and complete:
+            # (An incomplete check writes none: its hour is checked again, and a page of part
+            # of a shard would show counts that are not the tenant's whole hour there.)
+            complete = self._write_ledger(book, end, run_at)
         report = ReconcileReport(
             shard=shard,
             window_start=start,
@@ -399,6 +413,26 @@ class Reconciler:
             redriven=tally.of("redriven"),
             replanned=[r.schedule_id for r in replanned],
         )
+
+    def _write_ledger(self, book: LedgerBook, end: int, checked_at: int) -> bool:
+        """Each tenant's page of the hour; False if one could not be written (throttled past
+        the client's retries): the check is then reported incomplete, so the hour is checked,
+        and its pages written, again."""
+        purge_at = end + self.settings.retention_days * DAY
+        try:
+            for page in book.pages(checked_at):
+                self._s.ledger.put(page, purge_at=purge_at)
+            # (Last: a mark says every page of the check is written.)
+            self._s.ledger.put_checked(
+                book.hour, book.shard, checked_at=checked_at, purge_at=purge_at
+            )
+        except Retryable:
+            logger.warning(
+                "the hour's ledger was not written; the hour is checked again",
+                extra={"shard": book.shard, "hour": book.hour},
+            )
+            return False
+        return True
 
     def _replan_stale(self, page: Sequence[ScheduleVersion], replanned: list[Replanned]) -> bool:
         """Re-plan the page's schedules planned under older zone rules (punctual.pipeline.rezone);
@@ -500,12 +534,16 @@ class Reconciler:
             # A version changed near or after the window: the history says who owned what.
             versions = self.schedules.versions_since(schedule_id, since) or versions
         expected = expected_occurrences(versions, start, end, horizon=self.horizon)
-        outcome = _ScheduleOutcome(schedule_id, by_version(versions), (start, end))
+        outcome = _ScheduleOutcome(
+            schedule_id, by_version(versions), (start, end), tenant_id=current.schedule.tenant_id
+        )
+        outcome.seen = {o.occurrence_id: o for o in stored}
         # A tenant's unreadable item at an instant is not judged (it is not an occurrence
         # Punctual wrote), but its key is taken: nothing is missing there to repair.
         outcome.unreadable = list(window.unreadable)
         taken = set(window.unreadable)
         classified = self._classify(outcome, expected, stored)
+        outcome.gaps = {g.occurrence_id: g for g in classified}
         gaps = [e for e in classified if e.occurrence_id not in taken]
         since_home = current.schedule.homed_since
         if since_home is not None:
@@ -876,6 +914,45 @@ def metric_values(results: Iterable[ShardResult], given_up: int = 0) -> dict[str
         totals["ReconcileReplanned"] += report.replanned
         totals["MalformedItems"] += report.malformed
     return totals
+
+
+def _enter(book: LedgerBook, outcome: _ScheduleOutcome) -> None:
+    """The schedule's findings in the hour, into its tenant's ledger page: each with its
+    occurrence as read (its state after this check's repair), or the fire it stands for."""
+    tenant = outcome.tenant_id
+    book.unreadable(tenant, len(outcome.unreadable))
+    for finding, oid in outcome.findings:
+        occurrence = outcome.seen.get(oid)
+        if occurrence is not None:
+            entry = LedgerEntry(
+                occurrence_id=oid,
+                schedule_id=outcome.schedule_id,
+                scheduled_for=occurrence.scheduled_for,
+                finding=finding,
+                state=occurrence.state,
+                attempts=occurrence.attempt_count,
+                target=occurrence.target,
+            )
+        elif (gap := outcome.gaps.get(oid)) is not None:
+            owner = outcome.versions.get(gap.version)
+            state = (
+                OccurrenceState.SCHEDULED
+                if oid in outcome.fired
+                else OccurrenceState.MISSED
+                if oid in outcome.recorded_missed
+                else None
+            )
+            entry = LedgerEntry(
+                occurrence_id=oid,
+                schedule_id=outcome.schedule_id,
+                scheduled_for=gap.scheduled_for,
+                finding=finding,
+                state=state,
+                target=owner.target if owner else None,
+            )
+        else:
+            continue  # (a backfill's open occurrence of another hour: that hour's page)
+        book.add(tenant, entry)
 
 
 def _iso(instant: int) -> str:

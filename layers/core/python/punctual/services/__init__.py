@@ -20,6 +20,7 @@ from punctual.backoff import Sleep
 from punctual.clients import aws_client
 from punctual.dal.common import BadItems, Dynamo, Transactions
 from punctual.dal.leases import LeaseStore
+from punctual.dal.ledger import LedgerStore
 from punctual.dal.occurrences import OccurrenceStore
 from punctual.dal.reports import ReportStore
 from punctual.dal.schedules import ScheduleStore
@@ -121,6 +122,10 @@ class Services:
     @property
     def reports(self) -> ReportStore:
         return ReportStore(self.db, self.settings.leases_table)
+
+    @property
+    def ledger(self) -> LedgerStore:
+        return LedgerStore(self.db, self.settings.ledger_table, self.bad_items)
 
     @property
     def transactions(self) -> Transactions:

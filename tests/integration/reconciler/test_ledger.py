@@ -1,0 +1,385 @@
+"""The tenant-wide ledger (GET /v1/occurrences): the reconciler's check of an hour writes each
+tenant's page (counts by finding, the exceptions listed), and the API lists them across
+schedules and shards in time order, then the upcoming fires of the active schedules; one
+tenant never sees another's; an incomplete or failed check writes nothing and the hour is
+checked again; a slow older check never puts back older states; bad input is a 400 naming
+the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from punctual.control.ledger import Ledger, LedgerFilter
+from punctual.dal.common import to_dynamo
+from punctual.dal.ledger import ledger_pk, ledger_sk
+from punctual.dal.tables import occurrence_key
+from punctual.domain.findings import Finding
+from punctual.domain.ids import occurrence_id
+from punctual.domain.ledger import LedgerEntry, LedgerPage
+from punctual.domain.occurrence import OccurrenceState
+from punctual.pipeline.reconciler import Reconciler
+from punctual.services import Services
+from punctual.timing import utc_text
+from tests.faults import FaultPlan, Faults, FaultyDynamoDB, client_error
+from tests.integration.conftest import Api, Clock
+from tests.integration.helpers import cron_spec, make
+from tests.integration.reconciler.helpers import (
+    at,
+    materialize_until,
+    reconcile,
+    shards_of,
+    stored,
+)
+
+
+def _set(aws: Services, oid: str, state: str, attempts: int = 1) -> None:
+    """What a worker's run left on the occurrence (its item, as the worker SDK writes it)."""
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(oid)),
+        UpdateExpression="SET #s = :s, attempt_count = :a",
+        ExpressionAttributeNames={"#s": "state"},
+        ExpressionAttributeValues=to_dynamo({":s": state, ":a": attempts}),
+    )
+
+
+def _delete(aws: Services, oid: str) -> None:
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.occurrences_table, Key=to_dynamo(occurrence_key(oid))
+    )
+
+
+def _pages(api: Api, **query: Any) -> list[dict[str, Any]]:
+    """Every page of the ledger for ``query``, following next_token."""
+    answers = []
+    token = None
+    while True:
+        answer = api.get("/v1/occurrences", **query, **({"next_token": token} if token else {}))
+        assert answer.status == 200, answer.body
+        answers.append(answer.body)
+        token = answer.body["next_token"]
+        if token is None:
+            return answers
+
+
+@pytest.fixture
+def hour(alice: Api, bob: Api, aws: Services, clock: Clock) -> dict[str, Any]:
+    """10:00-11:00 of alice's three */10 schedules and bob's one, checked at 12:05: one of
+    alice's DEAD, one retried and SUCCEEDED, one deleted (MISSING, repaired), one
+    SKIPPED_OVERLAP; bob's one DEAD; every other SUCCEEDED at its first attempt."""
+    clock.now = at("09:40")
+    misfire = {"action": "CATCHUP", "max_lateness_seconds": 7 * 86400}
+    ours = [make(aws, spec=cron_spec("*/10 * * * *"), misfire=misfire) for _ in range(3)]
+    theirs = make(aws, "bob", spec=cron_spec("*/10 * * * *"), misfire=misfire)
+    materialize_until(aws, clock, at("11:00"), shards_of(aws, [*ours, theirs]))
+    window = stored(aws, since=at("10:00"), until=at("11:00"))
+    for occurrence in window:
+        _set(aws, occurrence["occurrence_id"], "SUCCEEDED")
+    by_schedule = {
+        sid: [o["occurrence_id"] for o in window if o["schedule_id"] == sid]
+        for sid in [*ours, theirs]
+    }
+    dead, retried, skipped = (
+        by_schedule[ours[0]][1],
+        by_schedule[ours[1]][2],
+        by_schedule[ours[2]][5],
+    )
+    missing = by_schedule[ours[0]][3]
+    _set(aws, dead, "DEAD", attempts=3)
+    _set(aws, retried, "SUCCEEDED", attempts=2)
+    _set(aws, skipped, "SKIPPED_OVERLAP", attempts=0)
+    _set(aws, by_schedule[theirs][0], "DEAD")
+    _delete(aws, missing)
+    clock.now = at("12:05")
+    reconcile(aws, at("10:00"), at("11:00"))
+    return {
+        "ours": ours,
+        "theirs": theirs,
+        "dead": dead,
+        "retried": retried,
+        "skipped": skipped,
+        "missing": missing,
+        "total": sum(len(by_schedule[s]) for s in ours),
+    }
+
+
+def test_ledger_lists_a_checked_hours_exceptions_in_time_order_and_counts_the_rest(
+    alice: Api, hour: dict[str, Any]
+):
+    # WHEN alice reads the ledger of the checked hour
+    [page] = _pages(alice, **{"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))})
+    # THEN exactly her four exceptions are listed, in time order, each with what it came to
+    listed = {o["occurrence_id"]: o for o in page["occurrences"]}
+    assert set(listed) == {hour["dead"], hour["retried"], hour["skipped"], hour["missing"]}
+    assert [o["scheduled_for"] for o in page["occurrences"]] == sorted(
+        o["scheduled_for"] for o in page["occurrences"]
+    )
+    assert (listed[hour["dead"]]["state"], listed[hour["dead"]]["attempts"]) == ("DEAD", 3)
+    assert listed[hour["retried"]]["state"] == "SUCCEEDED"
+    assert listed[hour["retried"]]["finding"] == "SUCCEEDED"
+    assert listed[hour["skipped"]]["finding"] == "SKIPPED_OVERLAP"
+    # (the deleted one was found MISSING and fired again by the check)
+    assert listed[hour["missing"]]["finding"] == "MISSING"
+    assert listed[hour["missing"]]["state"] == "SCHEDULED"
+    assert all(o["target"] == "default" for o in page["occurrences"])
+    # AND the hour's counts cover every one of her fires, checked on every shard
+    [summary] = page["hours"]
+    assert summary["hour"] == utc_text(at("10:00"))
+    assert summary["shards_checked"] == summary["shards"] == 2  # (this folder: two shards)
+    assert sum(summary["counts"].values()) == hour["total"]
+    assert summary["counts"]["DEAD"] == 1
+    assert summary["counts"]["MISSING"] == 1
+    assert summary["counts"]["SUCCEEDED"] == hour["total"] - 3
+    assert summary["retried"] == 2  # (the DEAD one's three attempts and the retried one)
+    assert page["upcoming_complete"] is True  # (the range is past: nothing to compute)
+
+
+def test_ledger_never_shows_another_tenants_occurrences(bob: Api, hour: dict[str, Any]):
+    [page] = _pages(bob, **{"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))})
+    assert [o["schedule_id"] for o in page["occurrences"]] == [hour["theirs"]]
+    assert sum(page["hours"][0]["counts"].values()) == 6
+
+
+def test_ledger_pages_through_every_item_once_in_order_and_each_hour_once(
+    alice: Api, hour: dict[str, Any], clock: Clock
+):
+    # GIVEN a range of the checked hour, the unchecked ones after it and the next half hour
+    query = {"from": utc_text(at("10:00")), "to": utc_text(at("12:35")), "limit": 2}
+    # WHEN it is read two items at a time
+    pages = _pages(alice, **query)
+    items = [o for p in pages for o in p["occurrences"]]
+    # THEN every item comes once, in (instant, id) order
+    keys = [(o["scheduled_for"], o["occurrence_id"]) for o in items]
+    assert keys == sorted(set(keys))
+    recorded = [o for o in items if o["state"] != "UPCOMING"]
+    assert len(recorded) == 4
+    # AND the upcoming fires are the three schedules' */10 fires from now (12:05) to 12:35
+    upcoming = [o for o in items if o["state"] == "UPCOMING"]
+    assert sorted(o["scheduled_for"] for o in upcoming) == sorted(
+        utc_text(at(t)) for t in ("12:10", "12:20", "12:30") for _ in range(3)
+    )
+    assert {o["schedule_id"] for o in upcoming} == set(hour["ours"])
+    # AND each ended hour is summarized once: 10:00 checked, 11:00 not yet
+    hours = [h for p in pages for h in p["hours"]]
+    assert [(h["hour"], h["shards_checked"]) for h in hours] == [
+        (utc_text(at("10:00")), 2),
+        (utc_text(at("11:00")), 0),
+    ]
+    # AND the whole answer is the same as one page's
+    [whole] = _pages(alice, **{**query, "limit": 100})
+    assert whole["occurrences"] == items
+    assert whole["hours"] == hours
+
+
+def test_ledger_filters_by_state_finding_and_target(alice: Api, hour: dict[str, Any]):
+    span = {"from": utc_text(at("10:00")), "to": utc_text(at("12:35"))}
+    [dead] = _pages(alice, **span, state="DEAD")
+    assert [o["occurrence_id"] for o in dead["occurrences"]] == [hour["dead"]]
+    [both] = _pages(alice, **span, state="DEAD,SKIPPED_OVERLAP")
+    assert {o["occurrence_id"] for o in both["occurrences"]} == {hour["dead"], hour["skipped"]}
+    # (state MISSING: no occurrence at all; the repaired one's is SCHEDULED, found MISSING)
+    [never] = _pages(alice, **span, state="MISSING")
+    assert never["occurrences"] == []
+    [repaired] = _pages(alice, **span, finding="MISSING")
+    assert [o["occurrence_id"] for o in repaired["occurrences"]] == [hour["missing"]]
+    [found] = _pages(alice, **span, finding="SKIPPED_OVERLAP")
+    assert [o["occurrence_id"] for o in found["occurrences"]] == [hour["skipped"]]
+    [upcoming] = _pages(alice, **span, state="UPCOMING")
+    assert len(upcoming["occurrences"]) == 9
+    [elsewhere] = _pages(alice, **span, target="other")
+    assert elsewhere["occurrences"] == []
+
+
+def test_ledger_leaves_out_paused_schedules_upcoming_fires(alice: Api, hour: dict[str, Any]):
+    assert alice.post(f"/v1/schedules/{hour['ours'][0]}/pause").status == 200
+    [page] = _pages(alice, state="UPCOMING", to=utc_text(at("12:35")))
+    assert {o["schedule_id"] for o in page["occurrences"]} == set(hour["ours"][1:])
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"from": "2026-11-19T11:00:00Z", "to": "2026-11-19T10:00:00Z"}, "to"),
+        ({"from": "2026-11-19T10:00:00Z", "to": "2026-11-29T10:00:00Z"}, "to"),
+        ({"from": "2026-09-01T10:00:00Z", "to": "2026-09-02T10:00:00Z"}, "from"),
+        ({"state": "DEAD,LOST"}, "state"),
+        ({"finding": "GONE"}, "finding"),
+        ({"target": "not a name"}, "target"),
+        ({"limit": 0}, "limit"),
+        ({"next_token": "bm90IGEgdG9rZW4"}, "next_token"),
+    ],
+)
+def test_ledger_refuses_bad_input_naming_the_field(
+    alice: Api, clock: Clock, query: dict[str, Any], field: str
+):
+    clock.now = at("12:05")
+    answer = alice.get("/v1/occurrences", **query)
+    assert answer.status == 400, answer.body
+    assert field in str(answer.body)
+
+
+def test_ledger_token_is_bound_to_its_query(alice: Api, hour: dict[str, Any]):
+    span = {"from": utc_text(at("10:00")), "to": utc_text(at("12:35")), "limit": 1}
+    token = alice.get("/v1/occurrences", **span).body["next_token"]
+    assert token is not None
+    # (the same query goes on; another range or filter with its token is refused)
+    assert alice.get("/v1/occurrences", **span, next_token=token).status == 200
+    assert alice.get("/v1/occurrences", next_token=token).status == 200  # (range from it)
+    moved = {**span, "from": utc_text(at("10:10"))}
+    assert alice.get("/v1/occurrences", **moved, next_token=token).status == 400
+    assert alice.get("/v1/occurrences", **span, state="DEAD", next_token=token).status == 400
+
+
+def _ledger(aws: Services, tenant: str, since: int, until: int) -> list[str]:
+    answer = Ledger(aws).read(
+        tenant, since=since, until=until, wanted=LedgerFilter(), limit=100, token=None
+    )
+    return [item.occurrence_id for item in answer.items]
+
+
+def _one_dead(aws: Services, clock: Clock) -> tuple[list[int], str]:
+    """10:00-11:00 of a */30 schedule, its first fire DEAD and its second SUCCEEDED, at
+    12:05: the schedule's shards and the DEAD one's id."""
+    clock.now = at("09:40")
+    sid = make(aws, spec=cron_spec("*/30 * * * *"))
+    materialize_until(aws, clock, at("11:00"), shards_of(aws, [sid]))
+    [first, second] = [
+        o["occurrence_id"] for o in stored(aws, since=at("10:00"), until=at("11:00"))
+    ]
+    _set(aws, first, "DEAD")
+    _set(aws, second, "SUCCEEDED")
+    clock.now = at("12:05")
+    return shards_of(aws, [sid]), first
+
+
+def test_an_incomplete_check_writes_no_page_and_the_next_one_does(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an hour of a schedule with one DEAD occurrence
+    shards, dead = _one_dead(aws, clock)
+    # WHEN a check runs out of time before its first schedule
+    [result] = Reconciler(aws, out_of_time=lambda: True).run(shards, at("10:00"), at("11:00"))
+    assert not result.report.complete
+    # THEN the hour has no page and shows as not checked on that shard
+    assert _ledger(aws, "alice", at("10:00"), at("11:00")) == []
+    answer = Ledger(aws).read(
+        "alice", since=at("10:00"), until=at("11:00"), wanted=LedgerFilter(), limit=9, token=None
+    )
+    assert answer.hours[0].shards_checked == 0
+    # AND a complete check writes it
+    reconcile(aws, at("10:00"), at("11:00"))
+    assert _ledger(aws, "alice", at("10:00"), at("11:00")) == [dead]
+
+
+def test_a_check_whose_ledger_write_is_throttled_is_incomplete_and_checked_again(
+    alice: Api, aws: Services, clock: Clock
+):
+    shards, dead = _one_dead(aws, clock)
+    # GIVEN a ledger table that throttles every write (past the client's own retries)
+    faults = Faults(FaultPlan(), clock)
+
+    def throttled_ledger(operation: str, request: dict[str, Any]) -> None:
+        if request["TableName"] == aws.settings.ledger_table:
+            raise client_error("ThrottlingException", operation)
+
+    faults.before["put_item"] = throttled_ledger
+    throttled = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN the hour is checked
+    [result] = Reconciler(throttled, workers=1).run(shards, at("10:00"), at("11:00"))
+    # THEN the check is reported incomplete (so the scheduled run checks it again)
+    assert not result.report.complete
+    assert not result.report.settled
+    # AND once writes pass, the check writes the page
+    reconcile(aws, at("10:00"), at("11:00"))
+    assert _ledger(aws, "alice", at("10:00"), at("11:00")) == [dead]
+
+
+def test_a_slow_older_check_never_puts_back_older_states(aws: Services):
+    # (the race: a check retried or slow finishing after a later check of the same hour)
+    hour = at("10:00")
+    newer = LedgerPage(
+        tenant_id="alice", hour=hour, shard=1, checked_at=at("13:05"), counts={Finding.DEAD: 1}
+    )
+    older = newer.model_copy(update={"checked_at": at("12:05"), "counts": {Finding.IN_FLIGHT: 1}})
+    assert aws.ledger.put(newer, purge_at=at("13:05") + 86400)
+    assert not aws.ledger.put(older, purge_at=at("13:05") + 86400)
+    [kept] = list(aws.ledger.pages("alice", hour, hour))
+    assert kept.counts == {Finding.DEAD: 1}
+    assert aws.ledger.put_checked(hour, 1, checked_at=at("13:05"), purge_at=at("14:00"))
+    assert not aws.ledger.put_checked(hour, 1, checked_at=at("12:05"), purge_at=at("14:00"))
+    assert aws.ledger.checked(hour, hour) == {hour: {1: at("13:05")}}
+
+
+def test_a_page_the_reader_cannot_read_is_skipped_and_counted(aws: Services):
+    hour = at("10:00")
+    good = LedgerPage(tenant_id="alice", hour=hour, shard=0, checked_at=hour + 7200, counts={})
+    aws.ledger.put(good, purge_at=hour + 86400)
+    aws.dynamodb.put_item(
+        TableName=aws.settings.ledger_table,
+        Item=to_dynamo({"pk": ledger_pk("alice", hour), "sk": ledger_sk(hour, 1), "counts": "?"}),
+    )
+    assert [p.shard for p in aws.ledger.pages("alice", hour, hour)] == [0]
+    assert aws.bad_items.count == 1
+
+
+def test_ledger_reads_across_days_in_order_a_page_at_a_time(aws: Services, clock: Clock):
+    # GIVEN pages on both sides of midnight, on two shards, and marks of some hours
+    first = at("22:00")
+    hours = [first + k * 3600 for k in range(4)]  # 22:00, 23:00, 00:00, 01:00
+    made = []
+    for k, hour in enumerate(hours):
+        for shard in (0, 1):
+            entries = [
+                LedgerEntry(
+                    occurrence_id=occurrence_id(f"sch_alice.s{shard}{j}", 1, hour + 60 * (j + k)),
+                    schedule_id=f"sch_alice.s{shard}{j}",
+                    scheduled_for=hour + 60 * (j + k),
+                    finding=Finding.DEAD,
+                    state=OccurrenceState.DEAD,
+                )
+                for j in range(3)
+            ]
+            made += entries
+            page = LedgerPage(
+                tenant_id="alice",
+                hour=hour,
+                shard=shard,
+                checked_at=hour + 7500,
+                counts={Finding.DEAD: 3},
+                entries=entries,
+            )
+            assert aws.ledger.put(page, purge_at=hour + 86400)
+        if k != 1:
+            aws.ledger.put_checked(hour, 0, checked_at=hour + 7500, purge_at=hour + 86400)
+            aws.ledger.put_checked(hour, 1, checked_at=hour + 7500, purge_at=hour + 86400)
+    clock.now = first + 5 * 3600
+    # WHEN read four items at a time
+    listed, summaries, token = [], [], None
+    while True:
+        answer = Ledger(aws).read(
+            "alice",
+            since=first,
+            until=first + 4 * 3600,
+            wanted=LedgerFilter(),
+            limit=4,
+            token=token,
+        )
+        listed += answer.items
+        summaries += answer.hours
+        token = answer.next_token
+        if token is None:
+            break
+    # THEN every entry comes once, in order, across the day
+    assert [i.occurrence_id for i in listed] == [
+        e.occurrence_id for e in sorted(made, key=lambda e: e.order)
+    ]
+    # AND each hour is summed over its shards once, its marks counted
+    assert [(h.hour, h.shards_checked, h.counts[Finding.DEAD]) for h in summaries] == [
+        (hours[0], 2, 6),
+        (hours[1], 0, 6),
+        (hours[2], 2, 6),
+        (hours[3], 2, 6),
+    ]
