@@ -92,8 +92,9 @@ class Reconciliation(Construct):
                     "PutItem",
                     "ConditionCheckItem",
                 ),
-                # Each tenant's ledger page of an hour checked, and the hour's mark.
-                ("ledger_table", None): ("PutItem",),
+                # Each tenant's ledger page of an hour checked (those that changed: the
+                # stored pages' digests are read first), and the hour's mark.
+                ("ledger_table", None): ("BatchGetItem", "PutItem"),
             },
         )
         queues.grant(self.function, "SendMessage")

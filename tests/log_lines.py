@@ -17,6 +17,10 @@ def plain_lines(level: str) -> Iterator[io.StringIO]:
     handler = logger.registered_handler
     assert isinstance(handler, logging.StreamHandler)
     formatter, stream, previous = handler.formatter, handler.stream, logger.log_level
+    # Assigned, not setStream (which flushes the stream it replaces): the one before may be
+    # an earlier pytest session's capture, closed since (mutmut runs pytest again and again
+    # in one process), and flushing it would fail the test before it starts.
+    handler.stream = io.StringIO()
     plain_logs(level)
     sink = io.StringIO()
     handler.setStream(sink)
@@ -24,5 +28,5 @@ def plain_lines(level: str) -> Iterator[io.StringIO]:
         yield sink
     finally:
         handler.setFormatter(formatter)
-        handler.setStream(stream)
+        handler.stream = stream
         logger.setLevel(previous)

@@ -400,7 +400,9 @@ class Console:
     def _last_hour(self, client: Api) -> tuple[list[Life], int]:
         """Every occurrence of every schedule of the tenant scheduled in the last hour, each
         with when it was first claimed (the listing says: no read per occurrence), and now.
-        One listing per schedule (a page holds an hour of minutely fires), a few at once."""
+        One listing per schedule (a page holds an hour of minutely fires), a few at once.
+        (Not the tenant's ledger: it pages a live hour's 10,000 occurrences 100 at a time,
+        reading every schedule again for each page: 80 s, docs/decisions.md 2026-12-07.)"""
         now = int(self.now())
         window = {"from": utc_text(now - HOUR), "to": utc_text(now)}
         schedules = client.pages("/v1/schedules", "schedules", limit=PAGE_SIZE)

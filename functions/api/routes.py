@@ -2,7 +2,7 @@
 
 import math
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
@@ -554,6 +554,14 @@ def list_ledger(
         ),
     ] = None,
     target: Annotated[str | None, Query(pattern=TARGET_NAME_PATTERN)] = None,
+    listing: Annotated[
+        Literal["exceptions", "all"],
+        Query(
+            description="exceptions: what did not succeed at its first attempt; all: every "
+            "occurrence of the hours read live too (a checked hour's page lists only its "
+            "exceptions either way)."
+        ),
+    ] = "exceptions",
     limit: Limit = 100,
     next_token: Token = None,
 ) -> LedgerOut:
@@ -561,6 +569,7 @@ def list_ledger(
         states=_choices("state", state, LEDGER_STATES),
         findings=frozenset(Finding(f) for f in _choices("finding", finding, LEDGER_FINDINGS)),
         target=target,
+        every=listing == "all",
     )
     answer = context.plane().ledger(
         _tenant(),

@@ -264,7 +264,24 @@ class LedgerItemOut(BaseModel):
     attempts: int
     target: str | None
     available_at: str | None = Field(
-        default=None, description="An upcoming fire's receivable time (its jitter included)."
+        default=None,
+        description="When it is (or was) receivable, its jitter included: an upcoming fire's, "
+        "and one read live's (an hour not yet checked); null from a checked hour's page.",
+    )
+    enqueued_at: str | None = Field(
+        default=None,
+        description="Read live only: when the relay sent its message (recorded by the "
+        "worker's first claim).",
+    )
+    claimed_at: str | None = Field(
+        default=None, description="Read live only: when a worker first claimed it."
+    )
+    reason: str | None = Field(default=None, description="Read live only: why it is DEAD, ...")
+    manual: bool = Field(default=False, description="Made by a run now or a backfill.")
+    late: bool = Field(
+        default=False,
+        description="Made after its time: by the reconciler's repair, a misfire's catch-up or "
+        "a backfill.",
     )
 
 
@@ -281,11 +298,20 @@ class LedgerHourOut(BaseModel):
         "shards checked."
     )
     retried: int = Field(description="Occurrences with more than one attempt (listed).")
+    late: int = Field(
+        description="Occurrences made after their time (a repair, a misfire's catch-up, a "
+        "backfill: listed)."
+    )
     unlisted: int = Field(
         description="Exceptions counted but not listed (past 1,000 in one shard): read them "
         "by schedule."
     )
     unreadable: int = Field(description="Items at the tenant's keys that are not Punctual's.")
+    live: bool = Field(
+        description="Read from the occurrences as they are now (an hour of the last three not "
+        "yet checked on every shard, or the current one): counts by state, no MISSING (a "
+        "fire never made is found by the check)."
+    )
 
 
 class LedgerOut(BaseModel):
@@ -295,6 +321,10 @@ class LedgerOut(BaseModel):
     )
     hours: list[LedgerHourOut] = Field(
         description="Each ended hour whose listing this page began, with its counts."
+    )
+    live_complete: bool = Field(
+        description="false: the tenant has more schedules than the ledger reads live (500): "
+        "its recent hours come from the checks' pages alone."
     )
     upcoming_complete: bool | None = Field(
         description="false: the tenant has more active schedules than the ledger computes "
@@ -504,6 +534,12 @@ def ledger_out(answer: LedgerAnswer) -> LedgerOut:
                     finding=item.finding.value,
                     attempts=item.attempts,
                     target=item.target,
+                    available_at=_utc_or_none(item.available_at),
+                    enqueued_at=_utc_or_none(item.enqueued_at),
+                    claimed_at=_utc_or_none(item.claimed_at),
+                    reason=item.reason,
+                    manual=_manual(item.occurrence_id),
+                    late=item.late,
                 )
             )
     return LedgerOut(
@@ -516,11 +552,27 @@ def ledger_out(answer: LedgerAnswer) -> LedgerOut:
                 checked_at=None if h.checked_at is None else utc_text(h.checked_at),
                 counts={finding.value: n for finding, n in sorted(h.counts.items())},
                 retried=h.retried,
+                late=h.late,
                 unlisted=h.unlisted,
                 unreadable=h.unreadable,
+                live=h.live,
             )
             for h in answer.hours
         ],
+        live_complete=answer.live_complete,
         upcoming_complete=answer.upcoming_complete,
         next_token=answer.next_token,
     )
+
+
+def _utc_or_none(instant: int | None) -> str | None:
+    return None if instant is None else utc_text(instant)
+
+
+def _manual(occurrence_id: str) -> bool:
+    """A run now's or a backfill's; False for an id that is no occurrence id of ours (an
+    item a tenant's worker wrote under its own keys, shown to that tenant only)."""
+    try:
+        return is_manual(occurrence_id)
+    except ValueError:
+        return False

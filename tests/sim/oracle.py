@@ -198,7 +198,7 @@ def check(run: Run) -> Verdict:
     _check_payloads(verdict, run, {sid: histories[sid] for sid in honest}, payloads)
     _check_quota(verdict, run, current)
     _check_ledger(verdict, run, current, {sid: stored[sid] for sid in honest}, ended)
-    _check_ledger_reads(verdict, run)
+    _check_ledger_reads(verdict, run, {o.occurrence_id: o for sid in honest for o in stored[sid]})
     for failure in run.hostile_failures:
         verdict.flag("hostile_failed_a_batch", failure)
     return verdict
@@ -883,11 +883,18 @@ def _homed(item: dict[str, Any], region: str, at: int, home: str) -> bool:
     return region == home and now_home != home
 
 
-def _check_ledger_reads(verdict: Verdict, run: Run) -> None:
+def _check_ledger_reads(
+    verdict: Verdict, run: Run, final: dict[str, Occurrence] | None = None
+) -> None:
     """What tenants' reads of their ledger listed: their own schedules only, in one strict
-    time order across pages (none twice), inside the range asked; each hour summarized once,
-    in order."""
+    time order across pages (none twice), inside the range asked, an ended state the
+    occurrence's own (from a page or read live); each hour summarized once, in order."""
+    final = final or {}
     for read in run.ledger_reads:
+        for _, oid, _, state in read.items:
+            found = final.get(oid)
+            if found is not None and state in TERMINAL and found.state.value != state:
+                verdict.flag("ledger_read_wrong_state", f"{oid} read {state}, is {found.state}")
         keys = [(at, oid) for at, oid, _, _ in read.items]
         what = f"{read.tenant} at {read.at}"
         if keys != sorted(set(keys)):

@@ -6,19 +6,31 @@ from __future__ import annotations
 
 import base64
 import json
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from punctual.control.ledger import _decode, _encode, _fires, _Position
-from punctual.dal.ledger import ledger_pk, ledger_sk, page_from_item, page_to_item
+import punctual.dal.ledger as dal_ledger
+from punctual.control.ledger import (
+    MARKS_DAYS,
+    MARKS_SECONDS,
+    Marks,
+    _decode,
+    _encode,
+    _fires,
+    _Position,
+)
+from punctual.dal.ledger import ROWS_BYTES, ledger_pk, ledger_sk, page_from_item, page_to_item
 from punctual.domain.errors import InvalidInput
 from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
 from punctual.domain.ledger import LISTED_PER_PAGE, LedgerBook, LedgerEntry, listed
-from punctual.domain.occurrence import OccurrenceState
+from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
 from punctual.domain.schedule import Schedule
+from punctual.services import Services
 from tests.instants import epoch
 
 HOUR_START = epoch("2026-12-07T10:00:00Z")
@@ -161,8 +173,8 @@ def test_upcoming_fires_are_every_schedules_fires_in_order_and_a_resumed_read_go
 
 def test_a_token_names_its_position_and_the_query_it_was_made_for():
     query = (100, 200, "abc")
-    token = _encode(query, _Position(0, 3600, (120, "occ_x")))
-    assert _decode(token) == (_Position(0, 3600, (120, "occ_x")), query)
+    token = _encode(query, _Position(0, 3600, (3720, "occ_x")))
+    assert _decode(token) == (_Position(0, 3600, (3720, "occ_x")), query)
     upcoming = _encode(query, _Position(1, None, (150, "occ_y")))
     assert _decode(upcoming) == (_Position(1, None, (150, "occ_y")), query)
     assert _decode(None) == (_Position(), None)
@@ -177,9 +189,106 @@ def test_a_token_names_its_position_and_the_query_it_was_made_for():
         base64.urlsafe_b64encode(json.dumps([1, 2, "d", 0, None, [1, "x"]]).encode()).decode(),
         base64.urlsafe_b64encode(json.dumps([1, 2, "d", 1, 3600, [1, "x"]]).encode()).decode(),
         base64.urlsafe_b64encode(json.dumps([1, 2, "d", 0, 3600, None]).encode()).decode(),
+        # (an hour not on the hour, a last item outside its hour, a number past a float's)
+        base64.urlsafe_b64encode(json.dumps([1, 2, "d", 0, 3601, [3700, "x"]]).encode()).decode(),
+        base64.urlsafe_b64encode(json.dumps([1, 2, "d", 0, 3600, [7200, "x"]]).encode()).decode(),
+        base64.urlsafe_b64encode(b'[1, 2, "d", 0, 1e400, [3700, "x"]]').decode(),
     ],
 )
 def test_a_token_not_made_here_is_refused_naming_next_token(raw: str):
     with pytest.raises(InvalidInput) as refused:
         _decode(raw)
     assert refused.value.details["fields"][0]["field"] == "next_token"
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.reads: list[int] = []
+
+    def checked(self, first: int, last: int) -> dict[int, dict[int, int]]:
+        self.reads.append(first)
+        return {first: {0: len(self.reads)}}
+
+
+def test_a_days_marks_are_read_again_after_a_minute_and_a_few_days_are_kept():
+    store = _Store()
+    services = cast(
+        Services, SimpleNamespace(ledger=store, settings=SimpleNamespace(ledger_table="t"))
+    )
+    marks = Marks()
+    day = HOUR_START - HOUR_START % 86400
+    # (kept for MARKS_SECONDS: read once, then again)
+    assert marks.of_day(services, day, 1000) == {day: {0: 1}}
+    assert marks.of_day(services, day, 1000 + MARKS_SECONDS - 1) == {day: {0: 1}}
+    assert marks.of_day(services, day, 1000 + MARKS_SECONDS) == {day: {0: 2}}
+    assert store.reads == [day, day]
+    # (a clock that went back reads again too)
+    marks.of_day(services, day, 999)
+    assert len(store.reads) == 3
+    # (at most MARKS_DAYS days, the one read longest ago dropped first)
+    for k in range(1, MARKS_DAYS + 1):
+        marks.of_day(services, day + k * 86400, 2000 + k)
+    reads = len(store.reads)
+    marks.of_day(services, day + MARKS_DAYS * 86400, 2000 + MARKS_DAYS)  # (kept)
+    assert len(store.reads) == reads
+    marks.of_day(services, day, 2000)  # (dropped: read again)
+    assert len(store.reads) == reads + 1
+
+
+def test_an_entry_takes_its_instant_from_the_id_and_no_target_that_is_no_name():
+    # GIVEN an occurrence item a tenant's worker rewrote: another instant, a target of no
+    # target's name; made late (the catch-up lane)
+    at = HOUR_START + 600
+    written = Occurrence(
+        occurrence_id=occurrence_id("sch_alice.s1", 1, at),
+        tenant_id="alice",
+        schedule_id="sch_bob.s9",
+        schedule_version=1,
+        scheduled_for=at + 7 * 86400,
+        available_at=at,
+        target="漢" * 100,
+        state=OccurrenceState.DEAD,
+        attempt_count=2,
+        lane=Lane.CATCHUP,
+    )
+    entry = LedgerEntry.of(written, Finding.DEAD)
+    # THEN the entry is the id's: its schedule and instant; no target; late
+    assert (entry.schedule_id, entry.scheduled_for) == ("sch_alice.s1", at)
+    assert entry.target is None
+    assert entry.late
+    assert entry.available_at is None  # (only with detail)
+    assert LedgerEntry.of(written, Finding.DEAD, detail=True).available_at == at
+    assert (
+        LedgerEntry.of(written.model_copy(update={"target": "billing-2"}), Finding.DEAD).target
+        == "billing-2"
+    )
+    # AND a late success is listed, a success in time is not
+    assert listed(Finding.SUCCEEDED, 1, late=True)
+    assert not listed(Finding.SUCCEEDED, 1, late=False)
+
+
+def test_a_pages_rows_stay_within_their_bytes_the_rest_counted():
+    book = LedgerBook(HOUR_START, shard=0)
+    for n in range(LISTED_PER_PAGE):
+        book.add("alice", entry(n, HOUR_START + n, Finding.DEAD, 2))
+    [page] = book.pages(checked_at=HOUR_START + 7200)
+    item = page_to_item(page, purge_at=0)
+    assert item["unlisted"] == 0
+    # (rows of the longest ids a schedule has: a few hundred bytes each, far below the cap)
+    assert len(item["entries"].encode()) < ROWS_BYTES
+    # WHEN the cap is lower than the rows THEN the rows are cut there and the rest counted
+    original = dal_ledger.ROWS_BYTES
+    try:
+        dal_ledger.ROWS_BYTES = 1000
+        cut = page_to_item(page, purge_at=0)
+    finally:
+        dal_ledger.ROWS_BYTES = original
+    kept = json.loads(cut["entries"])
+    assert len(cut["entries"].encode()) <= 1000
+    assert cut["unlisted"] == LISTED_PER_PAGE - len(kept) > 0
+    assert page_from_item(cut).entries == page.entries[: len(kept)]
+    # AND the digest says what the page says, not when it was checked
+    later = page.model_copy(update={"checked_at": page.checked_at + 3600})
+    assert page_to_item(later, 5)["digest"] == item["digest"]
+    changed = page.model_copy(update={"retried": 0})
+    assert page_to_item(changed, 0)["digest"] != item["digest"]

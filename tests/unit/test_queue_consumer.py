@@ -1,5 +1,6 @@
 """The worker SDK's long-polling loop while SQS cannot be reached: growing pauses, capped,
-and one log line when polls start failing and one when they work again."""
+and one log line when polls start failing (or fail another way) and one when they work
+again; a delivery whose processing fails is kept, saying why."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError
+from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
 from punctual_client.worker import QueueConsumer, Worker
+from punctual_client.worker.core import Outcome
 from tests.log_lines import plain_lines
 
 QUEUE = "http://127.0.0.1:9324/000000000000/punctual-demo_default"
@@ -107,3 +109,66 @@ def test_consumer_logs_again_when_the_failure_changes_and_starts_over_after_reco
     ceilings = [1, 2, 4, 8, 1]
     for pause, ceiling in zip(stop.pauses, ceilings, strict=True):
         assert ceiling / 2 <= pause <= ceiling
+
+
+def test_consumer_tells_failures_apart_by_their_code_and_times_the_outage_from_its_first(
+    lines: io.StringIO, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a clock that moves only by the consumer's own pauses, and SQS throttling twice,
+    # then denying twice (the same class of error, another code), then answering
+    stop = Stop()
+    monkeypatch.setattr(
+        "punctual_client.worker.consume.time.monotonic", lambda: 1000 + sum(stop.pauses)
+    )
+
+    def error(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "no"}}, "ReceiveMessage")
+
+    script: list[Exception | dict[str, Any]] = [error("ThrottlingException")] * 2
+    script += [error("AccessDenied")] * 2 + [{"Messages": []}]
+    # WHEN the consumer runs
+    consumer(script, stop).run(stop)
+    # THEN each code is logged once, named, and the recovery counts the whole outage: from
+    # the first failure to the answer, every pause in it
+    said = lines.getvalue().splitlines()
+    assert [line.split(" ", 2)[1] for line in said] == ["ERROR", "ERROR", "WARNING"]
+    assert "ThrottlingException" in said[0]
+    assert "AccessDenied" in said[1]
+    assert (
+        said[2]
+        .split(" ", 2)[2]
+        .startswith(
+            f"polling {QUEUE} works again, after 4 failed polls over {sum(stop.pauses):.0f} s"
+        )
+    )
+
+
+def test_consumer_tells_other_failures_apart_by_their_class_and_survives_an_odd_one(
+    lines: io.StringIO,
+):
+    # GIVEN SQS refusing connections, then timing out, then a ClientError with no error part
+    # at all (not what botocore makes, but nothing to crash the loop on), then answering
+    stop = Stop()
+    timeout = ReadTimeoutError(endpoint_url="http://127.0.0.1:9324/")
+    odd = ClientError({}, "ReceiveMessage")
+    script: list[Exception | dict[str, Any]] = [refused(), timeout, odd, {"Messages": []}]
+    # WHEN the consumer runs
+    consumer(script, stop).run(stop)
+    # THEN each change of kind is logged, and the loop goes on to the answer
+    said = [line.split(" ", 2)[1] for line in lines.getvalue().splitlines()]
+    assert said == ["ERROR", "ERROR", "ERROR", "WARNING"]
+
+
+def test_consumer_keeps_a_message_whose_processing_failed_saying_why():
+    # GIVEN a worker whose processing of a delivery fails past its own retries
+    def fail(delivery: Any) -> None:
+        raise RuntimeError("DynamoDB unreachable")
+
+    worker = cast(Worker, SimpleNamespace(process=fail))
+    # WHEN the consumer processes it
+    result = QueueConsumer(worker, QUEUE)._process(cast(Any, None))
+    # THEN the message is kept (it comes back), and the result names the error
+    assert (result.outcome, result.detail) == (Outcome.FAILED, "RuntimeError: DynamoDB unreachable")
+    assert not result.delete
+    # (and a consumer takes four deliveries at once unless told otherwise: docs/worker.md)
+    assert QueueConsumer(worker, QUEUE).threads == 4

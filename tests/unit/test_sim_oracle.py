@@ -542,3 +542,22 @@ def test_oracle_knows_where_a_schedule_was_checked(
     item: dict[str, Any], region: str, at: int, homed: bool
 ):
     assert oracle._homed(item, region, at, "us-east-1") is homed
+
+
+@pytest.mark.parametrize(
+    ("shown", "final", "flagged"),
+    [
+        ("DEAD", OccurrenceState.DEAD, False),
+        ("RUNNING", OccurrenceState.DEAD, False),
+        ("SUCCEEDED", OccurrenceState.DEAD, True),
+        ("DEAD", OccurrenceState.SUCCEEDED, True),
+    ],
+)
+def test_oracle_a_ledger_read_tells_an_ended_state_true(
+    shown: str, final: OccurrenceState, flagged: bool
+):
+    o = occurrence(T + 60, final)
+    read = _read([(T + 60, o.occurrence_id, SID, shown)], [T])
+    verdict = Verdict()
+    oracle._check_ledger_reads(verdict, run_of(ledger_reads=[read]), {o.occurrence_id: o})
+    assert ("ledger_read_wrong_state" in verdict.violations) is flagged

@@ -191,6 +191,12 @@ def _add_run_commands(add: _AddCommand) -> None:
     )
     ledger.add_argument("--finding", metavar="F[,F]", help="the reconciler's: MISSING, DEAD, ...")
     ledger.add_argument("--target", metavar="NAME")
+    ledger.add_argument(
+        "--all",
+        action="store_true",
+        help="every occurrence of the hours read live (the last three not yet checked), "
+        "not only the exceptions",
+    )
     listing = add("list", "your schedules")
     listing.add_argument("--state", choices=["ACTIVE", "PAUSED", "CANCELED", "COMPLETED"])
     add("occurrence", "one occurrence with its attempts").add_argument(
@@ -593,6 +599,7 @@ def _ledger(client: Client, args: argparse.Namespace) -> None:
     """Every page of the tenant's ledger for the range and filters given."""
     query = {"from": args.since, "to": args.until, "state": args.state}
     query |= {"finding": args.finding, "target": args.target}
+    query |= {"listing": "all" if args.all else None}
     rows: list[dict[str, Any]] = []
     hours: list[dict[str, Any]] = []
     complete = True
@@ -605,13 +612,15 @@ def _ledger(client: Client, args: argparse.Namespace) -> None:
         return
     print(f"{'SCHEDULED_FOR':<21} {'STATE':<16} {'FINDING':<16} {'ATTEMPTS':<9} OCCURRENCE")
     for row in rows:
+        late = " (late)" if row.get("late") else ""
         print(
             f"{row['scheduled_for']:<21} {row['state']:<16} {row['finding'] or '-':<16} "
-            f"{row['attempts']:<9} {row['occurrence_id']}"
+            f"{row['attempts']:<9} {row['occurrence_id']}{late}"
         )
     for hour in hours:
         counts = ", ".join(f"{k} {v}" for k, v in hour["counts"].items()) or "nothing"
         checked = f"{hour['shards_checked']}/{hour['shards']} shards checked"
+        checked += ", read live" if hour["live"] else ""
         print(f"  hour {hour['hour']}: {counts} ({checked})")
     if not complete:
         print("  upcoming fires not listed: more active schedules than the ledger computes")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from punctual.control.ledger import Ledger, LedgerFilter
+from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.ledger import ledger_pk, ledger_sk
 from punctual.dal.tables import occurrence_key
@@ -155,19 +156,26 @@ def test_ledger_pages_through_every_item_once_in_order_and_each_hour_once(
     keys = [(o["scheduled_for"], o["occurrence_id"]) for o in items]
     assert keys == sorted(set(keys))
     recorded = [o for o in items if o["state"] != "UPCOMING"]
-    assert len(recorded) == 4
+    assert len(recorded) == 4 + 3
+    # (the 11:00 hour is not checked yet: read live, its three fires made ahead of the walk
+    # and never run are still in flight, with their times)
+    live = [o for o in recorded if o["scheduled_for"] >= utc_text(at("11:00"))]
+    assert [(o["state"], o["finding"]) for o in live] == [("SCHEDULED", "IN_FLIGHT")] * 3
+    assert all(o["available_at"] == o["scheduled_for"] for o in live)
     # AND the upcoming fires are the three schedules' */10 fires from now (12:05) to 12:35
     upcoming = [o for o in items if o["state"] == "UPCOMING"]
     assert sorted(o["scheduled_for"] for o in upcoming) == sorted(
         utc_text(at(t)) for t in ("12:10", "12:20", "12:30") for _ in range(3)
     )
     assert {o["schedule_id"] for o in upcoming} == set(hour["ours"])
-    # AND each ended hour is summarized once: 10:00 checked, 11:00 not yet
+    # AND each hour gone by is summarized once: 10:00 checked, 11:00 and 12:00 read live
     hours = [h for p in pages for h in p["hours"]]
-    assert [(h["hour"], h["shards_checked"]) for h in hours] == [
-        (utc_text(at("10:00")), 2),
-        (utc_text(at("11:00")), 0),
+    assert [(h["hour"], h["shards_checked"], h["live"]) for h in hours] == [
+        (utc_text(at("10:00")), 2, False),
+        (utc_text(at("11:00")), 0, True),
+        (utc_text(at("12:00")), 0, True),
     ]
+    assert hours[1]["counts"] == {"IN_FLIGHT": 3}
     # AND the whole answer is the same as one page's
     [whole] = _pages(alice, **{**query, "limit": 100})
     assert whole["occurrences"] == items
@@ -209,6 +217,7 @@ def test_ledger_leaves_out_paused_schedules_upcoming_fires(alice: Api, hour: dic
         ({"finding": "GONE"}, "finding"),
         ({"target": "not a name"}, "target"),
         ({"limit": 0}, "limit"),
+        ({"listing": "some"}, "listing"),
         ({"next_token": "bm90IGEgdG9rZW4"}, "next_token"),
     ],
 )
@@ -231,13 +240,6 @@ def test_ledger_token_is_bound_to_its_query(alice: Api, hour: dict[str, Any]):
     moved = {**span, "from": utc_text(at("10:10"))}
     assert alice.get("/v1/occurrences", **moved, next_token=token).status == 400
     assert alice.get("/v1/occurrences", **span, state="DEAD", next_token=token).status == 400
-
-
-def _ledger(aws: Services, tenant: str, since: int, until: int) -> list[str]:
-    answer = Ledger(aws).read(
-        tenant, since=since, until=until, wanted=LedgerFilter(), limit=100, token=None
-    )
-    return [item.occurrence_id for item in answer.items]
 
 
 def _one_dead(aws: Services, clock: Clock) -> tuple[list[int], str]:
@@ -263,15 +265,16 @@ def test_an_incomplete_check_writes_no_page_and_the_next_one_does(
     # WHEN a check runs out of time before its first schedule
     [result] = Reconciler(aws, out_of_time=lambda: True).run(shards, at("10:00"), at("11:00"))
     assert not result.report.complete
-    # THEN the hour has no page and shows as not checked on that shard
-    assert _ledger(aws, "alice", at("10:00"), at("11:00")) == []
+    # THEN the hour has no page, and shows as not checked on that shard (read live)
+    assert list(aws.ledger.pages("alice", at("10:00"), at("10:00"))) == []
     answer = Ledger(aws).read(
         "alice", since=at("10:00"), until=at("11:00"), wanted=LedgerFilter(), limit=9, token=None
     )
-    assert answer.hours[0].shards_checked == 0
+    assert (answer.hours[0].shards_checked, answer.hours[0].live) == (0, True)
     # AND a complete check writes it
     reconcile(aws, at("10:00"), at("11:00"))
-    assert _ledger(aws, "alice", at("10:00"), at("11:00")) == [dead]
+    [page] = aws.ledger.pages("alice", at("10:00"), at("10:00"))
+    assert [e.occurrence_id for e in page.entries] == [dead]
 
 
 def test_a_check_whose_ledger_write_is_throttled_is_incomplete_and_checked_again(
@@ -292,9 +295,11 @@ def test_a_check_whose_ledger_write_is_throttled_is_incomplete_and_checked_again
     # THEN the check is reported incomplete (so the scheduled run checks it again)
     assert not result.report.complete
     assert not result.report.settled
+    assert list(aws.ledger.pages("alice", at("10:00"), at("10:00"))) == []
     # AND once writes pass, the check writes the page
     reconcile(aws, at("10:00"), at("11:00"))
-    assert _ledger(aws, "alice", at("10:00"), at("11:00")) == [dead]
+    [page] = aws.ledger.pages("alice", at("10:00"), at("10:00"))
+    assert [e.occurrence_id for e in page.entries] == [dead]
 
 
 def test_a_slow_older_check_never_puts_back_older_states(aws: Services):
@@ -372,14 +377,282 @@ def test_ledger_reads_across_days_in_order_a_page_at_a_time(aws: Services, clock
         token = answer.next_token
         if token is None:
             break
-    # THEN every entry comes once, in order, across the day
+    # THEN every entry of a marked hour comes once, in order, across the day (the 23:00
+    # pages have no mark: a check that stopped before it; they are not the hour as checked)
     assert [i.occurrence_id for i in listed] == [
-        e.occurrence_id for e in sorted(made, key=lambda e: e.order)
+        e.occurrence_id
+        for e in sorted(made, key=lambda e: e.order)
+        if not hours[1] <= e.scheduled_for < hours[2]
     ]
-    # AND each hour is summed over its shards once, its marks counted
+    # AND each hour is summed over its marked shards once
     assert [(h.hour, h.shards_checked, h.counts[Finding.DEAD]) for h in summaries] == [
         (hours[0], 2, 6),
-        (hours[1], 0, 6),
+        (hours[1], 0, 0),
         (hours[2], 2, 6),
         (hours[3], 2, 6),
     ]
+
+
+def test_ledger_reads_the_hours_not_checked_yet_live_with_every_occurrence_on_request(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a */30 schedule's fires of 10:00-11:00 (one DEAD, one SUCCEEDED), not checked
+    _, dead = _one_dead(aws, clock)
+    [ok] = [
+        o["occurrence_id"]
+        for o in stored(aws, since=at("10:00"), until=at("11:00"))
+        if o["occurrence_id"] != dead
+    ]
+    span = {"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))}
+    # WHEN the ledger is read at 12:05 (the hour ended an hour ago, no check yet)
+    [page] = _pages(alice, **span)
+    # THEN the DEAD one is listed at once, with its times, and the hour counted live
+    [listed] = page["occurrences"]
+    assert (listed["occurrence_id"], listed["state"], listed["finding"]) == (dead, "DEAD", "DEAD")
+    assert listed["available_at"] == utc_text(at("10:00"))
+    [hour] = page["hours"]
+    assert (hour["live"], hour["shards_checked"]) == (True, 0)
+    assert hour["counts"] == {"DEAD": 1, "SUCCEEDED": 1}
+    # AND listing=all lists the success too
+    [every] = _pages(alice, **span, listing="all")
+    assert [o["occurrence_id"] for o in every["occurrences"]] == [dead, ok]
+    # AND an hour older than three hours, unchecked, is not read live (its pages: none)
+    clock.now = at("14:05")
+    [old] = _pages(alice, **span)
+    assert (old["occurrences"], old["hours"][0]["live"]) == ([], False)
+    # AND a tenant with more schedules than the ledger reads live says so, and lists none
+    clock.now = at("12:05")
+    monkeypatch.setattr("punctual.control.ledger.MAX_LIVE_SCHEDULES", 0)
+    [crowded] = _pages(alice, **span)
+    assert (crowded["occurrences"], crowded["live_complete"]) == ([], False)
+
+
+def test_ledger_lists_a_dead_occurrence_of_the_current_hour_at_once(
+    alice: Api, bob: Api, aws: Services, clock: Clock
+):
+    clock.now = at("09:40")
+    sid = make(aws, spec=cron_spec("*/10 * * * *"))
+    make(aws, "bob", spec=cron_spec("*/10 * * * *"))
+    materialize_until(aws, clock, at("10:05"), shards_of(aws, [sid]))
+    [first] = [
+        o["occurrence_id"]
+        for o in stored(aws, since=at("10:00"), until=at("10:01"))
+        if o["schedule_id"] == sid
+    ]
+    _set(aws, first, "DEAD", attempts=3)
+    clock.now = at("10:07")
+    [page] = _pages(alice, state="DEAD", to=utc_text(at("10:30")))
+    assert [(o["occurrence_id"], o["attempts"]) for o in page["occurrences"]] == [(first, 3)]
+    # (bob reads his own hour: nothing of alice's)
+    [theirs] = _pages(bob, to=utc_text(at("10:30")), listing="all")
+    assert all(o["schedule_id"].startswith("sch_bob.") for o in theirs["occurrences"])
+
+
+def test_ledger_pages_end_inside_ties_and_give_every_item_once(aws: Services, clock: Clock):
+    # GIVEN four schedules' exceptions at one instant on each of two shards (ties across
+    # schedules and shards), marked checked
+    hour = at("10:00")
+    made = []
+    for shard in (0, 1):
+        entries = [
+            LedgerEntry(
+                occurrence_id=occurrence_id(f"sch_alice.t{shard}{j}", 1, hour + 60 * (j % 2)),
+                schedule_id=f"sch_alice.t{shard}{j}",
+                scheduled_for=hour + 60 * (j % 2),
+                finding=Finding.DEAD,
+                state=OccurrenceState.DEAD,
+            )
+            for j in range(4)
+        ]
+        made += entries
+        page = LedgerPage(
+            tenant_id="alice",
+            hour=hour,
+            shard=shard,
+            checked_at=hour + 7500,
+            counts={Finding.DEAD: 4},
+            entries=sorted(entries, key=lambda e: e.order),
+        )
+        assert aws.ledger.put(page, purge_at=hour + 86400)
+        aws.ledger.put_checked(hour, shard, checked_at=hour + 7500, purge_at=hour + 86400)
+    clock.now = at("14:00")
+
+    def read(limit: int) -> list[str]:
+        found, token = [], None
+        while True:
+            answer = Ledger(aws).read(
+                "alice",
+                since=hour,
+                until=hour + 3600,
+                wanted=LedgerFilter(),
+                limit=limit,
+                token=token,
+            )
+            found += [i.occurrence_id for i in answer.items]
+            token = answer.next_token
+            if token is None:
+                return found
+
+    # WHEN read 1, 3 and 100 at a time THEN each gives every item once, in the same order
+    whole = read(100)
+    assert whole == [e.occurrence_id for e in sorted(made, key=lambda e: e.order)]
+    assert read(1) == whole
+    assert read(3) == whole
+
+
+def test_a_renamed_schedules_upcoming_fires_name_the_occurrences_it_will_make(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */10 schedule renamed (a new version, the same run version)
+    clock.now = at("09:40")
+    sid = make(aws, spec=cron_spec("*/10 * * * *"))
+    assert ControlPlane(aws).update("alice", sid, if_match=1, changes={"name": "renamed"})
+    # WHEN its upcoming fires are read, and later made by the materializer
+    [page] = _pages(alice, state="UPCOMING", to=utc_text(at("10:25")))
+    materialize_until(aws, clock, at("10:25"), shards_of(aws, [sid]))
+    made = {o["occurrence_id"] for o in stored(aws, since=at("09:40"), until=at("10:25"))}
+    # THEN each upcoming id is one the materializer made (09:40 to 10:20)
+    assert {o["occurrence_id"] for o in page["occurrences"]} == made
+    assert len(made) == 5
+
+
+def test_a_repaired_fire_stays_listed_after_the_hour_is_checked_again(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */30 schedule whose 10:30 fire was lost, one under SKIP that can no longer
+    # fire (recorded MISSED by the repair), and the rest SUCCEEDED
+    clock.now = at("09:40")
+    fire = make(aws, spec=cron_spec("*/30 * * * *"), misfire={"max_lateness_seconds": 86400})
+    skip = make(
+        aws, spec=cron_spec("*/30 * * * *"), misfire={"action": "SKIP", "max_lateness_seconds": 60}
+    )
+    materialize_until(aws, clock, at("11:00"), shards_of(aws, [fire, skip]))
+    window = stored(aws, since=at("10:00"), until=at("11:00"))
+    for o in window:
+        _set(aws, o["occurrence_id"], "SUCCEEDED")
+    lost = {
+        o["schedule_id"]: o["occurrence_id"] for o in window if o["scheduled_for"] == at("10:30")
+    }
+    for oid in lost.values():
+        _delete(aws, oid)
+    # WHEN the hour is checked (one fired again late, one recorded MISSED), the late one runs,
+    # and the hour is checked again
+    clock.now = at("12:05")
+    reconcile(aws, at("10:00"), at("11:00"))
+    _set(aws, lost[fire], "SUCCEEDED")
+    clock.now = at("13:05")
+    reconcile(aws, at("10:00"), at("11:00"))
+    # THEN both stay listed: the repaired one as made late, the other MISSED
+    [page] = _pages(alice, **{"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))})
+    listed = {o["occurrence_id"]: o for o in page["occurrences"]}
+    assert set(listed) == set(lost.values())
+    assert (listed[lost[fire]]["state"], listed[lost[fire]]["late"]) == ("SUCCEEDED", True)
+    assert listed[lost[skip]]["state"] == "MISSED"
+    assert page["hours"][0]["late"] == 1
+
+
+def test_a_check_whose_mark_is_not_written_counts_none_of_its_pages(
+    alice: Api, aws: Services, clock: Clock
+):
+    shards, dead = _one_dead(aws, clock)
+    clock.now = at("14:05")  # (older than the hours read live)
+    # GIVEN the mark's write throttled past the client's retries, after the pages
+    faults = Faults(FaultPlan(), clock)
+
+    def no_mark(operation: str, request: dict[str, Any]) -> None:
+        if request["TableName"] == aws.settings.ledger_table and "#checked#" in str(
+            request["Item"]["pk"]
+        ):
+            raise client_error("ThrottlingException", operation)
+
+    faults.before["put_item"] = no_mark
+    throttled = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    [result] = Reconciler(throttled, workers=1).run(shards, at("10:00"), at("11:00"))
+    # THEN the check is incomplete, and the ledger counts nothing of it
+    assert not result.report.complete
+    assert list(aws.ledger.pages("alice", at("10:00"), at("10:00")))  # (written)
+    [page] = _pages(alice, **{"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))})
+    assert (page["occurrences"], page["hours"][0]["counts"]) == ([], {})
+    # AND the next check writes its mark, and the hour is listed (once the API's copy of
+    # the marks, a minute old at most, is read again)
+    reconcile(aws, at("10:00"), at("11:00"))
+    clock.advance(61)
+    [page] = _pages(alice, **{"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))})
+    assert [o["occurrence_id"] for o in page["occurrences"]] == [dead]
+
+
+def test_a_tenants_forged_items_never_fail_another_tenants_page_or_the_check(
+    alice: Api, bob: Api, aws: Services, clock: Clock
+):
+    # GIVEN alice's and bob's schedules on one shard, each with a DEAD occurrence; alice's
+    # worker wrote a huge target of no target's name into one of hers
+    clock.now = at("09:40")
+    ours = make(aws, spec=cron_spec("*/30 * * * *"))
+    theirs = make(aws, "bob", spec=cron_spec("*/30 * * * *"))
+    shards = shards_of(aws, [ours, theirs])
+    materialize_until(aws, clock, at("11:00"), shards)
+    window = stored(aws, since=at("10:00"), until=at("11:00"))
+    for o in window:
+        _set(aws, o["occurrence_id"], "DEAD")
+    forged = next(o["occurrence_id"] for o in window if o["schedule_id"] == ours)
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(forged)),
+        UpdateExpression="SET target = :t",
+        ExpressionAttributeValues=to_dynamo({":t": "漢" * 120_000}),
+    )
+    # ... AND DynamoDB refusing alice's page whatever it holds (as it would one too large)
+    faults = Faults(FaultPlan(), clock)
+
+    def refuse_alices(operation: str, request: dict[str, Any]) -> None:
+        if str(request["Item"].get("pk", {}).get("S", "")).startswith("alice#"):
+            raise client_error("ValidationException", operation)
+
+    faults.before["put_item"] = refuse_alices
+    refusing = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN the hour is checked
+    clock.now = at("14:05")
+    results = Reconciler(refusing, workers=1).run(shards, at("10:00"), at("11:00"))
+    # THEN the check completes, and bob's page is written and listed
+    assert all(r.report.complete for r in results)
+    [page] = _pages(bob, **{"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))})
+    assert len(page["occurrences"]) == 2
+    # AND without the refusal alice's page lists her DEAD ones, the forged target left out
+    reconcile(aws, at("10:00"), at("11:00"))
+    [mine] = _pages(alice, **{"from": utc_text(at("10:00")), "to": utc_text(at("11:00"))})
+    targets = {o["occurrence_id"]: o["target"] for o in mine["occurrences"]}
+    assert targets[forged] is None
+    assert len(targets) == 2
+
+
+def test_a_check_again_writes_only_the_pages_that_changed(alice: Api, aws: Services, clock: Clock):
+    # GIVEN an hour checked once, and a client counting the ledger's page writes
+    shards, _ = _one_dead(aws, clock)
+    reconcile(aws, at("10:00"), at("11:00"))
+    faults = Faults(FaultPlan(), clock)
+    written: list[str] = []
+
+    def count(operation: str, request: dict[str, Any]) -> None:
+        if request["TableName"] == aws.settings.ledger_table:
+            written.append(str(request["Item"]["pk"]["S"]))
+
+    faults.before["put_item"] = count
+    counted = dataclasses.replace(aws, dynamodb=FaultyDynamoDB(aws.dynamodb, faults))
+    # WHEN it is checked again with nothing changed
+    clock.advance(3600)
+    Reconciler(counted, workers=1).run(shards, at("10:00"), at("11:00"))
+    # THEN only the hour's mark is written, not the page
+    assert [pk.startswith("#checked#") for pk in written] == [True]
+    # AND when an occurrence's state changed, the page is written again
+    [other] = [
+        o["occurrence_id"]
+        for o in stored(aws, since=at("10:00"), until=at("11:00"))
+        if o["state"] == "SUCCEEDED"
+    ]
+    _set(aws, other, "DEAD")
+    written.clear()
+    clock.advance(3600)
+    Reconciler(counted, workers=1).run(shards, at("10:00"), at("11:00"))
+    assert sorted(pk.startswith("#checked#") for pk in written) == [False, True]
+    [page] = aws.ledger.pages("alice", at("10:00"), at("10:00"))
+    assert len(page.entries) == 2

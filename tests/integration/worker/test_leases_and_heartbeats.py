@@ -184,9 +184,10 @@ def test_worker_stale_completion_while_the_new_holder_still_runs_is_fenced_by_th
     during = stored(aws, occ)
     a_finished.set()
     box["b"].join(10)
-    # THEN A's completion is refused (LEASE_LOST): the occurrence stays RUNNING under B's
-    # token, attempt 1 LOST and attempt 2 still running
+    # THEN A's completion is refused (LEASE_LOST, saying which attempt): the occurrence stays
+    # RUNNING under B's token, attempt 1 LOST and attempt 2 still running
     assert late.outcome is Outcome.LEASE_LOST
+    assert late.detail == "attempt 1 lost its lease"
     occurrence, attempts = during
     assert occurrence.state is S.RUNNING
     assert occurrence.attempt_count == 2

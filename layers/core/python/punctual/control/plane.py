@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from punctual.control.ledger import Ledger, LedgerAnswer, LedgerFilter
+from punctual.control.ledger import Ledger, LedgerAnswer, LedgerFilter, Marks
 from punctual.control.manual import Backfilled, ManualRuns, Triggered
 from punctual.control.tenant_admin import TenantAdmin
 from punctual.dal.common import ConditionFailed, Label
@@ -164,6 +164,7 @@ class ControlPlane:
         self.queues = QueueAdmin(services.sqs, services.settings.queue_prefix, services.sleep)
         self.admin = TenantAdmin(services, self.tenants, self.queues)
         self.manual = ManualRuns(self)
+        self.ledger_marks = Marks()  # (kept across requests: punctual.control.ledger.Marks)
         # The relay's own sending code, for what the API sends at once (_send_promptly).
         self._relay = Relay(services, workers=1)
 
@@ -233,7 +234,7 @@ class ControlPlane:
         token: str | None,
     ) -> LedgerAnswer:
         """A page of the tenant's occurrences across its schedules (punctual.control.ledger)."""
-        return Ledger(self._s).read(
+        return Ledger(self._s, self.ledger_marks).read(
             tenant_id, since=since, until=until, wanted=wanted, limit=limit, token=token
         )
 

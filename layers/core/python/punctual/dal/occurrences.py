@@ -345,28 +345,51 @@ class OccurrenceStore:
         if start:
             request["ExclusiveStartKey"] = start
         page = self._client.query(**request)
+        found = self._claimed(page, claims)
+        return found, encode_token(page.get("LastEvaluatedKey"))
+
+    def _claimed(
+        self,
+        page: QueryOutputTypeDef,
+        claims: dict[str, int] | None,
+        unreadable: list[str] | None = None,
+    ) -> list[Occurrence]:
+        """The page's occurrences; ``claims``, if given, gets when each claimed one was first
+        claimed (first_claim)."""
         items = [from_dynamo(item) for item in page["Items"]]
-        found = self._parsed(items)
+        found = self._parsed(items, unreadable)
         if claims is not None:
             read = {o.occurrence_id for o in found}
             for item in items:
                 if item.get("occurrence_id") in read and (claimed := first_claim(item)):
                     claims[item["occurrence_id"]] = claimed
-        return found, encode_token(page.get("LastEvaluatedKey"))
+        return found
 
-    def _query_all(self, unreadable: list[str] | None = None, **request: Any) -> list[Occurrence]:
+    def _query_all(
+        self,
+        unreadable: list[str] | None = None,
+        claims: dict[str, int] | None = None,
+        **request: Any,
+    ) -> list[Occurrence]:
         pages = self._client.query_pages(TableName=self.table, **request)
-        return [o for page in pages for o in self._page(page, unreadable)]
+        return [o for page in pages for o in self._claimed(page, claims, unreadable)]
 
     def window(
-        self, schedule_id: str, *, since: int, until: int, consistent: bool = False
+        self,
+        schedule_id: str,
+        *,
+        since: int,
+        until: int,
+        consistent: bool = False,
+        claims: dict[str, int] | None = None,
     ) -> Window:
         """Every occurrence of the schedule (any version, any state) with ``scheduled_for``
         in [since, until], all pages, and the ids of the unreadable items there;
-        ``consistent`` for a caller that must see one written a moment ago."""
+        ``consistent`` for a caller that must see one written a moment ago; ``claims``, if
+        given, gets when each claimed one was first claimed."""
         unreadable: list[str] = []
         found = self._query_all(
-            unreadable, **_between(schedule_id, since, until), ConsistentRead=consistent
+            unreadable, claims, **_between(schedule_id, since, until), ConsistentRead=consistent
         )
         return Window(found, unreadable)
 

@@ -6,6 +6,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from punctual.domain.occurrence import OccurrenceState
+
 
 class Finding(StrEnum):
     """What the reconciler concluded about one instant or one stored occurrence."""
@@ -19,6 +21,20 @@ class Finding(StrEnum):
     MISSING = "MISSING"  # expected, and no record of it at all
     UNEXPECTED = "UNEXPECTED"  # stored, and no version owns it
     SUPERSEDED = "SUPERSEDED"  # stored ahead of time, then a newer version took over
+
+
+# What a stored occurrence's state says of it (an occurrence no fire owns aside: UNEXPECTED
+# or SUPERSEDED, which only the reconciler's ownership rules tell).
+FOUND_IN: dict[OccurrenceState, Finding] = {
+    OccurrenceState.SUCCEEDED: Finding.SUCCEEDED,
+    OccurrenceState.DEAD: Finding.DEAD,
+    OccurrenceState.CANCELED: Finding.CANCELED,
+    OccurrenceState.MISSED: Finding.MISSED,
+    OccurrenceState.SKIPPED_OVERLAP: Finding.SKIPPED_OVERLAP,
+    OccurrenceState.SCHEDULED: Finding.IN_FLIGHT,
+    OccurrenceState.RUNNING: Finding.IN_FLIGHT,
+    OccurrenceState.RETRY_WAIT: Finding.IN_FLIGHT,
+}
 
 
 class ReconcileReport(BaseModel):

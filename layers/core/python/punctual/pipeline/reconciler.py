@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from punctual.backoff import Backoff
 from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.occurrences import Window
 from punctual.dal.schedules import ScheduleVersion, homed_in
 from punctual.domain.errors import InvalidInput, Retryable
-from punctual.domain.findings import Finding, ReconcileReport
+from punctual.domain.findings import FOUND_IN, Finding, ReconcileReport
 from punctual.domain.ids import is_manual, minute_of
 from punctual.domain.ledger import LedgerBook, LedgerEntry
 from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
@@ -75,17 +77,6 @@ INDEX_SETTLED = 300
 _OPEN = (OccurrenceState.SCHEDULED, OccurrenceState.RETRY_WAIT, OccurrenceState.RUNNING)
 
 
-_BY_STATE = {
-    OccurrenceState.SUCCEEDED: Finding.SUCCEEDED,
-    OccurrenceState.DEAD: Finding.DEAD,
-    OccurrenceState.CANCELED: Finding.CANCELED,
-    OccurrenceState.MISSED: Finding.MISSED,
-    OccurrenceState.SKIPPED_OVERLAP: Finding.SKIPPED_OVERLAP,
-    OccurrenceState.SCHEDULED: Finding.IN_FLIGHT,
-    OccurrenceState.RUNNING: Finding.IN_FLIGHT,
-    OccurrenceState.RETRY_WAIT: Finding.IN_FLIGHT,
-}
-
 METRIC_NAMES = {
     Finding.SUCCEEDED: "ReconcileSucceeded",
     Finding.DEAD: "ReconcileDead",
@@ -133,7 +124,7 @@ class _ScheduleOutcome:
         asked = {g.occurrence_id for g in gaps}
         self.seen |= {o.occurrence_id: o for o in window.occurrences if o.occurrence_id in asked}
         states = {
-            o.occurrence_id: _BY_STATE[o.state]
+            o.occurrence_id: FOUND_IN[o.state]
             for o in window.occurrences
             if o.occurrence_id in asked
         }
@@ -420,8 +411,21 @@ class Reconciler:
         and its pages written, again."""
         purge_at = end + self.settings.retention_days * DAY
         try:
-            for page in book.pages(checked_at):
-                self._s.ledger.put(page, purge_at=purge_at)
+            pages = book.pages(checked_at)
+            # (A re-check of an hour left in flight rewrites only the pages that changed.)
+            same = self._s.ledger.unchanged(pages)
+            for page in pages:
+                if (page.tenant_id, page.shard) in same:
+                    continue
+                try:
+                    self._s.ledger.put(page, purge_at=purge_at)
+                except ClientError as refused:
+                    # DynamoDB refused the page itself (what its tenant's items made of it):
+                    # that tenant's bad data, counted; never the other tenants' pages or
+                    # the shard's check.
+                    self._s.bad_items.skip(
+                        self._s.settings.ledger_table, {"pk": page.tenant_id}, refused
+                    )
             # (Last: a mark says every page of the check is written.)
             self._s.ledger.put_checked(
                 book.hour, book.shard, checked_at=checked_at, purge_at=purge_at
@@ -630,11 +634,11 @@ class Reconciler:
             if is_manual(occurrence.occurrence_id) or rezoned(occurrence):
                 # Run now: no fire owes it, and none is owed it; nor one a change of the
                 # zone's rules canceled (its replacement is the fire's). By state only.
-                finding = _BY_STATE[occurrence.state]
+                finding = FOUND_IN[occurrence.state]
             elif owner is None:
                 finding = Finding.UNEXPECTED
             elif owner.required:
-                finding = _BY_STATE[occurrence.state]
+                finding = FOUND_IN[occurrence.state]
             else:
                 finding = Finding.SUPERSEDED
             outcome.findings.append((finding, occurrence.occurrence_id))
@@ -924,24 +928,17 @@ def _enter(book: LedgerBook, outcome: _ScheduleOutcome) -> None:
     for finding, oid in outcome.findings:
         occurrence = outcome.seen.get(oid)
         if occurrence is not None:
-            entry = LedgerEntry(
-                occurrence_id=oid,
-                schedule_id=outcome.schedule_id,
-                scheduled_for=occurrence.scheduled_for,
-                finding=finding,
-                state=occurrence.state,
-                attempts=occurrence.attempt_count,
-                target=occurrence.target,
-            )
+            entry = LedgerEntry.of(occurrence, finding)
         elif (gap := outcome.gaps.get(oid)) is not None:
             owner = outcome.versions.get(gap.version)
-            state = (
-                OccurrenceState.SCHEDULED
-                if oid in outcome.fired
-                else OccurrenceState.MISSED
-                if oid in outcome.recorded_missed
-                else None
-            )
+            # What the gap came to: fired now (late), recorded MISSED now, MISSED by the
+            # misfire policy's summary (no item), or none yet (deferred, a lost race).
+            if oid in outcome.fired:
+                state: OccurrenceState | None = OccurrenceState.SCHEDULED
+            elif oid in outcome.recorded_missed or finding is Finding.MISSED:
+                state = OccurrenceState.MISSED
+            else:
+                state = None
             entry = LedgerEntry(
                 occurrence_id=oid,
                 schedule_id=outcome.schedule_id,
@@ -949,6 +946,7 @@ def _enter(book: LedgerBook, outcome: _ScheduleOutcome) -> None:
                 finding=finding,
                 state=state,
                 target=owner.target if owner else None,
+                late=oid in outcome.fired,
             )
         else:
             continue  # (a backfill's open occurrence of another hour: that hour's page)
