@@ -167,9 +167,9 @@ def check(run: Run) -> Verdict:
             stored[item["schedule_id"]].append(occurrence)
             if occurrence.state is not S.MISSED:  # (a MISSED record is never sent)
                 payloads[occurrence.occurrence_id] = item.get("payload")
-            finished = [a.get("finished_at") for a in item.get("attempts") or ()]
-            if finished and None not in finished:
-                ended[occurrence.occurrence_id] = int(max(finished))
+            finished = _finished(item.get("attempts"))
+            if finished is not None:
+                ended[occurrence.occurrence_id] = finished
         except (ValidationError, KeyError, ValueError, TypeError):
             if _hostile(run, str(item["schedule_id"])):
                 verdict.hostile_items += 1
@@ -805,6 +805,20 @@ def _check_quota(verdict: Verdict, run: Run, current: dict[str, dict[str, Any]])
 
 
 __all__ = ["Event", "Verdict", "check"]
+
+
+def _finished(attempts: Any) -> int | None:
+    """When the last of an item's attempts finished, if each did (what the hostile tenant
+    wrote there may be anything: then None)."""
+    if not isinstance(attempts, list) or not attempts:
+        return None
+    ends: list[float] = []
+    for attempt in attempts:
+        end = attempt.get("finished_at") if isinstance(attempt, dict) else None
+        if not isinstance(end, int | float) or isinstance(end, bool):
+            return None
+        ends.append(end)
+    return int(max(ends))
 
 
 def _check_ledger(

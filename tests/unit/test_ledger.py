@@ -198,7 +198,13 @@ def test_a_token_names_its_position_and_the_query_it_was_made_for():
 def test_a_token_not_made_here_is_refused_naming_next_token(raw: str):
     with pytest.raises(InvalidInput) as refused:
         _decode(raw)
-    assert refused.value.details["fields"][0]["field"] == "next_token"
+    assert refused.value.message == "next_token is not valid"
+    assert refused.value.details["fields"] == [
+        {
+            "field": "next_token",
+            "reason": "not a token issued for this query (from, to, filters)",
+        }
+    ]
 
 
 class _Store:

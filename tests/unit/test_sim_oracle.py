@@ -561,3 +561,20 @@ def test_oracle_a_ledger_read_tells_an_ended_state_true(
     verdict = Verdict()
     oracle._check_ledger_reads(verdict, run_of(ledger_reads=[read]), {o.occurrence_id: o})
     assert ("ledger_read_wrong_state" in verdict.violations) is flagged
+
+
+@pytest.mark.parametrize(
+    ("attempts", "finished"),
+    [
+        ([{"finished_at": 5}, {"finished_at": 9}], 9),
+        ([{"finished_at": 5}, {"started_at": 7}], None),  # (one still running)
+        ("none", None),  # (what the hostile tenant wrote)
+        ([], None),
+        (["x"], None),
+        ([{"finished_at": True}], None),
+    ],
+)
+def test_oracle_reads_when_an_occurrences_last_attempt_finished(
+    attempts: Any, finished: int | None
+):
+    assert oracle._finished(attempts) == finished

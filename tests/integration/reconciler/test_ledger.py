@@ -420,11 +420,23 @@ def test_ledger_reads_the_hours_not_checked_yet_live_with_every_occurrence_on_re
     clock.now = at("14:05")
     [old] = _pages(alice, **span)
     assert (old["occurrences"], old["hours"][0]["live"]) == ([], False)
-    # AND a tenant with more schedules than the ledger reads live says so, and lists none
+    # AND a tenant with as many schedules as the ledger reads live is read; one with more
+    # says so, and lists none
     clock.now = at("12:05")
+    monkeypatch.setattr("punctual.control.ledger.MAX_LIVE_SCHEDULES", 1)
+    [full] = _pages(alice, **span)
+    assert (len(full["occurrences"]), full["live_complete"]) == (1, True)
     monkeypatch.setattr("punctual.control.ledger.MAX_LIVE_SCHEDULES", 0)
     [crowded] = _pages(alice, **span)
     assert (crowded["occurrences"], crowded["live_complete"]) == ([], False)
+    # (the same bound for the upcoming fires: as many active schedules as it computes, or
+    # more)
+    monkeypatch.setattr("punctual.control.ledger.MAX_SCHEDULES", 1)
+    [one] = _pages(alice, state="UPCOMING", to=utc_text(at("13:05")))
+    assert (len(one["occurrences"]), one["upcoming_complete"]) == (2, True)
+    monkeypatch.setattr("punctual.control.ledger.MAX_SCHEDULES", 0)
+    [none] = _pages(alice, state="UPCOMING", to=utc_text(at("13:05")))
+    assert (none["occurrences"], none["upcoming_complete"]) == ([], False)
 
 
 def test_ledger_lists_a_dead_occurrence_of_the_current_hour_at_once(
