@@ -68,7 +68,7 @@ from punctual.dal.schedules import ScheduleVersion, minute_load_of, missed_range
 from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT, occurrence_key
 from punctual.domain.ids import backfill_tag, occurrence_name, schedule_key_prefix
 from punctual.domain.ledger import LedgerEntry
-from punctual.domain.occurrence import TERMINAL, Occurrence, OccurrenceState
+from punctual.domain.occurrence import TERMINAL, Lane, Occurrence, OccurrenceState
 from punctual.domain.planning import MAX_CATCHUP_SPREAD
 from punctual.domain.policies import MisfireAction, OverlapPolicy
 from punctual.domain.schedule import MissedEpisode, Schedule, ScheduleDefinition, ScheduleState
@@ -808,17 +808,14 @@ __all__ = ["Event", "Verdict", "check"]
 
 
 def _finished(attempts: Any) -> int | None:
-    """When the last of an item's attempts finished, if each did (what the hostile tenant
-    wrote there may be anything: then None)."""
-    if not isinstance(attempts, list) or not attempts:
+    """When an item's last attempt finished, if it did (an earlier one may have been LOST,
+    with no end of its own; what the hostile tenant wrote there may be anything: None)."""
+    if not isinstance(attempts, list) or not attempts or not isinstance(attempts[-1], dict):
         return None
-    ends: list[float] = []
-    for attempt in attempts:
-        end = attempt.get("finished_at") if isinstance(attempt, dict) else None
-        if not isinstance(end, int | float) or isinstance(end, bool):
-            return None
-        ends.append(end)
-    return int(max(ends))
+    end = attempts[-1].get("finished_at")
+    if not isinstance(end, int | float) or isinstance(end, bool):
+        return None
+    return int(end)
 
 
 def _check_ledger(
@@ -881,10 +878,20 @@ def _check_entry(
         verdict.flag("ledger_other_tenant", f"{entry.occurrence_id} on {tenant}'s page")
         return
     found = by_id.get(entry.occurrence_id)
-    if entry.state is not None and found is None:
+    if entry.state not in (None, S.MISSED) and found is None:
+        # (MISSED with no item: the misfire policy's summary recorded it)
         verdict.flag("ledger_unknown", f"{entry.occurrence_id} listed {entry.state}")
-    elif entry.state in TERMINAL and found is not None and found.state is not entry.state:
-        verdict.flag("ledger_wrong_state", f"{entry.occurrence_id} {entry.state} is {found.state}")
+    elif _ended_otherwise(entry.state, found):
+        verdict.flag("ledger_wrong_state", f"{entry.occurrence_id} {entry.state} is {found}")
+
+
+def _ended_otherwise(shown: str | None, found: Occurrence | None) -> bool:
+    """A page or a read said an occurrence had ended one way, and it ended another. (A fire
+    recorded MISSED may be made later all the same, in the catch-up lane: a backfill asked
+    for it, a fail-over's rewind; the page shows its hour as its check found it.)"""
+    if found is None or shown not in TERMINAL or found.state.value == shown:
+        return False
+    return not (shown == S.MISSED and found.lane is Lane.CATCHUP)
 
 
 def _homed(item: dict[str, Any], region: str, at: int, home: str) -> bool:
@@ -907,8 +914,8 @@ def _check_ledger_reads(
     for read in run.ledger_reads:
         for _, oid, _, state in read.items:
             found = final.get(oid)
-            if found is not None and state in TERMINAL and found.state.value != state:
-                verdict.flag("ledger_read_wrong_state", f"{oid} read {state}, is {found.state}")
+            if _ended_otherwise(state, found):
+                verdict.flag("ledger_read_wrong_state", f"{oid} read {state}, is {found}")
         keys = [(at, oid) for at, oid, _, _ in read.items]
         what = f"{read.tenant} at {read.at}"
         if keys != sorted(set(keys)):

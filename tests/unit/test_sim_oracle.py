@@ -16,7 +16,7 @@ from punctual.dal.tables import occurrence_key
 from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.ids import backfill_tag, occurrence_id, schedule_key_prefix
 from punctual.domain.ledger import LedgerEntry
-from punctual.domain.occurrence import Attempt, AttemptOutcome, Occurrence, OccurrenceState
+from punctual.domain.occurrence import Attempt, AttemptOutcome, Lane, Occurrence, OccurrenceState
 from punctual.domain.policies import OverlapPolicy
 from punctual.domain.schedule import MissedEpisode, Schedule
 from punctual.pipeline.ownership import Expected
@@ -513,6 +513,7 @@ def _entry(o: Occurrence, state: OccurrenceState | None) -> LedgerEntry:
         ("t1", OccurrenceState.DEAD, OccurrenceState.DEAD, "ledger_other_tenant"),
         ("t0", OccurrenceState.DEAD, OccurrenceState.SUCCEEDED, "ledger_wrong_state"),
         ("t0", OccurrenceState.DEAD, None, "ledger_unknown"),
+        ("t0", OccurrenceState.MISSED, None, None),  # (the policy's summary: no item)
     ],
 )
 def test_oracle_a_ledger_entry_is_its_tenants_and_tells_an_ended_state_true(
@@ -567,7 +568,8 @@ def test_oracle_a_ledger_read_tells_an_ended_state_true(
     ("attempts", "finished"),
     [
         ([{"finished_at": 5}, {"finished_at": 9}], 9),
-        ([{"finished_at": 5}, {"started_at": 7}], None),  # (one still running)
+        ([{"finished_at": 5}, {"started_at": 7}], None),  # (the last one still running)
+        ([{"started_at": 5}, {"finished_at": 9}], 9),  # (a LOST one has no end)
         ("none", None),  # (what the hostile tenant wrote)
         ([], None),
         (["x"], None),
@@ -578,3 +580,15 @@ def test_oracle_reads_when_an_occurrences_last_attempt_finished(
     attempts: Any, finished: int | None
 ):
     assert oracle._finished(attempts) == finished
+
+
+@pytest.mark.parametrize(("lane", "flagged"), [(Lane.CATCHUP, False), (None, True)])
+def test_oracle_a_fire_listed_missed_may_be_made_late_after_all(lane: Lane | None, flagged: bool):
+    # (a backfill of a fire the policy recorded MISSED, or a fail-over's rewind, makes it
+    # later in the catch-up lane: the page shows its hour as checked)
+    o = occurrence(T + 60, OccurrenceState.SUCCEEDED, lane=lane)
+    verdict = Verdict()
+    oracle._check_entry(verdict, "t0", _entry(o, OccurrenceState.MISSED), {o.occurrence_id: o})
+    read = _read([(T + 60, o.occurrence_id, SID, "MISSED")], [T])
+    oracle._check_ledger_reads(verdict, run_of(ledger_reads=[read]), {o.occurrence_id: o})
+    assert bool(verdict.violations) is flagged
