@@ -330,6 +330,36 @@ def test_a_page_the_reader_cannot_read_is_skipped_and_counted(aws: Services):
     assert aws.bad_items.count == 1
 
 
+def _put_dead_page(
+    aws: Services, hour: int, shard: int, instants: dict[str, int]
+) -> list[LedgerEntry]:
+    """Alice's page of the hour and shard, checked at hour + 7500, listing a DEAD occurrence
+    of each schedule at its instant (in order); its entries."""
+    entries = sorted(
+        (
+            LedgerEntry(
+                occurrence_id=occurrence_id(sid, 1, at),
+                schedule_id=sid,
+                scheduled_for=at,
+                finding=Finding.DEAD,
+                state=OccurrenceState.DEAD,
+            )
+            for sid, at in instants.items()
+        ),
+        key=lambda e: e.order,
+    )
+    page = LedgerPage(
+        tenant_id="alice",
+        hour=hour,
+        shard=shard,
+        checked_at=hour + 7500,
+        counts={Finding.DEAD: len(entries)},
+        entries=entries,
+    )
+    assert aws.ledger.put(page, purge_at=hour + 86400)
+    return entries
+
+
 def test_ledger_reads_across_days_in_order_a_page_at_a_time(aws: Services, clock: Clock):
     # GIVEN pages on both sides of midnight, on two shards, and marks of some hours
     first = at("22:00")
@@ -337,26 +367,8 @@ def test_ledger_reads_across_days_in_order_a_page_at_a_time(aws: Services, clock
     made = []
     for k, hour in enumerate(hours):
         for shard in (0, 1):
-            entries = [
-                LedgerEntry(
-                    occurrence_id=occurrence_id(f"sch_alice.s{shard}{j}", 1, hour + 60 * (j + k)),
-                    schedule_id=f"sch_alice.s{shard}{j}",
-                    scheduled_for=hour + 60 * (j + k),
-                    finding=Finding.DEAD,
-                    state=OccurrenceState.DEAD,
-                )
-                for j in range(3)
-            ]
-            made += entries
-            page = LedgerPage(
-                tenant_id="alice",
-                hour=hour,
-                shard=shard,
-                checked_at=hour + 7500,
-                counts={Finding.DEAD: 3},
-                entries=entries,
-            )
-            assert aws.ledger.put(page, purge_at=hour + 86400)
+            instants = {f"sch_alice.s{shard}{j}": hour + 60 * (j + k) for j in range(3)}
+            made += _put_dead_page(aws, hour, shard, instants)
         if k != 1:
             aws.ledger.put_checked(hour, 0, checked_at=hour + 7500, purge_at=hour + 86400)
             aws.ledger.put_checked(hour, 1, checked_at=hour + 7500, purge_at=hour + 86400)
@@ -466,26 +478,8 @@ def test_ledger_pages_end_inside_ties_and_give_every_item_once(aws: Services, cl
     hour = at("10:00")
     made = []
     for shard in (0, 1):
-        entries = [
-            LedgerEntry(
-                occurrence_id=occurrence_id(f"sch_alice.t{shard}{j}", 1, hour + 60 * (j % 2)),
-                schedule_id=f"sch_alice.t{shard}{j}",
-                scheduled_for=hour + 60 * (j % 2),
-                finding=Finding.DEAD,
-                state=OccurrenceState.DEAD,
-            )
-            for j in range(4)
-        ]
-        made += entries
-        page = LedgerPage(
-            tenant_id="alice",
-            hour=hour,
-            shard=shard,
-            checked_at=hour + 7500,
-            counts={Finding.DEAD: 4},
-            entries=sorted(entries, key=lambda e: e.order),
-        )
-        assert aws.ledger.put(page, purge_at=hour + 86400)
+        instants = {f"sch_alice.t{shard}{j}": hour + 60 * (j % 2) for j in range(4)}
+        made += _put_dead_page(aws, hour, shard, instants)
         aws.ledger.put_checked(hour, shard, checked_at=hour + 7500, purge_at=hour + 86400)
     clock.now = at("14:00")
 
