@@ -104,6 +104,7 @@ MODULES = {
             "models",
             "preview",
             "timing_edges",
+            "dst_policy",
         ),
     ),
     "dal": Module(

@@ -288,6 +288,7 @@ class Console:
                 ("state", _state(schedule["state"])),
                 ("rule", _rule_cell(schedule["spec"])),
                 ("zone", esc(zone)),
+                ("daylight saving", esc(_dst(schedule["spec"]))),
                 ("version", esc(_version(schedule))),
                 ("target", esc(schedule["target"])),
                 ("flexible window", f"{schedule['flexible_window_seconds']} s"),
@@ -659,6 +660,26 @@ def _state(state: str) -> str:
 
 def _zone(schedule: dict[str, Any]) -> str:
     return str(schedule["spec"].get("timezone") or "UTC")
+
+
+_GAP_WORDS = {"SKIP": "skipped", "SHIFT": "run at the gap's end"}
+_REPEAT_WORDS = {
+    "FIRST": "run at the earlier instant",
+    "LAST": "run at the later instant",
+    "BOTH": "run at both instants",
+}
+
+
+def _dst(spec: dict[str, Any]) -> str:
+    """What its wall times do where the clocks skip or repeat them (docs/time.md)."""
+    if spec["kind"] == "rate":
+        return "not affected (elapsed time)"
+    choice = spec.get("dst") or {}
+    gap, repeat = choice.get("gap", "SKIP"), choice.get("repeat", "FIRST")
+    return (
+        f"a skipped time is {_GAP_WORDS[gap]} ({gap}); "
+        f"a repeated time is {_REPEAT_WORDS[repeat]} ({repeat})"
+    )
 
 
 def _version(schedule: dict[str, Any]) -> str:

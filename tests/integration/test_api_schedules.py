@@ -775,6 +775,67 @@ def test_preview_notes_a_skipped_dst_wall_time(alice: Api, aws: Services) -> Non
     _assert_nothing_written(alice, aws)
 
 
+def test_preview_and_schedule_follow_a_dst_choice(alice: Api, clock: Clock) -> None:
+    # GIVEN 01:30 daily in New York fired at BOTH instants of the fall-back's repeated hour
+    clock.now = epoch("2026-10-30T12:00:00Z")
+    spec = cron("30 1 * * *", "America/New_York")["spec"] | {"dst": {"repeat": "BOTH"}}
+    # WHEN it is previewed
+    answer = alice.post("/v1/preview", {"spec": spec, "count": 4})
+    # THEN 2026-11-01's 01:30 fires twice, in time order, and the note says so
+    assert answer.status == 200, answer.body
+    assert [f["utc"] for f in answer.body["fires"]] == [
+        "2026-10-31T05:30:00Z",
+        "2026-11-01T05:30:00Z",
+        "2026-11-01T06:30:00Z",
+        "2026-11-02T06:30:00Z",
+    ]
+    assert answer.body["notes"] == [
+        "2026-11-01: 01:30 occurs twice in America/New_York (the clocks fall back); "
+        "fired at both instants"
+    ]
+    # WHEN it is created, read, and changed to the LAST instant only
+    saved = create(alice, {"spec": spec, "target": "default"})
+    sid = saved["schedule"]["schedule_id"]
+    assert alice.get(f"/v1/schedules/{sid}").body["schedule"]["spec"]["dst"] == {
+        "gap": "SKIP",
+        "repeat": "BOTH",
+    }
+    changed = patch(
+        alice, sid, {"spec": spec | {"dst": {"repeat": "LAST"}}}, saved["schedule"]["version"]
+    )
+    # THEN the change is a new version that runs (its fires are re-planned), firing once
+    assert changed.status == 200, changed.body
+    assert changed.body["schedule"]["run_version"] == 2
+    assert [f["utc"] for f in changed.body["next_fires"][:3]] == [
+        "2026-10-31T05:30:00Z",
+        "2026-11-01T06:30:00Z",
+        "2026-11-02T06:30:00Z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (rate("rate(1 hour)")["spec"] | {"dst": {"gap": "SHIFT"}}, "spec.dst"),
+        (cron("0 2 * * *")["spec"] | {"dst": {"gap": "LATER"}}, "spec.dst.gap"),
+        (cron("0 2 * * *")["spec"] | {"dst": {"repeat": "TWICE"}}, "spec.dst.repeat"),
+        (cron("0 2 * * *")["spec"] | {"dst": "SHIFT"}, "spec.dst"),
+        (one_shot("2030-03-10T07:00:00Z")["spec"] | {"dst": {"gap": "SHIFT"}}, "spec.at"),
+        (one_shot("2030-03-10T02:30:00", "America/New_York")["spec"], "spec.at"),
+    ],
+)
+def test_a_dst_choice_that_cannot_apply_is_400_naming_the_field(
+    alice: Api, aws: Services, spec: dict[str, Any], field: str
+) -> None:
+    # WHEN a schedule gives a DST choice where none applies, a malformed one, or a local
+    # one-shot in a gap without SHIFT
+    answer = alice.post("/v1/schedules", {"spec": spec, "target": "default"})
+    # THEN 400 naming the field, and nothing was written
+    error = assert_error(answer, 400, "invalid_input")
+    assert error["fields"][0]["field"] == field, error
+    _assert_nothing_written(alice, aws)
+
+
 def test_preview_notes_an_ambiguous_one_shot(alice: Api) -> None:
     # GIVEN a local one-shot inside Berlin's repeated hour
     body = {"spec": one_shot("2027-10-31T02:30:00", "Europe/Berlin")["spec"]}

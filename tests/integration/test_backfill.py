@@ -556,3 +556,23 @@ def test_backfill_of_more_fires_than_a_transaction_holds_commits_them_in_chunks_
         sid, since=at("09:00"), until=at("10:00"), unreadable=unreadable
     )
     assert (ranges, unreadable) == ([(at("06:00"), at("09:19") + 1)], [])
+
+
+@pytest.mark.parametrize(("repeat", "fired"), [("FIRST", ["05:30"]), ("BOTH", ["05:30", "06:30"])])
+def test_backfill_follows_the_schedules_dst_choice(
+    alice: Api, aws: Services, clock: Clock, repeat: str, fired: list[str]
+):
+    # GIVEN 01:30 daily in New York with a repeat choice, made a day after the fall-back of
+    # 2026-11-01 (01:30 was 05:30Z, then again 06:30Z)
+    clock.now = epoch("2026-11-02T03:00:00Z")
+    spec = cron("30 1 * * *", "America/New_York")["spec"] | {"dst": {"repeat": repeat}}
+    sid = create(alice, {"spec": spec, "target": "default"})["schedule"]["schedule_id"]
+    # WHEN its owner backfills that night
+    answer = alice.post(
+        f"/v1/schedules/{sid}/backfill",
+        {"from": "2026-11-01T04:00:00Z", "to": "2026-11-01T08:00:00Z"},
+    )
+    # THEN the fires made are the choice's: the first 01:30 only, or both
+    assert answer.status in (200, 202), answer.body
+    made = sorted(occurrences(aws, sid))
+    assert made == [epoch(f"2026-11-01T{t}:00Z") for t in fired]

@@ -460,3 +460,46 @@ def test_occurrences_left_by_a_replan_in_hours_the_new_rules_leave_empty_are_rec
     # sent again, not left unread in an hour reported settled
     assert result.report.schedules == 1
     assert result.report.redriven == len(left)
+
+
+@pytest.fixture
+def rules_restored() -> Iterator[None]:
+    yield
+    use_zone_source(None)
+
+
+@pytest.mark.parametrize(
+    ("repeat", "fired"),
+    [("FIRST", ["08:30"]), ("LAST", ["09:30"]), ("BOTH", ["08:30", "09:30"])],
+)
+def test_a_replan_follows_the_dst_choice_when_new_rules_repeat_an_hour(
+    alice: Api, aws: Services, clock: Clock, rules_restored: None, repeat: str, fired: list[str]
+):
+    # GIVEN 01:30 daily in America/Vancouver with a repeat choice, planned under the pinned
+    # release (UTC-7 all year: 2026-11-01 01:30 is 08:30Z, once), its 08:30Z occurrence made
+    def nov1(text: str) -> int:
+        return epoch(f"2026-11-01T{text}Z")
+
+    clock.now = nov1("07:40")
+    spec = cron_spec("30 1 * * *", "America/Vancouver") | {"dst": {"repeat": repeat}}
+    sid = make(aws, spec=spec)
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, nov1("08:27"), [shard], every=60)
+    assert occurrence_id(sid, 1, nov1("08:30")) in occurrences_of(aws, sid)
+    # WHEN rules under which the clocks fall back that night (2025b: 01:00-02:00 PDT, then
+    # again PST; 01:30 is 08:30Z and 09:30Z) are deployed, the reconciler re-plans it, and
+    # the materializer goes on through the night
+    use_zone_source(OLD)
+    clock.now = nov1("08:28")
+    [result] = Reconciler(aws).run([shard], nov1("07:00"), nov1("08:28"))
+    assert result.replanned == [sid]
+    materialize_until(aws, clock, nov1("09:40"), [shard], every=60)
+    # THEN 01:30 fires where the choice says under the new rules: once at the earlier
+    # instant, once at the later one (the earlier canceled), or at both
+    live = [o for o in occurrences_of(aws, sid).values() if o["state"] != "CANCELED"]
+    night = sorted(o["scheduled_for"] for o in live if o["scheduled_for"] < nov1("12:00"))
+    assert night == [nov1(t) for t in fired]
+    # AND the reconciler's check of the night finds neither a gap nor a stray
+    clock.now = nov1("11:05")
+    [check] = Reconciler(aws).run([shard], nov1("08:00"), nov1("10:00"))
+    assert (check.missing, check.unexpected) == ([], [])

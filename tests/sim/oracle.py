@@ -106,6 +106,9 @@ class Verdict:
     ledger_pages: int = 0  # tenants' ledger pages read (both regions)
     ledger_checked: int = 0  # DEAD occurrences looked for on their ledger page, and found
     ledger_items: int = 0  # items tenants' ledger reads listed
+    # Fires found stored at an instant only the schedule's DST choice gives (a gap's end, the
+    # later or second instant of a repeated wall time): where the choice was honoured.
+    dst_moved: int = 0
     # The required fires the oracle checked and found stored (what a deletion must break).
     found: set[str] = field(default_factory=set)
     violations: Counter[str] = field(default_factory=Counter)
@@ -188,6 +191,7 @@ def check(run: Run) -> Verdict:
             verdict, current[sid], versions, fires, stored[sid], run, home, until, horizon
         )
         _check_versions(verdict, versions)
+        _count_dst_moved(verdict, versions, fires)
         verdict.occurrences += len(stored[sid])
     overlap = {
         (sid, v.schedule.version): v.schedule.overlap for sid in honest for v in histories[sid]
@@ -248,7 +252,7 @@ def _fires(
         use_zone_source(rules)
         try:
             found = expected_occurrences(versions, start, until, horizon=horizon)
-            sets.append({_wall_key(e, zones[e.version]): e for e in found})
+            sets.append(_by_wall(found, zones))
         finally:
             use_zone_source(None)
     old, new = sets
@@ -270,6 +274,31 @@ def _fires(
         unique = {e.occurrence_id: e for e in alternatives}
         fires.append(_Fire(key[0], list(unique.values()), required, superseded))
     return sorted(fires, key=lambda f: f.first.scheduled_for)
+
+
+def _count_dst_moved(verdict: Verdict, versions: list[ScheduleVersion], fires: list[_Fire]) -> None:
+    schedules = {v.schedule.version: v.schedule for v in versions}
+    for fire in fires:
+        spec = schedules[fire.version].spec
+        if spec.dst is None or fire.first.occurrence_id not in verdict.found:
+            continue
+        at = fire.first.scheduled_for
+        if at not in spec.model_copy(update={"dst": None}).rule().fires(at - 1, at):
+            verdict.dst_moved += 1
+
+
+def _by_wall(
+    found: list[Expected], zones: dict[int, str | None]
+) -> dict[tuple[int, str, int], Expected]:
+    """Expected fires by version, wall time and pass: a repeated wall time a schedule fires
+    at BOTH instants (docs/time.md) has two fires, the first pass's 0 and the second's 1."""
+    passes: Counter[tuple[int, str]] = Counter()
+    keyed = {}
+    for e in sorted(found, key=lambda e: e.scheduled_for):
+        wall = _wall_key(e, zones[e.version])
+        keyed[(*wall, passes[wall])] = e
+        passes[wall] += 1
+    return keyed
 
 
 def _wall_key(expected: Expected, zone: str | None) -> tuple[int, str]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -28,6 +29,7 @@ from punctual.domain.errors import PunctualError
 from punctual.domain.ledger import LedgerEntry
 from punctual.domain.schedule import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
 from punctual.domain.tenancy import Quotas
+from punctual.services import Services
 from punctual.timing import get_zone
 
 if TYPE_CHECKING:
@@ -60,6 +62,11 @@ CRONS = (
 )
 RATES = ("rate(1 hour)", "rate(90 minutes)", "rate(1 day)", "rate(20 minutes)", "rate(3 hours)")
 OVERLAPS = ("ALLOW", "ALLOW", "SKIP_IF_RUNNING", "QUEUE_ONE")
+# How often a cron or one-shot chooses its DST behaviour, and the choices.
+DST_CHOSEN = 0.5
+DST_DRAWS = 3  # the DST choices' RNG seed offset
+GAPS = ("SKIP", "SHIFT")
+REPEATS = ("FIRST", "LAST", "BOTH")
 # The first writes of a request: where a racing request is made.
 RACE_POINTS = ("transact_write_items", "update_item", "put_item")
 CHANGES = ("update", "rename", "pause", "resume", "cancel")
@@ -111,6 +118,9 @@ class Tenants:
         self.rng = sim.rng
         # (Its own generator: the run's draws, and so every earlier seed's world, unchanged.)
         self.payload_rng = random.Random(sim.config.seed * 7927 + 5)
+        # The DST choices' draws: an RNG of their own, so the rest of the world draws as
+        # it did before schedules had one.
+        self.dst_rng = random.Random(sim.config.seed * 7933 + DST_DRAWS)
         self.schedule_ids: list[str] = []
 
     def bootstrap(self) -> None:
@@ -125,6 +135,46 @@ class Tenants:
                 ),
             )
             plane.create_target(tenant, "default")
+        self._meets_a_transition()
+
+    def _meets_a_transition(self) -> None:
+        """A schedule whose DST choice decides some of its fires in this run: every quarter
+        hour in the first zone of ZONES whose clocks skip or repeat wall times within the
+        run (or up to three hours before it: the second pass of a repeated hour may be in
+        it), choosing SHIFT for a gap or LAST or BOTH for a repeated hour (the others draw
+        their choices blind, and most runs' zones and crons meet no transition)."""
+        clock = self.sim.clock
+        found = next(
+            ((name, change) for name in ZONES if (change := self._offset_change(name))), None
+        )
+        if found is None:
+            return
+        name, (before, after) = found
+        gap = "SHIFT" if after > before else self.dst_rng.choice(GAPS)
+        repeat = self.dst_rng.choice(REPEATS[1:]) if after < before else "FIRST"
+        spec = {"kind": "cron", "expression": "*/15 * * * *", "timezone": name}
+        definition = ScheduleDefinition.model_validate(
+            {"spec": spec | {"dst": {"gap": gap, "repeat": repeat}}, "target": "default"}
+        )
+        # (Made with the clients without faults: the faults' draws, and so the rest of the
+        # world, stay as they were.)
+        plain = Services(self.sim.real, self.sim.sqs, self.sim.region, lambda: clock.now)
+        ControlPlane(plain).create(self.dst_rng.choice(self.sim.tenants), definition)
+        self.sim.run_record.counts["meets_a_transition"] += 1
+
+    def _offset_change(self, zone_name: str) -> tuple[timedelta, timedelta] | None:
+        """The zone's first UTC offset change (before, after) from three hours before now to
+        the run's end, if any."""
+        zone = get_zone(zone_name)
+        now = int(self.sim.clock.now)
+        offsets = [
+            datetime.fromtimestamp(t, zone).utcoffset()
+            for t in range(now - 3 * HOUR, self.sim.end, 900)
+        ]
+        return next(
+            ((a, b) for a, b in pairwise(offsets) if a != b and a is not None and b is not None),
+            None,
+        )
 
     # --- calls ----------------------------------------------------------------------------
 
@@ -194,6 +244,9 @@ class Tenants:
             at = now + rng.randint(0, max(60, self.sim.end - now))
             local = datetime.fromtimestamp(at, UTC).astimezone(get_zone(zone)).replace(tzinfo=None)
             spec = {"kind": "at", "at": local.isoformat(timespec="seconds"), "timezone": zone}
+        if kind != "rate" and self.dst_rng.random() < DST_CHOSEN:
+            # A DST choice (docs/time.md): the STARTS lie near gaps and repeated hours.
+            spec["dst"] = {"gap": self.dst_rng.choice(GAPS), "repeat": self.dst_rng.choice(REPEATS)}
         action = rng.choice(["SKIP", "FIRE_ONCE", "CATCHUP"])
         misfire: dict[str, Any] = {
             "action": action,

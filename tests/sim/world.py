@@ -2,8 +2,9 @@
 
 One seed decides everything: the schedules (cron in many zones across DST changes, rate,
 one-shot, flexible windows up to the maximum, every misfire and overlap policy, QUEUE_ONE
-included), the tenants' requests (update, pause, resume, cancel, create, run now and
-backfill, retried and racing each other: tests/sim/tenants.py), the workers (failing, long
+included, every DST choice, one of them in a zone whose clocks change during the run), the
+tenants' requests (update, pause, resume, cancel, create, run now and backfill, retried and
+racing each other: tests/sim/tenants.py), the workers (failing, long
 runs that heartbeat while another worker polls beside them, runs that stall past their
 lease or die: tests/sim/workers.py), a hostile tenant writing whatever its IAM policy allows
 (tests/sim/hostile.py), the faults (throttling, conflicts, lost responses, stale reads, SQS

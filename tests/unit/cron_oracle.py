@@ -2,8 +2,10 @@
 
 Expressions are generated from structure, so the oracle knows the value sets
 without parsing. Fires are found by visiting every UTC minute and reading the
-local wall clock: a wall time that does not exist is never visited (skipped),
-and a wall time seen twice fires only at its first visit (the earlier instant).
+local wall clock: a wall time that does not exist is never visited (skipped, or
+with the gap policy SHIFT fired at the first second whose offset is the one after
+the jump), and a wall time seen twice fires at its first visit (the earlier
+instant), at its last (LAST) or at both (BOTH).
 """
 
 from __future__ import annotations
@@ -121,19 +123,59 @@ def can_ever_fire(expr: Expr) -> bool:
     return False
 
 
-def oracle_fires(expr: Expr, zone: ZoneInfo, after: int, until: int) -> list[int]:
-    """Fires in (after, until] by visiting every UTC minute (offsets are whole minutes)."""
-    seen: set[datetime] = set()
-    fires = []
+def oracle_fires(
+    expr: Expr,
+    zone: ZoneInfo,
+    after: int,
+    until: int,
+    gap: str = "SKIP",
+    repeat: str = "FIRST",
+) -> list[int]:
+    """Fires in (after, until] by visiting every UTC minute (offsets are whole minutes),
+    under a DST policy given by its names."""
+    visits: dict[datetime, list[int]] = {}
+    fires: set[int] = set()
     first_minute = (after - 30 * 3600) // 60 * 60  # a day and more of history: repeats
-    for instant in range(first_minute, until + 1, 60):
+    last_minute = until + 30 * 3600  # and of future: a repeat's last visit
+    previous: tuple[int, datetime] | None = None
+    for instant in range(first_minute, last_minute + 1, 60):
         wall = datetime.fromtimestamp(instant, zone).replace(tzinfo=None)
-        if wall in seen:
-            continue
-        seen.add(wall)
-        if instant > after and expr.matches(wall):
-            fires.append(instant)
-    return fires
+        visits.setdefault(wall, []).append(instant)
+        if gap == "SHIFT" and previous is not None and wall - previous[1] > timedelta(minutes=1):
+            # The clocks jumped: every wall minute between was never shown.
+            skipped = previous[1] + timedelta(minutes=1)
+            while skipped < wall:
+                if expr.matches(skipped):
+                    fires.add(jump_instant(zone, previous[0], instant))
+                skipped += timedelta(minutes=1)
+        previous = (instant, wall)
+    for wall, instants in visits.items():
+        if expr.matches(wall):
+            fires.update(choose(instants, repeat))
+    return sorted(f for f in fires if after < f <= until)
+
+
+def choose(instants: list[int], repeat: str) -> list[int]:
+    """The visits of one wall time that fire under the repeat policy named."""
+    if repeat == "FIRST":
+        return instants[:1]
+    if repeat == "LAST":
+        return instants[-1:]
+    return instants
+
+
+def jump_instant(zone: ZoneInfo, before: int, at: int) -> int:
+    """The first second in (before, at] whose UTC offset is ``at``'s: where the clocks
+    jumped ahead."""
+    offset = datetime.fromtimestamp(at, zone).utcoffset()
+    lo, hi = before, at
+    while hi - lo > 1:
+        middle = (lo + hi) // 2
+        if datetime.fromtimestamp(middle, zone).utcoffset() == offset:
+            hi = middle
+        else:
+            lo = middle
+    return hi
 
 
 @cache
@@ -160,3 +202,23 @@ def transitions(zone_name: str, zone: ZoneInfo) -> tuple[int, ...]:
             found.append(hi)
         t += step
     return tuple(found)
+
+
+def _star(low: int, high: int) -> Field:
+    return Field("*", frozenset(range(low, high + 1)), True)
+
+
+@st.composite
+def hourly_expressions(draw) -> Expr:
+    """Expressions with a wall time in every hour (a generated one rarely has one in the
+    hour a transition skips or repeats): '*', '*/15', '0', '30', '0,30', '45' minutes."""
+    minute = draw(st.sampled_from(["*", "*/15", "0", "30", "0,30", "45"]))
+    values = range(60) if minute == "*" else range(0, 60, 15) if minute == "*/15" else ()
+    chosen = frozenset(values) or frozenset(int(m) for m in minute.split(","))
+    return Expr(
+        minute=Field(minute, chosen, minute.startswith("*")),
+        hour=_star(0, 23),
+        dom=_star(1, 31),
+        month=_star(1, 12),
+        dow=_star(0, 7),
+    )

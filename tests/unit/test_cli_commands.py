@@ -758,3 +758,48 @@ def test_cli_update_of_one_spec_field_keeps_the_rest_of_the_spec(
             {"If-Match": "3"},
         ),
     ]
+
+
+def test_cli_dst_flags_set_and_keep_the_schedules_dst_choice(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN a cron in New York that fires a repeated wall time at both instants
+    spec = {
+        "kind": "cron",
+        "expression": "30 1 * * *",
+        "timezone": "America/New_York",
+        "dst": {"gap": "SKIP", "repeat": "BOTH"},
+    }
+    current = SCHEDULE | {"version": 2, "spec": spec}
+    api.answers[("GET", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
+    api.answers[("PATCH", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
+    api.answers[("POST", "/v1/schedules")] = {"schedule": current, "next_fires": []}
+    sent: list[Any] = []
+    answer = FakeApi.call
+
+    def recorded(self: FakeApi, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        if method in ("PATCH", "POST"):
+            sent.append(body)
+        return answer(self, method, path, body, **kwargs)
+
+    monkeypatch.setattr(FakeApi, "call", recorded)
+    # WHEN the gap choice alone is changed, then the expression alone, then it becomes a rate
+    assert _run(["update", "x", "--dst-gap", "SHIFT"], capsys)[0] == 0
+    assert _run(["update", "x", "--cron", "0 2 * * *"], capsys)[0] == 0
+    assert _run(["update", "x", "--rate", "rate(1 hour)"], capsys)[0] == 0
+    # AND a schedule is created with a choice
+    create = ["create", "--cron", "0 2 * * *", "--tz", "UTC", "--target", "default"]
+    assert _run([*create, "--dst-repeat", "LAST"], capsys)[0] == 0
+    # THEN the choice is laid over the current one, kept with a new expression, dropped for
+    # a rate (which takes none), and sent as given at creation
+    base = {"kind": "cron", "timezone": "America/New_York"}
+    assert sent == [
+        {"spec": base | {"expression": "30 1 * * *", "dst": {"gap": "SHIFT", "repeat": "BOTH"}}},
+        {"spec": base | {"expression": "0 2 * * *", "dst": {"gap": "SKIP", "repeat": "BOTH"}}},
+        {"spec": {"kind": "rate", "expression": "rate(1 hour)", "timezone": "America/New_York"}},
+        {
+            "spec": {"kind": "cron", "expression": "0 2 * * *", "timezone": "UTC"}
+            | {"dst": {"repeat": "LAST"}},
+            "target": "default",
+        },
+    ]

@@ -324,6 +324,38 @@ def test_a_schedules_page_shows_its_next_fires_and_its_recent_runs_with_results(
     assert text.startswith("4 occurrences (1 run now or backfilled): SUCCEEDED 3 · DEAD 1.")
 
 
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        (
+            {"kind": "cron", "expression": "30 1 * * *", "timezone": "America/New_York"},
+            "a skipped time is skipped (SKIP); a repeated time is run at the earlier instant "
+            "(FIRST)",
+        ),
+        (
+            {
+                "kind": "cron",
+                "expression": "30 1 * * *",
+                "timezone": "America/New_York",
+                "dst": {"gap": "SHIFT", "repeat": "BOTH"},
+            },
+            "a skipped time is run at the gap&#x27;s end (SHIFT); a repeated time is run at "
+            "both instants (BOTH)",
+        ),
+        ({"kind": "rate", "expression": "rate(1 hour)"}, "not affected (elapsed time)"),
+    ],
+)
+def test_a_schedules_page_says_its_daylight_saving_choice(
+    console: Console, api: FakeApi, spec: dict[str, Any], said: str
+):
+    # GIVEN a schedule with (or without) a DST choice; WHEN its page is opened
+    api.schedules = [schedule(1, "nightly", spec=spec)]
+    status, body = page(console, "/console/schedules/sch_demo.s0001")
+    # THEN the choice is said in words
+    assert status == 200
+    assert f"<dt>daylight saving</dt><dd>{said}</dd>" in body
+
+
 # --- the last hour: every schedule, and the lag page's groups ---------------------------
 
 

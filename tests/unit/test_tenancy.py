@@ -101,3 +101,44 @@ def test_a_one_shot_loads_the_minute_of_its_instant():
 def test_a_flexible_schedule_loads_no_minute():
     assert load(cron("0 * * * *"), flexible_window_seconds=300) == {}
     assert load(rate("rate(7 minutes)"), flexible_window_seconds=60) == {}
+
+
+@pytest.mark.parametrize(
+    ("spec", "minutes"),
+    [
+        # America/St_Johns (UTC-3:30, -2:30 in summer) springs forward at 02:00 local, 05:30Z:
+        # a skipped 02:15 fires there, at minute 30, beside its usual :45 and :45
+        pytest.param(
+            cron("15 2 * * *", "America/St_Johns", dst={"gap": "SHIFT"}), {45, 30}, id="st-johns"
+        ),
+        # Lord Howe jumps from +10:30 to +11 at 02:00 local, 15:30Z: minute 30
+        pytest.param(
+            cron("10 2 * * *", "Australia/Lord_Howe", dst={"gap": "SHIFT"}),
+            {40, 10, 30},
+            id="lord-howe",
+        ),
+        # SKIP adds nothing, nor does a zone whose clocks never jump
+        pytest.param(cron("15 2 * * *", "America/St_Johns"), {45}, id="skip"),
+        pytest.param(cron("15 2 * * *", "Asia/Kolkata", dst={"gap": "SHIFT"}), {45}, id="none"),
+        # Vancouver keeps UTC-7 all year from November 2026 (tzdata 2026f): its last jump
+        # (2026-03-08, 10:00Z) lies before a schedule made in December, so none counts
+        pytest.param(
+            cron("15 2 * * *", "America/Vancouver", dst={"gap": "SHIFT"}),
+            {15},
+            id="jumps-behind",
+        ),
+    ],
+)
+def test_a_shifted_gap_loads_the_minute_of_its_zones_jumps(spec: dict[str, Any], minutes: set[int]):
+    found = load(spec, datetime(2026, 12, 1, tzinfo=UTC))
+    assert found == dict.fromkeys(minutes, 1)
+    assert all(type(minute) is int for minute in found)  # (the tenant's load is indexed by it)
+
+
+def test_a_one_shot_fired_at_both_loads_both_instants_minutes():
+    # GIVEN Lord Howe's repeated half hour (01:30-02:00 local, first at +11, then at +10:30):
+    # 01:40 is 14:40Z and 15:10Z on 2026-04-05
+    at = {"kind": "at", "at": "2026-04-05T01:40:00", "timezone": "Australia/Lord_Howe"}
+    assert load(at) == {40: 1}
+    assert load(at | {"dst": {"repeat": "LAST"}}) == {10: 1}
+    assert load(at | {"dst": {"repeat": "BOTH"}}) == {40: 1, 10: 1}

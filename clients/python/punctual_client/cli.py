@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from punctual.domain.specs import AtSpec, CronSpec, RateSpec, preview_fires
+from punctual.domain.specs import AtSpec, CronSpec, DstChoice, RateSpec, preview_fires
 from punctual.domain.validation import field_errors
 from punctual.timing import (
     ZoneError,
@@ -29,6 +29,7 @@ from punctual_client.commands import (
     CommandFailed,
     UsageError,
     add_client_commands,
+    dst_flags,
     main_for,
     spec_flags,
 )
@@ -112,11 +113,12 @@ def _spec(args: argparse.Namespace) -> CronSpec | RateSpec | AtSpec:
         "start_at": from_epoch(start) if start is not None else None,
         "end_at": from_epoch(end) if end is not None else None,
     }
+    dst = {"dst": DstChoice(**flags)} if (flags := dst_flags(vars(args))) else {}
     try:
         if args.cron is not None:
             if args.tz is None:
                 raise UsageError("--tz is required with --cron (an IANA zone, e.g. Europe/Berlin)")
-            return CronSpec(expression=args.cron, timezone=args.tz, **bounds)
+            return CronSpec(expression=args.cron, timezone=args.tz, **bounds, **dst)
         if args.rate is not None:
             anchor = _instant(args.anchor, args.tz, "--anchor")
             return RateSpec(
@@ -124,8 +126,9 @@ def _spec(args: argparse.Namespace) -> CronSpec | RateSpec | AtSpec:
                 anchor=from_epoch(anchor) if anchor is not None else None,
                 timezone=args.tz or "UTC",
                 **bounds,
+                **dst,
             )
-        return AtSpec(at=args.at, timezone=args.tz, **bounds)
+        return AtSpec(at=args.at, timezone=args.tz, **bounds, **dst)
     except ValidationError as exc:
         first = field_errors(exc)[0]
         raise UsageError(f"{first['field']}: {first['reason']}") from None

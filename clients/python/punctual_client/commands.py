@@ -58,6 +58,16 @@ def spec_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--tz", metavar="ZONE", help="IANA zone (required with --cron)")
     parser.add_argument("--start", metavar="ISO", help="no fire before (inclusive)")
     parser.add_argument("--end", metavar="ISO", help="no fire after (inclusive)")
+    parser.add_argument(
+        "--dst-gap",
+        choices=["SKIP", "SHIFT"],
+        help="a wall time the clocks skip: SKIP it (default) or SHIFT it to the gap's end",
+    )
+    parser.add_argument(
+        "--dst-repeat",
+        choices=["FIRST", "LAST", "BOTH"],
+        help="a wall time that occurs twice: fire at the FIRST (default), LAST or BOTH",
+    )
 
 
 def _definition_flags(parser: argparse.ArgumentParser) -> None:
@@ -256,19 +266,38 @@ def _spec(args: argparse.Namespace) -> dict[str, Any] | None:
         spec["start_at"] = args.start
     if args.end:
         spec["end_at"] = args.end
+    if dst := dst_flags(vars(args)):
+        spec["dst"] = dst
     return spec
 
 
-_SPEC_FLAGS = {"cron": None, "rate": None, "at": None, "tz": None, "start": None, "end": None}
+def dst_flags(flags: dict[str, Any]) -> dict[str, str]:
+    """The DST choice the flags give (``--dst-gap``, ``--dst-repeat``): only what was given."""
+    given = (("gap", flags.get("dst_gap")), ("repeat", flags.get("dst_repeat")))
+    return {key: value for key, value in given if value is not None}
+
+
+_SPEC_FLAGS = {
+    "cron": None,
+    "rate": None,
+    "at": None,
+    "tz": None,
+    "start": None,
+    "end": None,
+    "dst_gap": None,
+    "dst_repeat": None,
+}
 
 
 def _update_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:
     """``update``'s changes, its spec flags laid over the current spec (the API takes a
-    whole spec): `--tz` alone moves the schedule's zone, `--end` alone its end, a new
-    `--cron` keeps the zone and bounds unless given."""
+    whole spec): `--tz` alone moves the schedule's zone, `--end` alone its end, `--dst-gap`
+    alone its gap choice; a new `--cron` keeps the zone, bounds and DST choice unless given
+    (a rate has no DST choice)."""
     flags = vars(args)
     body = _definition(argparse.Namespace(**(flags | _SPEC_FLAGS)))
     kept = {k: v for k, v in current.items() if v is not None}
+    dst = kept.pop("dst", {}) | dst_flags(flags)
     if any(flags.get(kind) is not None for kind in ("cron", "rate", "at")):
         inherited = {
             flag: kept[field]
@@ -276,7 +305,10 @@ def _update_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str,
             if flags.get(flag) is None and field in kept
         }
         spec = _spec(argparse.Namespace(**(flags | inherited)))
-    elif any(flags.get(flag) for flag in ("tz", "start", "end")):
+        assert spec is not None
+        if flags.get("rate") is not None:
+            dst = dst_flags(flags)  # the API refuses a DST choice given to a rate
+    elif any(flags.get(flag) for flag in ("tz", "start", "end", "dst_gap", "dst_repeat")):
         spec = kept | {
             field: flags[flag]
             for flag, field in (("tz", "timezone"), ("start", "start_at"), ("end", "end_at"))
@@ -284,7 +316,7 @@ def _update_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str,
         }
     else:
         return body
-    return body | {"spec": spec}
+    return body | {"spec": spec | ({"dst": dst} if dst else {})}
 
 
 def _definition(args: argparse.Namespace) -> dict[str, Any]:

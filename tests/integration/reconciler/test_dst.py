@@ -144,3 +144,53 @@ def test_reconciler_hour_ending_inside_adelaides_repeated_hour_finds_nothing_une
         )
         assert found == [at(t, day) for t in ADELAIDE_HOUR[expression]], expression
     assert total(hours["16:00"], Finding.IN_FLIGHT) == 4
+
+
+# --- DST choices (docs/time.md, *Daylight saving: the choice per schedule*) ---------------
+
+# (night, expression, choice) -> the fires it makes in [04:00Z, 09:00Z) that night, and an
+# instant where a stray occurrence is UNEXPECTED under that choice (the default's fire).
+CHOICES = {
+    (SPRING, "30 2 * * *", "SHIFT"): (["07:00"], "07:30"),
+    (SPRING, "*/30 2-3 * * *", "SHIFT"): (["07:00", "07:30"], "06:30"),
+    (FALL, "30 1 * * *", "LAST"): (["06:30"], "05:30"),
+    (FALL, "30 1 * * *", "BOTH"): (["05:30", "06:30"], "07:30"),
+    (FALL, "*/30 1 * * *", "BOTH"): (["05:00", "05:30", "06:00", "06:30"], "07:00"),
+}
+
+
+@pytest.mark.parametrize(("day", "expression", "choice"), list(CHOICES))
+def test_materializer_and_reconciler_follow_the_schedules_dst_choice(
+    alice: Api, aws: Services, clock: Clock, day: str, expression: str, choice: str
+):
+    # GIVEN a New York cron with a DST choice, created the evening before and materialized
+    # through the night
+    clock.now = at("03:30", day)
+    dst = {"gap": choice} if choice == "SHIFT" else {"repeat": choice}
+    sid = make(aws, spec=cron_spec(expression, NEW_YORK) | {"dst": dst})
+    materialize_until(aws, clock, at("09:10", day), shards_of(aws, [sid]))
+    # WHEN the reconciler checks [04:00Z, 09:00Z)
+    clock.now = at("10:00", day)
+    results = reconcile(aws, at("04:00", day), at("09:00", day), repair=False)
+    # THEN the fires are the choice's (each with its own occurrence id), all expected
+    expected, stray = CHOICES[(day, expression, choice)]
+    found = [
+        o
+        for o in stored(aws, since=at("04:00", day), until=at("09:00", day))
+        if o["schedule_id"] == sid
+    ]
+    assert sorted(o["scheduled_for"] for o in found) == [at(t, day) for t in expected]
+    assert len({o["occurrence_id"] for o in found}) == len(expected)
+    assert total(results, Finding.MISSING) == 0
+    assert total(results, Finding.UNEXPECTED) == 0
+    # WHEN an occurrence is stored where the choice does not fire, and one it made is lost
+    wall = datetime.fromtimestamp(at(stray, day), ZoneInfo(NEW_YORK)).replace(tzinfo=None)
+    bogus = plant(aws, sid, 1, at(stray, day), local=wall.isoformat())
+    lost = occurrence_id(sid, 1, at(expected[-1], day))
+    aws.dynamodb.delete_item(
+        TableName=aws.settings.occurrences_table, Key=to_dynamo(occurrence_key(lost))
+    )
+    again = reconcile(aws, at("04:00", day), at("09:00", day), repair=False)
+    # THEN the stray one is UNEXPECTED and the lost one MISSING: the check follows the choice
+    assert ids(again, "unexpected") == {bogus}
+    assert ids(again, "missing") == {lost}

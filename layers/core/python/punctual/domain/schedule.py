@@ -23,7 +23,7 @@ from punctual.domain.fields import Record, whole
 from punctual.domain.ids import MAX_WINDOW_SECONDS
 from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
 from punctual.domain.specs import AtSpec, CronSpec, RateSpec, ScheduleSpec
-from punctual.timing import Rule
+from punctual.timing import DEFAULT_DST, DstPolicy, Rule
 
 MAX_PAYLOAD_BYTES = 32 * 1024
 # The payload is stored as a map in the occurrence item (DynamoDB nests at most 32 levels)
@@ -286,6 +286,14 @@ class Schedule(ScheduleDefinition):
         its creation instant on (a rate anchored there fires at once), a later one strictly
         after the change (a resumed schedule does not catch up its paused time)."""
         return self.run_from - (1 if self.run_version == 1 else 0)
+
+    @property
+    def dst(self) -> DstPolicy:
+        """What its wall times do where the zone's clocks skip or repeat them (the defaults
+        for a rate, whose fires no wall time places)."""
+        if self.spec.dst is None:
+            return DEFAULT_DST
+        return self.spec.dst.policy()
 
     def rule(self) -> Rule:
         if isinstance(self.spec, RateSpec):

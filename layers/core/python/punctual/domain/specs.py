@@ -19,11 +19,16 @@ from pydantic_core import CoreSchema
 
 from punctual.domain.fields import Instant, Record
 from punctual.timing import (
+    DEFAULT_DST,
     Bounds,
     CronRule,
+    DstPolicy,
+    Gap,
+    NoSuchWallTime,
     OneShotRule,
     Preview,
     RateRule,
+    Repeat,
     ResolvedAt,
     Rule,
     get_zone,
@@ -74,6 +79,35 @@ RATE_FORMAT: dict[str, JsonValue] = {"format": "rate"}
 ZONE_FORMAT: dict[str, JsonValue] = {"format": "iana-time-zone"}
 
 
+class DstChoice(Record):
+    """What the schedule's local wall times do where its zone's clocks skip or repeat them
+    (docs/time.md, *Daylight saving: the choice per schedule*)."""
+
+    gap: Gap = Field(
+        default=Gap.SKIP,
+        description="A wall time that does not exist (spring forward): SKIP it, or SHIFT it "
+        "to the first instant after the gap.",
+    )
+    repeat: Repeat = Field(
+        default=Repeat.FIRST,
+        description="A wall time that occurs twice (fall back): fire at the FIRST instant, "
+        "the LAST one, or at BOTH.",
+    )
+
+    def policy(self) -> DstPolicy:
+        return DstPolicy(self.gap, self.repeat)
+
+
+def _policy(choice: DstChoice | None) -> DstPolicy:
+    return DEFAULT_DST if choice is None else choice.policy()
+
+
+_DST_DESCRIPTION = (
+    "The daylight-saving choice; null: gap SKIP, repeat FIRST. Part of the versioned "
+    "definition: a change re-plans the fires."
+)
+
+
 def _check_zone(name: str) -> str:
     get_zone(name)  # ZoneError is a ValueError: pydantic reports it on the field
     return name
@@ -90,6 +124,7 @@ class CronSpec(_SpecBase):
         json_schema_extra=CRON_FORMAT,
     )
     timezone: str = Field(examples=["Europe/Berlin"], max_length=64, json_schema_extra=ZONE_FORMAT)
+    dst: DstChoice | None = Field(default=None, description=_DST_DESCRIPTION)
 
     @field_validator("expression")
     @classmethod
@@ -100,7 +135,12 @@ class CronSpec(_SpecBase):
     _valid_zone = field_validator("timezone")(_check_zone)
 
     def rule(self) -> CronRule:
-        return CronRule(parse_cron_cached(self.expression), get_zone(self.timezone), self.bounds())
+        return CronRule(
+            parse_cron_cached(self.expression),
+            get_zone(self.timezone),
+            self.bounds(),
+            _policy(self.dst),
+        )
 
 
 class RateSpec(_SpecBase):
@@ -120,11 +160,24 @@ class RateSpec(_SpecBase):
     timezone: str = Field(
         default="UTC", description="Only for showing local times.", json_schema_extra=ZONE_FORMAT
     )
+    dst: None = Field(
+        default=None, description="A rate has no daylight-saving choice: always null."
+    )
 
     @field_validator("expression")
     @classmethod
     def _valid_expression(cls, value: str) -> str:
         parse_rate(value)
+        return value
+
+    @field_validator("dst", mode="before")
+    @classmethod
+    def _no_dst(cls, value: object) -> object:
+        if value is not None:
+            raise ValueError(
+                "a rate fires on elapsed time, which daylight saving does not move: it takes "
+                "no dst choice (use a cron schedule for wall-clock times)"
+            )
         return value
 
     _valid_zone = field_validator("timezone")(_check_zone)
@@ -138,6 +191,11 @@ class RateSpec(_SpecBase):
 
 # A date-time that names its offset (Z, +01:00, -0530): one an `at` without a zone needs.
 _WITH_OFFSET = r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)\s*$"
+
+
+def _local(text: str) -> bool:
+    """Whether an `at` (already read by resolve_at) is a local date-time, with no offset."""
+    return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).tzinfo is None
 
 
 class AtSpec(_SpecBase):
@@ -159,8 +217,12 @@ class AtSpec(_SpecBase):
     )
 
     kind: Literal["at"] = "at"
-    # Declared before ``at`` so that the ``at`` validator can read it.
+    # Declared before ``at`` so that the ``at`` validator can read them.
     timezone: str | None = Field(default=None, max_length=64, json_schema_extra=ZONE_FORMAT)
+    dst: DstChoice | None = Field(
+        default=None,
+        description=_DST_DESCRIPTION + " Only for a local date-time read in timezone.",
+    )
     at: str = Field(
         description="An ISO-8601 date-time with its offset, or a local one read in timezone",
         examples=["2030-12-24T17:00:00Z", "2030-12-24T18:00:00+01:00"],
@@ -175,15 +237,27 @@ class AtSpec(_SpecBase):
     @field_validator("at")
     @classmethod
     def _resolvable(cls, value: str, info: ValidationInfo) -> str:
-        if "timezone" in info.data:  # else the zone already failed and is reported
-            resolve_at(value, info.data["timezone"])
+        if "timezone" in info.data and "dst" in info.data:  # else one failed and is reported
+            dst = info.data["dst"]
+            try:
+                resolve_at(value, info.data["timezone"], _policy(dst))
+            except NoSuchWallTime as error:
+                raise ValueError(
+                    f"{error}, or set dst.gap to SHIFT to run at the first instant after the gap"
+                ) from None
+            if dst is not None and not _local(value):
+                raise ValueError(
+                    "this date-time names its offset, so no daylight-saving choice applies to "
+                    "it: drop dst, or give a local date-time and a timezone"
+                )
         return value
 
     def resolved(self) -> ResolvedAt:
-        return resolve_at(self.at, self.timezone)
+        return resolve_at(self.at, self.timezone, _policy(self.dst))
 
     def rule(self) -> OneShotRule:
-        return OneShotRule(self.resolved().instant, self.bounds())
+        resolved = self.resolved()
+        return OneShotRule(resolved.instant, self.bounds(), resolved.second)
 
 
 ScheduleSpec = Annotated[CronSpec | RateSpec | AtSpec, Field(discriminator="kind")]

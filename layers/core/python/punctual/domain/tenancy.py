@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from math import gcd
+from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from punctual.domain.schedule import ScheduleDefinition
 from punctual.domain.specs import AtSpec, CronSpec, RateSpec
-from punctual.timing import get_zone, parse_cron_cached, parse_rate
+from punctual.timing import Gap, get_zone, parse_cron_cached, parse_rate
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{1,31}$"
 
@@ -69,14 +70,42 @@ def strict_minute_load(definition: ScheduleDefinition, created_at: datetime) -> 
     if isinstance(spec, CronSpec):
         minutes = parse_cron_cached(spec.expression).minutes
         shifts = _minute_shifts(spec.timezone, created_at)
-        return {(m + s) % 60: 1 for m in minutes for s in shifts}
+        load = {(m + s) % 60: 1 for m in minutes for s in shifts}
+        if spec.dst is not None and spec.dst.gap is Gap.SHIFT:
+            # A wall time in a gap fires at the gap's end: the transition's own minute.
+            load |= dict.fromkeys(_jump_minutes(spec.timezone, created_at), 1)
+        return load
     if isinstance(spec, RateSpec):
         interval = parse_rate(spec.expression)
         anchor = int((spec.anchor or spec.start_at or created_at).timestamp())
         period = 3600 // gcd(interval, 3600)
         return {((anchor + k * interval) % 3600) // 60: 1 for k in range(period)}
     assert isinstance(spec, AtSpec)
-    return {(spec.resolved().instant % 3600) // 60: 1}
+    resolved = spec.resolved()
+    return {(i % 3600) // 60: 1 for i in (resolved.instant, resolved.second) if i is not None}
+
+
+def _jump_minutes(zone_name: str, around: datetime) -> set[int]:
+    """UTC minutes-of-hour at which the zone's clocks jump ahead in the coming year."""
+    zone = get_zone(zone_name)
+    start = int(around.timestamp())
+    found = set()
+    for day in range(400):
+        at, then = start + day * 86400, start + (day + 1) * 86400
+        if _offset(then, zone) > _offset(at, zone):
+            while then - at > 1:  # the instant of the change, to the second
+                middle = (at + then) // 2
+                at, then = (
+                    (at, middle) if _offset(middle, zone) > _offset(at, zone) else (middle, then)
+                )
+            found.add((then % 3600) // 60)
+    return found
+
+
+def _offset(instant: int, zone: ZoneInfo) -> float:
+    offset = datetime.fromtimestamp(instant, zone).utcoffset()
+    assert offset is not None
+    return offset.total_seconds()
 
 
 def _minute_shifts(zone_name: str, around: datetime) -> set[int]:

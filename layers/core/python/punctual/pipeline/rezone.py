@@ -4,7 +4,8 @@ A schedule records the tzdata release its cursor and occurrences were planned wi
 each occurrence its fire's local wall time (``local``). When a new release moves the
 instants of a zone's wall times, a schedule planned under an older release is re-planned,
 once, under the rules in use, keeping the time contract's one rule: each wall time fires
-once (as in a DST fall-back, where a repeated wall time fires at its earlier instant):
+as its DST choice says (once, as in a fall-back, where a repeated wall time fires at one of
+its instants; twice for one fired at BOTH):
 
 - an occurrence not receivable yet (SCHEDULED, due later than now) at an instant the new
   rules still fire stays as it is; one at an instant they no longer fire is CANCELED (a
@@ -26,6 +27,7 @@ after a deploy); the materializer re-plans a stale schedule it is about to step.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +40,7 @@ from punctual.domain.occurrence import Occurrence, OccurrenceState
 from punctual.domain.planning import Cursor, cursor_after, new_occurrence, wall_text
 from punctual.domain.schedule import Schedule, ScheduleState
 from punctual.services import Services
-from punctual.timing import get_zone, resolve_wall, tzdata_version, utc_text
+from punctual.timing import chosen_instants, get_zone, tzdata_version, utc_text
 
 DAY = 86_400
 # Zone offsets differ by at most 26 hours (and a dateline jump moved Samoa 24): a wall time
@@ -98,12 +100,13 @@ def replan(services: Services, schedule_id: str) -> Replanned | None:
     raise Retryable(f"schedule {schedule_id} kept changing while it was re-planned; retry")
 
 
-def _instant(schedule: Schedule, wall: str) -> int | None:
-    """A local wall time's instant under the rules in use (None: it does not exist)."""
+def _instants(schedule: Schedule, wall: str) -> tuple[int, ...]:
+    """A local wall time's instants under the rules in use and the schedule's DST choice
+    (none: it does not exist and is skipped; two: it repeats and fires at both)."""
     zone = schedule.zone_name
     assert zone is not None
-    instant, _ = resolve_wall(datetime.fromisoformat(wall), get_zone(zone))
-    return instant
+    instants, _ = chosen_instants(datetime.fromisoformat(wall), get_zone(zone), schedule.dst)
+    return instants
 
 
 def _plan(
@@ -138,7 +141,13 @@ def _plan(
         for _, version, instant, manual in map(occurrence_name, window.unreadable)
         if version == schedule.run_version and manual is None
     }
-    walls = {o.local for o in found if o.local is not None}  # each wall time fires once
+    # Each wall time fires as often as the rules in use and its DST choice say (once; twice
+    # for a repeated one fired at BOTH): how many times each is planned.
+    walls = Counter(o.local for o in found if o.local is not None)
+
+    def planned_enough(wall: str | None) -> bool:
+        return wall is not None and walls[wall] >= max(1, len(_instants(schedule, wall)))
+
     actions: list[tuple[Label, dict[str, Any]]] = []
     retention = services.settings.retention_days * DAY
     reason = f"{REASON} (tzdata {schedule.tzdata_version} -> {version})"
@@ -148,7 +157,7 @@ def _plan(
         if occurrence.available_at <= now:  # moved into the past: late, so at once
             occurrence = occurrence.model_copy(update={"available_at": now})
         at.add(instant)
-        walls.add(occurrence.local or "")
+        walls[occurrence.local or ""] += 1
         actions.append(
             (
                 Label.OCCURRENCE,
@@ -163,9 +172,11 @@ def _plan(
     for occurrence in sorted(found, key=lambda o: o.scheduled_for):
         if not _pending(occurrence, now) or occurrence.scheduled_for in fires:
             continue
-        moved = None if occurrence.local is None else _instant(schedule, occurrence.local)
+        moved = () if occurrence.local is None else _instants(schedule, occurrence.local)
         note = f"{reason}: {occurrence.local} is " + (
-            "no longer a time of its zone" if moved is None else f"now at {utc_text(moved)}"
+            "now at " + " and ".join(map(utc_text, moved))
+            if moved
+            else "no longer a time of its zone"
         )
         actions.append(
             (
@@ -175,19 +186,23 @@ def _plan(
         )
         done.canceled.append(occurrence.occurrence_id)
         at.discard(occurrence.scheduled_for)
-        walls.discard(occurrence.local)
-        if moved is not None and moved not in at and schedule.fires_after < moved <= handled:
-            make(moved)
+        walls[occurrence.local or ""] -= 1
+        for instant in moved:
+            if instant not in at and schedule.fires_after < instant <= handled:
+                make(instant)
     # Fires of the rules in use inside what was planned, at an instant with no occurrence
-    # and a wall time not planned yet (one the old rules did not have, or moved there).
+    # and a wall time not planned as often as it fires (one the old rules did not have,
+    # moved there, or that now repeats and fires at both).
     for fire in sorted(fires):
         new = max(now, schedule.fires_after) < fire <= handled and fire not in at
-        if new and wall_text(schedule, fire) not in walls:
+        if new and not planned_enough(wall_text(schedule, fire)):
             make(fire)
     # The cursor: the first fire after what was planned whose wall time is not planned yet
     # (a wall time the new rules give a later instant has fired or is planned already).
     cursor = cursor_after(schedule, handled)
-    while cursor.next_run_at is not None and wall_text(schedule, cursor.next_run_at) in walls:
+    while cursor.next_run_at is not None and planned_enough(
+        wall_text(schedule, cursor.next_run_at)
+    ):
         due = new_occurrence(schedule, cursor.next_run_at, retention).available_at
         cursor = cursor_after(schedule, max(cursor.planned_until, due))
     if cursor.next_available_at is None:

@@ -9,7 +9,7 @@ from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 from punctual.timing.rules import CronRule, Rule, cron_steps
-from punctual.timing.zones import Resolution, local_text, utc_text
+from punctual.timing.zones import Gap, Repeat, Resolution, local_text, utc_text
 
 MAX_PREVIEW = 1000
 
@@ -53,45 +53,61 @@ def preview(rule: Rule, after: int, count: int, zone: ZoneInfo) -> Preview:
 
 def _preview_cron(rule: CronRule, after: int, count: int) -> Preview:
     result = Preview()
+    fire = rule.next_after(after)
+    while fire is not None and len(result.fires) < count:
+        result.fires.append(Fire(fire, utc_text(fire), local_text(fire, rule.zone)))
+        fire = rule.next_after(fire)
+    if result.fires:
+        result.notes.extend(_dst_notes(rule, after, result.fires[-1].instant))
+    return result
+
+
+_GAP_DONE = {Gap.SKIP: "skipped", Gap.SHIFT: "fired at the first instant after the gap"}
+_REPEAT_DONE = {
+    Repeat.FIRST: "fired once, at the earlier instant",
+    Repeat.LAST: "fired once, at the later instant",
+    Repeat.BOTH: "fired at both instants",
+}
+
+
+def _dst_notes(rule: CronRule, after: int, last: int) -> list[str]:
+    """What the zone's transitions did to the wall times matched up to the last fire shown,
+    a note per date, as the rule's DST policy says."""
     skipped: dict[date, list[datetime]] = defaultdict(list)
     repeated: dict[date, list[datetime]] = defaultdict(list)
     # Skipped wall times are noted only once a later fire is shown: none past the last one.
     pending: list[datetime] = []
-    lo, hi = rule.bounds.clip(after, None)
-    for step in cron_steps(rule.expr, rule.zone, lo):
-        if step.instant is None:
+    lo, _ = rule.bounds.clip(after, None)
+    for step in cron_steps(rule.expr, rule.zone, lo, rule.dst):
+        if not step.instants:
             pending.append(step.wall)
             continue
-        if step.instant > hi:
+        if step.instants[0] > last:
             break
         for wall in pending:
             skipped[wall.date()].append(wall)
         pending.clear()
-        if step.resolution is Resolution.REPEATED:
+        if step.resolution is Resolution.SKIPPED:
+            skipped[step.wall.date()].append(step.wall)
+        elif step.resolution is Resolution.REPEATED:
             repeated[step.wall.date()].append(step.wall)
-        result.fires.append(
-            Fire(step.instant, utc_text(step.instant), local_text(step.instant, rule.zone))
-        )
-        if len(result.fires) == count:
-            break
     zone_name = rule.zone_name
     notes = [
         (
             day,
             f"{day}: {_times(walls)} {_do(walls)} not exist in {zone_name} "
-            "(the clocks skip ahead); skipped",
+            f"(the clocks skip ahead); {_GAP_DONE[rule.dst.gap]}",
         )
         for day, walls in skipped.items()
     ] + [
         (
             day,
             f"{day}: {_times(walls)} {_do(walls, 'occur', 'occurs')} twice in {zone_name} "
-            "(the clocks fall back); fired once, at the earlier instant",
+            f"(the clocks fall back); {_REPEAT_DONE[rule.dst.repeat]}",
         )
         for day, walls in repeated.items()
     ]
-    result.notes.extend(text for _, text in sorted(notes))
-    return result
+    return [text for _, text in sorted(notes)]
 
 
 def _do(walls: list[datetime], plural: str = "do", singular: str = "does") -> str:

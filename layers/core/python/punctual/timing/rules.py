@@ -25,13 +25,17 @@ from zoneinfo import ZoneInfo
 from punctual.timing.cron import CronExpr, days_in_month, parse_cron
 from punctual.timing.zones import (
     _FORGET,
+    DEFAULT_DST,
     MAX_INSTANT,
+    DstPolicy,
+    Repeat,
     Resolution,
+    chosen_instants,
     get_zone,
     in_calendar,
     instants_of,
     local_wall,
-    resolve_wall,
+    offset_changes,
     to_epoch,
     utc_text,
 )
@@ -76,10 +80,12 @@ class Bounds:
 
 @dataclass(frozen=True, slots=True)
 class WallStep:
-    """One matching wall minute of a cron walk and what became of it."""
+    """One matching wall minute of a cron walk and what became of it: the instants it fires
+    at under the schedule's DST policy (none for a skipped wall time, two for a repeated
+    one fired at both), in order."""
 
     wall: datetime
-    instant: int | None
+    instants: tuple[int, ...]
     resolution: Resolution
 
 
@@ -112,31 +118,50 @@ def _matching_walls(expr: CronExpr, start: datetime) -> Iterator[datetime]:
                 return
 
 
-def cron_steps(expr: CronExpr, zone: ZoneInfo, after: int) -> Iterator[WallStep]:
-    """Matching wall minutes whose instant is > after (or that do not exist), in order."""
+def cron_steps(
+    expr: CronExpr, zone: ZoneInfo, after: int, dst: DstPolicy = DEFAULT_DST
+) -> Iterator[WallStep]:
+    """Matching wall minutes with an instant > after (or that do not exist), in order.
+
+    The walk's instants rise with its wall times: each step's first instant is later than
+    the one before (the earliest instant showing a wall time, the later one of a repeated
+    wall time fired LAST and the end of a gap all rise with the wall time). A repeated wall
+    time fired at BOTH instants has its later one after the first instants of the next
+    steps: a consumer that wants instants in order sorts them.
+    """
     start_wall = local_wall(after, zone).replace(second=0, microsecond=0)
+    if dst.repeat is not Repeat.FIRST and offset_changes(zone.key, after, after + _DAY * 2):
+        # A repeated wall time fired at its later instant may show a wall time earlier than
+        # ``after``'s (after lies in the first pass of the repeated hour): walk from before.
+        # (No zone's clocks skip ahead within two days before they fall back, 1850-2037, so
+        # no skipped wall time lies in the extra walk.)
+        start_wall -= _WALL_SLACK
     for wall in _matching_walls(expr, start_wall):
-        instant, resolution = resolve_wall(wall, zone)
-        if instant is not None and instant <= after:
+        instants, resolution = chosen_instants(wall, zone, dst)
+        if instants and instants[-1] <= after:
             continue
-        yield WallStep(wall, instant, resolution)
+        yield WallStep(wall, instants, resolution)
 
 
 @lru_cache(maxsize=65536)
-def _cron_window(source: str, zone_name: str, after: int, until: int) -> tuple[int, ...]:
-    """Fires of one (expression, zone) in (after, until]; shared by every schedule using it."""
+def _cron_window(
+    source: str, zone_name: str, after: int, until: int, dst: DstPolicy = DEFAULT_DST
+) -> tuple[int, ...]:
+    """Fires of one (expression, zone, DST policy) in (after, until]; shared by every schedule
+    using it."""
     zone = get_zone(zone_name)
     stop_wall = local_wall(until, zone) + _WALL_SLACK
-    fires: list[int] = []
-    for step in cron_steps(parse_cron_cached(source), zone, after):
+    fires: set[int] = set()
+    for step in cron_steps(parse_cron_cached(source), zone, after, dst):
         if step.wall > stop_wall:
             break
-        if step.instant is None:
+        if not step.instants:
             continue
-        if step.instant > until:
-            break
-        fires.append(step.instant)
-    return tuple(fires)
+        if step.instants[0] > until:
+            break  # every later step's instants are later still
+        fires.update(i for i in step.instants if after < i <= until)
+    # (A set: several wall times of a gap shifted to its end fire once.)
+    return tuple(sorted(fires))
 
 
 @lru_cache(maxsize=16384)
@@ -167,6 +192,7 @@ class CronRule:
     expr: CronExpr
     zone: ZoneInfo
     bounds: Bounds = Bounds()
+    dst: DstPolicy = DEFAULT_DST
 
     @property
     def zone_name(self) -> str:
@@ -177,7 +203,9 @@ class CronRule:
         if lo >= hi:
             return ()
         # The unbounded window is what every schedule of this expression and zone shares.
-        window = _cron_window(self.expr.source, self.zone_name, after, min(until, MAX_INSTANT))
+        window = _cron_window(
+            self.expr.source, self.zone_name, after, min(until, MAX_INSTANT), self.dst
+        )
         return _clip_sorted(window, lo, hi)
 
     def next_after(self, after: int) -> int | None:
@@ -188,15 +216,19 @@ class CronRule:
         # left after ``lo``, the calendar is walked, as before. (Past the calendar's end, a
         # fire the window holds is after ``hi``: none.)
         day = lo - lo % _DAY
-        window = _cron_window(self.expr.source, self.zone_name, day, day + _DAY)
+        window = _cron_window(self.expr.source, self.zone_name, day, day + _DAY, self.dst)
         at = bisect_right(window, lo)
         if at < len(window):
             return window[at] if window[at] <= hi else None
-        for step in cron_steps(self.expr, self.zone, lo):
-            if step.instant is None:
+        first: int | None = None
+        for step in cron_steps(self.expr, self.zone, lo, self.dst):
+            if not step.instants:
                 continue
-            return step.instant if step.instant <= hi else None
-        return None
+            if first is not None and step.instants[0] > first:
+                break  # no later step fires sooner (a step's later instant may: BOTH)
+            fire = min(i for i in step.instants if i > lo)
+            first = fire if first is None else min(first, fire)
+        return first if first is not None and first <= hi else None
 
 
 _RATE = re.compile(r"^rate\(\s*([0-9]+)\s+(minute|minutes|hour|hours|day|days)\s*\)$")
@@ -248,29 +280,42 @@ class RateRule:
 
 @dataclass(frozen=True, slots=True)
 class OneShotRule:
+    """One instant; two when its local time occurs twice and the schedule fires at BOTH
+    (``second``, the later one)."""
+
     instant: int
     bounds: Bounds = Bounds()
+    second: int | None = None
+
+    def _instants(self) -> tuple[int, ...]:
+        return (self.instant,) if self.second is None else (self.instant, self.second)
 
     def fires(self, after: int, until: int) -> tuple[int, ...]:
         lo, hi = self.bounds.clip(after, until)
-        return (self.instant,) if lo < self.instant <= hi else ()
+        return tuple(i for i in self._instants() if lo < i <= hi)
 
     def next_after(self, after: int) -> int | None:
         lo, hi = self.bounds.clip(after, None)
-        return self.instant if lo < self.instant <= hi else None
+        return next((i for i in self._instants() if lo < i <= hi), None)
+
+
+class NoSuchWallTime(ValueError):
+    """A local date-time that its zone's clocks skip (and the gap policy is SKIP)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ResolvedAt:
     instant: int
-    note: str | None  # set when the local time was ambiguous
+    note: str | None  # set when the local time was ambiguous or did not exist
+    second: int | None = None  # the later instant of a repeated local time fired at BOTH
 
 
-def resolve_at(text: str, zone_name: str | None) -> ResolvedAt:
+def resolve_at(text: str, zone_name: str | None, dst: DstPolicy = DEFAULT_DST) -> ResolvedAt:
     """An ISO-8601 instant with offset, or a local date-time read in ``zone_name``.
 
-    A local time that does not exist is rejected with the reason; one that occurs
-    twice resolves to the earlier instant, and the note says so.
+    A local time that does not exist is rejected with the reason (``dst.gap`` SKIP) or moved
+    to the first instant after the gap (SHIFT); one that occurs twice resolves to the earlier
+    instant (FIRST), the later one (LAST) or both (BOTH), and the note says so.
     """
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
@@ -286,18 +331,28 @@ def resolve_at(text: str, zone_name: str | None) -> ResolvedAt:
         raise ValueError(f"{text!r} has no UTC offset; give one or a time zone")
     zone = get_zone(zone_name)
     wall = moment.replace(microsecond=0)
-    instant, resolution = resolve_wall(wall, zone)
-    if instant is None:
-        raise ValueError(
+    instants, resolution = chosen_instants(wall, zone, dst)
+    if not instants:
+        raise NoSuchWallTime(
             f"{wall.isoformat()} does not exist in {zone_name} "
             "(the clocks skip it at a daylight-saving or zone change); pick another time"
         )
-    in_calendar(instant)
+    for instant in instants:
+        in_calendar(instant)
     note = None
-    if resolution is Resolution.REPEATED:
-        later = instants_of(wall, zone)[-1]
+    if resolution is Resolution.SKIPPED:
         note = (
-            f"{wall.isoformat()} occurs twice in {zone_name}; using the earlier instant "
-            f"{utc_text(instant)} (the later one is {utc_text(later)})"
+            f"{wall.isoformat()} does not exist in {zone_name} (the clocks skip ahead); "
+            f"shifted to the first instant after the gap, {utc_text(instants[0])}"
         )
-    return ResolvedAt(instant, note)
+    elif resolution is Resolution.REPEATED:
+        first, later = instants_of(wall, zone)
+        chosen = {
+            Repeat.FIRST: f"using the earlier instant {utc_text(first)} "
+            f"(the later one is {utc_text(later)})",
+            Repeat.LAST: f"using the later instant {utc_text(later)} "
+            f"(the earlier one is {utc_text(first)})",
+            Repeat.BOTH: f"firing at both instants, {utc_text(first)} and {utc_text(later)}",
+        }[dst.repeat]
+        note = f"{wall.isoformat()} occurs twice in {zone_name}; {chosen}"
+    return ResolvedAt(instants[0], note, instants[1] if len(instants) == 2 else None)

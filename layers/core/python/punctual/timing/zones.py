@@ -36,7 +36,7 @@ class Resolution(enum.Enum):
     """How a local wall time maps to instants in its zone."""
 
     EXACT = "exact"  # exists once
-    REPEATED = "repeated"  # exists twice (fall-back); the earlier instant is used
+    REPEATED = "repeated"  # exists twice (fall-back)
     SKIPPED = "skipped"  # does not exist (spring-forward gap or a skipped day)
 
 
@@ -141,12 +141,69 @@ def instants_of(wall: datetime, zone: ZoneInfo) -> list[int]:
     )
 
 
-def resolve_wall(wall: datetime, zone: ZoneInfo) -> tuple[int | None, Resolution]:
-    """Map a naive local wall time to the earliest instant showing it, and how it exists."""
+class Gap(enum.Enum):
+    """What a wall time that does not exist (a spring-forward gap, a skipped day) does."""
+
+    SKIP = "SKIP"  # it does not fire
+    SHIFT = "SHIFT"  # it fires at the first instant after the gap
+
+
+class Repeat(enum.Enum):
+    """What a wall time that occurs twice (a fall-back's repeated hour) does."""
+
+    FIRST = "FIRST"  # it fires once, at the earlier instant
+    LAST = "LAST"  # it fires once, at the later instant
+    BOTH = "BOTH"  # it fires at both instants
+
+
+@dataclass(frozen=True, slots=True)
+class DstPolicy:
+    """A schedule's choice for the wall times a zone's transitions skip or repeat
+    (docs/time.md, *Daylight saving: the choice per schedule*)."""
+
+    gap: Gap = Gap.SKIP
+    repeat: Repeat = Repeat.FIRST
+
+
+DEFAULT_DST = DstPolicy()
+
+
+def chosen_instants(
+    wall: datetime, zone: ZoneInfo, policy: DstPolicy
+) -> tuple[tuple[int, ...], Resolution]:
+    """The instants at which a wall time fires under ``policy`` (in order: none for a
+    skipped one, two for a repeated one fired at both), and how the wall time exists."""
     real = instants_of(wall, zone)
     if not real:
-        return None, Resolution.SKIPPED
-    return real[0], Resolution.REPEATED if len(real) == 2 else Resolution.EXACT
+        shifted = (gap_end(wall, zone),) if policy.gap is Gap.SHIFT else ()
+        return shifted, Resolution.SKIPPED
+    if len(real) == 1:
+        return (real[0],), Resolution.EXACT
+    if policy.repeat is Repeat.FIRST:
+        return (real[0],), Resolution.REPEATED
+    if policy.repeat is Repeat.LAST:
+        return (real[1],), Resolution.REPEATED
+    return (real[0], real[1]), Resolution.REPEATED
+
+
+@lru_cache(maxsize=4096)
+def gap_end(wall: datetime, zone: ZoneInfo) -> int:
+    """The first instant after the gap holding ``wall`` (a wall time that does not exist):
+    the instant of the transition that skipped it, to the second."""
+    base = wall_seconds(wall)
+    # The two offsets around the transition read the wall time as an instant before it and
+    # one after it (PEP 495); the transition is the first instant showing a later wall time.
+    lo, hi = sorted((base - _offset(wall, zone, 0), base - _offset(wall, zone, 1)))
+    while hi - lo > 1:
+        middle = (lo + hi) // 2
+        if local_wall(middle, zone) > wall:
+            hi = middle
+        else:
+            lo = middle
+    return hi
+
+
+_FORGET.append(gap_end.cache_clear)  # its answers follow the zone rules in use
 
 
 def to_epoch(moment: datetime) -> int:
