@@ -787,16 +787,18 @@ def test_cli_dst_flags_set_and_keep_the_schedules_dst_choice(
     assert _run(["update", "x", "--dst-gap", "SHIFT"], capsys)[0] == 0
     assert _run(["update", "x", "--cron", "0 2 * * *"], capsys)[0] == 0
     assert _run(["update", "x", "--rate", "rate(1 hour)"], capsys)[0] == 0
+    assert _run(["update", "x", "--at", "2030-12-24T17:00:00Z"], capsys)[0] == 0
     # AND a schedule is created with a choice
     create = ["create", "--cron", "0 2 * * *", "--tz", "UTC", "--target", "default"]
     assert _run([*create, "--dst-repeat", "LAST"], capsys)[0] == 0
     # THEN the choice is laid over the current one, kept with a new expression, dropped for
-    # a rate (which takes none), and sent as given at creation
+    # a rate and an instant with its offset (which take none), and sent as given at creation
     base = {"kind": "cron", "timezone": "America/New_York"}
     assert sent == [
         {"spec": base | {"expression": "30 1 * * *", "dst": {"gap": "SHIFT", "repeat": "BOTH"}}},
         {"spec": base | {"expression": "0 2 * * *", "dst": {"gap": "SKIP", "repeat": "BOTH"}}},
         {"spec": {"kind": "rate", "expression": "rate(1 hour)", "timezone": "America/New_York"}},
+        {"spec": {"kind": "at", "at": "2030-12-24T17:00:00Z", "timezone": "America/New_York"}},
         {
             "spec": {"kind": "cron", "expression": "0 2 * * *", "timezone": "UTC"}
             | {"dst": {"repeat": "LAST"}},

@@ -393,3 +393,37 @@ def test_next_after_past_the_utc_day_takes_the_soonest_second_pass_fire(start: s
     # THEN it is the soonest second-pass fire, 22:10's, not the last step's nor the start
     assert fire is not None
     assert utc_text(fire) == "1988-10-30T01:40:00Z"
+
+
+@pytest.mark.parametrize(
+    ("expr", "gap", "wall"),
+    [
+        ("30 2 * * *", Gap.SHIFT, "2026-03-08T02:30:00"),  # the skipped wall time it is
+        ("*/15 2 * * *", Gap.SHIFT, "2026-03-08T02:00:00"),  # the earliest of several
+        ("*/15 2-3 * * *", Gap.SHIFT, "2026-03-08T03:00:00"),  # 03:00 matches by itself
+        ("0 3 * * *", Gap.SKIP, "2026-03-08T03:00:00"),
+    ],
+)
+def test_a_fire_at_a_gaps_end_is_the_wall_time_it_matched(expr: str, gap: Gap, wall: str):
+    # GIVEN New York's gap of 2026-03-08 (02:00-03:00 EST skipped; it ends at 07:00Z)
+    rule = CronRule(parse_cron(expr), get_zone("America/New_York"), dst=DstPolicy(gap))
+    # THEN the fire at its end is the wall time the expression matched there
+    assert rule.matched_wall(_epoch("2026-03-08T07:00:00Z")).isoformat() == wall
+    # AND an instant no fire is at (a stray the reconciler reads) is its own wall time
+    assert rule.matched_wall(_epoch("2026-03-08T07:31:00Z")).isoformat() == "2026-03-08T03:31:00"
+
+
+def test_the_default_choice_written_out_is_no_choice():
+    # GIVEN a cron with the defaults written out; WHEN it is read
+    spec = SPEC.validate_python(
+        {
+            "kind": "cron",
+            "expression": "0 2 * * *",
+            "timezone": "UTC",
+            "dst": {"gap": "SKIP", "repeat": "FIRST"},
+        }
+    )
+    # THEN it is the same definition as one with none (a change to it makes no version)
+    assert spec == SPEC.validate_python(
+        {"kind": "cron", "expression": "0 2 * * *", "timezone": "UTC"}
+    )

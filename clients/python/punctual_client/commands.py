@@ -271,6 +271,16 @@ def _spec(args: argparse.Namespace) -> dict[str, Any] | None:
     return spec
 
 
+def _names_offset(at: str | None) -> bool:
+    """Whether an ``--at`` names its UTC offset (unreadable: left to the API to say)."""
+    try:
+        return (
+            at is not None and datetime.fromisoformat(at.replace("Z", "+00:00")).tzinfo is not None
+        )
+    except ValueError:
+        return False
+
+
 def dst_flags(flags: dict[str, Any]) -> dict[str, str]:
     """The DST choice the flags give (``--dst-gap``, ``--dst-repeat``): only what was given."""
     given = (("gap", flags.get("dst_gap")), ("repeat", flags.get("dst_repeat")))
@@ -306,8 +316,9 @@ def _update_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str,
         }
         spec = _spec(argparse.Namespace(**(flags | inherited)))
         assert spec is not None
-        if flags.get("rate") is not None:
-            dst = dst_flags(flags)  # the API refuses a DST choice given to a rate
+        if flags.get("rate") is not None or _names_offset(flags.get("at")):
+            # (the API refuses a DST choice on a rate, or on an instant with its offset)
+            dst = dst_flags(flags)
     elif any(flags.get(flag) for flag in ("tz", "start", "end", "dst_gap", "dst_repeat")):
         spec = kept | {
             field: flags[flag]

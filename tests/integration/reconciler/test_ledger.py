@@ -446,9 +446,28 @@ def test_ledger_reads_the_hours_not_checked_yet_live_with_every_occurrence_on_re
     monkeypatch.setattr("punctual.control.ledger.MAX_SCHEDULES", 1)
     [one] = _pages(alice, state="UPCOMING", to=utc_text(at("13:05")))
     assert (len(one["occurrences"]), one["upcoming_complete"]) == (2, True)
+    # (only the active ones count: a paused one beside it is not read for upcoming fires)
+    paused = make(aws, spec=cron_spec("0 * * * *"))
+    ControlPlane(aws).pause("alice", paused)
+    [still] = _pages(alice, state="UPCOMING", to=utc_text(at("13:05")))
+    assert (len(still["occurrences"]), still["upcoming_complete"]) == (2, True)
     monkeypatch.setattr("punctual.control.ledger.MAX_SCHEDULES", 0)
     [none] = _pages(alice, state="UPCOMING", to=utc_text(at("13:05")))
     assert (none["occurrences"], none["upcoming_complete"]) == ([], False)
+    # AND an item of the schedule no reader can parse, in a live hour, is counted in that
+    # hour as unreadable (the tenant's bad data), the rest as before
+    monkeypatch.setattr("punctual.control.ledger.MAX_LIVE_SCHEDULES", 500)
+    sid = stored(aws, since=at("10:00"), until=at("11:00"))[0]["schedule_id"]
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(occurrence_id(sid, 1, at("10:10")))),
+        UpdateExpression="SET #s = :s",
+        ExpressionAttributeNames={"#s": "state"},
+        ExpressionAttributeValues={":s": {"S": "SUCCEEDED"}},
+    )
+    [bad] = _pages(alice, **span)
+    [counted] = bad["hours"]
+    assert (counted["unreadable"], counted["counts"]) == (1, {"DEAD": 1, "SUCCEEDED": 1})
 
 
 def test_ledger_lists_a_dead_occurrence_of_the_current_hour_at_once(

@@ -20,11 +20,13 @@ For a strict schedule (no window) ``available_at == scheduled_for`` and this is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from punctual.domain.ids import available_at, occurrence_id
 from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
 from punctual.domain.schedule import Schedule
-from punctual.timing import get_zone, local_wall
+from punctual.domain.specs import AtSpec
+from punctual.timing import CronRule, get_zone, local_wall
 
 # A direct (API-side) materialization stays far below DynamoDB's 100 actions per
 # transaction; anything beyond is left to the materializer through the cursor.
@@ -191,10 +193,20 @@ def plan(
 
 
 def wall_text(schedule: Schedule, instant: int) -> str | None:
-    """``instant`` as a local wall time in the schedule's zone under the rules in use
-    ('2026-12-02T09:00:00'); None for a schedule no zone places."""
+    """The local wall time a fire at ``instant`` is, in the schedule's zone under the rules
+    in use ('2026-12-02T09:00:00'); None for a schedule no zone places. The instant's own,
+    except for a fire its DST choice shifted to a gap's end (docs/time.md): the wall time
+    that matched, which the clocks skipped (a one-shot's written time; a cron's earliest
+    matching one in the gap). A re-plan under other rules keys on it."""
     zone = schedule.zone_name
-    return None if zone is None else local_wall(instant, get_zone(zone)).isoformat()
+    if zone is None:
+        return None
+    rule = schedule.rule()
+    if isinstance(rule, CronRule):
+        return rule.matched_wall(instant).isoformat()
+    if isinstance(schedule.spec, AtSpec) and schedule.spec.dst is not None:
+        return datetime.fromisoformat(schedule.spec.at.strip()).replace(microsecond=0).isoformat()
+    return local_wall(instant, get_zone(zone)).isoformat()
 
 
 def _occurrence(

@@ -98,6 +98,12 @@ class DstChoice(Record):
         return DstPolicy(self.gap, self.repeat)
 
 
+def _canonical(choice: DstChoice | None) -> DstChoice | None:
+    # The defaults written out are no choice: the same definition (a change to them from
+    # none is no new version, and nothing is re-planned).
+    return None if choice == DstChoice() else choice
+
+
 def _policy(choice: DstChoice | None) -> DstPolicy:
     return DEFAULT_DST if choice is None else choice.policy()
 
@@ -133,6 +139,7 @@ class CronSpec(_SpecBase):
         return value
 
     _valid_zone = field_validator("timezone")(_check_zone)
+    _dst = field_validator("dst")(_canonical)
 
     def rule(self) -> CronRule:
         return CronRule(
@@ -233,6 +240,8 @@ class AtSpec(_SpecBase):
     @classmethod
     def _valid_zone(cls, value: str | None) -> str | None:
         return None if value is None else _check_zone(value)
+
+    _dst = field_validator("dst")(_canonical)
 
     @field_validator("at")
     @classmethod

@@ -188,7 +188,9 @@ def _plan(
         at.discard(occurrence.scheduled_for)
         walls[occurrence.local or ""] -= 1
         for instant in moved:
-            if instant not in at and schedule.fires_after < instant <= handled:
+            # (A fire of the rules in use: never the canceled instant itself, nor one its
+            # bounds leave out.)
+            if instant in fires and instant not in at and schedule.fires_after < instant <= handled:
                 make(instant)
     # Fires of the rules in use inside what was planned, at an instant with no occurrence
     # and a wall time not planned as often as it fires (one the old rules did not have,

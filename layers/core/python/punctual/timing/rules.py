@@ -28,6 +28,7 @@ from punctual.timing.zones import (
     DEFAULT_DST,
     MAX_INSTANT,
     DstPolicy,
+    Gap,
     Repeat,
     Resolution,
     chosen_instants,
@@ -229,6 +230,22 @@ class CronRule:
             fire = min(i for i in step.instants if i > lo)
             first = fire if first is None else min(first, fire)
         return first if first is not None and first <= hi else None
+
+    def matched_wall(self, instant: int) -> datetime:
+        """The local wall time that a fire at ``instant`` is: the instant's own, or for a fire
+        a gap's wall times were shifted to (gap SHIFT) the earliest of them, when the
+        instant's own wall time is not one the expression matches."""
+        wall = local_wall(instant, self.zone)
+        expr = self.expr
+        matches = wall.second == 0 and wall.minute in expr.minutes and wall.hour in expr.hours
+        if self.dst.gap is Gap.SKIP or (matches and expr.matches_date(wall.date())):
+            return wall
+        for step in cron_steps(expr, self.zone, instant - 1, self.dst):
+            if instant in step.instants:
+                return step.wall
+            if step.instants and step.instants[0] > instant:
+                break
+        return wall
 
 
 _RATE = re.compile(r"^rate\(\s*([0-9]+)\s+(minute|minutes|hour|hours|day|days)\s*\)$")
