@@ -19,7 +19,7 @@ from punctual.dal.tables import SCHEDULE_CURRENT
 from punctual.domain.errors import Retryable
 from punctual.domain.ids import occurrence_id, shard_of
 from punctual.pipeline import reconciler as reconciler_module
-from punctual.pipeline.reconciler import Reconciler
+from punctual.pipeline.reconciler import Reconciler, ShardResult
 from punctual.pipeline.rezone import Replanned, replan
 from punctual.services import Services
 from punctual.timing import ZoneSource, tzdata_version, use_zone_source
@@ -509,22 +509,38 @@ def mar14(text: str) -> int:
     return epoch(f"2027-03-14T{text}Z")
 
 
+def shifted_0230_in_vancouver(
+    aws: Services, clock: Clock, made: str, until: str
+) -> tuple[str, int]:
+    """02:30 daily in America/Vancouver shifted out of gaps (SHIFT), made at ``made`` on
+    2027-03-14 and planned by the materializer until ``until``."""
+    spec = cron_spec("30 2 * * *", "America/Vancouver") | {"dst": {"gap": "SHIFT"}}
+    clock.now = mar14(made)
+    sid = make(aws, spec=spec)
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, mar14(until), [shard], every=60)
+    return sid, shard
+
+
+def replanned_under(
+    aws: Services, clock: Clock, rules: ZoneSource | None, now: str, shard: int
+) -> ShardResult:
+    """Deploy ``rules`` at ``now`` on 2027-03-14 and run the reconciler of the hour so far."""
+    use_zone_source(rules)
+    clock.now = mar14(now)
+    [result] = Reconciler(aws).run([shard], mar14("09:00"), mar14(now))
+    return result
+
+
 def test_a_replan_keys_a_shifted_fire_on_the_wall_time_it_matched(
     alice: Api, aws: Services, clock: Clock, rules_restored: None
 ):
     # GIVEN 02:30 daily in America/Vancouver shifted out of gaps (SHIFT), made at 09:10Z on
     # 2027-03-14 under the pinned release (UTC-7 all year: 02:30 is 09:30Z) and fired
-    spec = cron_spec("30 2 * * *", "America/Vancouver") | {"dst": {"gap": "SHIFT"}}
-    clock.now = mar14("09:10")
-    sid = make(aws, spec=spec)
-    shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, mar14("09:40"), [shard], every=60)
+    sid, shard = shifted_0230_in_vancouver(aws, clock, "09:10", "09:40")
     # WHEN rules under which the clocks skip 02:00-03:00 that morning (2025b: 02:30 then
     # fires at the gap's end, 10:00Z) are deployed and everything goes on
-    use_zone_source(OLD)
-    clock.now = mar14("09:45")
-    [result] = Reconciler(aws).run([shard], mar14("09:00"), mar14("09:45"))
-    assert result.replanned == [sid]
+    assert replanned_under(aws, clock, OLD, "09:45", shard).replanned == [sid]
     materialize_until(aws, clock, mar14("10:10"), [shard], every=60)
     # THEN 02:30, which fired at 09:30Z, does not fire again at the gap's end
     live = [o for o in occurrences_of(aws, sid).values() if o["state"] != "CANCELED"]
@@ -541,17 +557,11 @@ def test_a_replan_moves_a_shifted_fire_to_its_wall_times_new_instant(
     # GIVEN the same schedule made at 09:00Z under 2025b, its 02:30 shifted to the gap's end
     # (10:00Z) and planned ahead, with the shifted fire's matched wall time recorded
     use_zone_source(OLD)
-    clock.now = mar14("09:00")
-    spec = cron_spec("30 2 * * *", "America/Vancouver") | {"dst": {"gap": "SHIFT"}}
-    sid = make(aws, spec=spec)
-    shard = shard_of(sid, aws.settings.shard_count)
-    materialize_until(aws, clock, mar14("09:57"), [shard], every=60)
+    sid, shard = shifted_0230_in_vancouver(aws, clock, "09:00", "09:57")
     shifted = occurrence_id(sid, 1, mar14("10:00"))
     assert aws.occurrences.get(shifted) is not None
     # WHEN the pinned release (no gap: 02:30 is 09:30Z, now past) is deployed at 09:58Z
-    use_zone_source(None)
-    clock.now = mar14("09:58")
-    [result] = Reconciler(aws).run([shard], mar14("09:00"), mar14("09:58"))
+    result = replanned_under(aws, clock, None, "09:58", shard)
     # THEN the shifted occurrence is canceled and 02:30 fires at once at its new instant
     assert result.replanned == [sid]
     found = occurrences_of(aws, sid)
