@@ -156,7 +156,8 @@ def test_a_repeated_wall_time_fired_at_both_walks_fire_by_fire_from_inside_the_f
     rule = CronRule(
         parse_cron("*/20 * * * *"), get_zone("America/New_York"), dst=DstPolicy(repeat=Repeat.BOTH)
     )
-    walked, fire = [], rule.next_after(_epoch("2026-11-01T05:50:00Z"))
+    walked: list[str] = []
+    fire = rule.next_after(_epoch("2026-11-01T05:50:00Z"))
     while fire is not None and len(walked) < 4:
         walked.append(utc_text(fire))
         fire = rule.next_after(fire)
