@@ -297,7 +297,9 @@ def test_one_shot_is_queued_at_its_time_and_succeeds_after_the_worker(stack: Sta
                     "ApproximateNumberOfMessagesNotVisible": "0",
                 }
             ),
-            10,
+            # (generous: on a machine busy with the other test processes a worker may take
+            # long between its completion and its delete; the wait ends as soon as it is done)
+            60,
             "the worker to delete the message",
         )
         # WHEN it is stopped with Ctrl-C while idle
@@ -936,7 +938,11 @@ def test_cli_ledger_lists_the_upcoming_fires_across_schedules_and_refuses_a_bad_
         "ATTEMPTS",
         "OCCURRENCE",
     ]
-    assert sum(sid in line for line in table.out.splitlines()) == len(upcoming)
+    # (the same fires, but for one that became due if a minute ended between the two reads
+    # on a slow machine: the upcoming part starts at each read's now)
+    listed = [line.split()[-1] for line in table.out.splitlines() if sid in line]
+    assert set(listed) <= {o["occurrence_id"] for o in upcoming}
+    assert len(upcoming) - 1 <= len(listed) <= len(upcoming)
     # AND a state that is not one exits 2 naming the field, on one line
     bad = stack.cli("ledger", "--state", "LOST")
     assert bad.code == 2
