@@ -15,7 +15,7 @@ import pytest
 
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
-from punctual.dal.tables import SCHEDULE_CURRENT
+from punctual.dal.tables import SCHEDULE_CURRENT, occurrence_key
 from punctual.domain.errors import Retryable
 from punctual.domain.ids import occurrence_id, shard_of
 from punctual.pipeline import reconciler as reconciler_module
@@ -568,3 +568,29 @@ def test_a_replan_moves_a_shifted_fire_to_its_wall_times_new_instant(
     assert found[shifted]["state"] == "CANCELED"
     moved = found[occurrence_id(sid, 1, mar14("09:30"))]
     assert (moved["state"], moved["available_at"]) == ("SCHEDULED", mar14("09:58"))
+
+
+def test_a_replan_skips_a_planned_occurrence_whose_wall_time_a_worker_overwrote(
+    alice: Api, aws: Services, clock: Clock, old_rules: None
+):
+    # GIVEN the schedule planned under 2025b, its 17:00Z occurrence's wall time (``local``,
+    # what a re-plan keys on) overwritten with something else by the tenant's worker
+    sid, shard = daily_nine_in_vancouver(aws, clock)
+    old = occurrence_id(sid, 1, at("17:00"))
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(old)),
+        UpdateExpression="SET #l = :l",
+        ExpressionAttributeNames={"#l": "local"},
+        ExpressionAttributeValues={":l": {"S": "not a wall time"}},
+    )
+    bad_before = aws.bad_items.count
+    # WHEN the pinned release is deployed and the reconciler runs
+    use_zone_source(None)
+    clock.now = at("16:58")
+    [result] = Reconciler(aws).run([shard], at("16:00"), at("16:58"))
+    # THEN the re-plan went through: the item is the tenant's unreadable one (counted, its
+    # instant left alone), and 09:00 fires at its new instant
+    assert result.replanned == [sid]
+    assert aws.bad_items.count > bad_before
+    assert occurrence_id(sid, 1, at("16:00")) in occurrences_of(aws, sid)

@@ -3,7 +3,8 @@ its generated IAM policy allows (tests/hostile.py judges each call as IAM would)
 
 - an item of only a state at an occurrence key of its own schedule (UpdateItem makes it);
 - its real occurrences changed: another state, a lease, a forged tenant, an instant or an
-  availability far off, attributes of the wrong type, a payload over SQS's limit;
+  availability far off, attributes of the wrong type, a wall time that is none, a payload
+  over SQS's limit;
 - whole occurrence items under keys of its own schedules that do not exist;
 - its run slots (the tenants table's ``R#<tenant>`` partition) filled with garbage;
 - backfill records under its own schedules' keys: unreadable keys, and ranges of every
@@ -111,6 +112,7 @@ class Hostile:
                 {"scheduled_for": {"S": "soon"}},
                 {"attempt_count": {"S": "many"}},
                 {"attempts": {"S": "none"}},
+                {"local": {"S": "not a wall time"}},  # what a re-plan keys on
                 {"payload": {"M": {"x": {"S": "x" * 300_000}}}},
             ]
         )

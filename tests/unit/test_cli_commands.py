@@ -720,6 +720,29 @@ def test_cli_versions_show_what_each_change_changed(
     assert len(lines) == 5
 
 
+def _writes_recorded(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch, current: dict[str, Any]
+) -> list[tuple[Any, Any]]:
+    """Schedule ``x`` answers as ``current``; what the CLI then writes (a PATCH or a POST),
+    as (body, headers), in order."""
+    for key in (
+        ("GET", "/v1/schedules/x"),
+        ("PATCH", "/v1/schedules/x"),
+        ("POST", "/v1/schedules"),
+    ):
+        api.answers[key] = {"schedule": current, "next_fires": []}
+    sent: list[tuple[Any, Any]] = []
+    answer = FakeApi.call
+
+    def recorded(self: FakeApi, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        if method in ("PATCH", "POST"):
+            sent.append((body, kwargs.get("headers")))
+        return answer(self, method, path, body, **kwargs)
+
+    monkeypatch.setattr(FakeApi, "call", recorded)
+    return sent
+
+
 def test_cli_update_of_one_spec_field_keeps_the_rest_of_the_spec(
     api: FakeApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):
@@ -731,18 +754,7 @@ def test_cli_update_of_one_spec_field_keeps_the_rest_of_the_spec(
         "start_at": None,
         "end_at": "2031-01-01T00:00:00Z",
     }
-    current = SCHEDULE | {"version": 3, "spec": spec}
-    api.answers[("GET", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
-    api.answers[("PATCH", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
-    sent: list[Any] = []
-    answer = FakeApi.call
-
-    def recorded(self: FakeApi, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        if method == "PATCH":
-            sent.append((body, kwargs.get("headers")))
-        return answer(self, method, path, body, **kwargs)
-
-    monkeypatch.setattr(FakeApi, "call", recorded)
+    sent = _writes_recorded(api, monkeypatch, SCHEDULE | {"version": 3, "spec": spec})
     # WHEN only its zone is changed, then only its expression
     assert _run(["update", "x", "--tz", "Europe/Paris"], capsys)[0] == 0
     assert _run(["update", "x", "--cron", "0 10 * * *"], capsys)[0] == 0
@@ -770,19 +782,7 @@ def test_cli_dst_flags_set_and_keep_the_schedules_dst_choice(
         "timezone": "America/New_York",
         "dst": {"gap": "SKIP", "repeat": "BOTH"},
     }
-    current = SCHEDULE | {"version": 2, "spec": spec}
-    api.answers[("GET", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
-    api.answers[("PATCH", "/v1/schedules/x")] = {"schedule": current, "next_fires": []}
-    api.answers[("POST", "/v1/schedules")] = {"schedule": current, "next_fires": []}
-    sent: list[Any] = []
-    answer = FakeApi.call
-
-    def recorded(self: FakeApi, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        if method in ("PATCH", "POST"):
-            sent.append(body)
-        return answer(self, method, path, body, **kwargs)
-
-    monkeypatch.setattr(FakeApi, "call", recorded)
+    sent = _writes_recorded(api, monkeypatch, SCHEDULE | {"version": 2, "spec": spec})
     # WHEN the gap choice alone is changed, then the expression alone, then it becomes a rate
     assert _run(["update", "x", "--dst-gap", "SHIFT"], capsys)[0] == 0
     assert _run(["update", "x", "--cron", "0 2 * * *"], capsys)[0] == 0
@@ -794,7 +794,7 @@ def test_cli_dst_flags_set_and_keep_the_schedules_dst_choice(
     # THEN the choice is laid over the current one, kept with a new expression, dropped for
     # a rate and an instant with its offset (which take none), and sent as given at creation
     base = {"kind": "cron", "timezone": "America/New_York"}
-    assert sent == [
+    assert [body for body, _ in sent] == [
         {"spec": base | {"expression": "30 1 * * *", "dst": {"gap": "SHIFT", "repeat": "BOTH"}}},
         {"spec": base | {"expression": "0 2 * * *", "dst": {"gap": "SKIP", "repeat": "BOTH"}}},
         {"spec": {"kind": "rate", "expression": "rate(1 hour)", "timezone": "America/New_York"}},

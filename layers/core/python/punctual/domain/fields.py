@@ -52,3 +52,17 @@ def whole(value: object) -> object:
 # (The Field before the validator: a constraint added where it is used then shows in the
 # schema as minimum/maximum.)
 StrictCount = Annotated[int, Field(strict=True), BeforeValidator(whole)]
+
+
+def _wall_time(text: str) -> str:
+    # A re-plan and the reconciler read it back as a wall time: a tenant's worker may write
+    # anything into its occurrence items, and an item with something else in it is that
+    # tenant's unreadable item (counted, skipped), never a re-plan's failure.
+    wall = datetime.fromisoformat(text)
+    if wall.tzinfo is not None or wall.microsecond or text != wall.isoformat():
+        raise ValueError(f"{text!r} is not a local wall time such as 2026-12-02T09:00:00")
+    return text
+
+
+WallTime = Annotated[str, AfterValidator(_wall_time)]
+"""A naive local wall time to the second, as ``datetime.isoformat`` writes it."""

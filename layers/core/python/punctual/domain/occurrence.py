@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from punctual.domain.fields import Record
+from punctual.domain.fields import Record, WallTime
 
 
 class OccurrenceState(StrEnum):
@@ -99,7 +99,7 @@ class Occurrence(Record):
     )
     reason: str | None = Field(default=None, description="Why it is DEAD, MISSED or CANCELED.")
     expires_at: int | None = Field(default=None, description="TTL: when retention ends.")
-    local: str | None = Field(
+    local: WallTime | None = Field(
         default=None,
         description="The fire's local wall time in its schedule's zone, as planned (a "
         "zone-based schedule's): what a change of the zone's rules keeps.",

@@ -22,8 +22,8 @@ from pydantic import (
 from punctual.domain.fields import Record, whole
 from punctual.domain.ids import MAX_WINDOW_SECONDS
 from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
-from punctual.domain.specs import AtSpec, CronSpec, RateSpec, ScheduleSpec
-from punctual.timing import DEFAULT_DST, DstPolicy, Rule
+from punctual.domain.specs import AtSpec, CronSpec, RateSpec, ScheduleSpec, dst_policy
+from punctual.timing import DstPolicy, Rule
 
 MAX_PAYLOAD_BYTES = 32 * 1024
 # The payload is stored as a map in the occurrence item (DynamoDB nests at most 32 levels)
@@ -291,9 +291,7 @@ class Schedule(ScheduleDefinition):
     def dst(self) -> DstPolicy:
         """What its wall times do where the zone's clocks skip or repeat them (the defaults
         for a rate, whose fires no wall time places)."""
-        if self.spec.dst is None:
-            return DEFAULT_DST
-        return self.spec.dst.policy()
+        return dst_policy(self.spec.dst)
 
     def rule(self) -> Rule:
         if isinstance(self.spec, RateSpec):

@@ -104,7 +104,8 @@ def _canonical(choice: DstChoice | None) -> DstChoice | None:
     return None if choice == DstChoice() else choice
 
 
-def _policy(choice: DstChoice | None) -> DstPolicy:
+def dst_policy(choice: DstChoice | None) -> DstPolicy:
+    """The engine's policy for a spec's choice (none: the defaults)."""
     return DEFAULT_DST if choice is None else choice.policy()
 
 
@@ -146,7 +147,7 @@ class CronSpec(_SpecBase):
             parse_cron_cached(self.expression),
             get_zone(self.timezone),
             self.bounds(),
-            _policy(self.dst),
+            dst_policy(self.dst),
         )
 
 
@@ -249,7 +250,7 @@ class AtSpec(_SpecBase):
         if "timezone" in info.data and "dst" in info.data:  # else one failed and is reported
             dst = info.data["dst"]
             try:
-                resolve_at(value, info.data["timezone"], _policy(dst))
+                resolve_at(value, info.data["timezone"], dst_policy(dst))
             except NoSuchWallTime as error:
                 raise ValueError(
                     f"{error}, or set dst.gap to SHIFT to run at the first instant after the gap"
@@ -262,7 +263,7 @@ class AtSpec(_SpecBase):
         return value
 
     def resolved(self) -> ResolvedAt:
-        return resolve_at(self.at, self.timezone, _policy(self.dst))
+        return resolve_at(self.at, self.timezone, dst_policy(self.dst))
 
     def rule(self) -> OneShotRule:
         resolved = self.resolved()
