@@ -214,6 +214,12 @@ MODULES = {
         ("punctual.domain.ledger.", "punctual.control.ledger."),
         ("tests/integration/reconciler/test_ledger.py", *_tests("unit", "ledger")),
     ),
+    # A schedule's recent figures: what GET /v1/schedules/{id} says of its last fires.
+    "figures": Module(
+        ("punctual/domain/figures.py",),
+        ("punctual.domain.figures.",),
+        _tests("unit", "figures") + _tests("integration", "recent_figures"),
+    ),
     "tenancy": Module(
         ("punctual/domain/tenancy.py",),
         ("punctual.domain.tenancy.",),

@@ -37,6 +37,7 @@ from api.views import (
     next_fires_out,
     occurrence_detail_out,
     occurrence_out,
+    recent_out,
     saved_out,
     schedule_out,
     target_out,
@@ -47,6 +48,7 @@ from punctual.control.access import worker_policy
 from punctual.control.ledger import MISSING, UPCOMING, LedgerFilter
 from punctual.domain.errors import InvalidInput
 from punctual.domain.fields import Instant, StrictCount
+from punctual.domain.figures import MAX_RECENT_FIRES, RECENT_FIRES
 from punctual.domain.findings import Finding, ReconcileReport
 from punctual.domain.occurrence import OccurrenceState
 from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
@@ -205,10 +207,21 @@ def list_schedules(
 
 @router.get(
     "/v1/schedules/<schedule_id>",
-    summary="Get a schedule and its next fires",
-    responses=answers(errors=_NO_SCHEDULE, headers=_ETAG),
+    summary="Get a schedule, its next fires and how its last fires went",
+    responses=answers(errors={400: "Invalid recent", **_NO_SCHEDULE}, headers=_ETAG),
 )
-def get_schedule(schedule_id: ScheduleId) -> Response[ScheduleDetailOut]:
+def get_schedule(
+    schedule_id: ScheduleId,
+    recent: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_RECENT_FIRES,
+            description="How many of the last fires the recent figures cover (0: none, "
+            "and no read of them).",
+        ),
+    ] = RECENT_FIRES,
+) -> Response[ScheduleDetailOut]:
     plane = context.plane()
     schedule = plane.get(_tenant(), schedule_id)
     fires = plane.next_fires(schedule)
@@ -217,6 +230,7 @@ def get_schedule(schedule_id: ScheduleId) -> Response[ScheduleDetailOut]:
             schedule=schedule_out(schedule, fires),
             next_fires=next_fires_out(fires),
             notes=fires.notes,
+            recent=recent_out(plane.recent(schedule, recent)) if recent else None,
         )
     )
 

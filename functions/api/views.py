@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from punctual.control.ledger import UPCOMING, LedgerAnswer, Upcoming, shown_state
 from punctual.control.plane import Affected, NextFires, Saved
 from punctual.dal.schedules import ScheduleVersion
+from punctual.domain.figures import RecentFigures, Spread
 from punctual.domain.ids import is_manual
 from punctual.domain.occurrence import Attempt, Occurrence
 from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
@@ -202,10 +203,68 @@ class SavedOut(BaseModel):
     )
 
 
+class SpreadOut(BaseModel):
+    count: int = Field(description="How many fires were measured.")
+    p50_seconds: int
+    p99_seconds: int = Field(description="The 99th percentile, nearest rank.")
+    max_seconds: int
+
+
+class OutcomesOut(BaseModel):
+    succeeded: int
+    retried: int = Field(description="Took more than one attempt (whatever its state).")
+    dead: int
+    missed: int = Field(
+        description="MISSED occurrences, and the fires of the misfire episodes counted."
+    )
+    skipped: int = Field(description="SKIPPED_OVERLAP.")
+    canceled: int
+    open: int = Field(description="Not ended yet: SCHEDULED, RUNNING or RETRY_WAIT.")
+
+
+class FailureOut(BaseModel):
+    occurrence_id: str | None = Field(
+        description="null for fires the misfire policy recorded MISSED (none was made)."
+    )
+    scheduled_for: str
+    at: str = Field(description="When: the attempt's end (or start), else the fire's due time.")
+    what: str = Field(description="An attempt's outcome (RETRY, DEAD, LOST) or DEAD, MISSED.")
+    error: str | None = Field(description="The worker's error, or the reason recorded.")
+
+
+class RecentOut(BaseModel):
+    fires: int = Field(
+        description="How many fires these figures cover: the last `recent` fires scheduled by "
+        "now (manual runs left out), and the fires of the misfire episodes among them."
+    )
+    since: str | None = Field(description="The earliest of them (UTC); null if none.")
+    receivable_lag: SpreadOut | None = Field(
+        description="How late each message became receivable after its due time "
+        "(max(enqueued_at, available_at) - available_at), over the fires a worker claimed. "
+        "null if none was."
+    )
+    start_lag: SpreadOut | None = Field(
+        description="From each fire's due time to its first attempt's start, by the worker's "
+        "clock (negative if that clock is behind). null if no fire was claimed."
+    )
+    outcomes: OutcomesOut
+    last_failure: FailureOut | None = Field(
+        description="The latest failed attempt, DEAD or MISSED among these fires; null if none."
+    )
+    unreadable: int = Field(
+        description="Items under the schedule's key that are not occurrences Punctual wrote "
+        "(a worker wrote them), left out."
+    )
+
+
 class ScheduleDetailOut(BaseModel):
     schedule: ScheduleOut
     next_fires: list[NextFireOut] = Field(description=_NEXT_FIRES)
     notes: list[str]
+    recent: RecentOut | None = Field(
+        description="How the last fires went (docs/operations.md, *A schedule's recent "
+        "fires*); null when the request asked for none (recent=0)."
+    )
 
 
 class ScheduleListOut(BaseModel):
@@ -379,6 +438,43 @@ class MetaOut(BaseModel):
 class PreviewOut(BaseModel):
     fires: list[FireOut]
     notes: list[str]
+
+
+def _spread_out(found: Spread | None) -> SpreadOut | None:
+    if found is None:
+        return None
+    return SpreadOut(
+        count=found.count, p50_seconds=found.p50, p99_seconds=found.p99, max_seconds=found.max
+    )
+
+
+def recent_out(figures: RecentFigures) -> RecentOut:
+    failure = figures.last_failure
+    return RecentOut(
+        fires=figures.fires,
+        since=_iso(figures.since),
+        receivable_lag=_spread_out(figures.receivable_lag),
+        start_lag=_spread_out(figures.start_lag),
+        outcomes=OutcomesOut(
+            succeeded=figures.succeeded,
+            retried=figures.retried,
+            dead=figures.dead,
+            missed=figures.missed,
+            skipped=figures.skipped,
+            canceled=figures.canceled,
+            open=figures.open,
+        ),
+        last_failure=None
+        if failure is None
+        else FailureOut(
+            occurrence_id=failure.occurrence_id,
+            scheduled_for=utc_text(failure.scheduled_for),
+            at=utc_text(failure.at),
+            what=failure.what,
+            error=failure.error,
+        ),
+        unreadable=figures.unreadable,
+    )
 
 
 def version_out(version: ScheduleVersion) -> VersionOut:

@@ -498,3 +498,30 @@ def test_reconciler_counts_a_tenants_forged_backfill_records_and_reads_only_its_
     assert report.counts[Finding.SUCCEEDED] == 2
     assert result.redriven == []
     assert messages(aws, "alice") == []
+
+
+def test_schedule_figures_leave_out_what_bobs_worker_wrote_and_alices_are_untouched(
+    both: tuple[Api, Api], aws: Services, clock: Clock
+):
+    # GIVEN bob's one-shot, due and relayed, whose item's attempt history bob's worker
+    # replaced with a string, and a forged item under his schedule's key; and alice's one
+    # fire, due and relayed
+    made = one_shot(aws, clock, tenant="bob")
+    hers = one_shot(aws, clock, tenant="alice")
+    clock.advance(30)
+    assert Relay(aws).relay([record(aws, made, 1), record(aws, hers, 2)]).sent == 2
+    sid = occurrence_key(made)["schedule_id"]
+    bobs_worker(aws).write(
+        aws.settings.occurrences_table, to_dynamo(occurrence_key(made)), {"attempts": {"S": "x"}}
+    )
+    plant(aws, sid, int(clock.now) - 10, ONLY_STATE)
+    alice_api, bob_api = both
+    # WHEN each reads its schedule
+    bobs = bob_api.get(f"/v1/schedules/{sid}")
+    alices = alice_api.get(f"/v1/schedules/{occurrence_key(hers)['schedule_id']}")
+    # THEN bob's answers, both items counted unreadable and no fire; alice's has her fire
+    assert bobs.status == 200, bobs.body
+    assert (bobs.body["recent"]["fires"], bobs.body["recent"]["unreadable"]) == (0, 2)
+    assert alices.status == 200, alices.body
+    assert (alices.body["recent"]["fires"], alices.body["recent"]["unreadable"]) == (1, 0)
+    assert alices.body["recent"]["outcomes"]["open"] == 1

@@ -6,6 +6,7 @@ logged: tests/unit/test_sim_oracle.py)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,7 @@ from punctual.control.plane import ControlPlane
 from punctual.dal.common import from_dynamo, to_dynamo
 from punctual.dal.schedules import version_to_item
 from punctual.dal.tables import occurrence_key
+from punctual.domain.figures import Failure
 from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
 from punctual.domain.ledger import LedgerEntry, LedgerPage
@@ -158,6 +160,9 @@ def test_simulation_short_run_under_every_fault_keeps_the_contract(
     assert verdict.ledger_items > 0
     # ... and schedules' DST choices fired where only the choice fires (docs/time.md)
     assert verdict.dst_moved > 0
+    # ... and schedules' recent figures were read through the faults, with runs to measure
+    assert verdict.figures_reads > 0
+    assert any(r.figures.start_lag for r in run.figures_reads)
     assert verdict.ledger_checked > 0
     # AND no invariant is violated
     assert not verdict.violations, "\n".join(stories(run, verdict))
@@ -306,6 +311,18 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
         ),
         purge_at=run.end + 86400,
     )
+    # ... and a schedule's figures, read by its tenant, count a fire twice, count more DEAD
+    # than ended so, and name as its last failure a fire not among the schedule's
+    read = next(r for r in run.figures_reads if r.tenant != run.hostile)
+    figures = read.figures
+    stranger = occurrence_id(read.schedule_id, 1, run.start - 86400)
+    run.figures_reads += [
+        replace(read, figures=replace(figures, open=figures.open + 1)),
+        replace(
+            read, figures=replace(figures, dead=figures.dead + 10**6, open=figures.open - 10**6)
+        ),
+        replace(read, figures=replace(figures, last_failure=Failure(stranger, 0, 0, "DEAD", None))),
+    ]
     verdict = check(run)
     # THEN the oracle names each one
     assert {"missing", "unowned", "early", "quota_count"} <= set(verdict.violations), dict(
@@ -315,5 +332,8 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
     assert verdict.violations["version_without_change"] == 1, dict(verdict.violations)
     assert verdict.violations["ledger_dead_unlisted"] == clean.ledger_checked
     assert verdict.violations["ledger_other_tenant"] == 1
+    assert verdict.violations["figures_sum"] == 1
+    assert verdict.violations["figures_overcounted"] == 1
+    assert verdict.violations["figures_failure_unknown"] == 1
     canceled = verdict.examples["canceled_without_change"]
     assert any(renamed["occurrence_id"]["S"] in e for e in canceled), canceled

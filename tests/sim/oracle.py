@@ -63,9 +63,10 @@ from pydantic import ValidationError
 
 from punctual.dal.common import from_dynamo
 from punctual.dal.ledger import CHECKED, page_from_item
-from punctual.dal.occurrences import occurrence_from_item
+from punctual.dal.occurrences import first_claim, occurrence_from_item
 from punctual.dal.schedules import ScheduleVersion, minute_load_of, missed_ranges_of
 from punctual.dal.tables import OCCURRENCE_PREFIX, SCHEDULE_CURRENT, occurrence_key
+from punctual.domain.figures import RecentFigures, receivable_lag
 from punctual.domain.ids import backfill_tag, occurrence_name, schedule_key_prefix
 from punctual.domain.ledger import LedgerEntry
 from punctual.domain.occurrence import TERMINAL, Lane, Occurrence, OccurrenceState
@@ -109,6 +110,7 @@ class Verdict:
     # Fires found stored at an instant only the schedule's DST choice gives (a gap's end, the
     # later or second instant of a repeated wall time): where the choice was honoured.
     dst_moved: int = 0
+    figures_reads: int = 0  # schedules' recent figures read by their honest tenants, checked
     # The required fires the oracle checked and found stored (what a deletion must break).
     found: set[str] = field(default_factory=set)
     violations: Counter[str] = field(default_factory=Counter)
@@ -161,6 +163,7 @@ def check(run: Run) -> Verdict:
     keys: set[tuple[str, str]] = set()  # every occurrence item's key, readable or not
     payloads: dict[str, Any] = {}  # the payload of each occurrence stored to be sent
     ended: dict[str, int] = {}  # when each occurrence's last attempt finished, if it did
+    started: dict[str, int] = {}  # when each occurrence's first attempt started, if it did
     for item in _scan(run, settings.occurrences_table):
         if not str(item["sk"]).startswith(OCCURRENCE_PREFIX):
             continue
@@ -173,6 +176,8 @@ def check(run: Run) -> Verdict:
             finished = _finished(item.get("attempts"))
             if finished is not None:
                 ended[occurrence.occurrence_id] = finished
+            if (claimed := first_claim(item)) is not None:
+                started[occurrence.occurrence_id] = claimed
         except (ValidationError, KeyError, ValueError, TypeError):
             if _hostile(run, str(item["schedule_id"])):
                 verdict.hostile_items += 1
@@ -203,6 +208,7 @@ def check(run: Run) -> Verdict:
     _check_quota(verdict, run, current)
     _check_ledger(verdict, run, current, {sid: stored[sid] for sid in honest}, ended)
     _check_ledger_reads(verdict, run, {o.occurrence_id: o for sid in honest for o in stored[sid]})
+    _check_figures_reads(verdict, run, {sid: stored[sid] for sid in honest}, started)
     for failure in run.hostile_failures:
         verdict.flag("hostile_failed_a_batch", failure)
     return verdict
@@ -957,3 +963,71 @@ def _check_ledger_reads(
         if hours != sorted(set(hours)):
             verdict.flag("ledger_read_hours", what)
         verdict.ledger_items += len(read.items)
+
+
+def _check_figures_reads(
+    verdict: Verdict, run: Run, stored: dict[str, list[Occurrence]], started: dict[str, int]
+) -> None:
+    """What honest tenants' reads of a schedule's recent figures said, against the
+    occurrences stored at the end: every fire counted once (the outcomes add up to the
+    fires); no more fires than asked and stored in the window read (a manual run is no fire);
+    an ended outcome never counted more often than the window's occurrences ended so (an
+    ended state never changes; a read may be stale, so fewer is allowed); no lag longer than
+    any stored there; and the last failure one of the schedule's own fires, ended as it said
+    when it said it ended."""
+    for read in run.figures_reads:
+        if read.tenant == run.hostile:
+            continue  # (it answered: its own bad items are counted, not an error)
+        verdict.figures_reads += 1
+        f, what = read.figures, f"{read.schedule_id} at {read.at}"
+        total = f.succeeded + f.dead + f.missed + f.skipped + f.canceled + f.open
+        if total != f.fires:
+            verdict.flag("figures_sum", f"{what}: {total} counted of {f.fires}")
+        since = read.at if f.since is None else f.since
+        window = [
+            o
+            for o in stored.get(read.schedule_id, [])
+            if since <= o.scheduled_for <= read.at and _manual(o) is None
+        ]
+        fires_read = f.fires - f.missed  # at least the items read (an episode's are missed)
+        if fires_read > min(read.count, len(window)):
+            verdict.flag("figures_more_than_stored", f"{what}: {fires_read} of {len(window)}")
+        ended = Counter(o.state for o in window)
+        shown = {S.SUCCEEDED: f.succeeded, S.DEAD: f.dead, S.SKIPPED_OVERLAP: f.skipped}
+        for state, count in (shown | {S.CANCELED: f.canceled}).items():
+            if count > ended[state]:
+                verdict.flag("figures_overcounted", f"{what}: {count} {state} of {ended[state]}")
+        _check_figures_lags(verdict, what, f, window, started)
+        _check_figures_failure(verdict, what, f, {o.occurrence_id: o for o in window})
+
+
+def _check_figures_lags(
+    verdict: Verdict,
+    what: str,
+    f: RecentFigures,
+    window: list[Occurrence],
+    started: dict[str, int],
+) -> None:
+    longest = max((lag for o in window if (lag := receivable_lag(o)) is not None), default=None)
+    if f.receivable_lag is not None and (longest is None or f.receivable_lag.max > longest):
+        verdict.flag("figures_lag", f"{what}: receivable {f.receivable_lag.max} > {longest}")
+    starts = [
+        started[o.occurrence_id] - o.available_at for o in window if o.occurrence_id in started
+    ]
+    if f.start_lag is not None and (not starts or f.start_lag.max > max(starts)):
+        verdict.flag(
+            "figures_lag", f"{what}: start {f.start_lag.max} > {max(starts, default=None)}"
+        )
+
+
+def _check_figures_failure(
+    verdict: Verdict, what: str, f: RecentFigures, window: dict[str, Occurrence]
+) -> None:
+    failure = f.last_failure
+    if failure is None or failure.occurrence_id is None:
+        return
+    found = window.get(failure.occurrence_id)
+    if found is None:
+        verdict.flag("figures_failure_unknown", f"{what}: {failure.occurrence_id}")
+    elif failure.what in (S.DEAD, S.MISSED) and _ended_otherwise(failure.what, found):
+        verdict.flag("figures_failure_state", f"{what}: {failure.what}, is {found.state}")

@@ -26,6 +26,8 @@ from punctual.dal.common import to_dynamo, values
 from punctual.dal.schedules import PAYLOAD_MARK, payload_bytes
 from punctual.dal.tables import current_key
 from punctual.domain.errors import PunctualError
+from punctual.domain.figures import RecentFigures
+from punctual.domain.ids import tenant_of_schedule
 from punctual.domain.ledger import LedgerEntry
 from punctual.domain.schedule import MAX_PAYLOAD_BYTES, ScheduleDefinition, ScheduleState
 from punctual.domain.tenancy import Quotas
@@ -112,6 +114,18 @@ class LedgerRead:
     hours: tuple[tuple[int, int], ...]  # (hour, shards checked)
 
 
+@dataclass(frozen=True)
+class FiguresRead:
+    """A tenant's read of one of its schedules' recent figures (GET /v1/schedules/{id},
+    ``recent``): which, when, how many fires asked, and what it answered."""
+
+    tenant: str
+    schedule_id: str
+    at: int
+    count: int
+    figures: RecentFigures
+
+
 class Tenants:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -122,6 +136,9 @@ class Tenants:
         # it did before schedules had one.
         self.dst_rng = random.Random(sim.config.seed * 7933 + DST_DRAWS)
         self.schedule_ids: list[str] = []
+        # The figures reads' fault draws: an RNG of their own (swapped into the shared
+        # faults for each read), so the world's faults fall where they did before them.
+        self.figures_faults_rng = random.Random(sim.config.seed * 7949 + 17)
 
     def bootstrap(self) -> None:
         plane = ControlPlane(self.sim.services("api"))
@@ -440,6 +457,41 @@ class Tenants:
         done = LedgerRead(tenant, now, since, until, tuple(items), tuple(hours))
         self.sim.run_record.ledger_reads.append(done)
         self.sim.run_record.counts["ledger_read"] += 1
+
+    def read_figures(self, rng: random.Random) -> None:
+        """A tenant reads one of its schedules' recent figures (the hostile tenant too, of
+        its own schedules, whose items it wrote malformed): through the faulty clients,
+        retried as a client would; logged for the oracle."""
+        hostile = self.sim.evil.schedule_ids if self.sim.evil else []
+        ids = self.schedule_ids + hostile
+        if not ids:
+            return
+        sid = rng.choice(ids)
+        tenant = tenant_of_schedule(sid)
+        count = rng.choice([1, 5, 100])
+        if tenant is None:
+            return
+        clock, skew = self.sim.clock, self.sim.skew_of("api")
+        services = Services(
+            self.sim.dynamodb,
+            self.sim.faulty_sqs,
+            self.sim.region,
+            lambda: clock.now + skew,
+            sleep=lambda _: None,
+            bad_items=self.sim.run_record.bad_items,
+        )
+        plane = ControlPlane(services)
+        faults = self.sim.faults
+        world_draws, faults.rng = faults.rng, self.figures_faults_rng
+        try:
+            figures = self.call("figures", lambda: plane.recent(plane.get(tenant, sid), count))
+        finally:
+            faults.rng = world_draws
+        if figures is not None:
+            # (``at``: the instant the read's figures end, by the API's clock)
+            read = FiguresRead(tenant, sid, int(clock.now + skew), count, figures)
+            self.sim.run_record.figures_reads.append(read)
+            self.sim.run_record.counts["figures_read"] += 1
 
 
 def _shown(item: LedgerEntry | Upcoming) -> str:

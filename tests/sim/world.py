@@ -59,7 +59,7 @@ from punctual_client.worker import core as worker_core
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS
 from tests.sim.hostile import Hostile
 from tests.sim.sqs import SimSQS
-from tests.sim.tenants import Backfill, LedgerRead, Tenants, Trigger
+from tests.sim.tenants import Backfill, FiguresRead, LedgerRead, Tenants, Trigger
 from tests.sim.workers import Delivered, Event, HandlerRun, Workers
 
 MINUTE = 60
@@ -80,6 +80,7 @@ DRAIN_SECONDS = 3 * HOUR  # after the faults stop: the reconciler covers every h
 STEP_BUDGET = 55  # seconds of its minute a step may take (long runs): the next starts at 60
 HOME, OTHER = "us-east-1", "us-west-2"
 LEDGER_READS_PER_HOUR = 6  # tenants reading their ledger (GET /v1/occurrences)
+FIGURES_READS_PER_HOUR = 12  # tenants reading a schedule's recent figures (GET /v1/schedules/{id})
 ZOMBIE_SECONDS = 10 * MINUTE  # the failed region's materializer ticks on this long
 HOSTILE = "evil"
 TAKE_OVER_TRIES = 30
@@ -170,6 +171,7 @@ class Run:
     remapped_at: int | None = None  # when the relay's mappings were made anew
     other: Settings | None = None  # the region that takes over (its own ledger table)
     ledger_reads: list[LedgerRead] = field(default_factory=list)  # what tenants' reads listed
+    figures_reads: list[FiguresRead] = field(default_factory=list)  # schedules' figures read
 
     @property
     def backfilled_ids(self) -> set[str]:
@@ -272,6 +274,7 @@ class Simulation:
         )
         # (Its own generator: the run's draws, and so every earlier seed's world, unchanged.)
         self.ledger_rng = random.Random(config.seed * 7919 + 11)
+        self.figures_rng = random.Random(config.seed * 7937 + 13)
         self._skews: dict[str, int] = {}
         self.outages = self._outages()
         span = self.end - self.start
@@ -324,6 +327,10 @@ class Simulation:
             sleep=lambda _: None,  # (simulated time: a back-off's pause takes none)
             bad_items=self.run_record.bad_items,
         )
+
+    def skew_of(self, component: str) -> int:
+        """The clock skew ``component`` runs with (0 before its first services())."""
+        return self._skews.get(component, 0)
 
     def advance(self, seconds: float) -> bool:
         """Move the clock on within the current minute (a long handler run); False once the
@@ -411,6 +418,8 @@ class Simulation:
                 self.requests.change()
             if self.ledger_rng.random() < LEDGER_READS_PER_HOUR / 60:
                 self.requests.read_ledger(self.ledger_rng)
+            if self.figures_rng.random() < FIGURES_READS_PER_HOUR / 60:
+                self.requests.read_figures(self.figures_rng)
             if self.evil is not None:
                 self.evil.act()
         if now % HOUR == 5 * MINUTE and (draining or self.up("reconciler")):

@@ -805,3 +805,45 @@ def test_cli_dst_flags_set_and_keep_the_schedules_dst_choice(
             "target": "default",
         },
     ]
+
+
+RECENT = {
+    "fires": 3,
+    "since": "2026-12-06T10:00:00Z",
+    "receivable_lag": {"count": 2, "p50_seconds": 0, "p99_seconds": 1, "max_seconds": 1},
+    "start_lag": None,
+    "outcomes": {"succeeded": 1, "retried": 1, "dead": 1, "missed": 0, "open": 1},
+    "last_failure": {
+        "occurrence_id": "occ_2",
+        "scheduled_for": "2026-12-06T10:01:00Z",
+        "at": "2026-12-06T10:01:05Z",
+        "what": "DEAD",
+        "error": "Traceback\n  boom",
+    },
+    "unreadable": 0,
+}
+
+
+def test_cli_get_asks_for_the_recent_fires_and_says_how_they_went(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+):
+    # GIVEN a schedule whose GET says how its last fires went
+    answer = {"schedule": SCHEDULE, "next_fires": [], "notes": [], "recent": RECENT}
+    api.answers[("GET", "/v1/schedules/x")] = answer
+    # WHEN `get` asks for its last 5 fires' figures
+    code, out, err = _run(["get", "x", "--recent", "5"], capsys)
+    # THEN the API was asked for 5, and the figures are three lines, the error on one
+    assert (code, err) == (0, "")
+    assert api.calls == [("GET", "/v1/schedules/x", {"recent": 5})]
+    assert out.splitlines()[1:] == [
+        "  recent  3 fires since 2026-12-06T10:00:00Z: succeeded 1, retried 1, dead 1, "
+        "missed 0, open 1",
+        "  lag     receivable p50 0 s, p99 1 s, max 1 s; handler start none measured",
+        "  failed  DEAD at 2026-12-06T10:01:05Z (occ_2): Traceback boom",
+    ]
+    # AND without the flag the API's default applies; with 0 none is shown
+    _run(["get", "x"], capsys)
+    assert api.calls[-1] == ("GET", "/v1/schedules/x", {})
+    api.answers[("GET", "/v1/schedules/x")] = answer | {"recent": None}
+    code, out, _ = _run(["get", "x", "--recent", "0"], capsys)
+    assert (code, out.count("\n")) == (0, 1)

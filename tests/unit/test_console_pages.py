@@ -82,6 +82,7 @@ class FakeApi:
         self.schedules: list[dict[str, Any]] = []
         self.occurrences: list[dict[str, Any]] = []
         self.next_fires: dict[str, list[dict[str, Any]]] = {}
+        self.recent: dict[str, dict[str, Any]] = {}  # each schedule's GET's ``recent``
         self.ledger: list[dict[str, Any]] = []  # GET /v1/occurrences's pages, in order
         self.reads: list[tuple[str, str, dict[str, Any]]] = []
 
@@ -117,7 +118,9 @@ class Reader:
             schedule_id = path.rsplit("/", 1)[1]
             found = next(s for s in self.api.schedules if s["schedule_id"] == schedule_id)
             fires = self.api.next_fires.get(schedule_id, [])
-            return {"schedule": found, "next_fires": fires, "notes": []}
+            assert query == {"recent": 100}
+            recent = self.api.recent.get(schedule_id)
+            return {"schedule": found, "next_fires": fires, "notes": [], "recent": recent}
         raise AssertionError(f"the fake API has no GET {path}")
 
     def post(self, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
@@ -354,6 +357,41 @@ def test_a_schedules_page_says_its_daylight_saving_choice(
     # THEN the choice is said in words
     assert status == 200
     assert f"<dt>daylight saving</dt><dd>{said}</dd>" in body
+
+
+def test_a_schedules_page_shows_how_its_last_fires_went(console: Console, api: FakeApi):
+    # GIVEN a schedule whose GET says how its last fires went, a failure among them
+    api.schedules = [schedule(1, "nightly")]
+    spread = {"count": 40, "p50_seconds": 0, "p99_seconds": 2, "max_seconds": 3}
+    api.recent["sch_demo.s0001"] = {
+        "fires": 42,
+        "since": "2026-11-18T10:00:00Z",
+        "receivable_lag": spread,
+        "start_lag": spread | {"p50_seconds": 1, "max_seconds": 9},
+        "outcomes": {"succeeded": 39, "retried": 2, "dead": 1, "missed": 2, "open": 0},
+        "last_failure": {
+            "occurrence_id": "occ_x",
+            "scheduled_for": "2026-11-18T10:30:00Z",
+            "at": "2026-11-18T10:31:00Z",
+            "what": "DEAD",
+            "error": "permanent: <refused>",
+        },
+        "unreadable": 1,
+    }
+    # WHEN its page is opened
+    status, body = page(console, "/console/schedules/sch_demo.s0001")
+    # THEN the figures are there, the worker's error escaped
+    assert status == 200
+    assert "<h2>How the last 100 fires went</h2>" in body
+    assert "<dt>fires</dt><dd>42 since 2026-11-18 10:00:00 UTC</dd>" in body
+    assert "<dt>receivable lag</dt><dd>p50 0 s · p99 2 s · max 3 s (40 fires)</dd>" in body
+    assert "<dt>handler start lag</dt><dd>p50 1 s · p99 2 s · max 9 s (40 fires)</dd>" in body
+    assert "<dd>succeeded 39 · retried 2 · dead 1 · missed 2 · open 0</dd>" in body
+    assert "DEAD at 2026-11-18 10:31:00 UTC: permanent: &lt;refused&gt; <code>occ_x</code>" in body
+    assert "<dt>unreadable items</dt>" in body
+    # AND a schedule with no fire due yet says so
+    api.recent["sch_demo.s0001"] = api.recent["sch_demo.s0001"] | {"fires": 0}
+    assert "<p>No fire due yet.</p>" in page(console, "/console/schedules/sch_demo.s0001")[1]
 
 
 # --- the last hour: every schedule, and the lag page's groups ---------------------------

@@ -149,8 +149,15 @@ def _add_schedule_commands(add: _AddCommand) -> None:
     spec_flags(update, required=False)
     _definition_flags(update)
 
+    get = add("get", "a schedule, its next fires and how its last fires went")
+    get.add_argument("schedule_id", metavar="ID")
+    get.add_argument(
+        "--recent",
+        type=int,
+        metavar="N",
+        help="how many of the last fires the figures cover (default 100, at most 500; 0: none)",
+    )
     for name, text in (
-        ("get", "a schedule and its next fires"),
         ("pause", "pause a schedule"),
         ("resume", "resume a schedule"),
         ("cancel", "cancel a schedule"),
@@ -388,6 +395,8 @@ def _print_schedule(found: dict[str, Any]) -> None:
             f"  missed  {episode['count']} fire(s) of v{episode['version']} "
             f"{episode['first']} .. {episode['last']} (misfire policy)"
         )
+    if found.get("recent"):
+        _print_recent(found["recent"])
     for occurrence in found.get("materialized", []):
         print(f"  made  {occurrence['occurrence_id']}  {occurrence['scheduled_for']}")
     for occurrence in found.get("affected", []):
@@ -411,6 +420,32 @@ def _print_backfill(found: dict[str, Any]) -> None:
     )
     if found["occurrences"]:
         _print_occurrences(found["occurrences"])
+
+
+def _spread(name: str, found: dict[str, int] | None) -> str:
+    if found is None:
+        return f"{name} none measured"
+    return (
+        f"{name} p50 {found['p50_seconds']} s, p99 {found['p99_seconds']} s, "
+        f"max {found['max_seconds']} s"
+    )
+
+
+def _print_recent(recent: dict[str, Any]) -> None:
+    """How the last fires went (the GET's ``recent``), in three lines at most."""
+    outcomes = ", ".join(f"{name} {count}" for name, count in recent["outcomes"].items())
+    since = f" since {recent['since']}" if recent["since"] else ""
+    print(f"  recent  {recent['fires']} fires{since}: {outcomes}")
+    if recent["fires"]:
+        lags = f"{_spread('receivable', recent['receivable_lag'])}; "
+        print(f"  lag     {lags}{_spread('handler start', recent['start_lag'])}")
+    failure = recent["last_failure"]
+    if failure is not None:
+        named = f" ({failure['occurrence_id']})" if failure["occurrence_id"] else ""
+        error = _flat_text(failure["error"] or "")
+        print(f"  failed  {failure['what']} at {failure['at']}{named}: {error}")
+    if recent["unreadable"]:
+        print(f"  unreadable  {recent['unreadable']} items under its key (a worker wrote them)")
 
 
 def _emit(args: argparse.Namespace, value: Any, human: Callable[[Any], None]) -> None:
@@ -565,7 +600,8 @@ def _update(client: Client, args: argparse.Namespace) -> None:
 
 
 def _get(client: Client, args: argparse.Namespace) -> None:
-    _emit(args, _flat(client.get(_schedule(args))), _print_schedule)
+    query = {} if args.recent is None else {"recent": args.recent}
+    _emit(args, _flat(client.get(_schedule(args), **query)), _print_schedule)
 
 
 def _pause_or_resume(client: Client, args: argparse.Namespace) -> None:

@@ -36,6 +36,7 @@ from punctual.domain.errors import (
     QuotaExceeded,
     Retryable,
 )
+from punctual.domain.figures import RecentFigures, recent_figures
 from punctual.domain.ids import (
     available_at,
     minute_of,
@@ -657,6 +658,12 @@ class ControlPlane:
         )
         missed = [e for e in schedule.missed if e.first <= until and e.last >= since]
         return found, missed, next_token
+
+    def recent(self, schedule: Schedule, count: int) -> RecentFigures:
+        """How the schedule's last ``count`` fires scheduled by now went (punctual.domain.figures):
+        from their stored items and its misfire episodes, nothing written."""
+        latest = self.occurrences.latest_fires(schedule.schedule_id, until=self._now(), count=count)
+        return recent_figures(latest.fires, schedule.missed, latest.unreadable)
 
     def occurrence(self, tenant_id: str, occurrence_id: str) -> tuple[Occurrence, list[Attempt]]:
         found = self.occurrences.get_with_attempts(occurrence_id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from punctual.dal.common import (
@@ -28,7 +28,7 @@ from punctual.dal.tables import (
     occurrence_sk,
 )
 from punctual.domain.errors import Conflict
-from punctual.domain.ids import occurrence_id
+from punctual.domain.ids import MANUAL_MARK, occurrence_id
 from punctual.domain.occurrence import Attempt, Occurrence, OccurrenceState
 from punctual.domain.schedule import PayloadNotRead
 
@@ -148,6 +148,17 @@ def attempt_from_item(occurrence_id: str, entry: Item) -> Attempt:
     return Attempt(**fields, occurrence_id=occurrence_id)
 
 
+def with_attempts(item: Item) -> tuple[Occurrence, list[Attempt]]:
+    """The occurrence an item holds and its attempts, oldest first (its ``attempts``
+    history: the worker writes it with each claim and completion); one of UNPARSABLE when
+    either is not what Punctual writes."""
+    occurrence = occurrence_from_item(item)
+    history = item.get("attempts") or []
+    if not isinstance(history, list):
+        raise Unreadable("its attempts are not a list")
+    return occurrence, [attempt_from_item(occurrence.occurrence_id, a) for a in history]
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """A schedule's occurrences in a range of instants, and the ids that the keys of the
@@ -156,6 +167,25 @@ class Window:
 
     occurrences: list[Occurrence]
     unreadable: list[str]
+
+
+EXAMINED_PER_FIRE = 4  # items a read of the latest fires examines per fire asked, at most
+
+
+@dataclass(slots=True)
+class LatestFires:
+    """A schedule's latest fires, each with its attempts, and how many items there were
+    unreadable (counted in BadItems too)."""
+
+    fires: list[tuple[Occurrence, list[Attempt]]] = field(default_factory=list)
+    unreadable: int = 0
+
+    def add(self, item: Item, bad: BadItems, table: str) -> None:
+        try:
+            self.fires.append(with_attempts(item))
+        except UNPARSABLE as error:
+            bad.skip(table, item, error)
+            self.unreadable += 1
 
 
 def _sk_range(since: int, until: int) -> tuple[str, str]:
@@ -313,8 +343,7 @@ class OccurrenceStore:
         if item is None:
             return None
         try:
-            attempts = [attempt_from_item(occurrence_id, a) for a in item.get("attempts") or ()]
-            return occurrence_from_item(item), attempts
+            return with_attempts(item)
         except UNPARSABLE as error:
             self._bad.skip(self.table, item, error)
             return None
@@ -406,6 +435,34 @@ class OccurrenceStore:
             ConsistentRead=consistent,
         )
         return self._page(page)
+
+    def latest_fires(self, schedule_id: str, *, until: int, count: int) -> LatestFires:
+        """Up to ``count`` of the schedule's fires scheduled at or before ``until``, latest
+        first, each with its attempts; manual runs (run now, backfill) left out, and at most
+        ``EXAMINED_PER_FIRE * count`` items examined, so a large backfill or a tenant's junk
+        under the schedule's key bounds the read rather than lengthening it. Eventually
+        consistent: these are figures to show, and a fire ended a moment ago may still
+        show open (the next read has it)."""
+        found = LatestFires()
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            **_between(schedule_id, 0, until),
+            "ScanIndexForward": False,
+            "Limit": count,
+        }
+        examined = 0
+        while len(found.fires) < count and examined < EXAMINED_PER_FIRE * count:
+            page = self._client.query(**request)
+            for raw in page["Items"]:
+                examined += 1
+                item = from_dynamo(raw)
+                if MANUAL_MARK in str(item.get("sk", "")) or len(found.fires) == count:
+                    continue
+                found.add(item, self._bad, self.table)
+            if "LastEvaluatedKey" not in page:
+                break
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return found
 
     def get(self, occurrence_id: str) -> Occurrence | None:
         """The occurrence, strongly consistent; None if there is none (or its item is
