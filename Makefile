@@ -140,8 +140,12 @@ run: $(RUN_STAMP) tools ## the whole system on this machine with a demo (Ctrl-C 
 e2e: install tools ## only the end-to-end tests (the local stack in a subprocess)
 	$(BIN)/pytest tests/e2e -q
 
-bench: install tools ## N strict schedules due in one minute through the whole local pipeline
+bench: install tools ## N strict schedules due in one minute through the whole local pipeline, then the start precision (bench-start)
 	$(BIN)/python -m scripts.bench_pipeline $(BENCH_ARGS)
+	$(BIN)/python -m scripts.bench_start
+
+bench-start: install tools ## start precision: a worker's handler start against its instant, with and without early delivery
+	$(BIN)/python -m scripts.bench_start $(BENCH_ARGS)
 
 bench-time: install ## fires planned per second: cached planner vs naive croniter
 	$(BIN)/python scripts/bench_time.py

@@ -26,6 +26,7 @@ from api.views import (
     TargetIn,
     TargetListOut,
     TargetOut,
+    TargetPatchIn,
     TenantListOut,
     TenantOut,
     TriggerOut,
@@ -659,7 +660,20 @@ def preview_spec(body: PreviewIn) -> PreviewOut:
     status_code=201,
 )
 def create_target(body: TargetIn) -> TargetOut:
-    return target_out(context.plane().create_target(_tenant(), body.name))
+    plane = context.plane()
+    return target_out(plane.create_target(_tenant(), body.name, early_delivery=body.early_delivery))
+
+
+@router.patch(
+    "/v1/targets/<name>",
+    summary="Turn a target's early delivery on or off",
+    responses=answers(
+        errors={400: "Invalid early_delivery", 404: "The tenant has no target of this name"},
+        body=True,
+    ),
+)
+def update_target(name: Annotated[str, Path(max_length=64)], body: TargetPatchIn) -> TargetOut:
+    return target_out(context.plane().set_early_delivery(_tenant(), name, body.early_delivery))
 
 
 @router.get("/v1/targets", summary="The tenant's targets", responses=answers())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from punctual.control.ledger import UPCOMING, LedgerAnswer, Upcoming, shown_state
 from punctual.control.plane import Affected, NextFires, Saved
@@ -392,8 +392,22 @@ class LedgerOut(BaseModel):
     next_token: str | None
 
 
+_EARLY_DELIVERY = (
+    "Its consumers run the worker SDK, which holds a message until its instant: a message "
+    "may become receivable up to 1 s before its available_at, so that the handler starts "
+    "on the instant (docs/worker.md, *Starting on the instant*). false: never before it."
+)
+
+
 class TargetIn(BaseModel):
     name: str = Field(pattern=TARGET_NAME_PATTERN)
+    early_delivery: bool = Field(default=False, strict=True, description=_EARLY_DELIVERY)
+
+
+class TargetPatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    early_delivery: bool = Field(strict=True, description=_EARLY_DELIVERY)
 
 
 class TargetOut(BaseModel):
@@ -403,6 +417,7 @@ class TargetOut(BaseModel):
     dlq_url: str
     dlq_arn: str
     created_at: str
+    early_delivery: bool = Field(description=_EARLY_DELIVERY)
 
 
 class TargetListOut(BaseModel):
@@ -590,7 +605,9 @@ def occurrence_detail_out(occurrence: Occurrence, attempts: list[Attempt]) -> Oc
 
 def target_out(target: Target) -> TargetOut:
     return TargetOut(
-        **target.model_dump(include={"name", "queue_url", "queue_arn", "dlq_url", "dlq_arn"}),
+        **target.model_dump(
+            include={"name", "queue_url", "queue_arn", "dlq_url", "dlq_arn", "early_delivery"}
+        ),
         created_at=target.created_at.isoformat(),
     )
 

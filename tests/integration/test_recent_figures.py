@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.occurrences import EXAMINED_PER_FIRE, OccurrenceStore

@@ -160,6 +160,14 @@ def test_simulation_short_run_under_every_fault_keeps_the_contract(
     assert verdict.ledger_items > 0
     # ... and schedules' DST choices fired where only the choice fires (docs/time.md)
     assert verdict.dst_moved > 0
+    # ... and targets with early delivery were sent to (their delays rounded down), and most
+    # runs were started by workers that measured their clocks' offsets: those must never
+    # start before the instant by the true clock, whatever the skews. (A message is early
+    # here only by a relay's clock ahead: the world's time is whole seconds, so rounding
+    # down delays nothing; this seed's relay runs behind, and the holds are proved by
+    # tests/integration/worker/test_start_on_instant.py.)
+    assert run.counts["early_delivery_targets"] > 0
+    assert verdict.estimated_runs > verdict.runs // 2
     # ... and schedules' recent figures were read through the faults, with runs to measure
     assert verdict.figures_reads > 0
     assert any(r.figures.start_lag for r in run.figures_reads)
@@ -256,6 +264,7 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
             state="ACTIVE",
             overlap=OverlapPolicy.ALLOW,
             ended=1.0,
+            estimated=True,  # (and its worker knew its clock's offset: early by the true clock)
         )
     )
     forged = {"not": "this version's"}
@@ -325,9 +334,9 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
     ]
     verdict = check(run)
     # THEN the oracle names each one
-    assert {"missing", "unowned", "early", "quota_count"} <= set(verdict.violations), dict(
+    assert {"missing", "unowned", "early", "early_start", "quota_count"} <= set(
         verdict.violations
-    )
+    ), dict(verdict.violations)
     assert verdict.violations["wrong_payload"] == 2, dict(verdict.violations)
     assert verdict.violations["version_without_change"] == 1, dict(verdict.violations)
     assert verdict.violations["ledger_dead_unlisted"] == clean.ledger_checked

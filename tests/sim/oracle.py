@@ -111,6 +111,7 @@ class Verdict:
     # later or second instant of a repeated wall time): where the choice was honoured.
     dst_moved: int = 0
     figures_reads: int = 0  # schedules' recent figures read by their honest tenants, checked
+    estimated_runs: int = 0  # runs whose worker knew its clock's offset (never early: checked)
     # The required fires the oracle checked and found stored (what a deletion must break).
     found: set[str] = field(default_factory=set)
     violations: Counter[str] = field(default_factory=Counter)
@@ -652,6 +653,13 @@ def _check_runs(verdict: Verdict, run: Run, overlap: dict[tuple[str, int], Overl
         # beyond that, early is a bug.
         if r.started + run.skew < r.available:
             verdict.flag("early", f"{r.occurrence_id} ran at {r.started}, available {r.available}")
+        # A worker that measured its clock's offset holds a message received before its
+        # instant (early delivery, a relay's clock ahead) until then: by the true clock.
+        if r.estimated and r.started < r.available:
+            verdict.flag(
+                "early_start", f"{r.occurrence_id} ran at {r.started}, available {r.available}"
+            )
+        verdict.estimated_runs += r.estimated
         if r.current != r.version or r.state not in (
             ScheduleState.ACTIVE.value,
             ScheduleState.COMPLETED.value,

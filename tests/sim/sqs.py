@@ -3,8 +3,10 @@
 Standard queues as SQS documents them, for the calls Punctual makes: per-message
 DelaySeconds (at most 900 s), visibility timeouts, receive counts and the redrive policy's
 move to the dead-letter queue, receipt handles that change with every receive (a stale
-handle cannot delete), SentTimestamp and ApproximateReceiveCount. Time is the injected
-clock's, so a DelaySeconds of 900 passes as soon as the simulation moves its clock.
+handle cannot delete), SentTimestamp, ApproximateReceiveCount and
+ApproximateFirstReceiveTimestamp (by the simulation's true clock: what a worker measures
+its clock's offset against). Time is the injected clock's, so a DelaySeconds of 900 passes
+as soon as the simulation moves its clock.
 Unordered delivery and duplicate receipts, which SQS allows, are left to the faults layer.
 """
 
@@ -35,6 +37,7 @@ class _Message:
     visible_at: float
     receives: int = 0
     handle: str | None = None
+    first_received: float | None = None  # ApproximateFirstReceiveTimestamp
 
 
 @dataclass
@@ -177,6 +180,8 @@ class SimSQS:
                 self._dead_letter(queue, message, redrive["deadLetterTargetArn"])
                 continue
             message.receives += 1
+            if message.first_received is None:
+                message.first_received = now
             message.visible_at = now + timeout
             message.handle = f"{message.message_id}:{message.receives}"
             got.append(
@@ -188,6 +193,7 @@ class SimSQS:
                     "Attributes": {
                         "SentTimestamp": str(int(message.sent_at * 1000)),
                         "ApproximateReceiveCount": str(message.receives),
+                        "ApproximateFirstReceiveTimestamp": str(int(message.first_received * 1000)),
                     },
                 }
             )

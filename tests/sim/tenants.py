@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 MINUTE = 60
 HOUR = 3600
+EARLY_DELIVERY_SHARE = 0.5  # of the tenants, whose default target has early delivery
 DAY = 86400
 ZONES = (
     "UTC",
@@ -139,6 +140,9 @@ class Tenants:
         # The figures reads' fault draws: an RNG of their own (swapped into the shared
         # faults for each read), so the world's faults fall where they did before them.
         self.figures_faults_rng = random.Random(sim.config.seed * 7949 + 17)
+        # Which tenants' targets take messages early (their workers hold them to the
+        # instant): an RNG of its own too.
+        self.early_rng = random.Random(sim.config.seed * 7951 + 19)
 
     def bootstrap(self) -> None:
         plane = ControlPlane(self.sim.services("api"))
@@ -152,6 +156,9 @@ class Tenants:
                 ),
             )
             plane.create_target(tenant, "default")
+            if self.early_rng.random() < EARLY_DELIVERY_SHARE:
+                plane.set_early_delivery(tenant, "default", True)
+                self.sim.run_record.counts["early_delivery_targets"] += 1
         self._meets_a_transition()
 
     def _meets_a_transition(self) -> None:

@@ -59,6 +59,10 @@ class HandlerRun:
     lapsed: bool = False
     stopped: bool = False  # a heartbeat said False: the handler stopped
     died: bool = False  # its worker was killed mid-run
+    # Its worker knew its clock's offset from SQS's when it started the run (measured from
+    # first receives): it holds a message until its instant by the true clock, so it must
+    # never start one early, whatever the skews.
+    estimated: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ class Workers:
             self._handler,
             lease_seconds=LEASE_SECONDS,
             rng=random.Random(self.rng.getrandbits(64)),
+            hold=self._hold,
         )
         url = self.sim.sqs.get_queue_url(QueueName=queue_name("punctual", tenant, "default"))
         return QueueConsumer(worker, url["QueueUrl"], wait_seconds=0, threads=1)
@@ -176,6 +181,12 @@ class Workers:
         )
         self.sim.run_record.counts[f"worker_{result.outcome.value.lower()}"] += 1
 
+    def _hold(self, seconds: float) -> None:
+        """A worker holding a message received before its instant: the time passes (within
+        the minute being run; a hold that cannot reach the instant puts the message back)."""
+        self.sim.run_record.counts["worker_held"] += 1
+        self.sim.advance(seconds)
+
     # --- the handler ----------------------------------------------------------------------
 
     def _handler(self, job: Job) -> None:
@@ -192,6 +203,8 @@ class Workers:
             stored.schedule.state.value if stored else "",
             stored.schedule.overlap if stored else OverlapPolicy.ALLOW,
         )
+        worker = job._worker
+        run.estimated = worker.skew.offset(worker.services.now()) is not None
         sim.run_record.runs.append(run)
         sim.run_record.events.append(
             Event(sim.clock.now, run.schedule_id, run.occurrence_id, "START")

@@ -847,3 +847,27 @@ def test_cli_get_asks_for_the_recent_fires_and_says_how_they_went(
     api.answers[("GET", "/v1/schedules/x")] = answer | {"recent": None}
     code, out, _ = _run(["get", "x", "--recent", "0"], capsys)
     assert (code, out.count("\n")) == (0, 1)
+
+
+def test_cli_targets_take_early_delivery_at_creation_and_by_update(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+):
+    target = {"name": "fast", "queue_url": "https://q/fast", "early_delivery": True}
+    api.answers[("POST", "/v1/targets")] = target
+    api.answers[("PATCH", "/v1/targets/fast")] = target | {"early_delivery": False}
+    # WHEN a target is created with early delivery, then turned off
+    code, out, _ = _run(["targets", "create", "fast", "--early-delivery"], capsys)
+    assert (code, out) == (0, "fast  https://q/fast  early delivery\n")
+    code, out, _ = _run(["targets", "update", "fast", "--early-delivery", "off"], capsys)
+    assert (code, out) == (0, "fast  https://q/fast\n")
+    # THEN the API was asked exactly that; a create without the flag asks for none
+    _run(["targets", "create", "fast"], capsys)
+    assert [(c[0], c[1]) for c in api.calls] == [
+        ("POST", "/v1/targets"),
+        ("PATCH", "/v1/targets/fast"),
+        ("POST", "/v1/targets"),
+    ]
+    # AND an update needs on or off: exit 2, one line
+    code, _, err = _run(["targets", "update", "fast", "--early-delivery", "yes"], capsys)
+    assert code == 2
+    _one_line(err, "punctual: error: argument --early-delivery: invalid choice: 'yes'")

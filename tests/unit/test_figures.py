@@ -126,7 +126,7 @@ def test_no_fire_claimed_has_no_lag_and_no_fire_no_since() -> None:
     figures = recent_figures([(occ(T0, S.SCHEDULED), [])], [])
     assert (figures.receivable_lag, figures.start_lag, figures.last_failure) == (None, None, None)
     empty = recent_figures([], [])
-    assert (empty.fires, empty.since, empty.open) == (0, None, 0)
+    assert (empty.fires, empty.since, empty.open, empty.unreadable) == (0, None, 0, 0)
 
 
 def test_an_episode_among_the_fires_read_counts_its_fires_missed() -> None:
@@ -143,7 +143,11 @@ def test_an_episode_among_the_fires_read_counts_its_fires_missed() -> None:
     failure = figures.last_failure
     assert failure is not None
     assert (failure.occurrence_id, failure.at, failure.what) == (None, T0 + 600, "MISSED")
+    assert failure.scheduled_for == T0 + 600
     assert failure.error == "12 fires of version 1 recorded MISSED by the misfire policy"
+    # One that ends at the earliest fire read (another version's fire of that instant) counts.
+    edge = MissedEpisode(version=2, first=T0 - 60, last=T0, count=2)
+    assert recent_figures(read, [edge]).missed == 2
     # No fire read: every episode kept is counted.
     alone = recent_figures([], [before])
     assert (alone.fires, alone.missed, alone.since) == (15, 15, T0 - 900)
@@ -205,3 +209,16 @@ def test_the_latest_failure_wins_across_fires_ties_by_the_later_fire() -> None:
     failure = recent_figures(read[:2], []).last_failure
     assert failure is not None
     assert failure.error == "late failure of an early fire"
+
+
+def test_two_versions_fires_of_one_instant_failing_in_one_second_give_one_failure() -> None:
+    # (a change made both versions' fires of one instant: the same instant and failure time)
+    first = tried(occ(T0, S.DEAD), (T0 + 1, T0 + 5, A.DEAD, "v1"))
+    second = occ(T0, S.DEAD).model_copy(
+        update={"occurrence_id": occurrence_id(SID, 2, T0), "schedule_version": 2}
+    )
+    failure = recent_figures(
+        [first, tried(second, (T0 + 2, T0 + 5, A.DEAD, "v2"))], []
+    ).last_failure
+    assert failure is not None
+    assert failure.error == "v1"  # the first read (the newest first: the read's order)

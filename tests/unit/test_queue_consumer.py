@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
 from punctual_client.worker import QueueConsumer, Worker
+from punctual_client.worker.clock import ClockSkew
 from punctual_client.worker.core import Outcome
 from tests.log_lines import plain_lines
 
@@ -59,8 +60,10 @@ class Sqs:
 
 
 def consumer(script: list[Exception | dict[str, Any]], stop: Stop) -> QueueConsumer:
-    # Only its services' SQS client is used by a poll that receives nothing.
-    worker = cast(Worker, SimpleNamespace(services=SimpleNamespace(sqs=Sqs(script, stop))))
+    # Only its services' SQS client and clock, and its clock skew, are used by a poll that
+    # receives nothing.
+    services = SimpleNamespace(sqs=Sqs(script, stop), now=lambda: 0.0)
+    worker = cast(Worker, SimpleNamespace(services=services, skew=ClockSkew()))
     return QueueConsumer(worker, QUEUE, wait_seconds=1)
 
 

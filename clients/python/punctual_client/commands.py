@@ -134,6 +134,13 @@ def _add_target_commands(add: _AddCommand, endpoint_flags: argparse.ArgumentPars
     target_commands = targets.add_subparsers(dest="action", required=True)
     create_target = target_commands.add_parser("create", parents=[endpoint_flags])
     create_target.add_argument("name", metavar="NAME")
+    early = (
+        "its consumers run the worker SDK: messages may arrive up to 1 s early, held to the instant"
+    )
+    create_target.add_argument("--early-delivery", action="store_true", help=early)
+    update_target = target_commands.add_parser("update", parents=[endpoint_flags])
+    update_target.add_argument("name", metavar="NAME")
+    update_target.add_argument("--early-delivery", required=True, choices=["on", "off"], help=early)
     target_commands.add_parser("list", parents=[endpoint_flags])
 
 
@@ -488,7 +495,8 @@ def _print_versions(versions: list[dict[str, Any]]) -> None:
 
 
 def _print_target(target: dict[str, Any]) -> None:
-    print(f"{target['name']}  {target['queue_url']}")
+    early = "  early delivery" if target.get("early_delivery") else ""
+    print(f"{target['name']}  {target['queue_url']}{early}")
 
 
 def _segment(value: str, name: str) -> str:
@@ -573,7 +581,13 @@ def _worker_policy(client: Client, args: argparse.Namespace) -> None:
 
 def _targets(client: Client, args: argparse.Namespace) -> None:
     if args.action == "create":
-        target = client.post("/v1/targets", {"name": args.name})
+        target = client.post(
+            "/v1/targets", {"name": args.name, "early_delivery": args.early_delivery}
+        )
+        _emit(args, target, _print_target)
+    elif args.action == "update":
+        path = f"/v1/targets/{_segment(args.name, 'NAME')}"
+        target = client.call("PATCH", path, {"early_delivery": args.early_delivery == "on"})
         _emit(args, target, _print_target)
     else:
         found = client.get("/v1/targets")["targets"]

@@ -33,6 +33,8 @@ from punctual_client.worker.core import (
 # The pause after a failed poll (SQS unreachable, credentials expired): 1 s, doubling up to
 # 30 s while polls keep failing (``tries`` is not used: a consumer polls until stopped).
 POLL_BACKOFF = Backoff(tries=1, base=1.0, cap=30.0)
+# The host clock's offset from SQS's is logged when it moves by more than this.
+SKEW_LOG_SECONDS = 0.1
 
 
 def _failure_kind(error: Exception) -> str:
@@ -63,15 +65,22 @@ class QueueConsumer:
         self.on_result = on_result or (lambda delivery, result: None)
         self.poll_backoff = poll_backoff
         self.rng = rng or random.Random()
+        self._logged_offset = 0.0  # the offset last logged (0: none logged, none to say)
 
     def poll_once(self) -> list[Result]:
         sqs = self.worker.services.sqs
+        called = self.worker.services.now()
         received = sqs.receive_message(
             QueueUrl=self.queue_url,
             MaxNumberOfMessages=10,
             WaitTimeSeconds=self.wait_seconds,
-            MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+            MessageSystemAttributeNames=[
+                "ApproximateReceiveCount",
+                "SentTimestamp",
+                "ApproximateFirstReceiveTimestamp",
+            ],
         ).get("Messages", [])
+        self._measure_skew(received, called, self.worker.services.now())
         deliveries = [
             Delivery(
                 body=m["Body"],
@@ -98,6 +107,26 @@ class QueueConsumer:
         for delivery, result in zip(deliveries, results, strict=True):
             self.on_result(delivery, result)
         return results
+
+    def _measure_skew(self, received: list[dict[str, Any]], called: float, answered: float) -> None:
+        """Each first receive's stamp bounds the host clock's offset from SQS's (within
+        this call: punctual_client.worker.clock); the estimate is logged when it moves."""
+        for m in received:
+            attributes = m.get("Attributes", {})
+            stamp = attributes.get("ApproximateFirstReceiveTimestamp")
+            if stamp and attributes.get("ApproximateReceiveCount") == "1":
+                self.worker.skew.observe(int(stamp) / 1000, called, answered)
+        found = self.worker.skew.offset(answered)
+        if found is not None and abs(found.low - self._logged_offset) > SKEW_LOG_SECONDS:
+            self._logged_offset = found.low
+            logger.info(
+                "clock offset from SQS measured",
+                extra={
+                    "offset_low_ms": round(found.low * 1000, 1),
+                    "offset_high_ms": round(found.high * 1000, 1),
+                    "samples": found.samples,
+                },
+            )
 
     def _process(self, delivery: Delivery) -> Result:
         """One delivery; a failure of its own (DynamoDB or SQS unreachable past their

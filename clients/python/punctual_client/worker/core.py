@@ -9,6 +9,7 @@ occurrence that is finished, stale (its schedule changed) or canceled.
 from __future__ import annotations
 
 import json
+import math
 import random
 import secrets
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from punctual.backoff import Backoff
+from punctual.backoff import Backoff, Sleep
 from punctual.dal.common import ConditionFailed, Label
 from punctual.dal.runs import (
     RunLease,
@@ -36,6 +37,7 @@ from punctual.domain.occurrence import TERMINAL, AttemptOutcome, OccurrenceState
 from punctual.domain.policies import OverlapPolicy, RetryPolicy
 from punctual.domain.schedule import OWNS_FIRES, ScheduleState
 from punctual.observability import logger
+from punctual_client.worker.clock import ClockSkew
 from punctual_client.worker.wiring import WorkerServices
 
 # Re-reads after a lost race before the message is left for a later delivery.
@@ -58,6 +60,9 @@ MAX_VISIBILITY = 43_200 - 60
 # and holds the wait slot this long past each try (a worker that dies waiting frees it).
 QUEUE_RETRY_SECONDS = 5
 QUEUE_WAIT_SECONDS = 60
+# A message received at most this long before its instant is held (the handler's thread
+# waits); one further ahead is put back, visible again at its instant.
+MAX_HOLD_SECONDS = 5.0
 
 
 class PermanentError(Exception):
@@ -77,6 +82,8 @@ class Outcome(StrEnum):
     THROTTLED = "THROTTLED"  # the tenant's concurrency limit is reached: visible again later
     LEASE_LOST = "LEASE_LOST"  # our lease expired and another worker took over
     REJECTED = "REJECTED"  # not an occurrence message of this tenant: to the DLQ
+    # Received further ahead of its instant than a worker holds one: visible again then.
+    EARLY = "EARLY"
     FAILED = "FAILED"  # processing raised (AWS unreachable past retries): the message stays
 
 
@@ -104,6 +111,7 @@ METRICS = {
     Outcome.THROTTLED: "ConcurrencyThrottled",
     Outcome.LEASE_LOST: "WorkerLeasesLost",
     Outcome.REJECTED: "Rejected",
+    Outcome.EARLY: "ReceivedEarly",
     Outcome.FAILED: "ProcessingFailed",
 }
 
@@ -217,6 +225,7 @@ class Worker:
         permanent: tuple[type[BaseException], ...] = (PermanentError, ValidationError),
         cancel_check_seconds: float = 5,
         rng: random.Random | None = None,
+        hold: Sleep | None = None,
     ) -> None:
         self.services = services
         self.tenant_id = tenant_id
@@ -233,6 +242,11 @@ class Worker:
         self._lock = threading.Lock()
         self._limit: tuple[int, float] | None = None
         self._dlqs: dict[str, str] = {}
+        # The host clock's offset from SQS's (the long-poll consumer feeds it), and how a
+        # message received before its instant is held until then (services.sleep unless
+        # given: the simulation's moves its clock).
+        self.skew = ClockSkew()
+        self.hold = hold or services.sleep
 
     def _now(self) -> int:
         return int(self.services.now())
@@ -271,12 +285,9 @@ class Worker:
             message = delivery.message()
         except (ValueError, ValidationError) as error:
             return self._rejected(delivery, f"unreadable message: {error}")
-        if message.tenant_id != self.tenant_id:
-            return self._rejected(delivery, f"a message of tenant {message.tenant_id}")
-        if tenant_of_schedule(message.schedule_id) != self.tenant_id:
-            # Its key is another tenant's (a forged item's message): whatever its tenant_id
-            # field says, this worker neither reads nor runs another tenant's occurrence.
-            return self._rejected(delivery, "a message of another tenant's schedule")
+        not_now = self._not_ours(delivery, message) or self._held_until_due(message)
+        if not_now is not None:
+            return not_now
         for _ in range(CLAIM_ATTEMPTS):
             step = self._claim(delivery, message)
             if isinstance(step, Claimed):
@@ -284,6 +295,33 @@ class Worker:
             if step is not None:
                 return step
         return Result(Outcome.IN_PROGRESS, "contended; left for a later delivery", self._later())
+
+    def _not_ours(self, delivery: Delivery, message: Message) -> Result | None:
+        if message.tenant_id != self.tenant_id:
+            return self._rejected(delivery, f"a message of tenant {message.tenant_id}")
+        if tenant_of_schedule(message.schedule_id) != self.tenant_id:
+            # Its key is another tenant's (a forged item's message): whatever its tenant_id
+            # field says, this worker neither reads nor runs another tenant's occurrence.
+            return self._rejected(delivery, "a message of another tenant's schedule")
+        return None
+
+    def _early_by(self, message: Message) -> float:
+        """How long before the message's instant (its available_at) the true time can be
+        now: the host's clock corrected by the least offset from SQS's it measured."""
+        return message.available_at.timestamp() - self.skew.true_now(self.services.now())
+
+    def _held_until_due(self, message: Message) -> Result | None:
+        """A message received before its instant (a target with early delivery, or a clock
+        behind) is held until then, so its handler never starts early and starts on the
+        instant; one further ahead than MAX_HOLD_SECONDS (or still ahead after the hold) is
+        left in the queue, visible again at its instant. None: due, go on."""
+        ahead = self._early_by(message)
+        if 0 < ahead <= MAX_HOLD_SECONDS:
+            self.hold(ahead)
+            ahead = self._early_by(message)
+        if ahead <= 0:
+            return None
+        return Result(Outcome.EARLY, f"due in {ahead:.3f} s", max(1, math.ceil(ahead)))
 
     def _claim(self, delivery: Delivery, message: Message) -> Result | Claimed | None:
         """A refusal, a claim to run under, or None when a race was lost (read again)."""

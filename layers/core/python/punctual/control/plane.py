@@ -180,8 +180,11 @@ class ControlPlane:
     def tenant_of(self, principal_arn: str) -> str:
         return self.admin.tenant_of(principal_arn)
 
-    def create_target(self, tenant_id: str, name: str) -> Target:
-        return self.admin.create_target(tenant_id, name)
+    def create_target(self, tenant_id: str, name: str, *, early_delivery: bool = False) -> Target:
+        return self.admin.create_target(tenant_id, name, early_delivery=early_delivery)
+
+    def set_early_delivery(self, tenant_id: str, name: str, early: bool) -> Target:
+        return self.tenants.set_early_delivery(tenant_id, name, early)
 
     def bind_principal(self, principal_arn: str, tenant_id: str) -> Tenant:
         return self.admin.bind_principal(principal_arn, tenant_id)

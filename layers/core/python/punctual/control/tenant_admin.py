@@ -47,7 +47,7 @@ class TenantAdmin:
             raise Forbidden("this principal is not bound to a tenant")
         return tenant_id
 
-    def create_target(self, tenant_id: str, name: str) -> Target:
+    def create_target(self, tenant_id: str, name: str, *, early_delivery: bool = False) -> Target:
         if self.tenants.get_target(tenant_id, name, consistent=True):
             raise Conflict(f"target {name} already exists")
         principals = self.tenants.get(tenant_id).principals
@@ -60,6 +60,7 @@ class TenantAdmin:
             dlq_url=queues.dlq_url,
             dlq_arn=queues.dlq_arn,
             created_at=datetime.fromtimestamp(self._now(), UTC),
+            early_delivery=early_delivery,
         )
         self.tenants.put_target(target)
         # Race: a principal bound since the read above, whose bind listed the tenant's targets

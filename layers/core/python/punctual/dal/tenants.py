@@ -213,6 +213,23 @@ class TenantStore:
         except ConditionFailed:
             raise Conflict(f"target {target.name} already exists") from None
 
+    def set_early_delivery(self, tenant_id: str, name: str, early: bool) -> Target:
+        """Turns the target's early delivery on or off; NotFound for no such target."""
+        try:
+            found = self._client.update_item(
+                TableName=self.table,
+                Key=to_dynamo({"pk": f"T#{tenant_id}", "sk": f"TARGET#{name}"}),
+                UpdateExpression="SET early_delivery = :early",
+                # Race: an update of a name no target has (or not yet: a create still under
+                # way) would make an item of one attribute; it is refused, nothing written.
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues=values(early=early),
+                ReturnValues="ALL_NEW",
+            )
+        except ConditionFailed:
+            raise NotFound(f"target {name} not found") from None
+        return target_from_item(from_dynamo(found["Attributes"]))
+
     def get_target(self, tenant_id: str, name: str, *, consistent: bool = False) -> Target | None:
         """Eventually consistent unless asked: a miss is then only "not seen yet" for a target
         created a moment ago; callers that act on a miss read again consistently."""

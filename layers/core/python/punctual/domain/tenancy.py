@@ -45,6 +45,11 @@ class Tenant(BaseModel):
     manual_runs: int = 0
 
 
+# How long before its instant a message to a target with early delivery may become
+# receivable, at most: SQS delays in whole seconds, so a delay rounded down is early by less.
+EARLY_DELIVERY_SECONDS = 1
+
+
 class Target(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -55,6 +60,12 @@ class Target(BaseModel):
     dlq_url: str
     dlq_arn: str
     created_at: datetime
+    # Its consumers run the worker SDK, which holds a message until its instant: the relay
+    # may make a message receivable up to EARLY_DELIVERY_SECONDS before it, so that the
+    # handler starts at the instant rather than up to a second after (docs/worker.md,
+    # *Starting on the instant*). Off by default: a consumer that does not hold would run
+    # it early.
+    early_delivery: bool = False
 
 
 def strict_minute_load(definition: ScheduleDefinition, created_at: datetime) -> dict[int, int]:

@@ -58,10 +58,13 @@ class Refused(SendFailed):
     """SQS refused the message as the sender's fault: the same message fails every time."""
 
 
-def delay_seconds(available_at: int, now: float) -> int:
-    """Seconds SQS must hold the message so that it is receivable at ``available_at``."""
-    # Rounded up: a message may become receivable up to a second late, never early.
-    delay = max(0, math.ceil(available_at - now))
+def delay_seconds(available_at: int, now: float, *, early: bool = False) -> int:
+    """Seconds SQS must hold the message so that it is receivable at ``available_at``:
+    rounded up, up to a second late and never early; ``early`` (a target whose consumers
+    hold a message until its instant, Target.early_delivery), rounded down: up to a second
+    early (less than EARLY_DELIVERY_SECONDS), never late."""
+    ahead = available_at - now
+    delay = max(0, math.floor(ahead) if early else math.ceil(ahead))
     if delay > MAX_DELAY:
         raise DelayTooLong(f"available_at is {delay} s away; SQS delays at most {MAX_DELAY} s")
     return delay
@@ -116,6 +119,14 @@ def outbound(record_id: str, stored: StoredOccurrence) -> _Outbound:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a target's messages go, and whether they may arrive early (Target)."""
+
+    queue_url: str
+    early: bool = False
+
+
 class QueueDirectory:
     """(tenant, target) -> queue URL, bounded in size and age; None for an unknown target.
 
@@ -126,10 +137,16 @@ class QueueDirectory:
     def __init__(self, services: Services, size: int = QUEUE_CACHE_SIZE) -> None:
         self._s = services
         self._size = size
-        self._entries: OrderedDict[tuple[str, str], tuple[float, str | None]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], tuple[float, Route]] = OrderedDict()
         self._lock = threading.Lock()
 
     def url(self, tenant_id: str, target: str) -> str | None:
+        route = self.route(tenant_id, target)
+        return None if route is None else route.queue_url
+
+    def route(self, tenant_id: str, target: str) -> Route | None:
+        """The target's queue and whether it takes messages early (cached as the URL is: a
+        change of its early delivery applies within QUEUE_CACHE_SECONDS)."""
         key = (tenant_id, target)
         now = time.monotonic()
         with self._lock:
@@ -142,12 +159,13 @@ class QueueDirectory:
         )
         if resolved is None:
             return None
+        route = Route(resolved.queue_url, resolved.early_delivery)
         with self._lock:
-            self._entries[key] = (now, resolved.queue_url)
+            self._entries[key] = (now, route)
             self._entries.move_to_end(key)
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
-        return resolved.queue_url
+        return route
 
 
 def _replayed(record: dict[str, Any], found: _Outbound, started_at: int) -> bool:
@@ -225,19 +243,19 @@ class Relay:
                 report.refused += 1
                 continue
             try:
-                url = self.queues.url(item.occurrence.tenant_id, item.occurrence.target)
+                route = self.queues.route(item.occurrence.tenant_id, item.occurrence.target)
             except Retryable as error:
                 # DynamoDB throttled (or did not answer) the target's read, its SDK retries
                 # spent: this record comes back (a batch item failure), the rest of the batch
                 # goes on; a raise would fail every record of the batch.
                 report.failures[item.record_id] = error
                 continue
-            if url is None:
+            if route is None:
                 why = "the target does not exist (deleted or never created)"
                 report.dead += self._dead(item, why, report)
                 continue
             try:
-                item.delay = delay_seconds(item.occurrence.available_at, now)
+                item.delay = delay_seconds(item.occurrence.available_at, now, early=route.early)
             except DelayTooLong as error:
                 # Not a failure: a retried batch would meet it again and again, holding back
                 # every record after it on its stream shard (other tenants' too).
@@ -255,8 +273,8 @@ class Relay:
                 why = f"its message is over SQS's {MAX_BODY_BYTES} bytes"
                 report.undeliverable += self._dead(item, why, report)
                 continue
-            item.queue_url = url
-            by_queue.setdefault(url, []).append(item)
+            item.queue_url = route.queue_url
+            by_queue.setdefault(route.queue_url, []).append(item)
         # Fairness: every queue is sent concurrently, so one tenant's top-of-hour batch does
         # not hold back another tenant's occurrences; within a queue strict goes first.
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(by_queue)))) as pool:
