@@ -395,7 +395,9 @@ class LedgerOut(BaseModel):
 _EARLY_DELIVERY = (
     "Its consumers run the worker SDK, which holds a message until its instant: a message "
     "may become receivable up to 1 s before its available_at, so that the handler starts "
-    "on the instant (docs/worker.md, *Starting on the instant*). false: never before it."
+    "on the instant (docs/worker.md, *Starting on the instant*). false: never before it. A "
+    "change applies to what the relay sends within 5 minutes; messages already sent keep "
+    "their delays."
 )
 
 

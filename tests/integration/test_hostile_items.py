@@ -525,3 +525,49 @@ def test_schedule_figures_leave_out_what_bobs_worker_wrote_and_alices_are_untouc
     assert alices.status == 200, alices.body
     assert (alices.body["recent"]["fires"], alices.body["recent"]["unreadable"]) == (1, 0)
     assert alices.body["recent"]["outcomes"]["open"] == 1
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        {
+            "attempts": {
+                "L": [
+                    {
+                        "M": {
+                            "attempt_no": {"N": "1"},
+                            "started_at": {"N": "1795000000"},
+                            "lease_expires_at": {"N": "1"},
+                            "finished_at": {"N": "100000000000000"},
+                            "outcome": {"S": "RETRY"},
+                        }
+                    }
+                ]
+            }
+        },
+        {"state": {"S": "DEAD"}, "available_at": {"N": "100000000000000"}},
+        {"enqueued_at": {"N": "-100000000000000"}},
+    ],
+    ids=["attempt_far_ahead", "due_far_ahead", "sent_far_behind"],
+)
+def test_an_instant_no_date_can_show_makes_bobs_item_unreadable_not_his_answers_fail(
+    both: tuple[Api, Api], aws: Services, clock: Clock, written: dict[str, Any]
+):
+    # GIVEN bob's real occurrence whose item bob's worker gave an instant out of any
+    # calendar (its attempt's end, its due time, its send)
+    made = one_shot(aws, clock, tenant="bob")
+    clock.advance(30)
+    bobs_worker(aws).write(aws.settings.occurrences_table, to_dynamo(occurrence_key(made)), written)
+    _, bob_api = both
+    sid = occurrence_key(made)["schedule_id"]
+    # WHEN bob reads his schedule, its occurrences and that one
+    got = bob_api.get(f"/v1/schedules/{sid}")
+    listed = bob_api.get(f"/v1/schedules/{sid}/occurrences")
+    one = bob_api.get(f"/v1/occurrences/{made}")
+    # THEN each answers (no 500): the item counted unreadable and left out, not found (a
+    # listing, which shows no attempts, reads the occurrence without them)
+    assert got.status == 200, got.body
+    assert (got.body["recent"]["fires"], got.body["recent"]["unreadable"]) == (0, 1)
+    assert listed.status == 200, listed.body
+    assert len(listed.body["occurrences"]) == (1 if "attempts" in written else 0)
+    assert one.status == 404, one.body

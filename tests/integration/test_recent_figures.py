@@ -8,7 +8,7 @@ from typing import Any
 
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
-from punctual.dal.occurrences import EXAMINED_PER_FIRE, OccurrenceStore
+from punctual.dal.occurrences import EXAMINED_PER_FIRE, LATEST_PAGES, OccurrenceStore
 from punctual.dal.tables import occurrence_sk
 from punctual.services import Services
 from punctual_client.worker import Job, Outcome, PermanentError
@@ -167,3 +167,44 @@ def test_an_empty_page_mid_read_is_read_past_not_taken_for_the_end(
     # THEN the read went on past the empty page and found them, newest first
     assert client.queries == 2
     assert [o.scheduled_for for o, _ in found.fires] == [START + 240, START + 180, START + 120]
+
+
+class ShortPages:
+    """DynamoDB's Query answering at most 3 items a page (its 1 MB cap, large items), with a
+    key to go on from; counts the items handed out and the pages."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.items, self.pages = real, 0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def query(self, **request: Any) -> Any:
+        answer = dict(self.real.query(**request))
+        if len(answer["Items"]) > 3:
+            answer["Items"] = answer["Items"][:3]
+            last = answer["Items"][-1]
+            answer["LastEvaluatedKey"] = {"schedule_id": last["schedule_id"], "sk": last["sk"]}
+        self.items += len(answer["Items"])
+        self.pages += 1
+        return answer
+
+
+def test_short_pages_never_take_the_read_past_its_bounds(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN 5 fires due and, after them, more manual runs than a read of 2 fires examines
+    sid, _ = rate_schedule(aws, "rate(1 minute)")
+    clock.advance(240)
+    for n in range(EXAMINED_PER_FIRE * 2 + 3):
+        ControlPlane(aws).trigger("alice", sid, f"key-{n}")
+    client = ShortPages(aws.dynamodb)
+    # WHEN 2 fires are read through pages of 3
+    found = OccurrenceStore(client, aws.settings.occurrences_table).latest_fires(
+        sid, until=int(clock.now), count=2
+    )
+    # THEN it examined at most its bound, in at most its pages, and says it did not reach
+    # the schedule's first item
+    assert client.items <= EXAMINED_PER_FIRE * 2
+    assert client.pages <= LATEST_PAGES
+    assert (found.fires, found.reached) == ([], False)

@@ -137,14 +137,15 @@ def test_an_episode_among_the_fires_read_counts_its_fires_missed() -> None:
     before = MissedEpisode(version=1, first=T0 - 900, last=T0 - 60, count=15)
     within = MissedEpisode(version=1, first=T0 + 60, last=T0 + 540, count=9)
     # Ends at or after the earliest fire read: counted whole, and the window starts with it.
-    ending = MissedEpisode(version=1, first=T0 - 120, last=T0 + 600, count=12)
+    # (Another version's: its span may hold this version's fires.)
+    ending = MissedEpisode(version=2, first=T0 - 120, last=T0 + 600, count=12)
     figures = recent_figures(read, [before, within, ending])
     assert (figures.fires, figures.missed, figures.since) == (23, 21, T0 - 120)
     failure = figures.last_failure
     assert failure is not None
     assert (failure.occurrence_id, failure.at, failure.what) == (None, T0 + 600, "MISSED")
     assert failure.scheduled_for == T0 + 600
-    assert failure.error == "12 fires of version 1 recorded MISSED by the misfire policy"
+    assert failure.error == "12 fires of version 2 recorded MISSED by the misfire policy"
     # One that ends at the earliest fire read (another version's fire of that instant) counts.
     edge = MissedEpisode(version=2, first=T0 - 60, last=T0, count=2)
     assert recent_figures(read, [edge]).missed == 2
@@ -222,3 +223,26 @@ def test_two_versions_fires_of_one_instant_failing_in_one_second_give_one_failur
     ).last_failure
     assert failure is not None
     assert failure.error == "v1"  # the first read (the newest first: the read's order)
+
+
+def test_a_backfilled_fire_of_an_episode_is_counted_once() -> None:
+    # GIVEN an episode of 3 missed fires, one of which a backfill made later (its own id)
+    episode = MissedEpisode(version=1, first=T0 + 60, last=T0 + 180, count=3)
+    read = [
+        tried(occ(T0 + 240), (T0 + 241, T0 + 242, A.SUCCEEDED, None)),
+        tried(occ(T0 + 120), (T0 + 900, T0 + 901, A.SUCCEEDED, None)),  # the backfilled one
+        tried(occ(T0), (T0 + 1, T0 + 2, A.SUCCEEDED, None)),
+    ]
+    figures = recent_figures(read, [episode])
+    # THEN 5 fires: 3 made (succeeded), 2 missed; not 6
+    assert (figures.fires, figures.succeeded, figures.missed) == (5, 3, 2)
+    # AND an episode whose every fire was made later is no failure
+    whole = MissedEpisode(version=1, first=T0 + 120, last=T0 + 120, count=1)
+    assert recent_figures(read, [whole]).last_failure is None
+
+
+def test_with_no_fire_read_episodes_count_only_if_the_read_reached_the_first_item() -> None:
+    episode = MissedEpisode(version=1, first=T0, last=T0 + 60, count=2)
+    assert recent_figures([], [episode], reached=True).missed == 2
+    # (stopped at its bound, behind manual runs: where the episode lies is not known)
+    assert recent_figures([], [episode], reached=False).missed == 0

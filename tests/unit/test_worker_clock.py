@@ -9,57 +9,112 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from punctual_client.worker.clock import KEEP_SECONDS, RESOLUTION, ClockSkew, Offset
+from punctual_client.worker.clock import (
+    KEEP_SECONDS,
+    MAX_DRIFT,
+    RESOLUTION,
+    ClockSkew,
+    Offset,
+)
 
 T = 1_800_000_000.0
 
 
+class Host:
+    """A host whose clock (``wall``) moves with its monotonic one unless stepped; the
+    ClockSkew under test sees its monotonic clock."""
+
+    def __init__(self) -> None:
+        self.steady = 0.0
+        self.skew = ClockSkew(monotonic=lambda: self.steady)
+
+    def observe(self, stamp: float, called: float, answered: float, *, step: float = 0.0) -> None:
+        """A sample answered at ``answered`` by the wall clock; ``step``: how far the wall
+        clock was stepped since the last one (the monotonic clock did not move by it)."""
+        self.steady = answered - T - step
+        self.skew.observe(stamp, called, answered)
+
+
 def test_one_sample_bounds_the_offset_by_its_call() -> None:
-    skew = ClockSkew()
+    skew = Host().skew
     assert skew.offset(T) is None
     assert skew.true_now(T) == T  # no sample: the host's clock as it is
     # SQS stamped T + 2.1 (its clock) in a call made at T and answered at T + 0.3 (ours)
     skew.observe(T + 2.1, T, T + 0.3)
-    found = skew.offset(T + 1)
+    found = skew.offset(T + 0.3)
     assert found is not None
     assert math.isclose(found.low, 1.8, abs_tol=1e-5)
     assert math.isclose(found.high, 2.1 + RESOLUTION, abs_tol=1e-5)
     assert found.samples == 1
-    assert math.isclose(skew.true_now(T + 1), T + 2.8, abs_tol=1e-5)
+    assert math.isclose(skew.true_now(T + 0.3), T + 2.1, abs_tol=1e-5)
 
 
 def test_samples_intersect_and_the_tightest_call_decides() -> None:
-    skew = ClockSkew()
-    skew.observe(T + 10.5, T, T + 20)  # a long poll answered late: a loose bound
-    skew.observe(T + 30.0, T + 29.99, T + 30.01)  # answered at once: offset within 0.02
-    found = skew.offset(T + 31)
+    host = Host()
+    host.observe(T + 10.5, T, T + 20)  # a long poll answered late: a loose bound
+    host.observe(T + 30.0, T + 29.99, T + 30.01)  # answered at once: offset within 0.02
+    found = host.skew.offset(T + 30.01)
     assert found is not None
+    assert found.samples == 2
     assert math.isclose(found.low, -0.01, abs_tol=1e-5)
     assert math.isclose(found.high, 0.01 + RESOLUTION, abs_tol=1e-5)
     assert math.isclose(found.width, 0.02 + RESOLUTION, abs_tol=1e-5)
+    # (and the bounds widen with the samples' age, by the drift a clock may have)
+    later = host.skew.offset(T + 130.01)
+    assert later is not None
+    assert math.isclose(later.low, -0.01 - 100 * MAX_DRIFT, abs_tol=1e-5)
 
 
 def test_a_stepped_clock_starts_the_estimate_again() -> None:
-    skew = ClockSkew()
-    skew.observe(T, T - 0.01, T + 0.01)  # offset about 0
-    skew.observe(T + 65, T + 59.99, T + 60.01)  # about +5 s: contradicts it
-    found = skew.offset(T + 61)
+    host = Host()
+    host.observe(T, T - 0.01, T + 0.01)  # offset about 0
+    host.observe(T + 65, T + 59.99, T + 60.01)  # about +5 s: contradicts it
+    found = host.skew.offset(T + 61)
     assert found is not None
     assert found.samples == 1
     assert 4.9 < found.low < 5.0
 
 
+def test_a_step_is_caught_even_when_the_new_sample_does_not_contradict_the_old() -> None:
+    # GIVEN an offset of +0.5 s well measured, then the host's clock stepped 3 s ahead (true
+    # offset now -2.5 s), measured next by a long poll whose loose upper bound allows +0.5
+    host = Host()
+    host.observe(T + 0.5, T - 0.005, T + 0.005)
+    host.observe(T + 57.5, T + 40, T + 60, step=3.0)
+    # THEN the earlier sample is dropped: the lower bound is not left at +0.5 (which would
+    # put the worker's idea of now 3 s ahead: handlers started early)
+    found = host.skew.offset(T + 60)
+    assert found is not None
+    assert found.samples == 1
+    assert found.low <= -2.5
+
+
+def test_a_drifting_clock_never_leaves_the_lower_bound_above_the_offset() -> None:
+    # GIVEN a host clock slewed fast at 500 ppm, measured every 10 s by tight calls
+    host = Host()
+    offset = 0.0
+    for n in range(60):
+        wall = T + 10 * n
+        offset = -MAX_DRIFT * 10 * n  # SQS's time minus ours shrinks as ours runs fast
+        host.observe(wall + offset, wall - 0.002, wall + 0.002)
+        # THEN at every moment the lower bound is at most the true offset
+        found = host.skew.offset(wall + 0.002)
+        assert found is not None
+        assert found.low <= offset + 1e-6
+
+
 def test_samples_older_than_kept_are_dropped() -> None:
-    skew = ClockSkew()
+    skew = Host().skew
     skew.observe(T + 1, T, T + 0.01)
     assert skew.offset(T + KEEP_SECONDS - 1) is not None
     assert skew.offset(T + KEEP_SECONDS + 1) is None
 
 
 def test_a_sample_that_cannot_be_is_ignored() -> None:
-    skew = ClockSkew()
+    skew = Host().skew
     skew.observe(math.nan, T, T + 1)
     skew.observe(T, T + 2, T + 1)  # answered before it was called
+    skew.observe(T, -math.inf, T + 1)  # a call whose start is not known
     assert skew.offset(T) is None
 
 
@@ -74,14 +129,15 @@ def test_the_estimate_always_holds_the_true_offset(
 ) -> None:
     # GIVEN receive calls made at ``start`` (our clock), each lasting ``length``, SQS
     # stamping within it at the fraction ``at`` (its clock = ours + offset), in ms
-    skew = ClockSkew()
+    host = Host()
     latest = 0.0
     for start, length, at in sorted(calls):
         called = T + start
         answered = called + length
         stamp = math.floor((called + at * length + offset) * 1000) / 1000
-        skew.observe(stamp, called, answered)
+        host.observe(stamp, called, answered)
         latest = max(latest, answered)
+    skew = host.skew
     found = skew.offset(latest)
     # THEN the true offset is within the bounds (and so the true time is never before
     # true_now: the worker never starts early by it)

@@ -666,7 +666,9 @@ class ControlPlane:
         """How the schedule's last ``count`` fires scheduled by now went (punctual.domain.figures):
         from their stored items and its misfire episodes, nothing written."""
         latest = self.occurrences.latest_fires(schedule.schedule_id, until=self._now(), count=count)
-        return recent_figures(latest.fires, schedule.missed, latest.unreadable)
+        return recent_figures(
+            latest.fires, schedule.missed, latest.unreadable, reached=latest.reached
+        )
 
     def occurrence(self, tenant_id: str, occurrence_id: str) -> tuple[Occurrence, list[Attempt]]:
         found = self.occurrences.get_with_attempts(occurrence_id)

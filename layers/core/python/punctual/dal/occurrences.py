@@ -170,6 +170,9 @@ class Window:
 
 
 EXAMINED_PER_FIRE = 4  # items a read of the latest fires examines per fire asked, at most
+# Pages a read of the latest fires takes at most: items under a schedule's key may be up to
+# 400 KB each (a tenant's worker can write them), and a page is up to 1 MB.
+LATEST_PAGES = 4
 
 
 @dataclass(slots=True)
@@ -179,6 +182,7 @@ class LatestFires:
 
     fires: list[tuple[Occurrence, list[Attempt]]] = field(default_factory=list)
     unreadable: int = 0
+    reached: bool = False  # the read went back to the schedule's first item
 
     def add(self, item: Item, bad: BadItems, table: str) -> None:
         try:
@@ -439,8 +443,9 @@ class OccurrenceStore:
     def latest_fires(self, schedule_id: str, *, until: int, count: int) -> LatestFires:
         """Up to ``count`` of the schedule's fires scheduled at or before ``until``, latest
         first, each with its attempts; manual runs (run now, backfill) left out, and at most
-        ``EXAMINED_PER_FIRE * count`` items examined, so a large backfill or a tenant's junk
-        under the schedule's key bounds the read rather than lengthening it. Eventually
+        ``EXAMINED_PER_FIRE * count`` items examined in at most LATEST_PAGES pages, so a large
+        backfill or a tenant's junk under the schedule's key bounds the read rather than
+        lengthening it. Eventually
         consistent: these are figures to show, and a fire ended a moment ago may still
         show open (the next read has it)."""
         found = LatestFires()
@@ -448,11 +453,12 @@ class OccurrenceStore:
             "TableName": self.table,
             **_between(schedule_id, 0, until),
             "ScanIndexForward": False,
-            "Limit": count,
         }
-        examined = 0
-        while len(found.fires) < count and examined < EXAMINED_PER_FIRE * count:
-            page = self._client.query(**request)
+        examined, bound = 0, EXAMINED_PER_FIRE * count
+        for _ in range(LATEST_PAGES):
+            if len(found.fires) == count or examined == bound:
+                break
+            page = self._client.query(**request, Limit=min(count, bound - examined))
             for raw in page["Items"]:
                 examined += 1
                 item = from_dynamo(raw)
@@ -460,6 +466,7 @@ class OccurrenceStore:
                     continue
                 found.add(item, self._bad, self.table)
             if "LastEvaluatedKey" not in page:
+                found.reached = True
                 break
             request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         return found

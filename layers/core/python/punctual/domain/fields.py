@@ -53,6 +53,11 @@ def whole(value: object) -> object:
 # schema as minimum/maximum.)
 StrictCount = Annotated[int, Field(strict=True), BeforeValidator(whole)]
 
+EpochSeconds = Annotated[int, AfterValidator(in_calendar)]
+"""An instant in epoch seconds within Punctual's calendar: what a stored record's instants
+must be (a tenant's worker may write any number into its own items; one no date can show
+makes the item unreadable, counted, rather than failing whatever shows it)."""
+
 
 def _wall_time(text: str) -> str:
     # A re-plan and the reconciler read it back as a wall time: a tenant's worker may write

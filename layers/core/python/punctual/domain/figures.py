@@ -13,6 +13,7 @@ parse is counted in ``unreadable``, never an error.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -139,13 +140,23 @@ def recent_figures(
     read: Sequence[tuple[Occurrence, Sequence[Attempt]]],
     episodes: Sequence[MissedEpisode],
     unreadable: int = 0,
+    *,
+    reached: bool = True,
 ) -> RecentFigures:
     """The figures of the fires ``read`` (their occurrences, with attempts) and of the
     misfire episodes among them: an episode counts when it ends at or after the earliest
-    fire read (all of them when none was read), since its fires have no occurrence to read
-    (a fire recorded MISSED is never made; an episode's span holds no fire of another)."""
+    fire read, since its fires have no occurrence to read (a fire recorded MISSED is not
+    made, unless a backfill made it later: then it is read, and not counted twice). With
+    no fire read, every episode counts if the read ``reached`` the schedule's first item
+    (none: it stopped at its bound, the episodes' place among the fires is not known)."""
     since = min((o.scheduled_for for o, _ in read), default=None)
-    counted = [e for e in episodes if since is None or e.last >= since]
+    counted = [e for e in episodes if since is None or e.last >= since] if reached or read else []
+    # A fire of an episode made later all the same (a backfill gives it its own id) is read
+    # as an occurrence: counted there, not again as missed.
+    made = Counter(
+        e for e in counted for o, _ in read if e.covers(o.schedule_version, o.scheduled_for)
+    )
+    unmade = sum(max(0, e.count - made[e]) for e in counted)
     states = [o.state for o, _ in read]
     # The latest failure: by when, then by the later fire, then the later of one fire's.
     failures = [
@@ -153,18 +164,18 @@ def recent_figures(
         for o, attempts in read
         for n, f in enumerate(_failures(o, attempts))
     ]
-    failures += [((e.last, e.last, 0), _episode_failure(e)) for e in counted]
+    failures += [((e.last, e.last, 0), _episode_failure(e)) for e in counted if e.count > made[e]]
     lags = [lag for o, _ in read if (lag := receivable_lag(o)) is not None]
     starts = [lag for o, attempts in read if (lag := start_lag(o, attempts)) is not None]
     return RecentFigures(
-        fires=len(read) + sum(e.count for e in counted),
+        fires=len(read) + unmade,
         since=min([*(e.first for e in counted), *(o.scheduled_for for o, _ in read)], default=None),
         receivable_lag=spread(lags),
         start_lag=spread(starts),
         succeeded=states.count(OccurrenceState.SUCCEEDED),
         retried=sum(1 for o, _ in read if o.attempt_count > 1),
         dead=states.count(OccurrenceState.DEAD),
-        missed=states.count(OccurrenceState.MISSED) + sum(e.count for e in counted),
+        missed=states.count(OccurrenceState.MISSED) + unmade,
         skipped=states.count(OccurrenceState.SKIPPED_OVERLAP),
         canceled=states.count(OccurrenceState.CANCELED),
         open=sum(1 for s in states if s in OPEN),

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from punctual.domain.fields import Record, WallTime
+from punctual.domain.fields import EpochSeconds, Record, WallTime
 
 
 class OccurrenceState(StrEnum):
@@ -85,20 +85,20 @@ class Occurrence(Record):
     tenant_id: str
     schedule_id: str
     schedule_version: int = Field(ge=1)
-    scheduled_for: int = Field(description="Epoch seconds, UTC.")
-    available_at: int = Field(description="scheduled_for plus the deterministic jitter.")
+    scheduled_for: EpochSeconds = Field(description="Epoch seconds, UTC.")
+    available_at: EpochSeconds = Field(description="scheduled_for plus the deterministic jitter.")
     target: str
     state: OccurrenceState = OccurrenceState.SCHEDULED
     attempt_count: int = Field(default=0, ge=0)
     lease_token: str | None = None
-    lease_expires_at: int | None = None
-    enqueued_at: int | None = Field(
+    lease_expires_at: EpochSeconds | None = None
+    enqueued_at: EpochSeconds | None = Field(
         default=None,
         description="When the relay sent its message (SQS SentTimestamp), recorded by the "
         "worker's first claim.",
     )
     reason: str | None = Field(default=None, description="Why it is DEAD, MISSED or CANCELED.")
-    expires_at: int | None = Field(default=None, description="TTL: when retention ends.")
+    expires_at: EpochSeconds | None = Field(default=None, description="TTL: when retention ends.")
     local: WallTime | None = Field(
         default=None,
         description="The fire's local wall time in its schedule's zone, as planned (a "
@@ -120,8 +120,8 @@ class AttemptOutcome(StrEnum):
 class Attempt(Record):
     occurrence_id: str
     attempt_no: int = Field(ge=1)
-    started_at: int
-    lease_expires_at: int
-    finished_at: int | None = None
+    started_at: EpochSeconds
+    lease_expires_at: EpochSeconds
+    finished_at: EpochSeconds | None = None
     outcome: AttemptOutcome = AttemptOutcome.RUNNING
     error: str | None = None
