@@ -185,7 +185,7 @@ MODULES = {
         ("punctual_client.worker.",),
         # (the consumer's polls, back-off and log lines: tests/unit/test_queue_consumer.py)
         _tests("integration", "worker", "run_protocol", "hostile_items")
-        + _tests("unit", "queue_consumer"),
+        + _tests("unit", "queue_consumer", "worker_clock"),
     ),
     "reconciler": Module(
         ("punctual/pipeline/reconciler.py", "punctual/pipeline/ownership.py"),

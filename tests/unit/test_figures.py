@@ -238,7 +238,9 @@ def test_a_backfilled_fire_of_an_episode_is_counted_once() -> None:
     assert (figures.fires, figures.succeeded, figures.missed) == (5, 3, 2)
     # AND an episode whose every fire was made later is no failure
     whole = MissedEpisode(version=1, first=T0 + 120, last=T0 + 120, count=1)
-    assert recent_figures(read, [whole]).last_failure is None
+    made_later = recent_figures(read, [whole])
+    assert made_later.last_failure is None
+    assert (made_later.fires, made_later.missed) == (3, 0)
 
 
 def test_with_no_fire_read_episodes_count_only_if_the_read_reached_the_first_item() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -75,18 +76,30 @@ def test_a_stepped_clock_starts_the_estimate_again() -> None:
     assert 4.9 < found.low < 5.0
 
 
-def test_a_step_is_caught_even_when_the_new_sample_does_not_contradict_the_old() -> None:
-    # GIVEN an offset of +0.5 s well measured, then the host's clock stepped 3 s ahead (true
-    # offset now -2.5 s), measured next by a long poll whose loose upper bound allows +0.5
+@pytest.mark.parametrize(
+    ("stamp", "called", "step", "kept"),
+    [
+        # stepped 3 s ahead (true offset now -2.5 s), measured next by a long poll whose
+        # loose upper bound still allows +0.5: the earlier sample is dropped, or the lower
+        # bound would stay at +0.5 (the worker's idea of now 3 s ahead: handlers early)
+        (57.5, 40.0, 3.0, 1),
+        # moved 40 ms more than the monotonic clock in a minute: more than STEP_SECONDS
+        # alone, within it plus a minute's drift: a slew, both samples kept
+        (60.5, 59.995, 0.04, 2),
+    ],
+    ids=["step", "slew"],
+)
+def test_a_step_of_the_host_clock_drops_the_earlier_samples_and_a_slew_does_not(
+    stamp: float, called: float, step: float, kept: int
+) -> None:
+    # GIVEN an offset of +0.5 s well measured, then a sample a minute later
     host = Host()
     host.observe(T + 0.5, T - 0.005, T + 0.005)
-    host.observe(T + 57.5, T + 40, T + 60, step=3.0)
-    # THEN the earlier sample is dropped: the lower bound is not left at +0.5 (which would
-    # put the worker's idea of now 3 s ahead: handlers started early)
-    found = host.skew.offset(T + 60)
+    host.observe(T + stamp, T + called, T + 60.005, step=step)
+    found = host.skew.offset(T + 60.005)
     assert found is not None
-    assert found.samples == 1
-    assert found.low <= -2.5
+    assert found.samples == kept
+    assert found.low <= stamp - 60.005 + 1e-6
 
 
 def test_a_drifting_clock_never_leaves_the_lower_bound_above_the_offset() -> None:

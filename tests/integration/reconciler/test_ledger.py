@@ -12,14 +12,23 @@ from typing import Any
 
 import pytest
 
-from punctual.control.ledger import Ledger, LedgerFilter
+from punctual.control.ledger import (
+    Ledger,
+    LedgerAnswer,
+    LedgerFilter,
+    Upcoming,
+    _decode,
+    _encode,
+    _Position,
+)
 from punctual.control.plane import ControlPlane
 from punctual.dal.common import to_dynamo
 from punctual.dal.ledger import ledger_pk, ledger_sk
 from punctual.dal.tables import occurrence_key
+from punctual.domain.errors import InvalidInput
 from punctual.domain.findings import Finding
 from punctual.domain.ids import occurrence_id
-from punctual.domain.ledger import LedgerEntry, LedgerPage
+from punctual.domain.ledger import HOUR, LedgerEntry, LedgerPage
 from punctual.domain.occurrence import OccurrenceState
 from punctual.pipeline.reconciler import Reconciler
 from punctual.services import Services
@@ -681,3 +690,261 @@ def test_a_check_again_writes_only_the_pages_that_changed(alice: Api, aws: Servi
     assert sorted(pk.startswith("#checked#") for pk in written) == [False, True]
     [page] = aws.ledger.pages("alice", at("10:00"), at("10:00"))
     assert len(page.entries) == 2
+
+
+# --- what the mutation run's survivors showed untested (issue 47) -----------------------
+
+
+def _read_ledger(
+    aws: Services,
+    since: int | None,
+    until: int | None,
+    *,
+    wanted: LedgerFilter | None = None,
+    limit: int = 100,
+    token: str | None = None,
+) -> LedgerAnswer:
+    return Ledger(aws).read(
+        "alice",
+        since=since,
+        until=until,
+        wanted=wanted or LedgerFilter(),
+        limit=limit,
+        token=token,
+    )
+
+
+def _checked(aws: Services, hour: int, shards: tuple[int, ...] = (0, 1), late: int = 0) -> None:
+    """Mark the hour checked on ``shards`` at hour + 7500 (+ ``late`` on the last one)."""
+    for shard in shards:
+        checked_at = hour + 7500 + (late if shard == shards[-1] else 0)
+        aws.ledger.put_checked(hour, shard, checked_at=checked_at, purge_at=hour + 86400)
+
+
+def test_ledger_summarizes_a_checked_hour_with_its_latest_check_and_reads_nothing_live(
+    aws: Services, clock: Clock
+):
+    # GIVEN an hour with a page on each shard, shard 1's check marked a minute after shard 0's
+    hour = at("10:00")
+    _put_dead_page(aws, hour, 0, {"sch_alice.a": hour + 60})
+    _put_dead_page(aws, hour, 1, {"sch_alice.b": hour + 120})
+    _checked(aws, hour, late=60)
+    clock.now = at("14:00")
+    # WHEN the hour is read
+    answer = _read_ledger(aws, hour, hour + HOUR)
+    # THEN its summary names every shard checked and the latest check
+    [summary] = answer.hours
+    assert (summary.shards_checked, summary.checked_at) == (2, hour + 7560)
+    assert (summary.live, summary.counts[Finding.DEAD]) == (False, 2)
+    # AND no hour needed a live read: the answer is live complete
+    assert answer.live_complete is True
+
+
+def test_ledger_reads_an_unchecked_hour_live_until_three_hours_after_it_began(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an unchecked hour (10:00) with a DEAD occurrence
+    _, dead = _one_dead(aws, clock)
+    # WHEN it is read at 13:05 (the hour three hours before the current one's)
+    clock.now = at("13:05")
+    answer = _read_ledger(aws, at("10:00"), at("11:00"))
+    # THEN it is still read live: the DEAD one is listed
+    assert [i.occurrence_id for i in answer.items] == [dead]
+    assert answer.hours[0].live is True
+
+
+def test_ledger_counts_no_page_of_a_shard_the_deployment_does_not_have(aws: Services, clock: Clock):
+    # GIVEN an hour with pages and marks of shards 0, 1 and 2, on a two-shard deployment
+    hour = at("10:00")
+    kept = []
+    for shard in (0, 1, 2):
+        made = _put_dead_page(aws, hour, shard, {f"sch_alice.s{shard}": hour + 60 * shard})
+        if shard < 2:
+            kept += made
+    _checked(aws, hour, (0, 1, 2))
+    clock.now = at("14:00")
+    # WHEN the hour is read
+    answer = _read_ledger(aws, hour, hour + HOUR)
+    # THEN shard 2's page is neither listed nor counted
+    assert [i.occurrence_id for i in answer.items] == [e.occurrence_id for e in kept]
+    assert answer.hours[0].counts == {Finding.DEAD: 2}
+
+
+def test_ledger_lists_only_the_entries_of_an_hour_inside_a_range_that_cuts_it(
+    aws: Services, clock: Clock
+):
+    # GIVEN a checked hour's page with entries at 10:00, 10:30 and 10:45
+    hour = at("10:00")
+    instants = {"sch_alice.a": at("10:00"), "sch_alice.b": at("10:30"), "sch_alice.c": at("10:45")}
+    _put_dead_page(aws, hour, 0, instants)
+    _checked(aws, hour)
+    clock.now = at("14:00")
+    # WHEN [10:15, 10:45) is read
+    answer = _read_ledger(aws, at("10:15"), at("10:45"))
+    # THEN only the 10:30 entry is listed: not one before from, nor one at to
+    assert [i.scheduled_for for i in answer.items] == [at("10:30")]
+
+
+def test_ledger_reads_a_range_that_ends_in_the_hour_after_midnight(aws: Services, clock: Clock):
+    # GIVEN checked pages of 23:00 and of 00:00 the next day
+    late, midnight = at("23:00"), at("00:00", day="2026-11-20")
+    made = []
+    for hour in (late, midnight):
+        made += _put_dead_page(aws, hour, 0, {"sch_alice.a": hour + 60})
+        _checked(aws, hour)
+    clock.now = midnight + 4 * HOUR
+    # WHEN [23:00, 01:00) is read
+    answer = _read_ledger(aws, late, midnight + HOUR)
+    # THEN both hours are summarized and listed, the one after midnight too
+    assert [h.hour for h in answer.hours] == [late, midnight]
+    assert [i.occurrence_id for i in answer.items] == [e.occurrence_id for e in made]
+
+
+def test_ledger_reads_the_first_hour_of_the_epoch(aws: Services, clock: Clock):
+    # GIVEN a checked page of the hour 0 (a clock a few hours after the epoch)
+    [made] = _put_dead_page(aws, 0, 0, {"sch_alice.a": 60})
+    _checked(aws, 0)
+    clock.now = 5 * HOUR
+    # WHEN [0, 2h) is read
+    answer = _read_ledger(aws, 0, 2 * HOUR)
+    # THEN its hours are the aligned ones, and hour 0's entry is listed
+    assert [h.hour for h in answer.hours] == [0, HOUR]
+    assert [i.occurrence_id for i in answer.items] == [made.occurrence_id]
+
+
+def test_ledger_refuses_a_token_with_another_to(aws: Services, clock: Clock):
+    # GIVEN a checked hour with two entries, and the token after the first
+    hour = at("10:00")
+    _put_dead_page(aws, hour, 0, {"sch_alice.a": hour + 60, "sch_alice.b": hour + 120})
+    _checked(aws, hour)
+    clock.now = at("14:00")
+    token = _read_ledger(aws, hour, hour + HOUR, limit=1).next_token
+    assert token is not None
+    # WHEN the next page is asked with the same from and another to
+    # THEN the token is refused (it was made for the other range)
+    with pytest.raises(InvalidInput) as refused:
+        _read_ledger(aws, hour, hour + HOUR // 2, limit=1, token=token)
+    assert refused.value.message == "next_token is not valid"
+
+
+def test_ledger_reads_the_last_day_and_the_next_hour_by_default(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */10 schedule made at 09:40
+    clock.now = at("09:40")
+    make(aws, spec=cron_spec("*/10 * * * *"))
+    # WHEN the ledger is read with no range
+    answer = _read_ledger(aws, None, None)
+    # THEN it covers the last day's hours and the next hour's fires (09:40 to 10:30)
+    assert [h.hour for h in answer.hours] == list(
+        range(at("09:00") - 24 * HOUR, at("09:00") + 1, HOUR)
+    )
+    assert [i.scheduled_for for i in answer.items if isinstance(i, Upcoming)] == [
+        at(t) for t in ("09:40", "09:50", "10:00", "10:10", "10:20", "10:30")
+    ]
+
+
+def test_ledger_filtered_by_a_target_lists_its_recorded_and_upcoming_items(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN a */30 schedule of target default: a DEAD occurrence at 10:00, fires to come
+    _, dead = _one_dead(aws, clock)
+    span = (at("10:00"), at("13:05"))
+    everything = _read_ledger(aws, *span).items
+    assert dead in [i.occurrence_id for i in everything]
+    assert any(isinstance(i, Upcoming) for i in everything)
+    # WHEN it is read filtered by that target
+    filtered = _read_ledger(aws, *span, wanted=LedgerFilter(target="default")).items
+    # THEN it lists the same: the recorded items and the upcoming fires
+    assert filtered == everything
+
+
+def test_ledger_reads_every_page_of_the_schedules_for_the_upcoming_fires(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN two hourly schedules, read one schedule a page, three at most
+    clock.now = at("09:40")
+    made = {make(aws, spec=cron_spec("0 * * * *")) for _ in range(2)}
+    monkeypatch.setattr("punctual.control.ledger._PAGE", 1)
+    monkeypatch.setattr("punctual.control.ledger.MAX_SCHEDULES", 3)
+    # WHEN the upcoming fires are read
+    answer = _read_ledger(
+        aws, clock.now, at("10:05"), wanted=LedgerFilter(states=frozenset({"UPCOMING"}))
+    )
+    # THEN both schedules' fires are listed, and the answer is complete
+    assert answer.upcoming_complete is True
+    assert {i.schedule_id for i in answer.items} == made
+
+
+def test_ledger_computes_no_fires_for_a_range_that_ends_now(
+    alice: Api, aws: Services, clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    # GIVEN an active schedule, and a bound of no schedule at all for the upcoming fires
+    clock.now = at("09:40")
+    make(aws, spec=cron_spec("*/10 * * * *"))
+    monkeypatch.setattr("punctual.control.ledger.MAX_SCHEDULES", 0)
+    # WHEN a range that ends now is read
+    answer = _read_ledger(aws, at("09:00"), clock.now)
+    # THEN no fire is to come in it: complete, whatever the bound (no schedule is read)
+    assert answer.upcoming_complete is True
+
+
+def test_ledger_refuses_a_range_naming_each_of_its_problems(aws: Services, clock: Clock):
+    # GIVEN a range that ends before it starts and starts before what is kept
+    clock.now = at("12:00")
+    since = at("12:00") - 31 * 24 * HOUR
+    # WHEN it is read
+    with pytest.raises(InvalidInput) as refused:
+        _read_ledger(aws, since, since - HOUR)
+    # THEN the error names both problems, in its message and its fields
+    assert refused.value.message == (
+        "the range is not valid: to: must be later than from; "
+        "from: occurrences are kept 30 days: not earlier"
+    )
+    assert refused.value.details["fields"] == [
+        {"field": "to", "reason": "must be later than from"},
+        {"field": "from", "reason": "occurrences are kept 30 days: not earlier"},
+    ]
+
+
+def test_a_token_of_any_length_names_its_position_again():
+    # GIVEN positions whose last item's id is 1 to 20 characters long (tokens of every
+    # length modulo 4 and 5: their padding is cut)
+    query = (at("10:00"), at("12:00"), "abc")
+    for n in range(1, 21):
+        position = _Position(0, at("10:00"), (at("10:01"), "o" * n))
+        # WHEN its token is decoded THEN it is the same position and query
+        assert _decode(_encode(query, position)) == (position, query)
+
+
+def test_a_token_with_a_character_not_of_base64_is_refused():
+    # GIVEN a token whose base64 needs two characters of padding, and one character more
+    # that base64 does not have
+    query = (at("10:00"), at("12:00"), "abc")
+    token = next(
+        t
+        for n in range(1, 9)
+        if len(t := _encode(query, _Position(0, at("10:00"), (at("10:01"), "o" * n)))) % 4 == 2
+    )
+    # WHEN it is decoded THEN it is refused
+    with pytest.raises(InvalidInput):
+        _decode(token + "~")
+
+
+def test_ledger_shows_when_an_occurrence_read_live_was_enqueued(
+    alice: Api, aws: Services, clock: Clock
+):
+    # GIVEN an unchecked hour's DEAD occurrence, enqueued a second after its time, with why
+    _, dead = _one_dead(aws, clock)
+    aws.dynamodb.update_item(
+        TableName=aws.settings.occurrences_table,
+        Key=to_dynamo(occurrence_key(dead)),
+        UpdateExpression="SET enqueued_at = :e, reason = :r",
+        ExpressionAttributeValues=to_dynamo({":e": at("10:00") + 1, ":r": "retries exhausted"}),
+    )
+    # WHEN the hour is read live
+    [entry] = _read_ledger(aws, at("10:00"), at("11:00")).items
+    # THEN its entry has when it was enqueued, and why it is DEAD
+    assert isinstance(entry, LedgerEntry)
+    assert (entry.occurrence_id, entry.enqueued_at) == (dead, at("10:00") + 1)
+    assert entry.reason == "retries exhausted"
