@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from punctual_client.worker.clock import (
     KEEP_SECONDS,
     MAX_DRIFT,
+    MAX_SAMPLES,
     RESOLUTION,
     ClockSkew,
     Offset,
@@ -158,3 +159,32 @@ def test_the_estimate_always_holds_the_true_offset(
     assert found.low <= offset + 1e-6
     assert offset <= found.high + 1e-6
     assert skew.true_now(latest) <= latest + offset + 1e-6
+
+
+def test_the_samples_kept_are_bounded_in_number_and_by_age_to_the_second() -> None:
+    host = Host()
+    for n in range(MAX_SAMPLES + 44):
+        host.observe(T + n + 1, T + n - 0.5, T + n)
+    found = host.skew.offset(T + MAX_SAMPLES + 43)
+    assert found is not None
+    assert found.samples == MAX_SAMPLES
+    # (a sample exactly KEEP_SECONDS old is still kept)
+    alone = Host()
+    alone.observe(T + 1, T - 1, T)
+    assert alone.skew.offset(T + KEEP_SECONDS) is not None
+
+
+def test_a_sample_whose_bounds_only_touch_the_others_is_kept_with_them() -> None:
+    # GIVEN a sample whose lower bound is exactly another's upper bound (both answered at
+    # once: no drift between them)
+    host = Host()
+    host.observe(T + 2.001, T, T + 1)  # offset within [1.001, 2.001 + RESOLUTION]
+    first = host.skew.offset(T + 1)
+    assert first is not None
+    touching = T + 1 + first.high  # its lower bound: exactly the first one's upper bound
+    host.observe(touching, T + 0.5, T + 1)
+    # THEN it agrees with it (one offset satisfies both): both kept, not a restart
+    found = host.skew.offset(T + 1)
+    assert found is not None
+    assert found.samples == 2
+    assert found.low == found.high == first.high
