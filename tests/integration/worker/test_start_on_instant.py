@@ -234,3 +234,43 @@ def test_a_tenant_turns_on_early_delivery_of_its_own_targets_only(
     assert hers is not None
     assert hers.early_delivery is False
     assert tenants.get_target("bob", "fast", consistent=True) is None
+
+
+class FirstStamped(StampedSQS):
+    """As StampedSQS, the stamp being each message's first receive, as SQS keeps it."""
+
+    def __init__(self, real: Any, clock: Clock) -> None:
+        super().__init__(real, clock)
+        self.first: dict[str, str] = {}
+
+    def receive_message(self, **request: Any) -> Any:
+        answer = self.real.receive_message(**request)
+        for m in answer.get("Messages", []):
+            stamp = self.first.setdefault(m["MessageId"], str(int(self.clock.now * 1000)))
+            m.setdefault("Attributes", {})["ApproximateFirstReceiveTimestamp"] = stamp
+        return answer
+
+
+def test_a_redelivered_message_says_nothing_of_the_clock(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a due message received once (its first receive stamped then), and received
+    # again 40 s later by a consumer with no estimate yet
+    made = one_shot(aws, clock)
+    clock.advance(30)
+    _relay_now(aws, made)
+    sqs = FirstStamped(aws.sqs, clock)
+    [first] = sqs.receive_message(QueueUrl=url_of(aws), MaxNumberOfMessages=1)["Messages"]
+    clock.advance(40)
+    sqs.change_message_visibility(
+        QueueUrl=url_of(aws), ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0
+    )
+    host = Services(aws.dynamodb, sqs, aws.settings, aws.now)
+    starts = Starts(clock)
+    consumer = QueueConsumer(worker(host, starts, hold=Held(clock)), url_of(aws), wait_seconds=0)
+    # WHEN it processes the redelivery
+    [result] = consumer.poll_once()
+    # THEN the old first-receive stamp was not taken for this call's (it would say the host
+    # clock is 40 s ahead, and put the message back as early): it ran
+    assert consumer.worker.skew.offset(clock.now) is None
+    assert result.outcome is Outcome.SUCCEEDED
