@@ -185,8 +185,7 @@ MODULES = {
     "clock": Module(
         ("punctual_client/worker/clock.py",),
         ("punctual_client.worker.clock.",),
-        _tests("unit", "worker_clock")
-        + ("tests/integration/worker/test_start_on_instant.py",),
+        (*_tests("unit", "worker_clock"), "tests/integration/worker/test_start_on_instant.py"),
     ),
     "worker": Module(
         ("punctual_client/worker/*.py",),
