@@ -847,6 +847,11 @@ def test_cli_get_asks_for_the_recent_fires_and_says_how_they_went(
     api.answers[("GET", "/v1/schedules/x")] = answer | {"recent": None}
     code, out, _ = _run(["get", "x", "--recent", "0"], capsys)
     assert (code, out.count("\n")) == (0, 1)
+    # AND a schedule with no fire due yet gets no figures' lines either
+    no_fire = RECENT | {"fires": 0, "since": None, "receivable_lag": None, "last_failure": None}
+    api.answers[("GET", "/v1/schedules/x")] = answer | {"recent": no_fire}
+    code, out, _ = _run(["get", "x"], capsys)
+    assert (code, out.count("\n")) == (0, 1)
 
 
 def test_cli_targets_take_early_delivery_at_creation_and_by_update(

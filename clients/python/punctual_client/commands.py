@@ -402,7 +402,7 @@ def _print_schedule(found: dict[str, Any]) -> None:
             f"  missed  {episode['count']} fire(s) of v{episode['version']} "
             f"{episode['first']} .. {episode['last']} (misfire policy)"
         )
-    if found.get("recent"):
+    if found.get("recent") and found["recent"]["fires"]:
         _print_recent(found["recent"])
     for occurrence in found.get("materialized", []):
         print(f"  made  {occurrence['occurrence_id']}  {occurrence['scheduled_for']}")
@@ -439,13 +439,11 @@ def _spread(name: str, found: dict[str, int] | None) -> str:
 
 
 def _print_recent(recent: dict[str, Any]) -> None:
-    """How the last fires went (the GET's ``recent``), in three lines at most."""
+    """How the last fires went (the GET's ``recent``, with fires), in three lines at most."""
     outcomes = ", ".join(f"{name} {count}" for name, count in recent["outcomes"].items())
-    since = f" since {recent['since']}" if recent["since"] else ""
-    print(f"  recent  {recent['fires']} fires{since}: {outcomes}")
-    if recent["fires"]:
-        lags = f"{_spread('receivable', recent['receivable_lag'])}; "
-        print(f"  lag     {lags}{_spread('handler start', recent['start_lag'])}")
+    print(f"  recent  {recent['fires']} fires since {recent['since']}: {outcomes}")
+    lags = f"{_spread('receivable', recent['receivable_lag'])}; "
+    print(f"  lag     {lags}{_spread('handler start', recent['start_lag'])}")
     failure = recent["last_failure"]
     if failure is not None:
         named = f" ({failure['occurrence_id']})" if failure["occurrence_id"] else ""

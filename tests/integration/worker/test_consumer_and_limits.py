@@ -404,6 +404,26 @@ class AtOnce:
             self.running -= 1
 
 
+class OneCallAtATime:
+    """moto's DynamoDB with its calls made one at a time: its transactions deep-copy the
+    tables and are not thread-safe (one copied while another thread writes raises
+    RuntimeError); DynamoDB is. What runs side by side here is the handlers."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.lock = real, threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.real, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                return attribute(*args, **kwargs)
+
+        return call
+
+
 @pytest.mark.parametrize(
     ("threads", "most", "enough", "patience"),
     [(1, 1, 2, 0.2), (None, 4, 4, 60.0)],
@@ -426,7 +446,8 @@ def test_consumer_runs_at_most_threads_handlers_at_once(
     due(aws, clock, 6)
     handler = AtOnce(enough=enough, patience=patience)
     # WHEN a consumer with ``threads`` (or its default) polls once
-    work = worker(aws, handler)
+    serial = Services(OneCallAtATime(aws.dynamodb), aws.sqs, aws.settings, aws.now)
+    work = worker(serial, handler)
     consumer = (
         QueueConsumer(work, url_of(aws), wait_seconds=0)
         if threads is None
