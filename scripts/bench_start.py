@@ -30,6 +30,7 @@ from punctual.domain.tenancy import Quotas
 from punctual.pipeline.relay import Relay
 from punctual.services import Services
 from punctual.settings import Settings
+from punctual.timing import utc_text
 from punctual_client.worker import Job, QueueConsumer, Worker
 from punctual_local.engines import ensure_engines
 from punctual_local.stack import StackOptions, configure_environment
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> None:
         relaying.until_sent(len(made))
         consume(Worker(services, TENANT, handler, hold=hold), queues, starts, set(made), due)
         everything.update({i: (target, float(due)) for i, target in made.items()})
-        print(f"round {round_no + 1}: {len(made)} due at {_utc(due)}, {len(starts)} started")
+        print(f"round {round_no + 1}: {len(made)} due at {utc_text(due)}, {len(starts)} started")
     report(everything, starts, sends)
     if claims:
         print(
@@ -208,10 +209,6 @@ class SendLog:
             # (the first send: a later one is a re-send, not when it became receivable)
             self.receivable.setdefault(occurrence_id, sent + entry.get("DelaySeconds", 0))
         return answer
-
-
-def _utc(instant: int) -> str:
-    return datetime.fromtimestamp(instant, UTC).strftime("%H:%M:%SZ")
 
 
 if __name__ == "__main__":

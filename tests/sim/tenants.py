@@ -479,15 +479,7 @@ class Tenants:
         if tenant is None:
             return
         clock, skew = self.sim.clock, self.sim.skew_of("api")
-        services = Services(
-            self.sim.dynamodb,
-            self.sim.faulty_sqs,
-            self.sim.region,
-            lambda: clock.now + skew,
-            sleep=lambda _: None,
-            bad_items=self.sim.run_record.bad_items,
-        )
-        plane = ControlPlane(services)
+        plane = ControlPlane(self.sim.services("api", draw=False))
         faults = self.sim.faults
         world_draws, faults.rng = faults.rng, self.figures_faults_rng
         try:

@@ -313,11 +313,17 @@ class Simulation:
 
     # --- wiring ---------------------------------------------------------------------------
 
-    def services(self, component: str, settings: Settings | None = None) -> Services:
+    def services(
+        self, component: str, settings: Settings | None = None, *, draw: bool = True
+    ) -> Services:
         """What one component runs with: the faulty clients, the region it runs in, its own
-        clock's skew, and the run's count of bad items."""
-        skew = self._skews.setdefault(
-            component, self.rng.randint(-self.config.skew, self.config.skew)
+        clock's skew, and the run's count of bad items. ``draw=False``: the skew it already
+        has (0 if none), drawing nothing from the run's generator (a reader added later
+        leaves the world's draws as they were)."""
+        skew = (
+            self._skews.setdefault(component, self.rng.randint(-self.config.skew, self.config.skew))
+            if draw
+            else self.skew_of(component)
         )
         return Services(
             self.dynamodb,
