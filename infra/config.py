@@ -96,6 +96,10 @@ class AlarmThresholds(BaseModel):
     dynamodb_throttles: int = Field(default=0, ge=0)
     # API Gateway 5xx answers in 5 minutes.
     api_5xx: int = Field(default=5, ge=0)
+    # How far, for certain, a component's clock is from DynamoDB's, for 3 minutes: the
+    # relay's moves every message's receivable instant by as much (docs/operations.md,
+    # *Clock skew*).
+    clock_skew_seconds: float = Field(default=1.0, gt=0, le=60)
 
 
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"

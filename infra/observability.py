@@ -347,6 +347,7 @@ class Observability(Construct):
         self._reconciler_alarms(w, t)
         self._throttle_alarms(settings, t)
         self._api_alarm(w, t)
+        self._clock_alarm(t)
 
     def _lag_alarms(self, w: Watched, t: AlarmThresholds) -> None:
         """Occurrences late into their queues: the strict SLO, and each lane's relay behind
@@ -530,6 +531,18 @@ class Observability(Construct):
             "The API answered 5xx.",
         )
 
+    def _clock_alarm(self, t: AlarmThresholds) -> None:
+        self._alarm(
+            "ClockSkew",
+            punctual_metric("ClockSkew", "Maximum"),
+            t.clock_skew_seconds,
+            "A component's clock is off DynamoDB's (each answer's Date bounds it): the "
+            "relay's makes messages receivable early or late by as much, the API's moves "
+            "a run now's instant. The warning 'clock off DynamoDB's' names the component.",
+            evaluation_periods=3,
+            datapoints=3,
+        )
+
     # --- dashboard ------------------------------------------------------------------------
 
     def _dashboard(self, w: Watched, settings: Settings, t: AlarmThresholds) -> cw.Dashboard:
@@ -581,8 +594,13 @@ class Observability(Construct):
                 ],
             ),
             _graph(
-                "Due backlog (materializer, max per minute)",
+                "Due backlog (max per minute); clock skew (s, right)",
                 [punctual_metric("DueBacklog", "Maximum")],
+                right=[
+                    punctual_metric(
+                        "ClockSkew", "Maximum", label="clock skew off DynamoDB's (at least)"
+                    )
+                ],
             ),
         ]
 

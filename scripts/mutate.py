@@ -180,12 +180,16 @@ MODULES = {
         )
         + _tests("unit", "message"),
     ),
-    # The worker's measure of its clock's offset from SQS's (its own: the worker module's
-    # tests take an hour a run; these are the ones that reach it).
+    # A clock's offset from a server's: the worker's from SQS's stamps, each server
+    # component's from DynamoDB's answers (its own module: the worker module's tests take
+    # an hour a run; these are the ones that reach it).
     "clock": Module(
-        ("punctual_client/worker/clock.py",),
-        ("punctual_client.worker.clock.",),
-        (*_tests("unit", "worker_clock"), "tests/integration/worker/test_start_on_instant.py"),
+        ("punctual/skew.py",),
+        ("punctual.skew.",),
+        (
+            *_tests("unit", "worker_clock", "answer_clock"),
+            "tests/integration/worker/test_start_on_instant.py",
+        ),
     ),
     "worker": Module(
         ("punctual_client/worker/*.py",),

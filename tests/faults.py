@@ -30,6 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from email.utils import formatdate
 from typing import Any
 
 from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutError
@@ -118,7 +119,7 @@ class FaultyDynamoDB:
 
     def get_item(self, **request: Any) -> Any:
         self._before("get_item", request)
-        answer = self._real.get_item(**request)
+        answer = self._dated(self._real.get_item(**request))
         if request.get("ConsistentRead") or not self._stale():
             return answer
         image = self._as_of(request["TableName"], request["Key"], answer.get("Item"))
@@ -126,7 +127,7 @@ class FaultyDynamoDB:
 
     def batch_get_item(self, **request: Any) -> Any:
         self._before("batch_get_item", request)
-        answer = self._real.batch_get_item(**request)
+        answer = self._dated(self._real.batch_get_item(**request))
         responses = answer.get("Responses", {})
         for table, part in request["RequestItems"].items():
             if part.get("ConsistentRead") or not self._stale():
@@ -143,7 +144,7 @@ class FaultyDynamoDB:
 
     def query(self, **request: Any) -> Any:
         self._before("query", request)
-        answer = self._real.query(**request)
+        answer = self._dated(self._real.query(**request))
         lag = self._faults.plan.stale_seconds
         if "IndexName" in request and self._faults.roll(self._faults.plan.index_lag, "index_lag"):
             lag = self._faults.plan.index_lag_seconds  # an index's propagation, far behind
@@ -185,6 +186,14 @@ class FaultyDynamoDB:
 
     # --- helpers ---------------------------------------------------------------------------
 
+    def _dated(self, answer: Any) -> Any:
+        """The answer's Date header by the run's clock: the servers' clock is the run's true
+        one, each component's its own (skewed) one, and each measures the skew between the
+        two from these (punctual.skew)."""
+        headers = answer.setdefault("ResponseMetadata", {}).setdefault("HTTPHeaders", {})
+        headers["date"] = formatdate(self._faults.clock(), usegmt=True)
+        return answer
+
     def _before(self, operation: str, request: dict[str, Any]) -> None:
         hook = self._faults.before.get(operation)
         if hook is not None:
@@ -199,7 +208,7 @@ class FaultyDynamoDB:
         self._before(operation, request)
         tracking = self._faults.plan.stale > 0 or self._faults.plan.index_lag > 0
         olds = self._images(keys) if tracking else []
-        answer = getattr(self._real, operation)(**request)
+        answer = self._dated(getattr(self._real, operation)(**request))
         if tracking:
             now = self._faults.clock()
             self._forget(now)
@@ -212,7 +221,7 @@ class FaultyDynamoDB:
             # its own write (conditions fail) unless a ClientRequestToken answers for it.
             token = request.get("ClientRequestToken")
             if token is None:
-                return getattr(self._real, operation)(**request)
+                return self._dated(getattr(self._real, operation)(**request))
             self._tokens[token] = answer
         if self._faults.roll(self._faults.plan.lost_response, "lost_response"):
             raise _timeout()

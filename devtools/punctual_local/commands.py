@@ -212,12 +212,23 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {state}" for state, n in ranked if n) or "none"
 
 
+# How `punctual stats` names each step of an occurrence's time (stats.state_time_figures).
+STEP_WORDS = {
+    "to_receivable": "due -> receivable",
+    "to_claim": "receivable -> claimed",
+    "run": "run",
+    "retry_wait": "retry wait",
+}
+
+
 def stats_lines(found: dict[str, Any], minutes: int) -> list[str]:
     """`punctual stats` for people: one line per figure, the largest tenants' backlogs
     indented under the overall one."""
     from punctual.timing import utc_text
 
     lines = [f"occurrences (last {minutes} min): {_counts(found['occurrences'])}"]
+    if found.get("unreadable"):
+        lines.append(f"occurrence items unreadable (a tenant's bad data): {found['unreadable']}")
     for kind, lag in found["lag_seconds"].items():
         lines.append(
             f"schedule lag {kind}: p50 {lag['p50']:.0f} s, p95 {lag['p95']:.0f} s, "
@@ -230,6 +241,13 @@ def stats_lines(found: dict[str, Any], minutes: int) -> list[str]:
             f"waited for a worker (claimed - due): p50 {waited['p50']:.0f} s, "
             f"p95 {waited['p95']:.0f} s, p99 {waited['p99']:.0f} s ({waited['n']} claimed)"
         )
+    for lane, steps in found.get("time_in_state_seconds", {}).items():
+        spent = "; ".join(
+            f"{STEP_WORDS[step]} p50 {spread['p50']:.0f} s, p99 {spread['p99']:.0f} s"
+            f" ({spread['n']})"
+            for step, spread in steps.items()
+        )
+        lines.append(f"time in each state, {lane}: {spent}")
     lines.append(
         f"schedules: {_counts(found['schedules'])}; "
         f"fires recorded MISSED (misfire policy): {found['missed_summarized']}"

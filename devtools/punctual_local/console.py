@@ -388,6 +388,7 @@ class Console:
                     ("delivery lag (receivable - due)", lag),
                     ("claimed", esc(utc_text(life.claimed_at) if life.claimed_at else "—")),
                     ("waited for a worker (claimed - due)", waited),
+                    *_state_times(found["times"]),
                     ("result", _state(found["state"]) + f" {esc(found['reason'] or '')}"),
                 ]
             )
@@ -864,6 +865,21 @@ def _missed_summary(schedule: dict[str, Any]) -> str:
 
 def _findings(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v) or "—"
+
+
+def _state_times(times: dict[str, Any]) -> list[tuple[str, str]]:
+    """The occurrence page's rows of where its time went after it became receivable (the
+    API's ``times``; the delivery lag is its own row)."""
+
+    def seconds(values: list[int]) -> str:
+        return ", ".join(f"{v} s" for v in values) or "—"
+
+    claim = times["to_claim_seconds"]
+    return [
+        ("receivable → claimed", "—" if claim is None else f"{claim} s"),
+        ("each run (claimed → finished)", seconds(times["run_seconds"])),
+        ("each retry's wait", seconds(times["retry_wait_seconds"])),
+    ]
 
 
 def _definition_list(items: list[tuple[str, str]]) -> str:

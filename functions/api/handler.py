@@ -10,9 +10,9 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from api import errors
 from api.body import JsonBodiesOnly, parse_body
-from api.context import IDEMPOTENCY, require_operator
+from api.context import IDEMPOTENCY, require_operator, services
 from api.routes import router
-from punctual.observability import logger, tracer
+from punctual.observability import add_clock_skew, logger, metrics, tracer
 
 ADMIN_PREFIX = "/v1/admin/"
 
@@ -38,4 +38,9 @@ errors.install(app)
 @tracer.capture_lambda_handler
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     IDEMPOTENCY.register_lambda_context(context)
-    return app.resolve(event, context)
+    answer = app.resolve(event, context)
+    # The API's one metric, flushed when there is one (log_metrics would warn on every
+    # request before DynamoDB first answered).
+    if add_clock_skew("api", services().clock_offset()):
+        metrics.flush_metrics()
+    return answer

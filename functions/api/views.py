@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from punctual.control.ledger import UPCOMING, LedgerAnswer, Upcoming, shown_state
 from punctual.control.plane import Affected, NextFires, Saved
 from punctual.dal.schedules import ScheduleVersion
-from punctual.domain.figures import RecentFigures, Spread
+from punctual.domain.figures import RecentFigures, Spread, StateTimes, state_times
 from punctual.domain.ids import is_manual
 from punctual.domain.occurrence import Attempt, Occurrence
 from punctual.domain.policies import MisfirePolicy, OverlapPolicy, RetryPolicy
@@ -292,8 +292,30 @@ class AttemptOut(BaseModel):
     error: str | None
 
 
+class StateTimesOut(BaseModel):
+    """Where the occurrence's time went, in seconds (docs/operations.md, *Time in each
+    state*)."""
+
+    to_receivable_seconds: int | None = Field(
+        description="available_at to receivable: its message's send (enqueued_at), or 0 when "
+        "it was sent ahead with a delay; null until a worker's claim recorded the send."
+    )
+    to_claim_seconds: int | None = Field(
+        description="Receivable to the first attempt's start (by the worker's clock: "
+        "negative when it is behind); null until claimed."
+    )
+    run_seconds: list[int] = Field(
+        description="Each finished attempt's run, started_at to finished_at, in order."
+    )
+    retry_wait_seconds: list[int] = Field(
+        description="Each wait between an attempt's end and the next one's start (a "
+        "retry's back-off), in order."
+    )
+
+
 class OccurrenceDetailOut(OccurrenceOut):
     attempts: list[AttemptOut]
+    times: StateTimesOut
 
 
 class OccurrenceListOut(BaseModel):
@@ -602,6 +624,16 @@ def occurrence_detail_out(occurrence: Occurrence, attempts: list[Attempt]) -> Oc
             )
             for a in attempts
         ],
+        times=state_times_out(state_times(occurrence, attempts)),
+    )
+
+
+def state_times_out(times: StateTimes) -> StateTimesOut:
+    return StateTimesOut(
+        to_receivable_seconds=times.to_receivable,
+        to_claim_seconds=times.to_claim,
+        run_seconds=list(times.runs),
+        retry_wait_seconds=list(times.retry_waits),
     )
 
 

@@ -12,7 +12,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from punctual.domain.drain import walk_drain
 from punctual.domain.ids import minute_of
-from punctual.observability import logger, metrics
+from punctual.observability import add_clock_skew, logger, metrics
 from punctual.pipeline.materializer import Materializer
 from punctual.services import COLLECTOR, Wiring
 from punctual.timing import to_epoch
@@ -81,4 +81,5 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         ("MalformedItems", sum(r.malformed for r in reports)),
     ):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    add_clock_skew("materializer", wiring.services().clock_offset())
     return {"shards": [asdict(r) for r in reports]}

@@ -11,7 +11,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from punctual.domain.errors import InvalidInput
 from punctual.domain.validation import field_errors
-from punctual.observability import logger, metrics
+from punctual.observability import add_clock_skew, logger, metrics
 from punctual.pipeline.reconciler import Reconciler, metric_values
 from punctual.services import Wiring
 from punctual.timing import to_epoch
@@ -69,6 +69,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         results = reconciler.run(request.shards, *window)
     for name, value in metric_values(results, len(reconciler.given_up)).items():
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    add_clock_skew("reconciler", wiring.services().clock_offset())
     for result in results:
         if result.report.missing or result.report.unexpected:
             logger.warning(

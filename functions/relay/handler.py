@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.batch import (
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from punctual.observability import logger, metrics
+from punctual.observability import add_clock_skew, logger, metrics
 from punctual.pipeline.relay import Relay
 from punctual.services import Wiring
 
@@ -53,6 +53,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="RelayTooEarly", unit=MetricUnit.Count, value=report.too_early)
     metrics.add_metric(name="MalformedItems", unit=MetricUnit.Count, value=report.malformed)
     metrics.add_metric(name="RelayReplaySkipped", unit=MetricUnit.Count, value=report.before_start)
+    add_clock_skew("relay", wiring.services().clock_offset())
     if report.late_strict:
         logger.warning(
             "strict occurrences receivable past the SLO", extra={"late": report.late_strict}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -237,9 +238,14 @@ def test_console_follows_an_occurrence_through_its_life(page: Page):
         "receivable",
         "claimed",
         "waited for a worker (claimed - due)",
+        "receivable → claimed",
+        "each run (claimed → finished)",
         "Attempts",
     ):
         assert label in text
+    # (its one run's length, and no retry)
+    assert re.search(r"each run \(claimed → finished\)\s*-?\d+ s", text), text
+    assert re.search(r"each retry's wait\s*—", text), text
     assert page.tab.locator("main table tr").count() == 2  # a header and the attempt
     # AND it links back to its schedule
     page.tab.locator("main dl").get_by_role("link").first.click()

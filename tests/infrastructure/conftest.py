@@ -52,6 +52,7 @@ TEST_CONTEXT: dict[str, Any] = {
         "reconcile_missing": 0,
         "dynamodb_throttles": 10,
         "api_5xx": 7,
+        "clock_skew_seconds": 0.5,
     },
 }
 

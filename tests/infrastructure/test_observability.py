@@ -31,7 +31,7 @@ def test_observability_every_alarm_notifies_the_topic_both_ways(service: Templat
     )
     # AND every alarm tells it when it fires and when it recovers
     alarms = service.find_resources("AWS::CloudWatch::Alarm")
-    assert len(alarms) == 21 + len(ALL_TABLES)
+    assert len(alarms) == 22 + len(ALL_TABLES)
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic}]
         assert alarm["Properties"]["OKActions"] == [{"Ref": topic}]
@@ -43,6 +43,20 @@ def test_observability_every_alarm_notifies_the_topic_both_ways(service: Templat
         assert alarm["Properties"]["TreatMissingData"] == (
             "breaching" if heartbeat else "notBreaching"
         )
+
+
+def test_observability_clock_skew_alarm_fires_on_a_clock_off_for_three_minutes(
+    service: Template,
+):
+    # GIVEN clock_skew_seconds = 0.5 in the test context
+    alarm = _alarm(service, "ClockSkew")
+    # THEN it watches the largest skew any component published, per minute, 3 of 3 minutes
+    # (a clock stays off: not a minute's outlier), and none published is healthy
+    assert (alarm["Namespace"], alarm["MetricName"]) == (NAMESPACE, "ClockSkew")
+    assert alarm["Dimensions"] == [{"Name": k, "Value": v} for k, v in DIMENSIONS.items()]
+    assert (alarm["Statistic"], alarm["Period"], alarm["Threshold"]) == ("Maximum", 60, 0.5)
+    assert (alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == (3, 3)
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
 
 
 def test_observability_strict_lag_alarm_is_the_slo_on_p99(service: Template):

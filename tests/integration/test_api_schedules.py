@@ -705,11 +705,12 @@ def test_get_occurrence_returns_it_with_its_attempts(alice: Api, aws: Services) 
     occurrence_id = materialized[0]["occurrence_id"]
     table = aws.settings.occurrences_table
     history = []
-    for number, outcome, finished, error in ((1, "RETRY", 40, "boom"), (2, "RUNNING", None, None)):
+    tries = ((1, 23, "RETRY", 40, "boom"), (2, 50, "RUNNING", None, None))
+    for number, started, outcome, finished, error in tries:
         entry: dict[str, Any] = {
             "attempt_no": number,
-            "started_at": START + 20 * number,
-            "lease_expires_at": START + 20 * number + 300,
+            "started_at": START + started,
+            "lease_expires_at": START + started + 300,
             "outcome": outcome,
         }
         if finished is not None:
@@ -720,8 +721,9 @@ def test_get_occurrence_returns_it_with_its_attempts(alice: Api, aws: Services) 
     aws.dynamodb.update_item(
         TableName=table,
         Key=to_dynamo(occurrence_key(occurrence_id)),
-        UpdateExpression="SET attempts = :history",
-        ExpressionAttributeValues=to_dynamo({":history": history}),
+        # (sent 1 s after its due time, 11:07:00)
+        UpdateExpression="SET attempts = :history, enqueued_at = :sent",
+        ExpressionAttributeValues=to_dynamo({":history": history, ":sent": START + 21}),
     )
 
     # WHEN the occurrence is read
@@ -735,19 +737,27 @@ def test_get_occurrence_returns_it_with_its_attempts(alice: Api, aws: Services) 
     assert answer.body["attempts"] == [
         {
             "attempt_no": 1,
-            "started_at": iso(START + 20),
+            "started_at": iso(START + 23),
             "finished_at": iso(START + 40),
             "outcome": "RETRY",
             "error": "boom",
         },
         {
             "attempt_no": 2,
-            "started_at": iso(START + 40),
+            "started_at": iso(START + 50),
             "finished_at": None,
             "outcome": "RUNNING",
             "error": None,
         },
     ]
+    # AND where its time went: receivable 1 s after due, claimed 2 s after that, a run of
+    # 17 s, 10 s of back-off (the running attempt's run not counted yet)
+    assert answer.body["times"] == {
+        "to_receivable_seconds": 1,
+        "to_claim_seconds": 2,
+        "run_seconds": [17],
+        "retry_wait_seconds": [10],
+    }
 
 
 # --- preview --------------------------------------------------------------------------

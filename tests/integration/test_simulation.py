@@ -20,6 +20,7 @@ from punctual.domain.ids import occurrence_id
 from punctual.domain.ledger import LedgerEntry, LedgerPage
 from punctual.domain.policies import OverlapPolicy
 from punctual.observability import logger
+from punctual.skew import Offset
 from punctual_local.dynamodb import LocalDynamoDB
 from tests.faults import FaultPlan
 from tests.sim.explain import explain, schedule_of
@@ -171,6 +172,10 @@ def test_simulation_short_run_under_every_fault_keeps_the_contract(
     # ... and schedules' recent figures were read through the faults, with runs to measure
     assert verdict.figures_reads > 0
     assert any(r.figures.start_lag for r in run.figures_reads)
+    # ... and every component measured its clock against DynamoDB's answers (dated by the
+    # world's true clock), and some found theirs off: each held to the skew it runs with
+    assert verdict.clock_measures > 0
+    assert verdict.clock_skews_seen > 0
     assert verdict.ledger_checked > 0
     # AND no invariant is violated
     assert not verdict.violations, "\n".join(stories(run, verdict))
@@ -332,6 +337,12 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
         ),
         replace(read, figures=replace(figures, last_failure=Failure(stranger, 0, 0, "DEAD", None))),
     ]
+    # ... and a component's measure of its clock misses its true offset, and another says
+    # its clock is off the wrong way
+    skewed = next(c for c, skew in run.skews.items() if skew and c in run.offsets)
+    offset = -run.skews[skewed]
+    low, high = sorted((offset / 4, offset / 2))  # (the right way, not as far: the bounds)
+    run.measured += [(skewed, Offset(low, high, 1)), (skewed, Offset(-offset, -offset, 1))]
     verdict = check(run)
     # THEN the oracle names each one
     assert {"missing", "unowned", "early", "early_start", "quota_count"} <= set(
@@ -344,5 +355,7 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
     assert verdict.violations["figures_sum"] == 1
     assert verdict.violations["figures_overcounted"] == 1
     assert verdict.violations["figures_failure_unknown"] == 1
+    assert verdict.violations["clock_bounds"] == 2
+    assert verdict.violations["clock_published"] == 1
     canceled = verdict.examples["canceled_without_change"]
     assert any(renamed["occurrence_id"]["S"] in e for e in canceled), canceled

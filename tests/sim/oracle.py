@@ -30,6 +30,9 @@ Runs (the workers' log):
 - **QUEUE_ONE**: at most one occurrence waits at a time, and one waiting is not skipped
   while its wait holds.
 
+Clocks: each component's measure of its clock against DynamoDB's answers holds its true
+offset, and what it publishes is never more off than its clock is, nor off the other way.
+
 Versions: each one changed something (a repeated pause, resume or cancel, or an update to
 what the schedule says already, makes none), and one that kept its predecessor's run
 version (a rename) changed only the name, and a change of the name alone kept it; a
@@ -112,6 +115,8 @@ class Verdict:
     dst_moved: int = 0
     figures_reads: int = 0  # schedules' recent figures read by their honest tenants, checked
     estimated_runs: int = 0  # runs whose worker knew its clock's offset (never early: checked)
+    clock_measures: int = 0  # components' estimates of their clock's offset, checked
+    clock_skews_seen: int = 0  # of which said the clock is off (a skew of 2 s or more is)
     # The required fires the oracle checked and found stored (what a deletion must break).
     found: set[str] = field(default_factory=set)
     violations: Counter[str] = field(default_factory=Counter)
@@ -210,9 +215,24 @@ def check(run: Run) -> Verdict:
     _check_ledger(verdict, run, current, {sid: stored[sid] for sid in honest}, ended)
     _check_ledger_reads(verdict, run, {o.occurrence_id: o for sid in honest for o in stored[sid]})
     _check_figures_reads(verdict, run, {sid: stored[sid] for sid in honest}, started)
+    _check_clock_measures(verdict, run)
     for failure in run.hostile_failures:
         verdict.flag("hostile_failed_a_batch", failure)
     return verdict
+
+
+def _check_clock_measures(verdict: Verdict, run: Run) -> None:
+    """Each component's measure of its clock against DynamoDB's (the Date of its answers,
+    the run's true clock) holds its true offset, minus its skew, within its bounds; what it
+    publishes (``least``) is never more off than the clock is, nor off the other way."""
+    for component, found in run.measured:
+        verdict.clock_measures += 1
+        skew = run.skews[component]
+        if not found.low - 1e-6 <= -skew <= found.high + 1e-6:
+            verdict.flag("clock_bounds", f"{component} skew {skew}: [{found.low}, {found.high}]")
+        if found.least * -skew < 0 or abs(found.least) > abs(skew) + 1e-6:
+            verdict.flag("clock_published", f"{component} skew {skew}: {found.least}")
+        verdict.clock_skews_seen += found.least != 0
 
 
 def _check_versions(verdict: Verdict, versions: list[ScheduleVersion]) -> None:

@@ -222,7 +222,9 @@ class Workers:
         outermost = self._running == 1
         # One-at-a-time schedules run long more often: their overlap policy is then tried.
         chance = config.long_run * (1 if run.overlap is OverlapPolicy.ALLOW else 4)
-        if outermost and faulty and rng.random() < chance and not self._run_long(job, run):
+        long = rng.random() < chance if outermost and faulty else False
+        long = long or (outermost and faulty and self._waiting_owed(run))
+        if long and not self._run_long(job, run):
             return  # told to stop
         # (Owed, as a stall is: one worker dies in every run, whatever the draws.)
         owed = not sim.run_record.counts["worker_killed"] and sim.clock.now >= sim.end - 3600
@@ -233,6 +235,19 @@ class Workers:
             if rng.random() < 0.1:
                 raise PermanentError("injected permanent failure")
             raise RuntimeError("injected transient failure")
+
+    def _waiting_owed(self, run: HandlerRun) -> bool:
+        """Whether this run of a QUEUE_ONE schedule owes the run an occurrence that waits:
+        none has in the run's first half (a run now is relayed at the next step, when the
+        run it was asked beside has ended, so one waits only when two of a schedule's
+        messages meet by chance), and the relay is up to send its run now at once."""
+        sim = self.sim
+        return (
+            run.overlap is OverlapPolicy.QUEUE_ONE
+            and not sim.run_record.counts["worker_waiting"]
+            and sim.clock.now >= (sim.start + sim.end) / 2
+            and sim.up("relay")
+        )
 
     def _run_long(self, job: Job, run: HandlerRun) -> bool:
         """A run of some seconds, heartbeating (or stalled past its lease once), with the
@@ -265,6 +280,10 @@ class Workers:
             one_at_a_time = run.overlap is not OverlapPolicy.ALLOW
             if rng.random() < 0.3 or (first and one_at_a_time):
                 sim.requests.run_now(job.message.tenant_id, run.schedule_id)
+                if first and self._waiting_owed(run):
+                    # The relay meanwhile (it runs all the time): the run now's message is
+                    # in the queue when the worker beside polls, and waits there.
+                    sim.mapping.poll()
             if rng.random() < 0.7 or (first and (owed or one_at_a_time)):
                 self._beside(job.message.tenant_id)
             if not job.heartbeat():

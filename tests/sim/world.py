@@ -54,6 +54,7 @@ from punctual.pipeline.redrive import StreamRedrive, Trimmed
 from punctual.pipeline.relay import Relay, SendFailed
 from punctual.services import Services
 from punctual.settings import Settings
+from punctual.skew import AnswerClock, ClockSkew, Offset
 from punctual.timing import ZoneSource, use_zone_source
 from punctual_client.worker import core as worker_core
 from tests.faults import FaultPlan, Faults, FaultyDynamoDB, FaultySQS
@@ -172,6 +173,11 @@ class Run:
     other: Settings | None = None  # the region that takes over (its own ledger table)
     ledger_reads: list[LedgerRead] = field(default_factory=list)  # what tenants' reads listed
     figures_reads: list[FiguresRead] = field(default_factory=list)  # schedules' figures read
+    skews: dict[str, int] = field(default_factory=dict)  # each component's clock skew
+    # Each component's measure of its clock against DynamoDB's answers, and what it said at
+    # the end of each step it ran in: (component, its estimate then).
+    offsets: dict[str, ClockSkew] = field(default_factory=dict)
+    measured: list[tuple[str, Offset]] = field(default_factory=list)
 
     @property
     def backfilled_ids(self) -> set[str]:
@@ -275,7 +281,7 @@ class Simulation:
         # (Its own generator: the run's draws, and so every earlier seed's world, unchanged.)
         self.ledger_rng = random.Random(config.seed * 7919 + 11)
         self.figures_rng = random.Random(config.seed * 7937 + 13)
-        self._skews: dict[str, int] = {}
+        self._skews = self.run_record.skews
         self.outages = self._outages()
         span = self.end - self.start
         self.rules_change_at = (
@@ -325,14 +331,30 @@ class Simulation:
             if draw
             else self.skew_of(component)
         )
+        now = lambda: self.clock.now + skew  # noqa: E731
         return Services(
             self.dynamodb,
             self.faulty_sqs,
             settings or self.region,
-            lambda: self.clock.now + skew,
+            now,
             sleep=lambda _: None,  # (simulated time: a back-off's pause takes none)
             bad_items=self.run_record.bad_items,
+            # Its measure of its clock against DynamoDB's answers (dated by the true clock:
+            # tests/faults.py), kept across the run: the oracle holds it to the skew.
+            answers=AnswerClock(now, self._offset(component)),
         )
+
+    def _offset(self, component: str) -> ClockSkew:
+        """The component's measure of its clock against DynamoDB's, kept across the run
+        once its skew is drawn (one taken before would be of another clock)."""
+        if component not in self._skews:
+            return self._skew()
+        return self.run_record.offsets.setdefault(component, self._skew())
+
+    def _skew(self) -> ClockSkew:
+        """A component's measure of its clock's offset, with the true clock for its
+        monotonic one (a component's clock moves with it: no step)."""
+        return ClockSkew(monotonic=lambda: self.clock.now)
 
     def skew_of(self, component: str) -> int:
         """The clock skew ``component`` runs with (0 before its first services())."""
@@ -430,6 +452,15 @@ class Simulation:
                 self.evil.act()
         if now % HOUR == 5 * MINUTE and (draining or self.up("reconciler")):
             self._reconcile(now)
+        self._measured()
+
+    def _measured(self) -> None:
+        """What each component's measure of its clock says at the step's end (by its own
+        clock), for the oracle to hold to the skew it runs with."""
+        for component, skew in self.run_record.offsets.items():
+            found = skew.offset(self.clock.now + self._skews[component])
+            if found is not None:
+                self.run_record.measured.append((component, found))
 
     def _remap(self, now: int) -> None:
         """The stack is deployed again: the relay's mappings are made anew (what the old one

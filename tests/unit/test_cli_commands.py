@@ -183,12 +183,26 @@ def test_cli_occurrence_prints_its_attempts(api: FakeApi, capsys: pytest.Capture
             "error": None,
         },
     ]
-    api.answers[("GET", "/v1/occurrences/occ_1")] = OCCURRENCE | {"attempts": attempts}
+    times = {
+        "to_receivable_seconds": 1,
+        "to_claim_seconds": 0,
+        "run_seconds": [2, 1],
+        "retry_wait_seconds": [30],
+    }
+    api.answers[("GET", "/v1/occurrences/occ_1")] = OCCURRENCE | {
+        "attempts": attempts,
+        "times": times,
+    }
     # WHEN `occurrence` prints it for people
     code, out, err = _run(["occurrence", "occ_1"], capsys)
-    # THEN its row, where and when it was sent, then one line per attempt (the error on it)
+    # THEN its row, where and when it was sent, where its time went, then one line per
+    # attempt (the error on it)
     assert (code, err) == (0, "")
-    header, row, sent, attempts_header, first, second = out.splitlines()
+    header, row, sent, spent, attempts_header, first, second = out.splitlines()
+    assert spent == (
+        "  times   due -> receivable 1 s; receivable -> claimed 0 s; runs 2 s, 1 s; "
+        "retry waits 30 s"
+    )
     assert header.split() == ["OCCURRENCE", "SCHEDULED_FOR", "STATE", "ATTEMPTS"]
     assert row.split() == ["occ_1", "2026-12-06T10:00:00Z", "SUCCEEDED", "2"]
     assert sent == (
@@ -208,13 +222,16 @@ def test_cli_occurrence_prints_its_attempts(api: FakeApi, capsys: pytest.Capture
 def test_cli_occurrence_not_taken_yet_says_so(api: FakeApi, capsys: pytest.CaptureFixture[str]):
     # GIVEN an occurrence no worker took yet
     waiting = OCCURRENCE | {"state": "SCHEDULED", "attempt_count": 0, "enqueued_at": None}
-    api.answers[("GET", "/v1/occurrences/occ_1")] = waiting | {"attempts": []}
+    none: dict[str, Any] = {"run_seconds": [], "retry_wait_seconds": []}
+    times = none | {"to_receivable_seconds": None, "to_claim_seconds": None}
+    api.answers[("GET", "/v1/occurrences/occ_1")] = waiting | {"attempts": [], "times": times}
     # WHEN printed; THEN it says it was not taken and has no attempts
     code, out, _ = _run(["occurrence", "occ_1"], capsys)
     assert code == 0
     assert out.splitlines()[2:] == [
         "  schedule sch_1 v2 -> billing; available 2026-12-06T10:00:00Z; "
         "sent not taken by a worker yet",
+        "  times   not claimed yet (its send is recorded by the first claim)",
         "no attempts yet",
     ]
 

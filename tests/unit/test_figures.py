@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from punctual.domain.figures import Spread, recent_figures, spread
+from punctual.domain.figures import Spread, StateTimes, recent_figures, spread, state_times
 from punctual.domain.ids import occurrence_id
 from punctual.domain.occurrence import Attempt, AttemptOutcome, Occurrence, OccurrenceState
 from punctual.domain.schedule import MissedEpisode
@@ -248,3 +248,58 @@ def test_with_no_fire_read_episodes_count_only_if_the_read_reached_the_first_ite
     assert recent_figures([], [episode], reached=True).missed == 2
     # (stopped at its bound, behind manual runs: where the episode lies is not known)
     assert recent_figures([], [episode], reached=False).missed == 0
+
+
+@pytest.mark.parametrize(
+    ("enqueued", "steps", "expected"),
+    [
+        # sent ahead with a delay (receivable at its due time), claimed 2 s after it, a
+        # run of 3 s that failed, 30 s of back-off, a run of 4 s
+        (
+            T0 - 170,
+            [(T0 + 2, T0 + 5, A.RETRY), (T0 + 35, T0 + 39, A.SUCCEEDED)],
+            StateTimes(0, 2, (3, 4), (30,)),
+        ),
+        # sent 7 s late (an outage of the relay), claimed 1 s after that, still running
+        (T0 + 7, [(T0 + 8, None, A.RUNNING)], StateTimes(7, 1, (), ())),
+        # not claimed yet: the send is not recorded yet either
+        (None, [], StateTimes(None, None, (), ())),
+        # an attempt taken over (its end never written): no wait measured after it
+        (T0, [(T0 + 1, None, A.LOST), (T0 + 70, T0 + 71, A.SUCCEEDED)], StateTimes(0, 1, (1,), ())),
+        # a worker clock 2 s behind SQS's: a negative wait, kept as measured
+        (T0 + 1, [(T0 - 1, T0 + 3, A.SUCCEEDED)], StateTimes(1, -2, (4,), ())),
+        # claimed, but its message carried no SentTimestamp: the send is not known, so
+        # neither is the wait for the claim; the run is
+        (None, [(T0 + 2, T0 + 3, A.SUCCEEDED)], StateTimes(None, None, (1,), ())),
+        # sent (recorded) and no attempt yet
+        (T0, [], StateTimes(0, None, (), ())),
+    ],
+    ids=[
+        "retried",
+        "sent-late",
+        "not-claimed",
+        "taken-over",
+        "clock-behind",
+        "send-unknown",
+        "sent-not-claimed",
+    ],
+)
+def test_state_times_split_an_occurrences_time_by_state(
+    enqueued: int | None,
+    steps: list[tuple[int, int | None, AttemptOutcome]],
+    expected: StateTimes,
+) -> None:
+    o, attempts = tried(
+        occ(T0, enqueued_at=enqueued),
+        *[(start, end, outcome, None) for start, end, outcome in steps],
+    )
+    assert state_times(o, attempts) == expected
+
+
+def test_state_times_of_a_flexible_occurrence_start_at_its_due_time() -> None:
+    # GIVEN a flexible fire at T0 due (available) 40 s later, sent 3 s after that
+    o, attempts = tried(
+        occ(T0, available_at=T0 + 40, enqueued_at=T0 + 43), (T0 + 45, T0 + 46, A.SUCCEEDED, None)
+    )
+    # THEN the times count from its due time, not its scheduled instant
+    assert state_times(o, attempts) == StateTimes(3, 2, (1,), ())

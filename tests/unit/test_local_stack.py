@@ -264,6 +264,14 @@ FIGURES: dict[str, Any] = {
     "occurrences": {"SCHEDULED": 2, "SUCCEEDED": 9, "DEAD": 1},
     "lag_seconds": {"strict": {"p50": 0.4, "p95": 1.2, "p99": 1.9, "n": 9}},
     "waited_for_a_worker_seconds": {"p50": 3.0, "p95": 146.0, "p99": 146.0, "n": 10},
+    "time_in_state_seconds": {
+        "strict": {
+            "to_receivable": {"p50": 0.0, "p95": 1.0, "p99": 1.0, "n": 9},
+            "to_claim": {"p50": 2.0, "p95": 5.0, "p99": 5.0, "n": 9},
+            "run": {"p50": 3.0, "p95": 40.0, "p99": 40.0, "n": 10},
+            "retry_wait": {"p50": 30.0, "p95": 30.0, "p99": 30.0, "n": 1},
+        }
+    },
     "schedules": {"ACTIVE": 4, "COMPLETED": 1},
     "missed_summarized": 0,
     "drain": {
@@ -302,6 +310,9 @@ def test_stats_prints_readable_lines(
         "occurrences (last 60 min): 9 SUCCEEDED, 2 SCHEDULED, 1 DEAD",
         "schedule lag strict: p50 0 s, p95 1 s, p99 2 s (9 sent)",
         "waited for a worker (claimed - due): p50 3 s, p95 146 s, p99 146 s (10 claimed)",
+        "time in each state, strict: due -> receivable p50 0 s, p99 1 s (9); "
+        "receivable -> claimed p50 2 s, p99 5 s (9); run p50 3 s, p99 40 s (10); "
+        "retry wait p50 30 s, p99 30 s (1)",
         "schedules: 4 ACTIVE, 1 COMPLETED; fires recorded MISSED (misfire policy): 0",
         "backlog (due, not taken): 0",
         "reconciler, last window 2026-12-06T22:00:00Z .. 2026-12-06T23:00:00Z: not reconciled yet",

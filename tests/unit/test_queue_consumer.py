@@ -13,8 +13,8 @@ from typing import Any, cast
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
+from punctual.skew import ClockSkew
 from punctual_client.worker import QueueConsumer, Worker
-from punctual_client.worker.clock import ClockSkew
 from punctual_client.worker.core import Outcome
 from tests.log_lines import plain_lines
 

@@ -1,4 +1,4 @@
-"""The worker's measure of its clock's offset from SQS's (punctual_client.worker.clock): every
+"""The worker's measure of its clock's offset from SQS's (punctual.skew): every
 first receive bounds it, the bounds intersect, the lower one is never above the true offset,
 a stepped clock starts the estimate again, and old samples are dropped."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from punctual_client.worker.clock import (
+from punctual.skew import (
     KEEP_SECONDS,
     MAX_DRIFT,
     MAX_SAMPLES,

@@ -749,6 +749,9 @@ def _print_occurrence_detail(found: dict[str, Any]) -> None:
     )
     if found.get("reason"):
         print(f"  reason  {_flat_text(found['reason'])}")
+    times = found.get("times")
+    if times:
+        print(f"  times   {_state_times_text(times)}")
     attempts = found.get("attempts") or []
     if not attempts:
         print("no attempts yet")
@@ -760,6 +763,27 @@ def _print_occurrence_detail(found: dict[str, Any]) -> None:
             f"{attempt.get('finished_at') or '-':<21} {attempt['outcome']:<16} "
             f"{_flat_text(attempt.get('error') or '')}".rstrip()
         )
+
+
+def _state_times_text(times: dict[str, Any]) -> str:
+    """Where the occurrence's time went: ``due -> receivable 0 s, receivable -> claimed
+    2 s, runs 14 s, 9 s, retry waits 30 s`` (the steps not reached yet left out)."""
+
+    def seconds(values: list[int]) -> str:
+        return ", ".join(f"{v} s" for v in values)
+
+    parts = [
+        f"due -> receivable {times['to_receivable_seconds']} s"
+        if times.get("to_receivable_seconds") is not None
+        else "not claimed yet (its send is recorded by the first claim)",
+    ]
+    if times.get("to_claim_seconds") is not None:
+        parts.append(f"receivable -> claimed {times['to_claim_seconds']} s")
+    if times.get("run_seconds"):
+        parts.append(f"runs {seconds(times['run_seconds'])}")
+    if times.get("retry_wait_seconds"):
+        parts.append(f"retry waits {seconds(times['retry_wait_seconds'])}")
+    return "; ".join(parts)
 
 
 def _flat_text(text: str) -> str:

@@ -182,6 +182,7 @@ def test_reconciler_handler_validates_the_event_and_emits_metrics(
         assert emitted["ReconcileUnexpected"] == 0
         assert emitted["ReconcileInFlight"] == 11 + 4
         assert emitted["ReconcileIncomplete"] == 0
+        assert emitted["ClockSkew"] > 3600  # (this test's clock is weeks from DynamoDB's)
         # WHEN the next hourly run comes: its own hour is new, and the two hours whose
         # occurrences were still in flight (no worker here) are not settled: checked again
         clock.now = at("13:05")

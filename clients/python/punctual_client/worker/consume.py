@@ -110,7 +110,7 @@ class QueueConsumer:
 
     def _measure_skew(self, received: list[dict[str, Any]], called: float, answered: float) -> None:
         """Each first receive's stamp bounds the host clock's offset from SQS's (within
-        this call: punctual_client.worker.clock); the estimate is logged when it moves."""
+        this call: punctual.skew); the estimate is logged when it moves."""
         for m in received:
             attributes = m.get("Attributes", {})
             stamp = attributes.get("ApproximateFirstReceiveTimestamp")

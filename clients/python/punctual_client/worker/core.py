@@ -37,7 +37,7 @@ from punctual.domain.occurrence import TERMINAL, AttemptOutcome, OccurrenceState
 from punctual.domain.policies import OverlapPolicy, RetryPolicy
 from punctual.domain.schedule import OWNS_FIRES, ScheduleState
 from punctual.observability import logger
-from punctual_client.worker.clock import ClockSkew
+from punctual.skew import ClockSkew
 from punctual_client.worker.wiring import WorkerServices
 
 # Re-reads after a lost race before the message is left for a later delivery.

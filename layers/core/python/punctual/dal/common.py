@@ -9,11 +9,11 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError, HTTPClientError
@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # the stubs are a development dependency: Lambda never import
         TransactWriteItemsOutputTypeDef,
         UpdateItemOutputTypeDef,
     )
+
+    from punctual.skew import AnswerClock
+
+T = TypeVar("T")
 
 _SERIALIZER = TypeSerializer()
 _DESERIALIZER = TypeDeserializer()
@@ -300,58 +304,60 @@ class Dynamo:
     """A DynamoDB client as the stores use it: each call translated (``translated``), so a
     throttled read answers Retryable (the API's 503) like a throttled write, and the pause
     of every retry loop over it (``sleep``). The stores hold one of these, never the raw
-    client (tests/unit/test_seams.py): a call it does not offer cannot be made untranslated."""
+    client (tests/unit/test_seams.py): a call it does not offer cannot be made untranslated.
+    With a ``clock``, each call is timed against its answer's Date (the component's clock
+    skew: punctual.skew)."""
 
-    __slots__ = ("raw", "sleep")
+    __slots__ = ("clock", "raw", "sleep")
 
-    def __init__(self, raw: DynamoDBClient, sleep: Sleep = time.sleep) -> None:
+    def __init__(
+        self, raw: DynamoDBClient, sleep: Sleep = time.sleep, clock: AnswerClock | None = None
+    ) -> None:
         self.raw = raw
         self.sleep = sleep
+        self.clock = clock
+
+    def _answer(self, call: Callable[[], T]) -> T:
+        """``call``'s answer, translated (and timed, with a clock)."""
+        with translated():
+            return call() if self.clock is None else self.clock.timed(call)
 
     def get_item(self, **request: Any) -> GetItemOutputTypeDef:
-        with translated():
-            return self.raw.get_item(**request)
+        return self._answer(lambda: self.raw.get_item(**request))
 
     def batch_get_item(self, **request: Any) -> BatchGetItemOutputTypeDef:
-        with translated():
-            return self.raw.batch_get_item(**request)
+        return self._answer(lambda: self.raw.batch_get_item(**request))
 
     def query(self, **request: Any) -> QueryOutputTypeDef:
-        with translated():
-            return self.raw.query(**request)
+        return self._answer(lambda: self.raw.query(**request))
 
     def scan(self, **request: Any) -> ScanOutputTypeDef:
-        with translated():
-            return self.raw.scan(**request)
+        return self._answer(lambda: self.raw.scan(**request))
 
     def query_pages(self, **request: Any) -> Iterator[QueryOutputTypeDef]:
         """Every page of a Query, each read translated."""
         pages = iter(self.raw.get_paginator("query").paginate(**request))
         while True:
-            with translated():
-                page = next(pages, None)
+            page = self._answer(lambda: next(pages, None))
             if page is None:
                 return
             yield page
 
     def put_item(self, **request: Any) -> PutItemOutputTypeDef:
-        with translated():
-            return self.raw.put_item(**request)
+        return self._answer(lambda: self.raw.put_item(**request))
 
     def update_item(self, **request: Any) -> UpdateItemOutputTypeDef:
-        with translated():
-            return self.raw.update_item(**request)
+        return self._answer(lambda: self.raw.update_item(**request))
 
     def transact_write_items(self, **request: Any) -> TransactWriteItemsOutputTypeDef:
-        with translated():
-            return self.raw.transact_write_items(**request)
+        return self._answer(lambda: self.raw.transact_write_items(**request))
 
 
 def dynamo(client: Any, sleep: Sleep | None = None) -> Dynamo:
     """``client`` as a Dynamo (itself if it is one already, unless another ``sleep`` is
     given)."""
     if isinstance(client, Dynamo):
-        return client if sleep is None else Dynamo(client.raw, sleep)
+        return client if sleep is None else Dynamo(client.raw, sleep, client.clock)
     return Dynamo(client, sleep or time.sleep)
 
 

@@ -2,7 +2,8 @@
 and the last failure, computed from what is already stored (the fires' occurrence items with
 their attempt histories, and the schedule's misfire episodes). Nothing is written for them
 on the hot path; the cost is one read of the last fires' items per GET (docs/operations.md,
-*A schedule's recent fires*).
+*A schedule's recent fires*). And where one occurrence's time went (``state_times``: due to
+receivable, receivable to claimed, each run, each retry's wait), from the same items.
 
 The fires are the schedule's own (its rule's instants): a manual run (run now, backfill) is
 no fire of it, and left out. Every figure is the tenant's own data: a worker of the tenant
@@ -16,6 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from punctual.domain.occurrence import Attempt, AttemptOutcome, Occurrence, OccurrenceState
 from punctual.domain.schedule import MissedEpisode
@@ -96,6 +98,39 @@ def start_lag(occurrence: Occurrence, attempts: Sequence[Attempt]) -> int | None
     """From its due time to its first attempt's start (by the worker's clock: negative if
     that clock is behind). None before a worker claimed it."""
     return None if not attempts else attempts[0].started_at - occurrence.available_at
+
+
+@dataclass(frozen=True, slots=True)
+class StateTimes:
+    """Where an occurrence's time went, in seconds: from due (``available_at``) to
+    receivable (its message sent; sent ahead with a delay, receivable at its due time: 0),
+    from receivable to its first claim, each finished attempt's run (claimed to finished),
+    and each wait between an attempt's end and the next one's start (a retry's back-off, or
+    the wait of a run taken over). None or empty: not reached yet. By the clocks that wrote
+    them: a worker's clock behind SQS's shows a negative wait, kept as measured."""
+
+    to_receivable: int | None
+    to_claim: int | None
+    runs: tuple[int, ...]
+    retry_waits: tuple[int, ...]
+
+
+def state_times(occurrence: Occurrence, attempts: Sequence[Attempt]) -> StateTimes:
+    """The time ``occurrence`` spent in each state, from its item and attempt history."""
+    to_receivable = receivable_lag(occurrence)
+    to_claim = (
+        None
+        if to_receivable is None or not attempts
+        else attempts[0].started_at - occurrence.available_at - to_receivable
+    )
+    return StateTimes(
+        to_receivable,
+        to_claim,
+        tuple(a.finished_at - a.started_at for a in attempts if a.finished_at is not None),
+        tuple(
+            b.started_at - a.finished_at for a, b in pairwise(attempts) if a.finished_at is not None
+        ),
+    )
 
 
 def _failures(occurrence: Occurrence, attempts: Sequence[Attempt]) -> list[Failure]:

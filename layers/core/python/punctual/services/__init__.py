@@ -26,6 +26,7 @@ from punctual.dal.reports import ReportStore
 from punctual.dal.schedules import ScheduleStore
 from punctual.dal.tenants import TenantStore
 from punctual.settings import Settings, get_settings
+from punctual.skew import AnswerClock, Offset
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -86,6 +87,17 @@ class Services:
     now: Clock
     sleep: Sleep = time.sleep
     bad_items: BadItems = field(default_factory=BadItems)
+    # ``now`` against DynamoDB's clock (each answer's Date): the skew the component
+    # publishes (docs/operations.md, *Clock skew*). None: one of its own, on ``now``.
+    answers: AnswerClock | None = None
+
+    def __post_init__(self) -> None:
+        if self.answers is None:
+            object.__setattr__(self, "answers", AnswerClock(self.now))
+
+    def clock_offset(self) -> Offset | None:
+        """DynamoDB's clock minus ``now``, as the answers so far bound it; None before one."""
+        return self.answers.offset() if self.answers is not None else None
 
     @classmethod
     def from_environment(cls) -> Services:
@@ -101,7 +113,7 @@ class Services:
     def db(self) -> Dynamo:
         """The DynamoDB client as the stores use it: every call translated, retries paused
         by ``sleep``."""
-        return Dynamo(self.dynamodb, self.sleep)
+        return Dynamo(self.dynamodb, self.sleep, self.answers)
 
     @property
     def schedules(self) -> ScheduleStore:
