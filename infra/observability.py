@@ -537,8 +537,8 @@ class Observability(Construct):
             punctual_metric("ClockSkew", "Maximum"),
             t.clock_skew_seconds,
             "A component's clock is off DynamoDB's (each answer's Date bounds it): the "
-            "relay's makes messages receivable early or late by as much, the API's moves "
-            "a run now's instant. The warning 'clock off DynamoDB's' names the component.",
+            "relay's makes messages receivable early or late by as much. The warning 'clock "
+            "off DynamoDB's' names the component (docs/operations.md, Clock skew).",
             evaluation_periods=3,
             datapoints=3,
         )

@@ -82,6 +82,9 @@ class Faults:
     injected: Counter[str] = field(default_factory=Counter)
     before: dict[str, Hook] = field(default_factory=dict)
     enabled: bool = True
+    # How far the servers' clock (the Date of DynamoDB's answers) is ahead of ``clock``: a
+    # fraction of a second makes a measure's truncation and resolution matter.
+    server_ahead: float = 0.0
 
     def roll(self, probability: float, kind: str) -> bool:
         if self.enabled and probability > 0 and self.rng.random() < probability:
@@ -187,11 +190,11 @@ class FaultyDynamoDB:
     # --- helpers ---------------------------------------------------------------------------
 
     def _dated(self, answer: Any) -> Any:
-        """The answer's Date header by the run's clock: the servers' clock is the run's true
-        one, each component's its own (skewed) one, and each measures the skew between the
-        two from these (punctual.skew)."""
+        """The answer's Date header by the servers' clock (the run's true one, plus
+        ``server_ahead``; each component runs its own, skewed, one and measures the skew
+        between the two from these: punctual.skew)."""
         headers = answer.setdefault("ResponseMetadata", {}).setdefault("HTTPHeaders", {})
-        headers["date"] = formatdate(self._faults.clock(), usegmt=True)
+        headers["date"] = formatdate(self._faults.clock() + self._faults.server_ahead, usegmt=True)
         return answer
 
     def _before(self, operation: str, request: dict[str, Any]) -> None:

@@ -228,7 +228,10 @@ def stats_lines(found: dict[str, Any], minutes: int) -> list[str]:
 
     lines = [f"occurrences (last {minutes} min): {_counts(found['occurrences'])}"]
     if found.get("unreadable"):
-        lines.append(f"occurrence items unreadable (a tenant's bad data): {found['unreadable']}")
+        lines.append(
+            f"occurrence items unreadable, whole table (a tenant's bad data, left out of "
+            f"every figure): {found['unreadable']}"
+        )
     for kind, lag in found["lag_seconds"].items():
         lines.append(
             f"schedule lag {kind}: p50 {lag['p50']:.0f} s, p95 {lag['p95']:.0f} s, "

@@ -17,7 +17,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.config import Config
 
-from punctual.observability import logger, metrics
+from punctual.observability import add_clock_skew, logger, metrics
 from punctual.pipeline.redrive import StreamRedrive, Trimmed
 from punctual.pipeline.relay import Relay
 from punctual.services import Services, Wiring
@@ -67,8 +67,10 @@ def record_handler(record: SQSRecord) -> None:
 @logger.inject_lambda_context
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return dict(
+    answer = dict(
         process_partial_response(
             event=event, record_handler=record_handler, processor=processor, context=context
         )
     )
+    add_clock_skew("redrive", wiring.services().clock_offset())
+    return answer

@@ -156,6 +156,10 @@ def occurrence_commands(stack: Stack, occurrence_id: str) -> None:
     at = next(n for n, line in enumerate(lines) if line.startswith("ATTEMPT "))
     assert lines[at].split() == ["ATTEMPT", "STARTED", "FINISHED", "OUTCOME", "ERROR"]
     assert lines[at + 1].split()[0::3] == ["1", "SUCCEEDED"]
+    # AND where its time went: sent, claimed, one run
+    times = next(line for line in lines if line.startswith("  times   "))
+    assert "due -> receivable" in times, times
+    assert "runs" in times, times
     # WHEN `occurrences` asks for a window around it, and for a state
     done = stack.cli_json("occurrence", occurrence_id)
     schedule_id, due = done["schedule_id"], done["scheduled_for"]

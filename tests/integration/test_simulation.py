@@ -340,7 +340,7 @@ def test_simulation_oracle_catches_each_kind_of_violation(simulated: tuple[Run, 
     # ... and a component's measure of its clock misses its true offset, and another says
     # its clock is off the wrong way
     skewed = next(c for c, skew in run.skews.items() if skew and c in run.offsets)
-    offset = -run.skews[skewed]
+    offset = run.server_ahead - run.skews[skewed]
     low, high = sorted((offset / 4, offset / 2))  # (the right way, not as far: the bounds)
     run.measured += [(skewed, Offset(low, high, 1)), (skewed, Offset(-offset, -offset, 1))]
     verdict = check(run)

@@ -222,16 +222,17 @@ def check(run: Run) -> Verdict:
 
 
 def _check_clock_measures(verdict: Verdict, run: Run) -> None:
-    """Each component's measure of its clock against DynamoDB's (the Date of its answers,
-    the run's true clock) holds its true offset, minus its skew, within its bounds; what it
-    publishes (``least``) is never more off than the clock is, nor off the other way."""
+    """Each component's measure of its clock against DynamoDB's (the Date of its answers:
+    the run's true clock plus ``server_ahead``) holds its true offset (that minus its skew)
+    within its bounds; what it publishes (``least``) is never farther from zero than the
+    true offset, nor on the other side of it."""
     for component, found in run.measured:
         verdict.clock_measures += 1
-        skew = run.skews[component]
-        if not found.low - 1e-6 <= -skew <= found.high + 1e-6:
-            verdict.flag("clock_bounds", f"{component} skew {skew}: [{found.low}, {found.high}]")
-        if found.least * -skew < 0 or abs(found.least) > abs(skew) + 1e-6:
-            verdict.flag("clock_published", f"{component} skew {skew}: {found.least}")
+        offset = run.server_ahead - run.skews[component]
+        if not found.low - 1e-6 <= offset <= found.high + 1e-6:
+            verdict.flag("clock_bounds", f"{component} offset {offset}: {found}")
+        if found.least * offset < 0 or abs(found.least) > abs(offset) + 1e-6:
+            verdict.flag("clock_published", f"{component} offset {offset}: {found.least}")
         verdict.clock_skews_seen += found.least != 0
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 LEASE_SECONDS = 30  # the simulated workers' lease: long runs outlast it
 BEAT_SECONDS = 10  # a long run's heartbeat period
 LONG_RUN = (15, 50)  # seconds a long run takes
+WAITING_TRIES = 3  # long runs forced to make a QUEUE_ONE occurrence wait, at most
 STALL_SECONDS = LEASE_SECONDS + 8  # a stalled run's silence: past its lease, whatever the skew
 
 
@@ -223,7 +224,9 @@ class Workers:
         # One-at-a-time schedules run long more often: their overlap policy is then tried.
         chance = config.long_run * (1 if run.overlap is OverlapPolicy.ALLOW else 4)
         long = rng.random() < chance if outermost and faulty else False
-        long = long or (outermost and faulty and self._waiting_owed(run))
+        if not long and outermost and faulty and self._waiting_owed(run):
+            long = True
+            sim.run_record.counts["waiting_owed"] += 1
         if long and not self._run_long(job, run):
             return  # told to stop
         # (Owed, as a stall is: one worker dies in every run, whatever the draws.)
@@ -245,6 +248,8 @@ class Workers:
         return (
             run.overlap is OverlapPolicy.QUEUE_ONE
             and not sim.run_record.counts["worker_waiting"]
+            # (a few tries: a run now refused, or given up on, leaves the world as it was)
+            and sim.run_record.counts["waiting_owed"] < WAITING_TRIES
             and sim.clock.now >= (sim.start + sim.end) / 2
             and sim.up("relay")
         )

@@ -76,6 +76,10 @@ STARTS = (
     "2026-11-01T06:00:00Z",
 )
 OLD_RULES = ZoneSource("2025b", Path(__file__).parent.parent / "tzdata_2025b")
+# DynamoDB's clock ahead of the world's true one, as its answers' Date says: a fraction of a
+# second, so the components' measures of their clocks depend on the Date's truncation to
+# the second (the world's time is whole seconds).
+SERVER_AHEAD = 0.6
 MAPPING_RETRIES = 3  # the relay's event source mapping: attempts before it discards a batch
 DRAIN_SECONDS = 3 * HOUR  # after the faults stop: the reconciler covers every hour
 STEP_BUDGET = 55  # seconds of its minute a step may take (long runs): the next starts at 60
@@ -174,6 +178,7 @@ class Run:
     ledger_reads: list[LedgerRead] = field(default_factory=list)  # what tenants' reads listed
     figures_reads: list[FiguresRead] = field(default_factory=list)  # schedules' figures read
     skews: dict[str, int] = field(default_factory=dict)  # each component's clock skew
+    server_ahead: float = 0.0  # DynamoDB's clock ahead of the true one (its answers' Date)
     # Each component's measure of its clock against DynamoDB's answers, and what it said at
     # the end of each step it ran in: (component, its estimate then).
     offsets: dict[str, ClockSkew] = field(default_factory=dict)
@@ -262,7 +267,12 @@ class Simulation:
         )
         self.region = self.settings  # where the system runs now
         self.real = dynamodb
-        self.faults = Faults(config.faults, self.clock, random.Random(self.rng.getrandbits(64)))
+        self.faults = Faults(
+            config.faults,
+            self.clock,
+            random.Random(self.rng.getrandbits(64)),
+            server_ahead=SERVER_AHEAD,
+        )
         self.sqs = SimSQS(self.clock)
         self.dynamodb = FaultyDynamoDB(dynamodb, self.faults)
         self.faulty_sqs = FaultySQS(self.sqs, self.faults)
@@ -282,6 +292,7 @@ class Simulation:
         self.ledger_rng = random.Random(config.seed * 7919 + 11)
         self.figures_rng = random.Random(config.seed * 7937 + 13)
         self._skews = self.run_record.skews
+        self.run_record.server_ahead = SERVER_AHEAD
         self.outages = self._outages()
         span = self.end - self.start
         self.rules_change_at = (

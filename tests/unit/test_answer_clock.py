@@ -120,6 +120,28 @@ def test_at_most_one_answer_a_second_is_taken() -> None:
     assert found.samples == 2
 
 
+def test_a_clock_stepped_back_is_seen_at_once_not_when_it_catches_up() -> None:
+    # GIVEN a clock in step with DynamoDB's, measured for 10 s
+    calls = Calls(offset=0.0)
+    for _ in range(10):
+        calls.call(length=0.01)
+        calls.wait(1.0)
+    assert (before := calls.clock.offset()) is not None
+    assert before.least == 0
+    # WHEN it is stepped back 600 s (the monotonic clock does not move by it)
+    calls.now -= 600
+    calls.offset += 600
+    # THEN the samples taken before it no longer say it is in step
+    assert calls.clock.offset() is None
+    # AND the next answer, a second later by the monotonic clock, measures the step
+    calls.wait(1.0)
+    calls.call(length=0.01)
+    found = calls.clock.offset()
+    assert found is not None
+    assert found.samples == 1
+    assert found.least > 599
+
+
 def test_an_answer_without_a_date_is_no_sample_and_keeps_the_next_one() -> None:
     calls = Calls(offset=0.0)
     assert calls.call(answer={"Items": []}) == {"Items": []}  # the answer itself, untouched

@@ -231,7 +231,7 @@ def test_cli_occurrence_not_taken_yet_says_so(api: FakeApi, capsys: pytest.Captu
     assert out.splitlines()[2:] == [
         "  schedule sch_1 v2 -> billing; available 2026-12-06T10:00:00Z; "
         "sent not taken by a worker yet",
-        "  times   not claimed yet (its send is recorded by the first claim)",
+        "  times   due -> receivable not recorded (a worker's first claim records the send)",
         "no attempts yet",
     ]
 

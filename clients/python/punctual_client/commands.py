@@ -775,7 +775,7 @@ def _state_times_text(times: dict[str, Any]) -> str:
     parts = [
         f"due -> receivable {times['to_receivable_seconds']} s"
         if times.get("to_receivable_seconds") is not None
-        else "not claimed yet (its send is recorded by the first claim)",
+        else "due -> receivable not recorded (a worker's first claim records the send)",
     ]
     if times.get("to_claim_seconds") is not None:
         parts.append(f"receivable -> claimed {times['to_claim_seconds']} s")

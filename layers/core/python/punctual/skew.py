@@ -48,6 +48,9 @@ SAMPLE_EVERY = 1.0  # an AnswerClock samples at most one answer a second (a Date
 MAX_SAMPLES = 256
 MAX_DRIFT = 500e-6  # seconds per second a clock may drift (NTP's largest slew)
 STEP_SECONDS = 0.05  # the host clock moved this much more or less than the monotonic one: a step
+# A sample answered this long after the time asked about: the clock was stepped back (more
+# than a thread's read of the clock racing another's sample can make it).
+BACK_STEP_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +83,26 @@ class ClockSkew:
         self._monotonic = monotonic
         self._lock = threading.Lock()
 
+    def steady(self) -> float:
+        """The monotonic clock a step is told against, now."""
+        return self._monotonic()
+
     def observe(
-        self, stamp: float, called: float, answered: float, resolution: float = RESOLUTION
+        self,
+        stamp: float,
+        called: float,
+        answered: float,
+        resolution: float = RESOLUTION,
+        steady: float | None = None,
     ) -> None:
         """A stamp of ``stamp`` (epoch seconds by the server's clock, truncated to
         ``resolution``: a first receive's by default) in a call made at ``called`` and
-        answered at ``answered`` (the caller's clock)."""
+        answered at ``answered`` (the caller's clock); ``steady``: the monotonic clock when
+        it was answered (read now if not given)."""
         if not (math.isfinite(stamp) and math.isfinite(called)) or called > answered:
             return
-        sample = (answered, self._monotonic(), stamp - answered, stamp + resolution - called)
+        steady = self._monotonic() if steady is None else steady
+        sample = (answered, steady, stamp - answered, stamp + resolution - called)
         with self._lock:
             if self._samples and self._stepped(self._samples[-1], sample):
                 self._samples.clear()
@@ -114,8 +128,13 @@ class ClockSkew:
         return low, high
 
     def offset(self, now: float) -> Offset | None:
-        """The offset as the samples of the last KEEP_SECONDS bound it now; None with none."""
+        """The offset as the samples of the last KEEP_SECONDS bound it now; None with none.
+        A sample answered more than BACK_STEP_SECONDS after ``now`` says the clock was
+        stepped back since: every sample is dropped (they would hold the old offset until
+        the clock caught up with them)."""
         with self._lock:
+            if self._samples and self._samples[-1][0] > now + BACK_STEP_SECONDS:
+                self._samples.clear()
             while self._samples and self._samples[0][0] < now - KEEP_SECONDS:
                 self._samples.popleft()
             if not self._samples:
@@ -133,8 +152,9 @@ class ClockSkew:
 class AnswerClock:
     """A server component's clock against AWS's: ``timed`` calls, and the Date of the answer
     (the server's clock when it answered, in whole seconds) bounds the offset as any stamp
-    does (``skew``). At most one answer a second is taken (a Date says nothing finer), so a
-    walk of thousands of calls pays two clock reads each and little else."""
+    does (``skew``). At most one answer a second is taken (a Date says nothing finer), by
+    the monotonic clock (a step of ``now`` back does not stop the sampling), so a walk of
+    thousands of calls pays three clock reads each and little else."""
 
     def __init__(self, now: Callable[[], float], skew: ClockSkew | None = None) -> None:
         self.now = now
@@ -145,11 +165,12 @@ class AnswerClock:
         called = self.now()
         answer = call()
         answered = self.now()
-        if answered - self._sampled >= SAMPLE_EVERY:
+        steady = self.skew.steady()
+        if steady - self._sampled >= SAMPLE_EVERY:
             stamp = answer_date(answer)
             if stamp is not None:
-                self._sampled = answered
-                self.skew.observe(stamp, called, answered, DATE_RESOLUTION)
+                self._sampled = steady
+                self.skew.observe(stamp, called, answered, DATE_RESOLUTION, steady)
         return answer
 
     def offset(self) -> Offset | None:

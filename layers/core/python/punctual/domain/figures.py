@@ -105,9 +105,10 @@ class StateTimes:
     """Where an occurrence's time went, in seconds: from due (``available_at``) to
     receivable (its message sent; sent ahead with a delay, receivable at its due time: 0),
     from receivable to its first claim, each finished attempt's run (claimed to finished),
-    and each wait between an attempt's end and the next one's start (a retry's back-off, or
-    the wait of a run taken over). None or empty: not reached yet. By the clocks that wrote
-    them: a worker's clock behind SQS's shows a negative wait, kept as measured."""
+    and each wait between an attempt's end and the next one's start (a retry's back-off;
+    none after an attempt taken over, which has no end). None or empty: not reached yet. By
+    the clocks that wrote them: a worker's clock behind SQS's shows a negative wait, kept
+    as measured."""
 
     to_receivable: int | None
     to_claim: int | None
