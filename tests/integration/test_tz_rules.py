@@ -594,3 +594,68 @@ def test_a_replan_skips_a_planned_occurrence_whose_wall_time_a_worker_overwrote(
     assert result.replanned == [sid]
     assert aws.bad_items.count > bad_before
     assert occurrence_id(sid, 1, at("16:00")) in occurrences_of(aws, sid)
+
+
+def shifted_one_shot_in_vancouver(aws: Services, clock: Clock, made: str, until: str) -> str:
+    """A one-shot at 02:30 local on 2027-03-14 in America/Vancouver, shifted out of a gap
+    (SHIFT), made at ``made`` that day and planned by the materializer until ``until``."""
+    spec = {
+        "kind": "at",
+        "at": "2027-03-14T02:30:00",
+        "timezone": "America/Vancouver",
+        "dst": {"gap": "SHIFT"},
+    }
+    clock.now = mar14(made)
+    sid = make(aws, spec=spec)
+    shard = shard_of(sid, aws.settings.shard_count)
+    materialize_until(aws, clock, mar14(until), [shard], every=60)
+    return sid
+
+
+def test_a_shifted_one_shot_moves_to_its_wall_times_instant_under_new_rules(
+    alice: Api, aws: Services, clock: Clock, rules_restored: None
+):
+    # GIVEN the one-shot made at 09:00Z under 2025b, where 02:30 is in that morning's gap:
+    # shifted to the gap's end (03:00 PDT, 10:00Z) and planned ahead
+    use_zone_source(OLD)
+    sid = shifted_one_shot_in_vancouver(aws, clock, "09:00", "09:57")
+    shifted = occurrence_id(sid, 1, mar14("10:00"))
+    assert aws.occurrences.get(shifted) is not None
+    # WHEN the pinned release (no gap: 02:30 is 09:30Z, now past) is deployed at 09:58Z
+    shard = shard_of(sid, aws.settings.shard_count)
+    result = replanned_under(aws, clock, None, "09:58", shard)
+    # THEN the shifted occurrence is canceled and the one-shot fires once, at once, at its
+    # written wall time's new instant
+    assert result.replanned == [sid]
+    found = occurrences_of(aws, sid)
+    assert found[shifted]["state"] == "CANCELED"
+    live = [o for o in found.values() if o["state"] != "CANCELED"]
+    assert [(o["scheduled_for"], o["available_at"]) for o in live] == [
+        (mar14("09:30"), mar14("09:58"))
+    ]
+    # AND nothing more is made of it, and the reconciler finds neither a gap nor a stray
+    materialize_until(aws, clock, mar14("10:20"), [shard], every=60)
+    assert len([o for o in occurrences_of(aws, sid).values() if o["state"] != "CANCELED"]) == 1
+    clock.now = mar14("11:05")
+    [check] = Reconciler(aws).run([shard], mar14("09:00"), mar14("11:00"))
+    assert (check.missing, check.unexpected) == ([], [])
+
+
+def test_a_one_shot_that_fired_does_not_fire_again_when_new_rules_shift_its_wall_time(
+    alice: Api, aws: Services, clock: Clock, rules_restored: None
+):
+    # GIVEN the one-shot made at 09:10Z under the pinned release (no gap: 02:30 is 09:30Z)
+    # and fired
+    sid = shifted_one_shot_in_vancouver(aws, clock, "09:10", "09:40")
+    assert occurrence_id(sid, 1, mar14("09:30")) in occurrences_of(aws, sid)
+    # WHEN rules under which 02:30 is in a gap (2025b: shifted, it would fire at 10:00Z)
+    # are deployed and everything goes on
+    shard = shard_of(sid, aws.settings.shard_count)
+    replanned_under(aws, clock, OLD, "09:45", shard)
+    materialize_until(aws, clock, mar14("10:10"), [shard], every=60)
+    # THEN it does not fire again at the gap's end: its wall time fired
+    live = [o for o in occurrences_of(aws, sid).values() if o["state"] != "CANCELED"]
+    assert sorted(o["scheduled_for"] for o in live) == [mar14("09:30")]
+    clock.now = mar14("11:05")
+    [check] = Reconciler(aws).run([shard], mar14("09:00"), mar14("11:00"))
+    assert (check.missing, check.unexpected) == ([], [])

@@ -295,3 +295,36 @@ def test_the_skew_is_published_as_how_far_off_for_certain(
     assert dict(metrics.serialize_metric_set())["ClockSkew"] in (0, [0])
     metrics.clear_metrics()
     assert not caplog.records
+
+
+def test_a_sample_recorded_late_is_no_step() -> None:
+    # GIVEN a second sample whose thread waited 0.2 s before recording it (the lock held
+    # by another), while both clocks moved on
+    calls = Calls(offset=0.0)
+    recorded = 0
+
+    class Waiting(ClockSkew):
+        def observe(self, *args: Any, **kwargs: Any) -> None:
+            nonlocal recorded
+            recorded += 1
+            if recorded == 2:
+                calls.wait(0.2)
+            super().observe(*args, **kwargs)
+
+    calls.clock = AnswerClock(lambda: calls.now, Waiting(monotonic=lambda: calls.steady))
+    calls.call(length=0.01)
+    calls.wait(1.0)
+    calls.call(length=0.01)
+    # THEN it is kept with the first: the monotonic clock was read next to its answer
+    found = calls.clock.offset()
+    assert found is not None
+    assert found.samples == 2
+
+
+def test_a_sample_up_to_a_second_ahead_of_the_time_asked_is_no_step_back() -> None:
+    skew = ClockSkew(monotonic=lambda: 0.0)
+    skew.observe(T + 1, T + 0.5, T + 1)
+    # (asked about a moment a second before its answer: another thread's read of the clock)
+    assert skew.offset(T) is not None
+    # (more than a second before: the clock was stepped back since)
+    assert skew.offset(T - 0.5) is None

@@ -209,6 +209,16 @@ def wall_text(schedule: Schedule, instant: int) -> str | None:
     return local_wall(instant, get_zone(zone)).isoformat()
 
 
+def shows_wall(schedule: Schedule, instant: int, wall: str) -> bool:
+    """Whether the rules in use put a fire of ``wall`` (an occurrence's ``local``) at
+    ``instant``: the wall time ``instant`` is (``wall_text``), or, for a one-shot whose DST
+    choice decides its instants, one of those instants (its wall time is its written one,
+    whatever the instant)."""
+    if isinstance(schedule.spec, AtSpec) and schedule.spec.dst is not None:
+        return bool(schedule.rule().fires(instant - 1, instant))
+    return wall_text(schedule, instant) == wall
+
+
 def _occurrence(
     schedule: Schedule, fire: _Fire, receivable: int, retention: int, lane: Lane | None = None
 ) -> Occurrence:

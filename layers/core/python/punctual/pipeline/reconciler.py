@@ -29,7 +29,7 @@ from punctual.domain.findings import FOUND_IN, Finding, ReconcileReport
 from punctual.domain.ids import is_manual, minute_of
 from punctual.domain.ledger import LedgerBook, LedgerEntry
 from punctual.domain.occurrence import Lane, Occurrence, OccurrenceState
-from punctual.domain.planning import MAX_CATCHUP_SPREAD, new_occurrence, wall_text
+from punctual.domain.planning import MAX_CATCHUP_SPREAD, new_occurrence, shows_wall, wall_text
 from punctual.domain.policies import MisfireAction
 from punctual.domain.schedule import Schedule, ScheduleState
 from punctual.observability import logger
@@ -621,7 +621,7 @@ class Reconciler:
                 # (only when the rules in use no longer show its instant at its wall time:
                 # a stray fired at the second of a repeated hour still shows it, and stays
                 # UNEXPECTED)
-                and wall_text(planned, occurrence.scheduled_for) != occurrence.local
+                and not shows_wall(planned, occurrence.scheduled_for, occurrence.local)
             ):
                 # Even when its id is another fire's now (08:00 moved onto the instant that
                 # fired as 09:00): crediting that one would leave 09:00 a gap, and the repair

@@ -19,15 +19,18 @@ its instants; twice for one fired at BOTH):
   was planned already (the new rules give it a later instant), its due bucket placed
   ahead of the shard's walk.
 
-Everything in one transaction, conditional on what was read. Fires already receivable or
-taken stay as they are: they fired under the rules in force when they were due. The
-reconciler re-plans every stale schedule of its shards (each hour, and at once when run
-after a deploy); the materializer re-plans a stale schedule it is about to step.
+A COMPLETED schedule (every fire made) has its occurrences not receivable yet moved the
+same way, and no cursor. Everything in one transaction, conditional on what was read.
+Fires already receivable or taken stay as they are: they fired under the rules in force
+when they were due. The reconciler re-plans every stale schedule of its shards (each
+hour, and at once when run after a deploy); the materializer re-plans a stale schedule
+it is about to step.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -117,8 +120,14 @@ def _plan(
     version = tzdata_version()
     done = Replanned(schedule.schedule_id, schedule.tzdata_version, version)
     handled = schedule.planned_until
-    if schedule.state is not ScheduleState.ACTIVE or handled is None:
-        # Nothing planned ahead (paused, canceled, completed): only the release is new.
+    # COMPLETED: every fire was made, the last ones may not be receivable yet (a one-shot
+    # shifted out of a gap by the old rules): those move as an active schedule's do, within
+    # the span a wall time moves by, and there is no cursor to move.
+    completed = schedule.state is ScheduleState.COMPLETED
+    if completed:
+        handled = now + SPAN
+    elif schedule.state is not ScheduleState.ACTIVE or handled is None:
+        # Nothing planned ahead (paused, canceled): only the release is new.
         return [
             (Label.SCHEDULE, services.schedules.replanned_action(stored, None, None, version))
         ], done
@@ -199,6 +208,31 @@ def _plan(
         new = max(now, schedule.fires_after) < fire <= handled and fire not in at
         if new and not planned_enough(wall_text(schedule, fire)):
             make(fire)
+    if completed:
+        actions.append(
+            (Label.SCHEDULE, services.schedules.replanned_action(stored, None, None, version))
+        )
+    else:
+        actions += _cursor_actions(services, stored, schedule, walked, planned_enough)
+    if len(actions) > MAX_ACTIONS:
+        raise Retryable(f"schedule {schedule.schedule_id}: too much to re-plan in one go")
+    return actions, done
+
+
+def _cursor_actions(
+    services: Services,
+    stored: StoredSchedule,
+    schedule: Schedule,
+    walked: int,
+    planned_enough: Callable[[str | None], bool],
+) -> list[tuple[Label, dict[str, Any]]]:
+    """The schedule's new cursor under the rules in use, and its due bucket placed ahead of
+    the shard's walk."""
+    handled = schedule.planned_until
+    assert handled is not None
+    retention = services.settings.retention_days * DAY
+    version = tzdata_version()
+    actions: list[tuple[Label, dict[str, Any]]] = []
     # The cursor: the first fire after what was planned whose wall time is not planned yet
     # (a wall time the new rules give a later instant has fired or is planned already).
     cursor = cursor_after(schedule, handled)
@@ -218,9 +252,7 @@ def _plan(
     actions.append(
         (Label.SHARD, services.leases.not_walked_action(stored.shard, minute_of(placed)))
     )
-    if len(actions) > MAX_ACTIONS:
-        raise Retryable(f"schedule {schedule.schedule_id}: too much to re-plan in one go")
-    return actions, done
+    return actions
 
 
 def _pending(occurrence: Occurrence, now: int) -> bool:
