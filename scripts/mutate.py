@@ -159,7 +159,9 @@ MODULES = {
             "hostile_items",
             "backoff_bounds",
         )
-        + _tests("unit", "planning"),
+        + _tests("unit", "planning")
+        # (the reconciler's findings under each DST choice: what shows_wall decides)
+        + ("tests/integration/reconciler/test_dst.py",),
     ),
     "relay": Module(
         (

@@ -175,3 +175,44 @@ def test_consumer_keeps_a_message_whose_processing_failed_saying_why():
     assert not result.delete
     # (and a consumer takes four deliveries at once unless told otherwise: docs/worker.md)
     assert QueueConsumer(worker, QUEUE).threads == 4
+
+
+def test_consumer_measures_its_clock_from_first_receives_and_logs_when_the_estimate_moves():
+    # GIVEN a consumer whose host clock is SQS's minus about 2.5 s (its monotonic clock
+    # moving with it: no step)
+    steady = [0.0]
+    skew = ClockSkew(monotonic=lambda: steady[0])
+    worker = cast(Worker, SimpleNamespace(services=SimpleNamespace(now=lambda: 0.0), skew=skew))
+    polling = QueueConsumer(worker, QUEUE)
+
+    def received(stamp_ms: int, called: float, answered: float, count: str = "1") -> None:
+        steady[0] = answered
+        attributes = {
+            "ApproximateFirstReceiveTimestamp": str(stamp_ms),
+            "ApproximateReceiveCount": count,
+        }
+        polling._measure_skew([{"Attributes": attributes}], called, answered)
+
+    with plain_lines("INFO") as sink:
+
+        def logged() -> int:
+            return sink.getvalue().count("clock offset from SQS measured")
+
+        # WHEN a message comes without attributes (SQS sends none unless asked): no sample
+        polling._measure_skew([{"Body": "{}"}], 100.0, 100.2)
+        assert skew.offset(100.2) is None
+        assert logged() == 0
+        # WHEN a first receive is stamped 102.6 in a call from 100.0 to 100.2: measured
+        # (within [2.4, 2.601]) and logged
+        received(102_600, 100.0, 100.2)
+        assert logged() == 1
+        # WHEN the next one moves the estimate 50 ms: not logged again
+        received(103_650, 101.0, 101.2)
+        assert (found := skew.offset(101.2)) is not None
+        assert found.low == pytest.approx(2.45)
+        assert logged() == 1
+        # WHEN one moves it 150 ms from what was logged: logged again
+        received(104_250, 101.6, 101.7)
+        assert (found := skew.offset(101.7)) is not None
+        assert found.low == pytest.approx(2.55)
+        assert logged() == 2

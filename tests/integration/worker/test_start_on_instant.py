@@ -15,7 +15,7 @@ import pytest
 from punctual.control.plane import ControlPlane
 from punctual.pipeline.relay import Relay, delay_seconds
 from punctual.services import Services
-from punctual_client.worker import Job, Outcome, QueueConsumer
+from punctual_client.worker import Delivery, Job, Outcome, QueueConsumer
 from punctual_client.worker.core import MAX_HOLD_SECONDS
 from tests.integration.conftest import Api, Clock
 from tests.integration.test_relay import one_shot, record
@@ -99,10 +99,7 @@ def test_a_message_received_before_its_instant_is_held_until_then(
     alice: Api, aws: Services, clock: Clock
 ) -> None:
     # GIVEN a message received 0.7 s before its instant
-    made = one_shot(aws, clock)
-    clock.advance(30 - 0.7)
-    _relay_now(aws, made)
-    [delivery] = receive(aws)
+    _, delivery = received_ahead(aws, clock, 0.7)
     held, starts = Held(clock), Starts(clock)
     # WHEN the worker processes it
     result = worker(aws, starts, hold=held).process(delivery)
@@ -119,18 +116,76 @@ def test_a_message_received_far_ahead_is_put_back_unclaimed_until_its_instant(
 ) -> None:
     # GIVEN a message received further ahead of its instant than a worker holds one (a
     # clock far behind, say)
-    made = one_shot(aws, clock)
-    clock.advance(30 - MAX_HOLD_SECONDS - 2.5)
-    _relay_now(aws, made)
-    [delivery] = receive(aws)
+    made, delivery = received_ahead(aws, clock, MAX_HOLD_SECONDS + 2.5)
     held, starts = Held(clock), Starts(clock)
     # WHEN the worker processes it
     result = worker(aws, starts, hold=held).process(delivery)
     # THEN it is left in the queue, visible again at its instant, unclaimed and not run
     assert (result.outcome, result.delete, result.visible_in) == (Outcome.EARLY, False, 8)
+    assert result.detail == f"due in {MAX_HOLD_SECONDS + 2.5:.3f} s"
     assert held.waits == []
     assert starts.at == []
     assert state(aws, made) is S.SCHEDULED
+
+
+class Short(Held):
+    """A hold that ends short of what it was asked: ``left`` of each wait still to go, in
+    turn, then none (a sleep on the monotonic clock while the wall clock is slewed back,
+    say)."""
+
+    def __init__(self, clock: Clock, left: list[float]) -> None:
+        super().__init__(clock)
+        self.left = left
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.clock.advance(seconds - (self.left.pop(0) if self.left else 0.0))
+
+
+@pytest.mark.parametrize(
+    ("ahead", "waits"),
+    [
+        (0.0, []),  # due now: no hold
+        (MAX_HOLD_SECONDS, [MAX_HOLD_SECONDS]),  # as far ahead as one is held: held
+    ],
+    ids=["due", "at-the-bound"],
+)
+def test_a_message_due_now_is_not_held_and_one_at_the_bound_is(
+    alice: Api, aws: Services, clock: Clock, ahead: float, waits: list[float]
+) -> None:
+    _, delivery = received_ahead(aws, clock, ahead)
+    held, starts = Held(clock), Starts(clock)
+    result = worker(aws, starts, hold=held).process(delivery)
+    assert result.outcome is Outcome.SUCCEEDED
+    assert held.waits == [pytest.approx(w) for w in waits]
+    assert len(starts.at) == 1
+
+
+def test_a_hold_that_keeps_ending_short_puts_the_message_back_after_four(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a message 2 s ahead, and holds that each end 0.5 s short of what they waited
+    made, delivery = received_ahead(aws, clock, 2)
+    short, starts = Short(clock, left=[0.5] * 4), Starts(clock)
+    # WHEN the worker processes it
+    result = worker(aws, starts, hold=short).process(delivery)
+    # THEN it held four times, each for what was left, and since it was still ahead put the
+    # message back (visible again in a second at least), unclaimed and not run
+    assert short.waits == [pytest.approx(w) for w in (2, 0.5, 0.5, 0.5)]
+    assert (result.outcome, result.delete, result.visible_in) == (Outcome.EARLY, False, 1)
+    assert result.detail == "due in 0.500 s"
+    assert starts.at == []
+    assert state(aws, made) is S.SCHEDULED
+
+
+def received_ahead(aws: Services, clock: Clock, ahead: float) -> tuple[str, Delivery]:
+    """A one-shot's occurrence and its message, received ``ahead`` seconds before its
+    instant (sent then by the relay)."""
+    made = one_shot(aws, clock)
+    clock.advance(30 - ahead)
+    _relay_now(aws, made)
+    [delivery] = receive(aws)
+    return made, delivery
 
 
 class StampedSQS:
@@ -274,3 +329,16 @@ def test_a_redelivered_message_says_nothing_of_the_clock(
     # clock is 40 s ahead, and put the message back as early): it ran
     assert consumer.worker.skew.offset(clock.now) is None
     assert result.outcome is Outcome.SUCCEEDED
+
+
+def test_a_hold_that_ends_on_the_instant_at_its_last_try_runs_the_handler(
+    alice: Api, aws: Services, clock: Clock
+) -> None:
+    # GIVEN a message 2 s ahead, and holds that end 0.5 s short three times, then on time
+    _, delivery = received_ahead(aws, clock, 2)
+    short, starts = Short(clock, left=[0.5] * 3), Starts(clock)
+    # WHEN the worker processes it; THEN the fourth hold reached the instant: it runs
+    result = worker(aws, starts, hold=short).process(delivery)
+    assert short.waits == [pytest.approx(w) for w in (2, 0.5, 0.5, 0.5)]
+    assert result.outcome is Outcome.SUCCEEDED
+    assert starts.at == [pytest.approx(clock.now)]

@@ -24,7 +24,8 @@ lower bound never stays above an offset that drifted down since), samples older 
 KEEP_SECONDS are dropped, and a step is caught where it happens: between two samples the
 caller's clock must have moved as its monotonic clock did (within STEP_SECONDS plus the
 drift); otherwise every earlier sample is dropped. A sample that contradicts the others
-starts the estimate again from it too.
+starts the estimate again from it too, and a clock stepped back is caught before its next
+sample: samples answered more than a second after the time asked about are dropped.
 """
 
 from __future__ import annotations
