@@ -74,7 +74,13 @@ def test_materialize_one_shot_inside_the_horizon_is_created_by_the_api(
     # AND its next fire is that occurrence, made already
     [fire] = saved["next_fires"]
     assert (fire["utc"], fire["occurrence_id"]) == (when, occurrence["occurrence_id"])
-    assert _occurrence(alice, occurrence["occurrence_id"]) == {**occurrence, "attempts": []}
+    unclaimed = {"to_receivable_seconds": None, "to_claim_seconds": None}
+    times = unclaimed | {"run_seconds": [], "retry_wait_seconds": []}
+    assert _occurrence(alice, occurrence["occurrence_id"]) == {
+        **occurrence,
+        "attempts": [],
+        "times": times,
+    }
     # AND the payload was copied into the occurrence, so the relay needs no schedule read
     item = _stored_item(aws, occurrence["occurrence_id"])
     assert item["payload"] == {"M": {"job": {"S": "now"}, "n": {"N": "3"}}}
@@ -233,7 +239,7 @@ def test_invalidate_affected_entry_matches_the_stored_occurrence(
     # THEN the answer's entry for it is the occurrence as stored (plus the note)
     [entry] = [a for a in answer.body["affected"] if a["occurrence_id"] == in_flight["scheduled"]]
     stored = _occurrence(alice, in_flight["scheduled"])
-    del stored["attempts"]
+    del stored["attempts"], stored["times"]  # (the detail's own)
     assert {k: v for k, v in entry.items() if k != "note"} == stored
 
 
