@@ -74,7 +74,7 @@ def test_materialize_one_shot_inside_the_horizon_is_created_by_the_api(
     # AND its next fire is that occurrence, made already
     [fire] = saved["next_fires"]
     assert (fire["utc"], fire["occurrence_id"]) == (when, occurrence["occurrence_id"])
-    unclaimed = {"to_receivable_seconds": None, "to_claim_seconds": None}
+    unclaimed: dict[str, Any] = {"to_receivable_seconds": None, "to_claim_seconds": None}
     times = unclaimed | {"run_seconds": [], "retry_wait_seconds": []}
     assert _occurrence(alice, occurrence["occurrence_id"]) == {
         **occurrence,
